@@ -1,0 +1,116 @@
+// revolta._core: the C++ engine for Python. The GIL is released while the engine loads a model
+// and while a caller waits for outputs, so other Python threads (the HTTP server) keep running.
+#include <nanobind/nanobind.h>
+#include <nanobind/stl/chrono.h>
+#include <nanobind/stl/function.h>
+#include <nanobind/stl/optional.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/vector.h>
+
+#include "revolta/engine.h"
+
+namespace nb = nanobind;
+using namespace nb::literals;
+using namespace revolta;
+
+NB_MODULE(_core, m) {
+  m.doc() = "ReVolta C++ engine";
+
+  nb::class_<SamplingParams>(m, "SamplingParams")
+      .def(nb::init<>())
+      .def_rw("temperature", &SamplingParams::temperature)
+      .def_rw("top_p", &SamplingParams::top_p)
+      .def_rw("top_k", &SamplingParams::top_k)
+      .def_rw("min_p", &SamplingParams::min_p)
+      .def_rw("repetition_penalty", &SamplingParams::repetition_penalty)
+      .def_rw("presence_penalty", &SamplingParams::presence_penalty)
+      .def_rw("frequency_penalty", &SamplingParams::frequency_penalty)
+      .def_rw("seed", &SamplingParams::seed)
+      .def_rw("max_tokens", &SamplingParams::max_tokens)
+      .def_rw("min_tokens", &SamplingParams::min_tokens)
+      .def_rw("ignore_eos", &SamplingParams::ignore_eos)
+      .def_rw("stop_token_ids", &SamplingParams::stop_token_ids)
+      .def_rw("logprobs", &SamplingParams::logprobs)
+      .def_rw("return_generation_logits", &SamplingParams::return_generation_logits)
+      .def("validate", &SamplingParams::validate);
+
+  nb::class_<EngineConfig>(m, "EngineConfig")
+      .def(nb::init<>())
+      .def_rw("model", &EngineConfig::model)
+      .def_rw("dtype", &EngineConfig::dtype)
+      .def_rw("kv_cache_dtype", &EngineConfig::kv_cache_dtype)
+      .def_rw("device", &EngineConfig::device)
+      .def_rw("max_model_len", &EngineConfig::max_model_len)
+      .def_rw("max_num_seqs", &EngineConfig::max_num_seqs)
+      .def_rw("max_num_batched_tokens", &EngineConfig::max_num_batched_tokens)
+      .def_rw("block_size", &EngineConfig::block_size)
+      .def_rw("kv_cache_memory_bytes", &EngineConfig::kv_cache_memory_bytes)
+      .def_rw("enable_prefix_caching", &EngineConfig::enable_prefix_caching)
+      .def_rw("num_threads", &EngineConfig::num_threads)
+      .def_rw("seed", &EngineConfig::seed)
+      .def("validate", &EngineConfig::validate);
+
+  nb::class_<TokenLogprob>(m, "TokenLogprob")
+      .def_ro("token", &TokenLogprob::token)
+      .def_ro("logprob", &TokenLogprob::logprob);
+
+  nb::class_<TokenOutput>(m, "TokenOutput")
+      .def_ro("token", &TokenOutput::token)
+      .def_ro("logprob", &TokenOutput::logprob)
+      .def_ro("top_logprobs", &TokenOutput::top_logprobs)
+      .def_ro("logits", &TokenOutput::logits);
+
+  nb::class_<RequestOutput>(m, "RequestOutput")
+      .def_ro("request_id", &RequestOutput::request_id)
+      .def_ro("tokens", &RequestOutput::tokens)
+      .def_ro("finished", &RequestOutput::finished)
+      .def_prop_ro("finish_reason", [](const RequestOutput& o) { return std::string(to_string(o.finish_reason)); })
+      .def_ro("stop_token_id", &RequestOutput::stop_token_id)
+      .def_ro("num_prompt_tokens", &RequestOutput::num_prompt_tokens)
+      .def_ro("num_cached_tokens", &RequestOutput::num_cached_tokens)
+      .def_ro("error", &RequestOutput::error);
+
+  nb::class_<EngineStats>(m, "EngineStats")
+      .def_ro("num_running", &EngineStats::num_running)
+      .def_ro("num_waiting", &EngineStats::num_waiting)
+      .def_ro("num_blocks_total", &EngineStats::num_blocks_total)
+      .def_ro("num_blocks_used", &EngineStats::num_blocks_used)
+      .def_ro("num_blocks_free", &EngineStats::num_blocks_free)
+      .def_ro("prefix_cache_queries", &EngineStats::prefix_cache_queries)
+      .def_ro("prefix_cache_hits", &EngineStats::prefix_cache_hits)
+      .def_ro("num_preemptions", &EngineStats::num_preemptions)
+      .def_ro("num_steps", &EngineStats::num_steps)
+      .def_ro("prompt_tokens_computed", &EngineStats::prompt_tokens_computed)
+      .def_ro("generation_tokens", &EngineStats::generation_tokens)
+      .def_ro("requests_finished", &EngineStats::requests_finished);
+
+  nb::class_<ModelInfo>(m, "ModelInfo")
+      .def_ro("architecture", &ModelInfo::architecture)
+      .def_ro("vocab_size", &ModelInfo::vocab_size)
+      .def_ro("max_model_len", &ModelInfo::max_model_len)
+      .def_ro("num_layers", &ModelInfo::num_layers)
+      .def_ro("hidden_size", &ModelInfo::hidden_size)
+      .def_ro("eos_token_ids", &ModelInfo::eos_token_ids)
+      .def_ro("weight_dtype", &ModelInfo::weight_dtype)
+      .def_ro("weight_bytes", &ModelInfo::weight_bytes)
+      .def_ro("kv_cache_bytes", &ModelInfo::kv_cache_bytes);
+
+  nb::class_<Engine>(m, "Engine")
+      .def(nb::init<const EngineConfig&>(), "config"_a, nb::call_guard<nb::gil_scoped_release>())
+      .def(
+          "add_request",
+          [](Engine& e, std::vector<int32_t> prompt, const SamplingParams& p) {
+            return e.add_request(std::move(prompt), p);
+          },
+          "prompt_token_ids"_a, "params"_a)
+      .def("abort", &Engine::abort, "request_id"_a)
+      .def(
+          "await_outputs",
+          [](Engine& e, double timeout_s) {
+            return e.await_outputs(std::chrono::milliseconds(int64_t(timeout_s * 1000.0)));
+          },
+          "timeout_s"_a = 0.1, nb::call_guard<nb::gil_scoped_release>())
+      .def("stats", &Engine::stats)
+      .def_prop_ro("model_info", &Engine::model_info, nb::rv_policy::reference_internal)
+      .def("shutdown", &Engine::shutdown, nb::call_guard<nb::gil_scoped_release>());
+}

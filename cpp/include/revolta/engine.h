@@ -1,0 +1,145 @@
+// Public C++ API of the ReVolta engine.
+//
+// A service embeds the engine by creating an Engine from a validated EngineConfig, handing it
+// prompt token ids with SamplingParams, and collecting new token ids from await_outputs() or a
+// per-request callback. Everything here is a value type; the engine's internals stay behind the
+// pimpl so that this header never changes when they do.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace revolta {
+
+// Per-request sampling options. Names and meaning follow vLLM's SamplingParams.
+struct SamplingParams {
+  float temperature = 1.0f;         // 0 means greedy
+  float top_p = 1.0f;               // (0, 1]
+  int32_t top_k = 0;                // 0 or -1: off
+  float min_p = 0.0f;               // [0, 1]
+  float repetition_penalty = 1.0f;  // > 0; applied over prompt + output (HF/vLLM semantics)
+  float presence_penalty = 0.0f;    // [-2, 2]; over output tokens
+  float frequency_penalty = 0.0f;   // [-2, 2]; over output tokens
+  std::optional<uint64_t> seed;     // per-request generator; unset: drawn from the engine
+  int32_t max_tokens = 16;          // >= 1
+  int32_t min_tokens = 0;           // EOS / stop tokens are masked until this many were made
+  bool ignore_eos = false;
+  std::vector<int32_t> stop_token_ids;
+  int32_t logprobs = -1;               // -1: none; N >= 0: sampled token + N top alternatives
+  bool return_generation_logits = false;  // raw logits row of every sampled position
+
+  // Throws std::invalid_argument naming the offending field.
+  void validate() const;
+};
+
+// Engine options. Validated before any weight is read.
+struct EngineConfig {
+  std::string model;                 // HF-style directory: config.json + *.safetensors
+  std::string dtype = "auto";        // weight storage: auto | float32 | float16 | bfloat16
+  std::string kv_cache_dtype = "auto";  // auto (= float32 on the CPU) | float32
+  std::string device = "cpu";
+  int32_t max_model_len = 0;         // 0: the model's max_position_embeddings
+  int32_t max_num_seqs = 64;
+  int32_t max_num_batched_tokens = 2048;
+  int32_t block_size = 16;
+  int64_t kv_cache_memory_bytes = int64_t(1) << 30;
+  bool enable_prefix_caching = true;
+  int32_t num_threads = 0;           // 0: hardware concurrency
+  uint64_t seed = 0;                 // seeds requests that bring no seed of their own
+
+  // Throws std::invalid_argument naming the offending option(s).
+  void validate() const;
+};
+
+enum class FinishReason { kNone, kStop, kLength, kAbort, kError };
+const char* to_string(FinishReason reason);
+
+struct TokenLogprob {
+  int32_t token;
+  float logprob;
+};
+
+// One sampled position of one request.
+struct TokenOutput {
+  int32_t token = -1;
+  float logprob = 0.0f;                   // valid when logprobs >= 0
+  std::vector<TokenLogprob> top_logprobs;  // N alternatives, best first
+  std::vector<float> logits;              // raw logits row when return_generation_logits
+};
+
+struct RequestOutput {
+  uint64_t request_id = 0;
+  std::vector<TokenOutput> tokens;        // new since the previous output of this request
+  bool finished = false;
+  FinishReason finish_reason = FinishReason::kNone;
+  int32_t stop_token_id = -1;             // the stop/EOS token that ended it, if any
+  int32_t num_prompt_tokens = 0;
+  int32_t num_cached_tokens = 0;          // prompt tokens served from the prefix cache
+  std::string error;                      // set when finish_reason == kError
+};
+
+struct EngineStats {
+  int64_t num_running = 0;
+  int64_t num_waiting = 0;
+  int64_t num_blocks_total = 0;
+  int64_t num_blocks_used = 0;
+  int64_t num_blocks_free = 0;
+  int64_t prefix_cache_queries = 0;       // prompt tokens looked up
+  int64_t prefix_cache_hits = 0;          // prompt tokens found
+  int64_t num_preemptions = 0;
+  int64_t num_steps = 0;
+  int64_t prompt_tokens_computed = 0;
+  int64_t generation_tokens = 0;
+  int64_t requests_finished = 0;
+};
+
+struct ModelInfo {
+  std::string architecture;
+  int32_t vocab_size = 0;
+  int32_t max_model_len = 0;
+  int32_t num_layers = 0;
+  int32_t hidden_size = 0;
+  std::vector<int32_t> eos_token_ids;
+  std::string weight_dtype;
+  int64_t weight_bytes = 0;
+  int64_t kv_cache_bytes = 0;
+};
+
+using OutputCallback = std::function<void(const RequestOutput&)>;
+
+class Engine {
+ public:
+  // Validates the config, loads the model, sizes the caches and starts the engine thread.
+  // Throws std::invalid_argument (bad options) or std::runtime_error (unreadable model).
+  explicit Engine(const EngineConfig& config);
+  ~Engine();
+  Engine(const Engine&) = delete;
+  Engine& operator=(const Engine&) = delete;
+
+  // Thread-safe; returns immediately. Throws std::invalid_argument for a bad prompt or params.
+  // With a callback, this request's outputs go to the callback (on the engine thread) instead
+  // of the await_outputs() queue.
+  uint64_t add_request(std::vector<int32_t> prompt_token_ids, const SamplingParams& params,
+                       OutputCallback callback = nullptr);
+  // Thread-safe; unknown or finished ids are ignored. The request ends with kAbort.
+  void abort(uint64_t request_id);
+  // Waits up to timeout for outputs; returns all that are queued (possibly none).
+  // Throws std::runtime_error if the engine thread died of a fatal error.
+  std::vector<RequestOutput> await_outputs(std::chrono::milliseconds timeout);
+  EngineStats stats() const;
+  const ModelInfo& model_info() const;
+  const EngineConfig& config() const;
+  // Stops the engine thread; pending requests end with kAbort. Idempotent.
+  void shutdown();
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace revolta

@@ -1,0 +1,40 @@
+// Element types and the scalar conversions between them.
+#pragma once
+
+#include <cstdint>
+#include <cstring>
+#include <string>
+
+namespace revolta {
+
+enum class DType : uint8_t { kF32, kF16, kBF16, kI32, kI64, kU8 };
+
+size_t dtype_size(DType t);
+const char* dtype_name(DType t);
+// Parses names used by safetensors ("F32", "F16", "BF16", ...) and by options ("float16").
+DType parse_dtype(const std::string& name);
+
+inline float bf16_to_f32(uint16_t h) {
+  uint32_t bits = uint32_t(h) << 16;
+  float f;
+  std::memcpy(&f, &bits, 4);
+  return f;
+}
+
+inline uint16_t f32_to_bf16(float f) {  // round to nearest even, NaN kept quiet
+  uint32_t bits;
+  std::memcpy(&bits, &f, 4);
+  if ((bits & 0x7fffffffu) > 0x7f800000u) return uint16_t((bits >> 16) | 0x40);
+  bits += 0x7fffu + ((bits >> 16) & 1u);
+  return uint16_t(bits >> 16);
+}
+
+float f16_to_f32(uint16_t h);
+uint16_t f32_to_f16(float f);
+
+// Converts n elements of src (type st) to float.
+void convert_to_f32(const void* src, DType st, float* dst, size_t n);
+// Converts n floats to dst (type dt: f32, f16 or bf16).
+void convert_from_f32(const float* src, void* dst, DType dt, size_t n);
+
+}  // namespace revolta

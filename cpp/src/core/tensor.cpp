@@ -1,0 +1,89 @@
+#include "core/tensor.h"
+
+#include <cstdlib>
+#include <cstring>
+#include <new>
+
+#include "core/error.h"
+
+namespace revolta {
+namespace {
+
+struct HostBuffer : Buffer {
+  void* ptr;
+  explicit HostBuffer(size_t bytes) {
+    // 64-byte alignment keeps vector loads on one cache line.
+    ptr = std::aligned_alloc(64, (bytes + 63) / 64 * 64 + 64);
+    if (!ptr) throw std::bad_alloc();
+    std::memset(ptr, 0, bytes);
+  }
+  ~HostBuffer() override { std::free(ptr); }
+};
+
+std::vector<int64_t> contiguous_strides(const std::vector<int64_t>& shape) {
+  std::vector<int64_t> s(shape.size());
+  int64_t acc = 1;
+  for (size_t i = shape.size(); i-- > 0;) {
+    s[i] = acc;
+    acc *= shape[i];
+  }
+  return s;
+}
+
+}  // namespace
+
+Tensor Tensor::empty(std::vector<int64_t> shape, DType dtype) {
+  Tensor t;
+  t.shape_ = std::move(shape);
+  t.strides_ = contiguous_strides(t.shape_);
+  t.dtype_ = dtype;
+  auto buf = std::make_shared<HostBuffer>(t.nbytes());
+  t.data_ = buf->ptr;
+  t.owner_ = std::move(buf);
+  return t;
+}
+
+Tensor Tensor::wrap(void* data, std::vector<int64_t> shape, DType dtype,
+                    std::shared_ptr<Buffer> owner) {
+  Tensor t;
+  t.data_ = data;
+  t.shape_ = std::move(shape);
+  t.strides_ = contiguous_strides(t.shape_);
+  t.dtype_ = dtype;
+  t.owner_ = std::move(owner);
+  return t;
+}
+
+int64_t Tensor::numel() const {
+  int64_t n = 1;
+  for (auto d : shape_) n *= d;
+  return n;
+}
+
+bool Tensor::is_contiguous() const { return strides_ == contiguous_strides(shape_); }
+
+std::string Tensor::shape_str() const {
+  std::string s = "[";
+  for (size_t i = 0; i < shape_.size(); ++i) s += (i ? ", " : "") + std::to_string(shape_[i]);
+  return s + "]";
+}
+
+Tensor Tensor::slice_rows(int64_t begin, int64_t end) const {
+  RV_CHECK(dim() >= 1 && begin >= 0 && begin <= end && end <= shape_[0],
+           "slice_rows [", begin, ", ", end, ") out of range for ", shape_str());
+  Tensor t = *this;
+  t.shape_[0] = end - begin;
+  t.data_ = static_cast<char*>(data_) + begin * strides_[0] * int64_t(dtype_size(dtype_));
+  return t;
+}
+
+Tensor Tensor::view(std::vector<int64_t> shape) const {
+  RV_CHECK(is_contiguous(), "view of a non-contiguous tensor");
+  Tensor t = *this;
+  t.shape_ = std::move(shape);
+  t.strides_ = contiguous_strides(t.shape_);
+  RV_CHECK(t.numel() == numel(), "view ", t.shape_str(), " does not match ", shape_str());
+  return t;
+}
+
+}  // namespace revolta

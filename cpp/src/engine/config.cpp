@@ -1,0 +1,61 @@
+// Validation of the public value types: every message names the option it is about.
+#include <cmath>
+
+#include "core/error.h"
+#include "revolta/engine.h"
+
+namespace revolta {
+
+const char* to_string(FinishReason r) {
+  switch (r) {
+    case FinishReason::kNone: return "none";
+    case FinishReason::kStop: return "stop";
+    case FinishReason::kLength: return "length";
+    case FinishReason::kAbort: return "abort";
+    case FinishReason::kError: return "error";
+  }
+  return "?";
+}
+
+void SamplingParams::validate() const {
+  RV_CHECK_ARG(std::isfinite(temperature) && temperature >= 0.0f,
+               "temperature must be a finite number >= 0, got ", temperature);
+  RV_CHECK_ARG(top_p > 0.0f && top_p <= 1.0f, "top_p must be in (0, 1], got ", top_p);
+  RV_CHECK_ARG(top_k >= -1, "top_k must be -1 (off), 0 (off) or positive, got ", top_k);
+  RV_CHECK_ARG(min_p >= 0.0f && min_p <= 1.0f, "min_p must be in [0, 1], got ", min_p);
+  RV_CHECK_ARG(std::isfinite(repetition_penalty) && repetition_penalty > 0.0f,
+               "repetition_penalty must be > 0, got ", repetition_penalty);
+  RV_CHECK_ARG(presence_penalty >= -2.0f && presence_penalty <= 2.0f,
+               "presence_penalty must be in [-2, 2], got ", presence_penalty);
+  RV_CHECK_ARG(frequency_penalty >= -2.0f && frequency_penalty <= 2.0f,
+               "frequency_penalty must be in [-2, 2], got ", frequency_penalty);
+  RV_CHECK_ARG(max_tokens >= 1, "max_tokens must be >= 1, got ", max_tokens);
+  RV_CHECK_ARG(min_tokens >= 0 && min_tokens <= max_tokens,
+               "min_tokens must be in [0, max_tokens], got ", min_tokens);
+  RV_CHECK_ARG(logprobs >= -1 && logprobs <= 20, "logprobs must be in [0, 20] (or -1 for none), got ",
+               logprobs);
+  for (int32_t t : stop_token_ids)
+    RV_CHECK_ARG(t >= 0, "stop_token_ids must be non-negative token ids, got ", t);
+}
+
+void EngineConfig::validate() const {
+  RV_CHECK_ARG(!model.empty(), "model: a model directory is required");
+  RV_CHECK_ARG(dtype == "auto" || dtype == "float32" || dtype == "float16" || dtype == "bfloat16",
+               "dtype must be one of auto, float32, float16, bfloat16; got '", dtype, "'");
+  RV_CHECK_ARG(kv_cache_dtype == "auto" || kv_cache_dtype == "float32",
+               "kv_cache_dtype must be auto or float32 on the CPU backend; got '", kv_cache_dtype, "'");
+  RV_CHECK_ARG(device == "cpu" || device == "cuda", "device must be cpu or cuda; got '", device, "'");
+  RV_CHECK_ARG(device == "cpu", "device 'cuda': this build has no CUDA backend (build with REVOLTA_CUDA=ON)");
+  RV_CHECK_ARG(max_model_len >= 0, "max_model_len must be >= 0 (0: from the model), got ", max_model_len);
+  RV_CHECK_ARG(max_num_seqs >= 1, "max_num_seqs must be >= 1, got ", max_num_seqs);
+  RV_CHECK_ARG(max_num_batched_tokens >= 1, "max_num_batched_tokens must be >= 1, got ",
+               max_num_batched_tokens);
+  RV_CHECK_ARG(block_size >= 1 && block_size <= 1024 && (block_size & (block_size - 1)) == 0,
+               "block_size must be a power of two in [1, 1024], got ", block_size);
+  RV_CHECK_ARG(kv_cache_memory_bytes > 0, "kv_cache_memory_bytes must be > 0, got ",
+               kv_cache_memory_bytes);
+  RV_CHECK_ARG(num_threads >= 0 && num_threads <= 1024, "num_threads must be in [0, 1024], got ",
+               num_threads);
+}
+
+}  // namespace revolta

@@ -1,0 +1,325 @@
+// The Engine: one thread owns the scheduler, the caches and the model. Callers talk to it only
+// through the inbox (new requests, aborts) and the outbox (outputs); neither lock is held while
+// the model computes.
+#include "revolta/engine.h"
+
+#include <algorithm>
+#include <atomic>
+#include <condition_variable>
+#include <deque>
+#include <filesystem>
+#include <mutex>
+#include <thread>
+
+#include "cache/cache_manager.h"
+#include "cache/kv_cache.h"
+#include "core/error.h"
+#include "core/thread_pool.h"
+#include "model/model.h"
+#include "ops/ops.h"
+#include "runtime/model_runner.h"
+#include "sample/sampler.h"
+#include "sched/scheduler.h"
+
+namespace revolta {
+namespace fs = std::filesystem;
+
+struct Engine::Impl {
+  EngineConfig cfg;
+  ModelInfo info;
+  ModelConfig model_cfg;
+  std::unique_ptr<CausalLM> model;
+  std::unique_ptr<KvCache> kv;
+  std::unique_ptr<KvCacheManager> kv_manager;
+  std::unique_ptr<Scheduler> scheduler;
+  std::unique_ptr<ModelRunner> runner;
+  std::unique_ptr<ThreadPool> pool;
+  Rng seed_source;
+
+  std::mutex in_mu;
+  std::condition_variable in_cv;
+  std::deque<std::unique_ptr<Request>> inbox;
+  std::vector<uint64_t> abort_box;
+  bool stopping = false;
+
+  std::mutex out_mu;
+  std::condition_variable out_cv;
+  std::vector<RequestOutput> outbox;
+  std::string fatal_error;
+
+  mutable std::mutex stats_mu;
+  EngineStats stats;  // the engine thread's copy is `live`; this one is published per step
+  EngineStats live;
+
+  std::atomic<uint64_t> next_id{1};
+  std::thread thread;
+
+  explicit Impl(const EngineConfig& c);
+  void loop();
+  void step();
+  void emit(Request& r, bool finished);
+  void finish(Request& r, FinishReason reason, int32_t stop_token = -1);
+  void publish_stats();
+};
+
+Engine::Impl::Impl(const EngineConfig& c) : cfg(c), seed_source(c.seed) {
+  cfg.validate();
+  RV_CHECK_ARG(fs::is_directory(cfg.model), "model: '", cfg.model, "' is not a directory");
+  const std::string cfg_path = (fs::path(cfg.model) / "config.json").string();
+  RV_CHECK_ARG(fs::exists(cfg_path), "model: no config.json in '", cfg.model, "'");
+  model_cfg = ModelConfig::from_file(cfg_path);
+  check_architecture(model_cfg, cfg.model);
+
+  if (cfg.max_model_len == 0) cfg.max_model_len = model_cfg.max_position_embeddings;
+  RV_CHECK_ARG(cfg.max_model_len <= model_cfg.max_position_embeddings, "max_model_len (",
+               cfg.max_model_len, ") exceeds the model's max_position_embeddings (",
+               model_cfg.max_position_embeddings, ")");
+  model_cfg.max_positions = std::max(model_cfg.max_position_embeddings, cfg.max_model_len);
+
+  const KvCacheSpec spec = kv_cache_spec_for(model_cfg);
+  const int64_t block_bytes = spec.bytes_per_token() * cfg.block_size;
+  const int64_t num_blocks = cfg.kv_cache_memory_bytes / block_bytes;
+  const int64_t need_blocks = (cfg.max_model_len + cfg.block_size - 1) / cfg.block_size;
+  RV_CHECK_ARG(num_blocks >= need_blocks, "kv_cache_memory_bytes (", cfg.kv_cache_memory_bytes,
+               ") holds ", num_blocks, " blocks of ", cfg.block_size,
+               " tokens, fewer than one request of max_model_len (", cfg.max_model_len,
+               ") needs; raise kv_cache_memory_bytes to at least ", need_blocks * block_bytes,
+               " or lower max_model_len");
+
+  std::string dt = cfg.dtype;
+  if (dt == "auto") {
+    dt = model_cfg.torch_dtype;
+    if (dt != "float16" && dt != "bfloat16") dt = "float32";
+  }
+  model = load_model(cfg.model, model_cfg, parse_dtype(dt));
+  kv = std::make_unique<KvCache>(spec, int32_t(num_blocks), cfg.block_size);
+  kv_manager = std::make_unique<KvCacheManager>(int32_t(num_blocks), cfg.block_size,
+                                                cfg.enable_prefix_caching);
+  scheduler = std::make_unique<Scheduler>(
+      SchedulerConfig{cfg.max_num_seqs, cfg.max_num_batched_tokens, cfg.max_model_len}, *kv_manager);
+  runner = std::make_unique<ModelRunner>(*model, *kv);
+  int threads = cfg.num_threads > 0 ? cfg.num_threads : int(std::thread::hardware_concurrency());
+  pool = std::make_unique<ThreadPool>(std::max(1, threads));
+
+  info.architecture = model_cfg.architecture;
+  info.vocab_size = model_cfg.vocab_size;
+  info.max_model_len = cfg.max_model_len;
+  info.num_layers = model_cfg.num_layers;
+  info.hidden_size = model_cfg.hidden_size;
+  info.eos_token_ids = model_cfg.eos_token_ids;
+  info.weight_dtype = dtype_name(model->weight_dtype());
+  info.weight_bytes = model->weight_bytes();
+  info.kv_cache_bytes = kv->nbytes();
+  live.num_blocks_total = num_blocks;
+  live.num_blocks_free = num_blocks;
+  publish_stats();
+  thread = std::thread([this] { loop(); });
+}
+
+void Engine::Impl::publish_stats() {
+  live.num_running = scheduler ? scheduler->num_running() : 0;
+  live.num_waiting = scheduler ? scheduler->num_waiting() : 0;
+  if (kv_manager) {
+    live.num_blocks_free = kv_manager->pool().num_free();
+    live.num_blocks_used = live.num_blocks_total - live.num_blocks_free;
+    live.prefix_cache_queries = kv_manager->queries();
+    live.prefix_cache_hits = kv_manager->hits();
+  }
+  if (scheduler) live.num_preemptions = scheduler->num_preemptions();
+  std::lock_guard<std::mutex> lk(stats_mu);
+  stats = live;
+  {
+    std::lock_guard<std::mutex> in_lk(in_mu);
+    stats.num_waiting += int64_t(inbox.size());
+  }
+}
+
+void Engine::Impl::emit(Request& r, bool finished) {
+  RequestOutput o;
+  o.request_id = r.id;
+  o.tokens = std::move(r.pending);
+  r.pending.clear();
+  o.finished = finished;
+  o.finish_reason = r.finish_reason;
+  o.stop_token_id = r.stop_token_id;
+  o.num_prompt_tokens = r.num_prompt_tokens;
+  o.num_cached_tokens = std::max(0, r.num_cached_tokens);
+  o.error = r.error;
+  if (r.callback) {
+    try {
+      r.callback(o);
+    } catch (...) {
+      // A failing callback must not take the engine down; the request's output is dropped.
+    }
+    return;
+  }
+  {
+    std::lock_guard<std::mutex> lk(out_mu);
+    outbox.push_back(std::move(o));
+  }
+  out_cv.notify_all();
+}
+
+void Engine::Impl::finish(Request& r, FinishReason reason, int32_t stop_token) {
+  r.finish_reason = reason;
+  r.stop_token_id = stop_token;
+  auto owned = scheduler->remove(r.id);  // frees its blocks
+  ++live.requests_finished;
+  emit(*owned, true);
+}
+
+void Engine::Impl::step() {
+  SchedulerOutput plan = scheduler->schedule();
+  if (plan.empty()) return;
+  StepLogits result = runner->execute(plan);
+  for (const auto& s : plan.scheduled) {
+    Request& r = *s.request;
+    const int32_t before = r.num_computed_tokens;
+    r.num_computed_tokens += s.num_new_tokens;
+    live.prompt_tokens_computed +=
+        std::max(0, std::min(r.num_computed_tokens, r.num_prompt_tokens) - before);
+    kv_manager->cache_full_blocks(r);
+  }
+  ++live.num_steps;
+  const int32_t V = model_cfg.vocab_size;
+  for (size_t i = 0; i < result.samplers.size(); ++i) {
+    Request& r = *result.samplers[i];
+    SamplingContext ctx{&r.params, &r.tokens, r.num_prompt_tokens, &model_cfg.eos_token_ids, &r.rng};
+    TokenOutput tok = sample_token(result.logits.ptr<float>() + int64_t(i) * V, V, ctx);
+    const int32_t t = tok.token;
+    r.tokens.push_back(t);
+    r.pending.push_back(std::move(tok));
+    ++live.generation_tokens;
+
+    const auto& stops = r.params.stop_token_ids;
+    const auto& eos = model_cfg.eos_token_ids;
+    if (std::find(stops.begin(), stops.end(), t) != stops.end() ||
+        (!r.params.ignore_eos && std::find(eos.begin(), eos.end(), t) != eos.end())) {
+      finish(r, FinishReason::kStop, t);
+    } else if (r.num_output_tokens() >= r.params.max_tokens || r.num_tokens() >= cfg.max_model_len) {
+      finish(r, FinishReason::kLength);
+    } else {
+      emit(r, false);
+    }
+  }
+}
+
+void Engine::Impl::loop() {
+  ops::set_cpu_thread_pool(pool.get());
+  try {
+    for (;;) {
+      std::deque<std::unique_ptr<Request>> fresh;
+      std::vector<uint64_t> aborts;
+      {
+        std::unique_lock<std::mutex> lk(in_mu);
+        in_cv.wait(lk, [&] {
+          return stopping || !inbox.empty() || !abort_box.empty() || scheduler->has_work();
+        });
+        if (stopping) break;
+        fresh.swap(inbox);
+        aborts.swap(abort_box);
+      }
+      for (auto& r : fresh) scheduler->add(std::move(r));
+      for (uint64_t id : aborts) {
+        if (auto r = scheduler->remove(id)) {
+          r->finish_reason = FinishReason::kAbort;
+          ++live.requests_finished;
+          emit(*r, true);
+        }
+      }
+      if (scheduler->has_work()) step();
+      publish_stats();
+    }
+  } catch (const std::exception& e) {
+    std::lock_guard<std::mutex> lk(out_mu);
+    fatal_error = e.what();
+  }
+  // Shutdown or fatal error: every live request ends now, so no caller waits forever.
+  const bool fatal = !fatal_error.empty();
+  std::deque<std::unique_ptr<Request>> fresh;
+  {
+    std::lock_guard<std::mutex> lk(in_mu);
+    stopping = true;
+    fresh.swap(inbox);
+  }
+  for (auto& r : fresh) scheduler->add(std::move(r));
+  for (uint64_t id : scheduler->all_ids()) {
+    auto r = scheduler->remove(id);
+    r->finish_reason = fatal ? FinishReason::kError : FinishReason::kAbort;
+    if (fatal) r->error = fatal_error;
+    emit(*r, true);
+  }
+  publish_stats();
+  out_cv.notify_all();
+}
+
+Engine::Engine(const EngineConfig& config) : impl_(std::make_unique<Impl>(config)) {}
+
+Engine::~Engine() { shutdown(); }
+
+uint64_t Engine::add_request(std::vector<int32_t> prompt, const SamplingParams& params,
+                             OutputCallback callback) {
+  params.validate();
+  const auto& info = impl_->info;
+  RV_CHECK_ARG(!prompt.empty(), "prompt must contain at least one token");
+  RV_CHECK_ARG(int32_t(prompt.size()) <= info.max_model_len, "prompt has ", prompt.size(),
+               " tokens, more than max_model_len (", info.max_model_len, ")");
+  for (int32_t t : prompt)
+    RV_CHECK_ARG(t >= 0 && t < info.vocab_size, "prompt token id ", t, " is outside the vocabulary [0, ",
+                 info.vocab_size, ")");
+  auto r = std::make_unique<Request>();
+  r->id = impl_->next_id.fetch_add(1);
+  r->num_prompt_tokens = int32_t(prompt.size());
+  r->tokens = std::move(prompt);
+  r->params = params;
+  r->callback = std::move(callback);
+  const uint64_t id = r->id;
+  {
+    std::lock_guard<std::mutex> lk(impl_->in_mu);
+    RV_CHECK(!impl_->stopping, "the engine is shut down");
+    r->rng = Rng(params.seed ? *params.seed : impl_->seed_source.next());
+    impl_->inbox.push_back(std::move(r));
+  }
+  impl_->in_cv.notify_one();
+  return id;
+}
+
+void Engine::abort(uint64_t id) {
+  {
+    std::lock_guard<std::mutex> lk(impl_->in_mu);
+    impl_->abort_box.push_back(id);
+  }
+  impl_->in_cv.notify_one();
+}
+
+std::vector<RequestOutput> Engine::await_outputs(std::chrono::milliseconds timeout) {
+  std::unique_lock<std::mutex> lk(impl_->out_mu);
+  impl_->out_cv.wait_for(lk, timeout, [&] {
+    return !impl_->outbox.empty() || !impl_->fatal_error.empty();
+  });
+  std::vector<RequestOutput> out;
+  out.swap(impl_->outbox);
+  if (out.empty() && !impl_->fatal_error.empty())
+    throw std::runtime_error("engine stopped by a fatal error: " + impl_->fatal_error);
+  return out;
+}
+
+EngineStats Engine::stats() const {
+  std::lock_guard<std::mutex> lk(impl_->stats_mu);
+  return impl_->stats;
+}
+
+const ModelInfo& Engine::model_info() const { return impl_->info; }
+const EngineConfig& Engine::config() const { return impl_->cfg; }
+
+void Engine::shutdown() {
+  if (!impl_) return;
+  {
+    std::lock_guard<std::mutex> lk(impl_->in_mu);
+    impl_->stopping = true;
+  }
+  impl_->in_cv.notify_all();
+  if (impl_->thread.joinable()) impl_->thread.join();
+}
+
+}  // namespace revolta

@@ -1,0 +1,14 @@
+// One factory per architecture file; registry.cpp maps HF architecture names onto them.
+#pragma once
+
+#include <memory>
+
+#include "model/model.h"
+#include "model/weights.h"
+
+namespace revolta {
+
+std::unique_ptr<CausalLM> make_llama(const WeightLoader& w, const ModelConfig& c, DType dt);
+std::unique_ptr<CausalLM> make_qwen3(const WeightLoader& w, const ModelConfig& c, DType dt);
+
+}  // namespace revolta

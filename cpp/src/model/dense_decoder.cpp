@@ -1,0 +1,142 @@
+#include "model/dense_decoder.h"
+
+#include <cmath>
+#include <cstring>
+
+#include "core/error.h"
+
+namespace revolta {
+namespace {
+
+struct DenseLayer {
+  Tensor input_norm, post_attn_norm;
+  Tensor qkv, qkv_bias, o, o_bias;  // qkv = [q; k; v] stacked along output rows
+  Tensor q_norm, k_norm;
+  Tensor gate_up, down;             // gate_up = [gate; up]
+};
+
+class DenseDecoderLM final : public CausalLM {
+ public:
+  DenseDecoderLM(const WeightLoader& w, const ModelConfig& c, DType dt, DenseDecoderOptions opts)
+      : cfg_(c), opts_(opts), dtype_(dt) {
+    const int64_t H = c.hidden_size, I = c.intermediate_size, D = c.head_dim;
+    const int64_t QO = int64_t(c.num_heads) * D, KVO = int64_t(c.num_kv_heads) * D;
+    embed_ = w.get("model.embed_tokens.weight", {c.vocab_size, H}, dt);
+    final_norm_ = w.get("model.norm.weight", {H}, DType::kF32);
+    if (c.tie_word_embeddings || !w.has("lm_head.weight")) {
+      RV_CHECK(c.tie_word_embeddings, "model ", w.dir(), ": missing tensor 'lm_head.weight'");
+      lm_head_ = embed_;
+    } else {
+      lm_head_ = w.get("lm_head.weight", {c.vocab_size, H}, dt);
+    }
+    for (int32_t l = 0; l < c.num_layers; ++l) {
+      const std::string p = "model.layers." + std::to_string(l) + ".";
+      DenseLayer L;
+      L.input_norm = w.get(p + "input_layernorm.weight", {H}, DType::kF32);
+      L.post_attn_norm = w.get(p + "post_attention_layernorm.weight", {H}, DType::kF32);
+      const std::string a = p + "self_attn.";
+      L.qkv = w.get_stacked({a + "q_proj.weight", a + "k_proj.weight", a + "v_proj.weight"},
+                            {{QO, H}, {KVO, H}, {KVO, H}}, dt);
+      if (c.attention_bias) {
+        L.qkv_bias = w.get_stacked({a + "q_proj.bias", a + "k_proj.bias", a + "v_proj.bias"},
+                                   {{QO}, {KVO}, {KVO}}, DType::kF32);
+        L.o_bias = w.get(a + "o_proj.bias", {H}, DType::kF32);
+      }
+      L.o = w.get(a + "o_proj.weight", {H, QO}, dt);
+      if (opts.qk_norm) {
+        L.q_norm = w.get(a + "q_norm.weight", {D}, DType::kF32);
+        L.k_norm = w.get(a + "k_norm.weight", {D}, DType::kF32);
+      }
+      const std::string m = p + "mlp.";
+      L.gate_up = w.get_stacked({m + "gate_proj.weight", m + "up_proj.weight"}, {{I, H}, {I, H}}, dt);
+      L.down = w.get(m + "down_proj.weight", {H, I}, dt);
+      layers_.push_back(std::move(L));
+    }
+    rope_ = build_rope_tables(c.rope, int32_t(D), c.max_positions);
+    for (const auto& L : layers_) bytes_ += int64_t(L.qkv.nbytes() + L.o.nbytes() + L.gate_up.nbytes() + L.down.nbytes());
+    bytes_ += int64_t(embed_.nbytes()) + (lm_head_.data() == embed_.data() ? 0 : int64_t(lm_head_.nbytes()));
+  }
+
+  const ModelConfig& config() const override { return cfg_; }
+  KvCacheSpec kv_cache_spec() const override { return kv_cache_spec_for(cfg_); }
+  int64_t weight_bytes() const override { return bytes_; }
+  DType weight_dtype() const override { return dtype_; }
+
+  Tensor forward(const ForwardBatch& b, KvCache& cache) override {
+    const int64_t T = b.token_ids.numel(), H = cfg_.hidden_size, D = cfg_.head_dim;
+    const int64_t NH = cfg_.num_heads, KVH = cfg_.num_kv_heads, I = cfg_.intermediate_size;
+    const int64_t QO = NH * D, KVO = KVH * D;
+    const float eps = cfg_.rms_norm_eps, scale = 1.0f / std::sqrt(float(D));
+
+    Tensor residual = Tensor::empty({T, H}, DType::kF32);
+    Tensor x = Tensor::empty({T, H}, DType::kF32);
+    Tensor qkv = Tensor::empty({T, QO + 2 * KVO}, DType::kF32);
+    Tensor q = Tensor::empty({T, NH, D}, DType::kF32);
+    Tensor k = Tensor::empty({T, KVH, D}, DType::kF32);
+    Tensor v = Tensor::empty({T, KVH, D}, DType::kF32);
+    Tensor attn = Tensor::empty({T, NH, D}, DType::kF32);
+    Tensor proj = Tensor::empty({T, H}, DType::kF32);
+    Tensor gate_up = Tensor::empty({T, 2 * I}, DType::kF32);
+    Tensor act = Tensor::empty({T, I}, DType::kF32);
+
+    ops::embedding(b.token_ids, embed_, residual);
+    ops::rms_norm(residual, layers_[0].input_norm, eps, x);
+    for (size_t l = 0; l < layers_.size(); ++l) {
+      const DenseLayer& L = layers_[l];
+      ops::linear(x, L.qkv, L.qkv_bias.defined() ? &L.qkv_bias : nullptr, qkv);
+      split_qkv(qkv, q, k, v);
+      if (opts_.qk_norm) {
+        ops::rms_norm(q, L.q_norm, eps, q);
+        ops::rms_norm(k, L.k_norm, eps, k);
+      }
+      ops::rope(q, b.positions, rope_);
+      ops::rope(k, b.positions, rope_);
+      ops::kv_cache_write(k, v, b.slot_mapping, cache.k[l], cache.v[l]);
+      ops::paged_attention(q, cache.k[l], cache.v[l], b.attention, scale, attn);
+      ops::linear(attn.view({T, QO}), L.o, L.o_bias.defined() ? &L.o_bias : nullptr, proj);
+      ops::add_rms_norm(residual, proj, L.post_attn_norm, eps, x);
+      ops::linear(x, L.gate_up, nullptr, gate_up);
+      ops::silu_mul(gate_up, act);
+      ops::linear(act, L.down, nullptr, proj);
+      const Tensor& next_norm = l + 1 < layers_.size() ? layers_[l + 1].input_norm : final_norm_;
+      ops::add_rms_norm(residual, proj, next_norm, eps, x);
+    }
+    const int64_t R = int64_t(b.logits_rows.size());
+    Tensor rows = Tensor::empty({R, H}, DType::kF32);
+    for (int64_t r = 0; r < R; ++r)
+      std::memcpy(rows.ptr<float>() + r * H, x.ptr<float>() + int64_t(b.logits_rows[size_t(r)]) * H,
+                  size_t(H) * 4);
+    Tensor logits = Tensor::empty({R, cfg_.vocab_size}, DType::kF32);
+    ops::linear(rows, lm_head_, nullptr, logits);
+    return logits;
+  }
+
+ private:
+  static void split_qkv(const Tensor& qkv, Tensor& q, Tensor& k, Tensor& v) {
+    const int64_t T = qkv.size(0), QO = q.numel() / T, KVO = k.numel() / T;
+    const float* src = qkv.ptr<float>();
+    for (int64_t t = 0; t < T; ++t) {
+      const float* row = src + t * (QO + 2 * KVO);
+      std::memcpy(q.ptr<float>() + t * QO, row, size_t(QO) * 4);
+      std::memcpy(k.ptr<float>() + t * KVO, row + QO, size_t(KVO) * 4);
+      std::memcpy(v.ptr<float>() + t * KVO, row + QO + KVO, size_t(KVO) * 4);
+    }
+  }
+
+  ModelConfig cfg_;
+  DenseDecoderOptions opts_;
+  DType dtype_;
+  Tensor embed_, lm_head_, final_norm_;
+  std::vector<DenseLayer> layers_;
+  ops::RopeTables rope_;
+  int64_t bytes_ = 0;
+};
+
+}  // namespace
+
+std::unique_ptr<CausalLM> make_dense_decoder(const WeightLoader& weights, const ModelConfig& config,
+                                             DType weight_dtype, const DenseDecoderOptions& opts) {
+  return std::make_unique<DenseDecoderLM>(weights, config, weight_dtype, opts);
+}
+
+}  // namespace revolta

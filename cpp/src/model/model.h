@@ -1,0 +1,44 @@
+// The model interface the runner drives. Forward code sees tokens, positions and cache slots; it
+// knows nothing about requests or scheduling.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "cache/kv_cache.h"
+#include "model/model_config.h"
+#include "ops/ops.h"
+
+namespace revolta {
+
+struct ForwardBatch {
+  Tensor token_ids;     // int32 [T]
+  Tensor positions;     // int32 [T]
+  Tensor slot_mapping;  // int32 [T]
+  ops::AttentionBatch attention;
+  std::vector<int32_t> logits_rows;  // token rows whose next-token logits are wanted
+};
+
+class CausalLM {
+ public:
+  virtual ~CausalLM() = default;
+  virtual const ModelConfig& config() const = 0;
+  virtual KvCacheSpec kv_cache_spec() const = 0;
+  virtual int64_t weight_bytes() const = 0;
+  virtual DType weight_dtype() const = 0;
+  // Writes the batch's K/V into cache and returns f32 logits [logits_rows.size(), vocab].
+  virtual Tensor forward(const ForwardBatch& batch, KvCache& cache) = 0;
+};
+
+// Reads config.json, picks the architecture and loads its weights converted to weight_dtype.
+// Throws naming the unsupported architecture or the missing tensor.
+std::unique_ptr<CausalLM> load_model(const std::string& dir, const ModelConfig& config,
+                                     DType weight_dtype);
+std::vector<std::string> supported_architectures();
+// Throws std::invalid_argument naming the architecture when no file implements it.
+void check_architecture(const ModelConfig& config, const std::string& dir);
+// The cache a model of this config needs per token, known before any weight is read.
+KvCacheSpec kv_cache_spec_for(const ModelConfig& config);
+
+}  // namespace revolta

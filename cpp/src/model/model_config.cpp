@@ -1,0 +1,174 @@
+#include "model/model_config.h"
+
+#include <algorithm>
+#include <cmath>
+#include <fstream>
+#include <sstream>
+
+#include "core/error.h"
+
+namespace revolta {
+namespace {
+
+int32_t require_int(const Json& j, const char* key, const std::string& src) {
+  RV_CHECK(j.contains(key) && j[key].is_number(), src, ": config field '", key,
+           "' is missing or not a number");
+  return int32_t(j[key].as_int());
+}
+
+std::vector<int32_t> int_or_list(const Json& v) {
+  std::vector<int32_t> out;
+  if (v.is_number()) out.push_back(int32_t(v.as_int()));
+  else if (v.is_array())
+    for (const auto& e : v.as_array()) out.push_back(int32_t(e.as_int()));
+  return out;
+}
+
+RopeConfig parse_rope(const Json& j, int32_t max_pos) {
+  RopeConfig r;
+  // transformers 5 writes "rope_parameters"; 4.x wrote rope_theta + "rope_scaling".
+  const Json& params = j.contains("rope_parameters") ? j["rope_parameters"] : j["rope_scaling"];
+  r.theta = j.get_number("rope_theta", 10000.0);
+  r.partial_rotary_factor = j.get_number("partial_rotary_factor", 1.0);
+  if (params.is_object()) {
+    r.type = params.get_string("rope_type", params.get_string("type", "default"));
+    r.theta = params.get_number("rope_theta", r.theta);
+    r.partial_rotary_factor = params.get_number("partial_rotary_factor", r.partial_rotary_factor);
+    r.factor = params.get_number("factor", 1.0);
+    r.low_freq_factor = params.get_number("low_freq_factor", 1.0);
+    r.high_freq_factor = params.get_number("high_freq_factor", 4.0);
+    double bf = params.get_number("beta_fast", 0.0), bs = params.get_number("beta_slow", 0.0);
+    r.beta_fast = bf != 0.0 ? bf : 32.0;
+    r.beta_slow = bs != 0.0 ? bs : 1.0;
+    if (!params["attention_factor"].is_null()) r.attention_factor = params["attention_factor"].as_number();
+    if (!params["mscale"].is_null()) r.mscale = params["mscale"].as_number();
+    if (!params["mscale_all_dim"].is_null()) r.mscale_all_dim = params["mscale_all_dim"].as_number();
+    r.truncate = params.get_bool("truncate", true);
+    r.original_max_position_embeddings = params.get_int("original_max_position_embeddings", 0);
+  }
+  if (j.contains("original_max_position_embeddings"))
+    r.original_max_position_embeddings = j["original_max_position_embeddings"].as_int();
+  if (r.original_max_position_embeddings == 0) r.original_max_position_embeddings = max_pos;
+  RV_CHECK(r.type == "default" || r.type == "linear" || r.type == "llama3" || r.type == "yarn",
+           "unsupported rope_type '", r.type, "' (supported: default, linear, llama3, yarn)");
+  return r;
+}
+
+}  // namespace
+
+ModelConfig ModelConfig::from_json(const Json& j, const std::string& src) {
+  ModelConfig c;
+  const auto& archs = j["architectures"];
+  RV_CHECK(archs.is_array() && !archs.as_array().empty(), src,
+           ": config has no 'architectures' entry");
+  c.architecture = archs.as_array()[0].as_string();
+  c.vocab_size = require_int(j, "vocab_size", src);
+  c.hidden_size = require_int(j, "hidden_size", src);
+  c.intermediate_size = require_int(j, "intermediate_size", src);
+  c.num_layers = require_int(j, "num_hidden_layers", src);
+  c.num_heads = require_int(j, "num_attention_heads", src);
+  c.num_kv_heads = int32_t(j.get_int("num_key_value_heads", c.num_heads));
+  c.head_dim = int32_t(j.get_int("head_dim", 0));
+  if (c.head_dim == 0) c.head_dim = c.hidden_size / c.num_heads;
+  c.rms_norm_eps = float(j.get_number("rms_norm_eps", 1e-6));
+  c.max_position_embeddings = int32_t(j.get_int("max_position_embeddings", 2048));
+  c.tie_word_embeddings = j.get_bool("tie_word_embeddings", false);
+  c.attention_bias = j.get_bool("attention_bias", false);
+  c.mlp_bias = j.get_bool("mlp_bias", false);
+  c.hidden_act = j.get_string("hidden_act", "silu");
+  c.torch_dtype = j.get_string("dtype", j.get_string("torch_dtype", "float32"));
+  c.eos_token_ids = int_or_list(j["eos_token_id"]);
+  c.bos_token_id = int32_t(j.get_int("bos_token_id", -1));
+  c.rope = parse_rope(j, c.max_position_embeddings);
+  c.max_positions = c.max_position_embeddings;
+  RV_CHECK(!j.get_bool("use_sliding_window", false), src,
+           ": sliding-window attention (use_sliding_window) is not supported");
+  RV_CHECK(c.num_kv_heads > 0 && c.num_heads % c.num_kv_heads == 0, src,
+           ": num_attention_heads (", c.num_heads, ") must be a multiple of num_key_value_heads (",
+           c.num_kv_heads, ")");
+  RV_CHECK(c.hidden_act == "silu", src, ": hidden_act '", c.hidden_act, "' is not supported (silu)");
+  return c;
+}
+
+ModelConfig ModelConfig::from_file(const std::string& path) {
+  std::ifstream f(path);
+  RV_CHECK(f.good(), "cannot read ", path);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  Json j;
+  try {
+    j = Json::parse(ss.str());
+  } catch (const std::exception& e) {
+    throw std::runtime_error(str_cat(path, ": ", e.what()));
+  }
+  return from_json(j, path);
+}
+
+ops::RopeTables build_rope_tables(const RopeConfig& r, int32_t head_dim, int32_t max_positions) {
+  const int32_t dim = int32_t(head_dim * r.partial_rotary_factor);
+  const int32_t half = dim / 2;
+  std::vector<float> inv_freq(static_cast<size_t>(half));
+  // HF computes the base frequencies in float32: base ** (i / dim).
+  for (int32_t i = 0; i < half; ++i)
+    inv_freq[size_t(i)] = 1.0f / std::pow(float(r.theta), float(2 * i) / float(dim));
+  double attention_scaling = 1.0;
+  if (r.type == "linear") {
+    for (auto& f : inv_freq) f = float(f / r.factor);
+  } else if (r.type == "llama3") {
+    const double old_len = double(r.original_max_position_embeddings);
+    const double low_wl = old_len / r.low_freq_factor, high_wl = old_len / r.high_freq_factor;
+    for (auto& f : inv_freq) {
+      const float wavelen = float(2 * M_PI) / f;
+      if (wavelen > low_wl) {
+        f = float(f / r.factor);
+      } else if (!(wavelen < high_wl)) {
+        float smooth = float((old_len / wavelen - r.low_freq_factor) /
+                             (r.high_freq_factor - r.low_freq_factor));
+        f = (1 - smooth) * f / float(r.factor) + smooth * f;
+      }
+    }
+  } else if (r.type == "yarn") {
+    auto get_mscale = [](double scale, double m) {
+      return scale <= 1 ? 1.0 : 0.1 * m * std::log(scale) + 1.0;
+    };
+    if (r.attention_factor) attention_scaling = *r.attention_factor;
+    else if (r.mscale && r.mscale_all_dim && *r.mscale != 0 && *r.mscale_all_dim != 0)
+      attention_scaling = get_mscale(r.factor, *r.mscale) / get_mscale(r.factor, *r.mscale_all_dim);
+    else
+      attention_scaling = get_mscale(r.factor, 1.0);
+    const double omax = double(r.original_max_position_embeddings);
+    auto corr_dim = [&](double rot) {
+      return (dim * std::log(omax / (rot * 2 * M_PI))) / (2 * std::log(r.theta));
+    };
+    double low = corr_dim(r.beta_fast), high = corr_dim(r.beta_slow);
+    if (r.truncate) {
+      low = std::floor(low);
+      high = std::ceil(high);
+    }
+    low = std::max(low, 0.0);
+    high = std::min(high, double(dim - 1));
+    if (low == high) high += 0.001;
+    for (int32_t i = 0; i < half; ++i) {
+      float pos_freq = std::pow(float(r.theta), float(2 * i) / float(dim));
+      float extra = 1.0f / pos_freq, inter = 1.0f / (float(r.factor) * pos_freq);
+      float ramp = std::clamp((float(i) - float(low)) / float(high - low), 0.0f, 1.0f);
+      float extra_factor = 1.0f - ramp;
+      inv_freq[size_t(i)] = inter * (1 - extra_factor) + extra * extra_factor;
+    }
+  }
+  ops::RopeTables t;
+  t.rotary_dim = dim;
+  t.cos = Tensor::empty({max_positions, half}, DType::kF32);
+  t.sin = Tensor::empty({max_positions, half}, DType::kF32);
+  float* c = t.cos.ptr<float>();
+  float* s = t.sin.ptr<float>();
+  for (int64_t p = 0; p < max_positions; ++p)
+    for (int32_t i = 0; i < half; ++i) {
+      float angle = float(p) * inv_freq[size_t(i)];
+      c[p * half + i] = float(std::cos(angle) * attention_scaling);
+      s[p * half + i] = float(std::sin(angle) * attention_scaling);
+    }
+  return t;
+}
+
+}  // namespace revolta

@@ -1,0 +1,54 @@
+// Model hyper-parameters parsed from an HF config.json (transformers 4 and 5 spellings).
+#pragma once
+
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "core/json.h"
+#include "ops/ops.h"
+
+namespace revolta {
+
+struct RopeConfig {
+  std::string type = "default";  // default | linear | llama3 | yarn
+  double theta = 10000.0;
+  double partial_rotary_factor = 1.0;
+  double factor = 1.0;
+  double low_freq_factor = 1.0, high_freq_factor = 4.0;  // llama3
+  double beta_fast = 32.0, beta_slow = 1.0;              // yarn
+  std::optional<double> attention_factor, mscale, mscale_all_dim;
+  bool truncate = true;
+  int64_t original_max_position_embeddings = 0;
+};
+
+struct ModelConfig {
+  std::string architecture;
+  int32_t vocab_size = 0;
+  int32_t hidden_size = 0;
+  int32_t intermediate_size = 0;
+  int32_t num_layers = 0;
+  int32_t num_heads = 0;
+  int32_t num_kv_heads = 0;
+  int32_t head_dim = 0;
+  float rms_norm_eps = 1e-6f;
+  int32_t max_position_embeddings = 0;
+  bool tie_word_embeddings = false;
+  bool attention_bias = false;
+  bool mlp_bias = false;
+  std::string hidden_act = "silu";
+  std::string torch_dtype = "float32";
+  std::vector<int32_t> eos_token_ids;
+  int32_t bos_token_id = -1;
+  RopeConfig rope;
+  int32_t max_positions = 0;  // RoPE table length; the engine raises it to max_model_len
+
+  // Throws std::runtime_error naming the field for a missing or inconsistent value.
+  static ModelConfig from_json(const Json& j, const std::string& source);
+  static ModelConfig from_file(const std::string& config_json_path);
+};
+
+// cos/sin tables for positions [0, max_positions), matching HF's rope_init functions.
+ops::RopeTables build_rope_tables(const RopeConfig& rope, int32_t head_dim, int32_t max_positions);
+
+}  // namespace revolta

@@ -1,0 +1,24 @@
+// CPU implementations of the op table (see ops/ops.h for the contracts).
+#pragma once
+
+#include <functional>
+
+#include "ops/ops.h"
+
+namespace revolta::ops::cpu {
+
+void embedding(const Tensor& ids, const Tensor& table, Tensor& out);
+void rms_norm(const Tensor& x, const Tensor& weight, float eps, Tensor& out);
+void add_rms_norm(Tensor& residual, const Tensor& x, const Tensor& weight, float eps, Tensor& out);
+void linear(const Tensor& x, const Tensor& weight, const Tensor* bias, Tensor& out);
+void rope(Tensor& x, const Tensor& positions, const RopeTables& tables);
+void silu_mul(const Tensor& gate_up, Tensor& out);
+void kv_cache_write(const Tensor& k, const Tensor& v, const Tensor& slot_mapping, Tensor& k_cache,
+                    Tensor& v_cache);
+void paged_attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
+                     const AttentionBatch& batch, float scale, Tensor& out);
+
+// Runs fn(begin, end) over [0, n) on the current CPU pool, or inline when there is none.
+void parallel_range(int64_t n, int64_t grain, const std::function<void(int64_t, int64_t)>& fn);
+
+}  // namespace revolta::ops::cpu

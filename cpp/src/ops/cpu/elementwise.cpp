@@ -1,0 +1,95 @@
+// Row-wise ops: embedding gather, RMSNorm (plain and with the residual add fused), SwiGLU, RoPE.
+// Norms follow the reference order: sum of squares in float32, then
+// rsqrt(mean + eps), then multiply by the weight.
+#include <cmath>
+#include <vector>
+
+#include "core/error.h"
+#include "ops/cpu/cpu_ops.h"
+#include "ops/cpu/simd.h"
+
+namespace revolta::ops::cpu {
+namespace {
+
+// Widens a norm weight to f32 once per call (weights may be stored f16/bf16).
+std::vector<float> weight_f32(const Tensor& w) {
+  std::vector<float> out(size_t(w.numel()));
+  convert_to_f32(w.data(), w.dtype(), out.data(), out.size());
+  return out;
+}
+
+void rms_row(const float* x, const float* w, float eps, int64_t n, float* out) {
+  float ss = 0.0f;
+  for (int64_t i = 0; i < n; ++i) ss += x[i] * x[i];
+  float inv = 1.0f / std::sqrt(ss / float(n) + eps);
+  for (int64_t i = 0; i < n; ++i) out[i] = w[i] * (x[i] * inv);
+}
+
+}  // namespace
+
+void embedding(const Tensor& ids, const Tensor& table, Tensor& out) {
+  const int64_t T = ids.numel(), H = table.size(1), V = table.size(0);
+  RV_CHECK(out.numel() == T * H, "embedding: out ", out.shape_str());
+  const int32_t* id = ids.ptr<int32_t>();
+  const size_t row_bytes = size_t(H) * dtype_size(table.dtype());
+  for (int64_t t = 0; t < T; ++t) {
+    RV_CHECK(id[t] >= 0 && id[t] < V, "embedding: token id ", id[t], " outside vocab of ", V);
+    convert_to_f32(static_cast<const char*>(table.data()) + size_t(id[t]) * row_bytes,
+                   table.dtype(), out.ptr<float>() + t * H, size_t(H));
+  }
+}
+
+void rms_norm(const Tensor& x, const Tensor& weight, float eps, Tensor& out) {
+  const int64_t n = weight.numel(), rows = x.numel() / n;
+  auto w = weight_f32(weight);
+  const float* xp = x.ptr<float>();
+  float* op = out.ptr<float>();
+  for (int64_t r = 0; r < rows; ++r) rms_row(xp + r * n, w.data(), eps, n, op + r * n);
+}
+
+void add_rms_norm(Tensor& residual, const Tensor& x, const Tensor& weight, float eps,
+                  Tensor& out) {
+  const int64_t n = weight.numel(), rows = x.numel() / n;
+  auto w = weight_f32(weight);
+  float* rp = residual.ptr<float>();
+  const float* xp = x.ptr<float>();
+  float* op = out.ptr<float>();
+  for (int64_t i = 0; i < rows * n; ++i) rp[i] += xp[i];
+  for (int64_t r = 0; r < rows; ++r) rms_row(rp + r * n, w.data(), eps, n, op + r * n);
+}
+
+void silu_mul(const Tensor& gate_up, Tensor& out) {
+  const int64_t I = out.size(-1), rows = out.numel() / I;
+  RV_CHECK(gate_up.numel() == rows * 2 * I, "silu_mul: gate_up ", gate_up.shape_str());
+  const float* g = gate_up.ptr<float>();
+  float* o = out.ptr<float>();
+  parallel_range(rows * I, 4096, [&](int64_t b, int64_t e) {
+    for (int64_t i = b; i < e; ++i) {
+      int64_t r = i / I, c = i % I;
+      float a = g[r * 2 * I + c], u = g[r * 2 * I + I + c];
+      o[i] = a / (1.0f + std::exp(-a)) * u;
+    }
+  });
+}
+
+void rope(Tensor& x, const Tensor& positions, const RopeTables& tables) {
+  const int64_t T = x.size(0), heads = x.size(1), D = x.size(2);
+  const int64_t half = tables.rotary_dim / 2, max_pos = tables.cos.size(0);
+  const int32_t* pos = positions.ptr<int32_t>();
+  float* xp = x.ptr<float>();
+  for (int64_t t = 0; t < T; ++t) {
+    RV_CHECK(pos[t] >= 0 && pos[t] < max_pos, "rope: position ", pos[t], " beyond ", max_pos);
+    const float* c = tables.cos.ptr<float>() + int64_t(pos[t]) * half;
+    const float* s = tables.sin.ptr<float>() + int64_t(pos[t]) * half;
+    for (int64_t h = 0; h < heads; ++h) {
+      float* v = xp + (t * heads + h) * D;
+      for (int64_t i = 0; i < half; ++i) {
+        float x1 = v[i], x2 = v[i + half];
+        v[i] = x1 * c[i] - x2 * s[i];
+        v[i + half] = x2 * c[i] + x1 * s[i];
+      }
+    }
+  }
+}
+
+}  // namespace revolta::ops::cpu

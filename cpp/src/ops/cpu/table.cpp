@@ -1,0 +1,27 @@
+#include "core/thread_pool.h"
+#include "ops/cpu/cpu_ops.h"
+
+namespace revolta::ops::cpu {
+
+void parallel_range(int64_t n, int64_t grain, const std::function<void(int64_t, int64_t)>& fn) {
+  if (ThreadPool* pool = cpu_thread_pool()) pool->parallel_range(n, grain, fn);
+  else if (n > 0) fn(0, n);
+}
+
+const OpTable* table() {
+  static const OpTable t = [] {
+    OpTable o;
+    o.embedding = &embedding;
+    o.rms_norm = &rms_norm;
+    o.add_rms_norm = &add_rms_norm;
+    o.linear = &linear;
+    o.rope = &rope;
+    o.silu_mul = &silu_mul;
+    o.kv_cache_write = &kv_cache_write;
+    o.paged_attention = &paged_attention;
+    return o;
+  }();
+  return &t;
+}
+
+}  // namespace revolta::ops::cpu

@@ -1,0 +1,81 @@
+#include "ops/ops.h"
+
+#include "core/error.h"
+
+namespace revolta::ops {
+namespace cpu {
+const OpTable* table();
+}
+
+namespace {
+
+const OpTable* g_tables[2] = {cpu::table(), nullptr};
+thread_local ThreadPool* t_pool = nullptr;
+
+const OpTable& table_for(Device d, Op op) {
+  const OpTable* t = g_tables[int(d)];
+  RV_CHECK(t != nullptr && supports_op(d, op), "op ", op_name(op), " has no implementation for ",
+           d == Device::kCPU ? "the CPU" : "CUDA", " in this build");
+  return *t;
+}
+
+}  // namespace
+
+const char* op_name(Op op) {
+  static const char* names[] = {"embedding", "rms_norm",       "add_rms_norm",   "linear",
+                                "rope",      "silu_mul",       "kv_cache_write", "paged_attention"};
+  return names[int(op)];
+}
+
+void register_backend(Device device, const OpTable* table) { g_tables[int(device)] = table; }
+
+bool supports_op(Device device, Op op) {
+  const OpTable* t = g_tables[int(device)];
+  if (!t) return false;
+  switch (op) {
+    case Op::kEmbedding: return t->embedding != nullptr;
+    case Op::kRmsNorm: return t->rms_norm != nullptr;
+    case Op::kAddRmsNorm: return t->add_rms_norm != nullptr;
+    case Op::kLinear: return t->linear != nullptr;
+    case Op::kRope: return t->rope != nullptr;
+    case Op::kSiluMul: return t->silu_mul != nullptr;
+    case Op::kKvCacheWrite: return t->kv_cache_write != nullptr;
+    case Op::kPagedAttention: return t->paged_attention != nullptr;
+    case Op::kCount: break;
+  }
+  return false;
+}
+
+void set_cpu_thread_pool(ThreadPool* pool) { t_pool = pool; }
+ThreadPool* cpu_thread_pool() { return t_pool; }
+
+void embedding(const Tensor& ids, const Tensor& table, Tensor& out) {
+  table_for(out.device(), Op::kEmbedding).embedding(ids, table, out);
+}
+void rms_norm(const Tensor& x, const Tensor& weight, float eps, Tensor& out) {
+  table_for(x.device(), Op::kRmsNorm).rms_norm(x, weight, eps, out);
+}
+void add_rms_norm(Tensor& residual, const Tensor& x, const Tensor& weight, float eps,
+                  Tensor& out) {
+  table_for(x.device(), Op::kAddRmsNorm).add_rms_norm(residual, x, weight, eps, out);
+}
+void linear(const Tensor& x, const Tensor& weight, const Tensor* bias, Tensor& out) {
+  table_for(x.device(), Op::kLinear).linear(x, weight, bias, out);
+}
+void rope(Tensor& x, const Tensor& positions, const RopeTables& tables) {
+  table_for(x.device(), Op::kRope).rope(x, positions, tables);
+}
+void silu_mul(const Tensor& gate_up, Tensor& out) {
+  table_for(gate_up.device(), Op::kSiluMul).silu_mul(gate_up, out);
+}
+void kv_cache_write(const Tensor& k, const Tensor& v, const Tensor& slot_mapping, Tensor& k_cache,
+                    Tensor& v_cache) {
+  table_for(k.device(), Op::kKvCacheWrite).kv_cache_write(k, v, slot_mapping, k_cache, v_cache);
+}
+void paged_attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
+                     const AttentionBatch& batch, float scale, Tensor& out) {
+  table_for(q.device(), Op::kPagedAttention)
+      .paged_attention(q, k_cache, v_cache, batch, scale, out);
+}
+
+}  // namespace revolta::ops

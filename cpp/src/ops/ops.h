@@ -1,0 +1,93 @@
+// The op table. Each op is declared once here; every backend registers an implementation per
+// device, and a call dispatches on the device of its first tensor. A backend that lacks an op
+// reports it through supports_op(), so the engine can refuse a configuration at startup.
+//
+// Conventions: activations are float32 row-major [tokens, features]; weights may be f32/f16/bf16
+// and are [out_features, in_features] like HF's nn.Linear.
+#pragma once
+
+#include <cstdint>
+
+#include "core/tensor.h"
+
+namespace revolta {
+class ThreadPool;
+}
+
+namespace revolta::ops {
+
+// Describes the sequences of one batch for paged attention. Tokens of sequence s occupy rows
+// [query_start[s], query_start[s+1]) of q; they are the last tokens of a context of seq_lens[s]
+// tokens whose K/V live in the blocks listed in block_tables[s * max_blocks_per_seq ...].
+struct AttentionBatch {
+  const int32_t* query_start = nullptr;
+  const int32_t* seq_lens = nullptr;
+  const int32_t* block_tables = nullptr;
+  int32_t num_seqs = 0;
+  int32_t max_blocks_per_seq = 0;
+  int32_t block_size = 0;
+};
+
+// RoPE cos/sin tables, [max_positions, rotary_dim / 2] each, already multiplied by the
+// attention scaling of the rope type (YaRN).
+struct RopeTables {
+  Tensor cos, sin;
+  int32_t rotary_dim = 0;
+};
+
+enum class Op {
+  kEmbedding,
+  kRmsNorm,
+  kAddRmsNorm,
+  kLinear,
+  kRope,
+  kSiluMul,
+  kKvCacheWrite,
+  kPagedAttention,
+  kCount
+};
+const char* op_name(Op op);
+
+struct OpTable {
+  void (*embedding)(const Tensor& ids, const Tensor& table, Tensor& out) = nullptr;
+  void (*rms_norm)(const Tensor& x, const Tensor& weight, float eps, Tensor& out) = nullptr;
+  void (*add_rms_norm)(Tensor& residual, const Tensor& x, const Tensor& weight, float eps,
+                       Tensor& out) = nullptr;
+  void (*linear)(const Tensor& x, const Tensor& weight, const Tensor* bias, Tensor& out) = nullptr;
+  void (*rope)(Tensor& x, const Tensor& positions, const RopeTables& tables) = nullptr;
+  void (*silu_mul)(const Tensor& gate_up, Tensor& out) = nullptr;
+  void (*kv_cache_write)(const Tensor& k, const Tensor& v, const Tensor& slot_mapping,
+                         Tensor& k_cache, Tensor& v_cache) = nullptr;
+  void (*paged_attention)(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
+                          const AttentionBatch& batch, float scale, Tensor& out) = nullptr;
+};
+
+void register_backend(Device device, const OpTable* table);
+bool supports_op(Device device, Op op);
+
+// The CPU ops run their parallel sections on this pool (per calling thread; null = inline).
+void set_cpu_thread_pool(ThreadPool* pool);
+ThreadPool* cpu_thread_pool();
+
+// ids: int32 [T]; table: [vocab, hidden] any float dtype; out: f32 [T, hidden].
+void embedding(const Tensor& ids, const Tensor& table, Tensor& out);
+// Row-wise RMSNorm over the last dimension: out = x / rms(x) * weight. x and out may alias.
+void rms_norm(const Tensor& x, const Tensor& weight, float eps, Tensor& out);
+// residual += x; out = rms_norm(residual).
+void add_rms_norm(Tensor& residual, const Tensor& x, const Tensor& weight, float eps, Tensor& out);
+// out[M, N] = x[M, K] . weight[N, K]^T (+ bias[N]).
+void linear(const Tensor& x, const Tensor& weight, const Tensor* bias, Tensor& out);
+// In place on x [T, heads, head_dim]: rotate-half RoPE on the first rotary_dim features.
+void rope(Tensor& x, const Tensor& positions, const RopeTables& tables);
+// out[T, I] = silu(gate_up[:, :I]) * gate_up[:, I:].
+void silu_mul(const Tensor& gate_up, Tensor& out);
+// k, v: [T, kv_heads, head_dim]; caches: [num_blocks, block_size, kv_heads, head_dim];
+// slot_mapping: int32 [T] (block * block_size + offset).
+void kv_cache_write(const Tensor& k, const Tensor& v, const Tensor& slot_mapping, Tensor& k_cache,
+                    Tensor& v_cache);
+// q: [T, heads, head_dim]; out: [T, heads, head_dim]. Causal within each sequence; heads map to
+// kv heads in groups of heads / kv_heads (GQA).
+void paged_attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
+                     const AttentionBatch& batch, float scale, Tensor& out);
+
+}  // namespace revolta::ops

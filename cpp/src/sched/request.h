@@ -1,0 +1,38 @@
+// Engine-side request state. num_computed_tokens catches up to num_tokens(); that is the whole
+// scheduling rule (prefill, chunked prefill, prefix hits and recompute after preemption alike).
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "revolta/engine.h"
+#include "sample/rng.h"
+
+namespace revolta {
+
+enum class RequestStatus { kWaiting, kRunning, kFinished };
+
+struct Request {
+  uint64_t id = 0;
+  std::vector<int32_t> tokens;  // prompt followed by the generated tokens
+  int32_t num_prompt_tokens = 0;
+  SamplingParams params;
+  OutputCallback callback;
+  RequestStatus status = RequestStatus::kWaiting;
+
+  int32_t num_computed_tokens = 0;  // tokens whose K/V are in the cache
+  int32_t num_cached_tokens = -1;   // prefix-cache hit of the first schedule (-1: not yet)
+  std::vector<int32_t> block_table;
+  std::vector<uint64_t> block_hashes;  // hashes of the leading full blocks already registered
+
+  Rng rng;
+  std::vector<TokenOutput> pending;  // produced since the last output was emitted
+  FinishReason finish_reason = FinishReason::kNone;
+  int32_t stop_token_id = -1;
+  std::string error;
+
+  int32_t num_tokens() const { return int32_t(tokens.size()); }
+  int32_t num_output_tokens() const { return num_tokens() - num_prompt_tokens; }
+};
+
+}  // namespace revolta
