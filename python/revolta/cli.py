@@ -1,0 +1,56 @@
+"""Command line: `revolta generate` runs a prompt (or a chat turn) through the engine."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+
+def _generate(args: argparse.Namespace) -> int:
+    from revolta import LLM, SamplingParams
+
+    llm = LLM(args.model, dtype=args.dtype, max_model_len=args.max_model_len, num_threads=args.threads)
+    params = SamplingParams(temperature=args.temperature, top_p=args.top_p, max_tokens=args.max_tokens, seed=args.seed)
+    t0 = time.perf_counter()
+    if args.prompt is not None:
+        out = llm.generate(args.prompt, params)[0]
+    else:
+        out = llm.chat([{"role": "user", "content": args.chat}], params)[0]
+    dt = time.perf_counter() - t0
+    completion = out.outputs[0]
+    print(completion.text)
+    print(
+        f"[{len(out.prompt_token_ids)} prompt tokens, {len(completion.token_ids)} generated in {dt:.2f}s, "
+        f"finish_reason={completion.finish_reason}, weights {llm.model_info.weight_dtype}]",
+        file=sys.stderr,
+    )
+    llm.shutdown()
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="revolta", description="ReVolta inference engine")
+    sub = parser.add_subparsers(dest="command", required=True)
+    g = sub.add_parser("generate", help="generate text for one prompt or one chat message")
+    g.add_argument("--model", default=None, help="HF model directory or GGUF file (default: the demo model)")
+    what = g.add_mutually_exclusive_group()
+    what.add_argument("--prompt", default=None, help="raw text prompt")
+    what.add_argument("--chat", default="What is the capital of France?", help="user message, rendered with the chat template")
+    g.add_argument("--max-tokens", type=int, default=64)
+    g.add_argument("--temperature", type=float, default=0.0)
+    g.add_argument("--top-p", type=float, default=1.0)
+    g.add_argument("--seed", type=int, default=None)
+    g.add_argument("--dtype", default="auto", choices=["auto", "float32", "float16", "bfloat16"])
+    g.add_argument("--max-model-len", type=int, default=0)
+    g.add_argument("--threads", type=int, default=0)
+    args = parser.parse_args(argv)
+    try:
+        return _generate(args)
+    except (ValueError, FileNotFoundError, RuntimeError) as e:
+        print(f"revolta: error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

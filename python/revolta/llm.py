@@ -1,0 +1,231 @@
+"""Offline inference: LLM(model).generate(prompts, SamplingParams) and chat(messages)."""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+from revolta import _core
+from revolta.models.resolve import resolve_model
+from revolta.models.tokenizer import IncrementalDetokenizer, Tokenizer
+from revolta.outputs import CompletionOutput, RequestOutput
+from revolta.sampling_params import SamplingParams
+
+PromptType = str | Sequence[int] | dict[str, Any]
+
+
+@dataclass
+class _Sequence:
+    """One engine request (one of the n completions of a prompt) as Python follows it."""
+
+    params: SamplingParams
+    detok: IncrementalDetokenizer | None
+    index: int = 0
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[dict[int, float]] = field(default_factory=list)
+    cumulative_logprob: float = 0.0
+    logits: list[list[float]] = field(default_factory=list)
+    text: str = ""
+    finish_reason: str | None = None
+    stop_reason: int | str | None = None
+
+    def apply(self, out: _core.RequestOutput) -> bool:
+        """Takes an engine output; returns True when a stop string ended the sequence here."""
+        for t in out.tokens:
+            self.token_ids.append(t.token)
+            if self.params.logprobs is not None:
+                entry = {a.token: a.logprob for a in t.top_logprobs}
+                entry[t.token] = t.logprob
+                self.logprobs.append(entry)
+                self.cumulative_logprob += t.logprob
+            if self.params.return_generation_logits:
+                self.logits.append(list(t.logits))
+            if self.detok is not None:
+                before = len(self.text)
+                self.text += self.detok.add([t.token])
+                if self._check_stop_strings(before):
+                    return True
+        if out.finished:
+            self.finish_reason = out.finish_reason
+            if out.finish_reason == "stop" and out.stop_token_id >= 0:
+                self.stop_reason = out.stop_token_id
+        return False
+
+    def _check_stop_strings(self, before: int) -> bool:
+        for s in self.params.stop:
+            start = max(0, before - len(s) + 1)
+            idx = self.text.find(s, start)
+            if idx >= 0:
+                self.text = self.text[: idx + len(s)] if self.params.include_stop_str_in_output else self.text[:idx]
+                self.finish_reason, self.stop_reason = "stop", s
+                return True
+        return False
+
+
+class LLM:
+    """An engine plus its tokenizer, for batch generation from Python.
+
+    model: an HF directory (config.json + safetensors), a .gguf file, or None for the embedded
+    demo model. The remaining options are the engine's (see EngineConfig in the C++ API).
+    """
+
+    def __init__(
+        self,
+        model: str | None = None,
+        *,
+        dtype: str = "auto",
+        max_model_len: int = 0,
+        max_num_seqs: int = 64,
+        max_num_batched_tokens: int = 2048,
+        block_size: int = 16,
+        kv_cache_memory_bytes: int = 1 << 30,
+        enable_prefix_caching: bool = True,
+        num_threads: int = 0,
+        seed: int = 0,
+        tokenizer: str | None = None,
+    ):
+        self.model_path = resolve_model(model)
+        cfg = _core.EngineConfig()
+        cfg.model = self.model_path
+        cfg.dtype = dtype
+        cfg.max_model_len = max_model_len
+        cfg.max_num_seqs = max_num_seqs
+        cfg.max_num_batched_tokens = max_num_batched_tokens
+        cfg.block_size = block_size
+        cfg.kv_cache_memory_bytes = kv_cache_memory_bytes
+        cfg.enable_prefix_caching = enable_prefix_caching
+        cfg.num_threads = num_threads
+        cfg.seed = seed
+        self.engine = _core.Engine(cfg)
+        self.model_info = self.engine.model_info
+        tok_dir = tokenizer or self.model_path
+        try:
+            self.tokenizer: Tokenizer | None = Tokenizer(tok_dir)
+        except FileNotFoundError:
+            self.tokenizer = None
+        self._ids = itertools.count()
+
+    # ---- public API -----------------------------------------------------------------------
+
+    def get_tokenizer(self) -> Tokenizer:
+        if self.tokenizer is None:
+            raise ValueError(f"no tokenizer.json in {self.model_path}; pass token ids instead of text")
+        return self.tokenizer
+
+    def generate(
+        self,
+        prompts: PromptType | Sequence[PromptType],
+        sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+    ) -> list[RequestOutput]:
+        prompt_list = self._normalize_prompts(prompts)
+        if sampling_params is None:
+            params_list = [SamplingParams()] * len(prompt_list)
+        elif isinstance(sampling_params, SamplingParams):
+            params_list = [sampling_params] * len(prompt_list)
+        else:
+            params_list = list(sampling_params)
+            if len(params_list) != len(prompt_list):
+                raise ValueError(f"got {len(params_list)} sampling_params for {len(prompt_list)} prompts")
+        encoded = [self._encode(p) for p in prompt_list]
+        return self._run(encoded, params_list)
+
+    def chat(
+        self,
+        messages: list[dict[str, Any]] | list[list[dict[str, Any]]],
+        sampling_params: SamplingParams | None = None,
+        chat_template_kwargs: dict[str, Any] | None = None,
+        tools: list[dict[str, Any]] | None = None,
+    ) -> list[RequestOutput]:
+        conversations = messages if messages and isinstance(messages[0], list) else [messages]
+        tok = self.get_tokenizer()
+        prompts = []
+        for conv in conversations:
+            text = tok.apply_chat_template(conv, add_generation_prompt=True, tools=tools, **(chat_template_kwargs or {}))
+            prompts.append({"prompt": text, "prompt_token_ids": tok.encode(text, add_special_tokens=False)})
+        return self.generate(prompts, sampling_params)
+
+    def stats(self) -> _core.EngineStats:
+        return self.engine.stats()
+
+    def shutdown(self) -> None:
+        self.engine.shutdown()
+
+    def __enter__(self) -> "LLM":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.shutdown()
+
+    # ---- internals ------------------------------------------------------------------------
+
+    @staticmethod
+    def _normalize_prompts(prompts: PromptType | Sequence[PromptType]) -> list[PromptType]:
+        if isinstance(prompts, (str, dict)):
+            return [prompts]
+        prompts = list(prompts)
+        if prompts and all(isinstance(x, int) for x in prompts):
+            return [prompts]  # one tokenized prompt
+        return prompts
+
+    def _encode(self, prompt: PromptType) -> tuple[str | None, list[int]]:
+        if isinstance(prompt, str):
+            return prompt, self.get_tokenizer().encode(prompt)
+        if isinstance(prompt, dict):
+            if "prompt_token_ids" in prompt:
+                return prompt.get("prompt"), [int(t) for t in prompt["prompt_token_ids"]]
+            if "prompt" in prompt:
+                return prompt["prompt"], self.get_tokenizer().encode(prompt["prompt"])
+            raise ValueError("a prompt dict needs 'prompt' or 'prompt_token_ids'")
+        ids = list(prompt)
+        if not all(isinstance(t, int) for t in ids):
+            raise ValueError("a token-id prompt must be a list of ints")
+        return None, ids
+
+    def _run(self, encoded: list[tuple[str | None, list[int]]], params_list: list[SamplingParams]) -> list[RequestOutput]:
+        max_len = self.model_info.max_model_len
+        results: list[RequestOutput] = []
+        live: dict[int, tuple[RequestOutput, _Sequence]] = {}
+        added: list[int] = []
+        try:
+            for (text, ids), params in zip(encoded, params_list):
+                ro = RequestOutput(request_id=str(next(self._ids)), prompt=text, prompt_token_ids=ids)
+                results.append(ro)
+                for i in range(params.n):
+                    core_params = params.to_core(max_tokens_cap=max(1, max_len - len(ids)), seed_offset=i)
+                    rid = self.engine.add_request(ids, core_params)
+                    added.append(rid)
+                    detok = IncrementalDetokenizer(self.tokenizer, params.skip_special_tokens) if self.tokenizer else None
+                    live[rid] = (ro, _Sequence(params=params, detok=detok, index=i))
+                    ro.outputs.append(None)  # type: ignore[arg-type]  # filled in below
+            pending = set(live)
+            while pending:
+                for out in self.engine.await_outputs(0.05):
+                    if out.request_id not in pending:
+                        continue
+                    ro, seq = live[out.request_id]
+                    ro.num_cached_tokens = max(ro.num_cached_tokens, out.num_cached_tokens)
+                    if seq.apply(out):
+                        self.engine.abort(out.request_id)
+                        pending.discard(out.request_id)
+                    elif out.finished:
+                        pending.discard(out.request_id)
+        except BaseException:
+            for rid in added:
+                self.engine.abort(rid)
+            raise
+        for rid, (ro, seq) in live.items():
+            if seq.detok is None:
+                seq.text = ""
+            ro.outputs[seq.index] = CompletionOutput(
+                index=seq.index,
+                text=seq.text,
+                token_ids=seq.token_ids,
+                cumulative_logprob=seq.cumulative_logprob if seq.params.logprobs is not None else None,
+                logprobs=seq.logprobs if seq.params.logprobs is not None else None,
+                finish_reason=seq.finish_reason,
+                stop_reason=seq.stop_reason,
+                generation_logits=seq.logits if seq.params.return_generation_logits else None,
+            )
+            ro.finished = True
+        return results

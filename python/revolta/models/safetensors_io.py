@@ -1,0 +1,41 @@
+"""A minimal streaming safetensors writer (numpy arrays in, one file out)."""
+
+from __future__ import annotations
+
+import json
+import struct
+from pathlib import Path
+from typing import Callable, Iterable
+
+import numpy as np
+
+_DTYPES = {np.dtype(np.float32): "F32", np.dtype(np.float16): "F16", np.dtype(np.int32): "I32"}
+
+
+def write_safetensors(
+    path: str | Path,
+    specs: Iterable[tuple[str, tuple[int, ...], np.dtype]],
+    produce: Callable[[str], np.ndarray],
+    metadata: dict[str, str] | None = None,
+) -> None:
+    """Writes tensors one at a time, so only one is in memory.
+
+    specs: (name, shape, dtype) of every tensor in file order; produce(name) returns its array.
+    """
+    specs = list(specs)
+    header: dict[str, object] = {"__metadata__": metadata or {"format": "pt"}}
+    offset = 0
+    for name, shape, dtype in specs:
+        nbytes = int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
+        header[name] = {"dtype": _DTYPES[np.dtype(dtype)], "shape": list(shape), "data_offsets": [offset, offset + nbytes]}
+        offset += nbytes
+    blob = json.dumps(header, separators=(",", ":")).encode()
+    blob += b" " * (-len(blob) % 8)  # keep the data section 8-byte aligned
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(blob)))
+        f.write(blob)
+        for name, shape, dtype in specs:
+            arr = np.ascontiguousarray(produce(name), dtype=dtype)
+            if tuple(arr.shape) != tuple(shape):
+                raise ValueError(f"{name}: produced shape {arr.shape}, declared {shape}")
+            f.write(arr.tobytes())

@@ -1,0 +1,99 @@
+"""Sampling options, with the names and meaning of vLLM's SamplingParams."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from revolta import _core
+
+
+@dataclass
+class SamplingParams:
+    n: int = 1
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    min_p: float = 0.0
+    repetition_penalty: float = 1.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    seed: int | None = None
+    max_tokens: int | None = 16
+    min_tokens: int = 0
+    stop: str | list[str] | None = None
+    stop_token_ids: list[int] = field(default_factory=list)
+    include_stop_str_in_output: bool = False
+    ignore_eos: bool = False
+    logprobs: int | None = None
+    skip_special_tokens: bool = True
+    return_generation_logits: bool = False
+
+    def __post_init__(self) -> None:
+        if isinstance(self.stop, str):
+            self.stop = [self.stop]
+        elif self.stop is None:
+            self.stop = []
+        self.stop_token_ids = list(self.stop_token_ids or [])
+        self.validate()
+
+    def validate(self) -> None:
+        """Raises ValueError naming the first invalid field."""
+
+        def bad(name: str, rule: str) -> None:
+            raise ValueError(f"{name} {rule}, got {getattr(self, name)!r}")
+
+        def number(name: str) -> float:
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+                bad(name, "must be a finite number")
+            return float(v)
+
+        if not isinstance(self.n, int) or self.n < 1:
+            bad("n", "must be an integer >= 1")
+        if number("temperature") < 0:
+            bad("temperature", "must be >= 0")
+        if not 0 < number("top_p") <= 1:
+            bad("top_p", "must be in (0, 1]")
+        if not isinstance(self.top_k, int) or self.top_k < -1:
+            bad("top_k", "must be -1 or 0 (off) or a positive integer")
+        if not 0 <= number("min_p") <= 1:
+            bad("min_p", "must be in [0, 1]")
+        if number("repetition_penalty") <= 0:
+            bad("repetition_penalty", "must be > 0")
+        if not -2 <= number("presence_penalty") <= 2:
+            bad("presence_penalty", "must be in [-2, 2]")
+        if not -2 <= number("frequency_penalty") <= 2:
+            bad("frequency_penalty", "must be in [-2, 2]")
+        if self.seed is not None and (not isinstance(self.seed, int) or self.seed < 0 or self.seed >= 2**64):
+            bad("seed", "must be an integer in [0, 2**64)")
+        if self.max_tokens is not None and (not isinstance(self.max_tokens, int) or self.max_tokens < 1):
+            bad("max_tokens", "must be an integer >= 1")
+        if not isinstance(self.min_tokens, int) or self.min_tokens < 0:
+            bad("min_tokens", "must be an integer >= 0")
+        if self.max_tokens is not None and self.min_tokens > self.max_tokens:
+            bad("min_tokens", "must not exceed max_tokens")
+        if any(not isinstance(s, str) or not s for s in self.stop):
+            bad("stop", "must be non-empty strings")
+        if any(not isinstance(t, int) or t < 0 for t in self.stop_token_ids):
+            bad("stop_token_ids", "must be non-negative token ids")
+        if self.logprobs is not None and (not isinstance(self.logprobs, int) or not 0 <= self.logprobs <= 20):
+            bad("logprobs", "must be an integer in [0, 20]")
+
+    def to_core(self, max_tokens_cap: int, seed_offset: int = 0) -> _core.SamplingParams:
+        p = _core.SamplingParams()
+        p.temperature = float(self.temperature)
+        p.top_p = float(self.top_p)
+        p.top_k = int(self.top_k)
+        p.min_p = float(self.min_p)
+        p.repetition_penalty = float(self.repetition_penalty)
+        p.presence_penalty = float(self.presence_penalty)
+        p.frequency_penalty = float(self.frequency_penalty)
+        p.seed = None if self.seed is None else (self.seed + seed_offset) % 2**64
+        p.max_tokens = int(self.max_tokens if self.max_tokens is not None else max_tokens_cap)
+        p.min_tokens = int(min(self.min_tokens, p.max_tokens))
+        p.ignore_eos = bool(self.ignore_eos)
+        p.stop_token_ids = list(self.stop_token_ids)
+        p.logprobs = -1 if self.logprobs is None else int(self.logprobs)
+        p.return_generation_logits = bool(self.return_generation_logits)
+        return p
