@@ -7,10 +7,27 @@
 #define RV_CPU_RELAX() std::this_thread::yield()
 #endif
 
+#include <linux/futex.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <climits>
+
 namespace revolta {
 namespace {
 constexpr int kSpinIterations = 1 << 15;
+
+void futex_wait(std::atomic<uint32_t>& word, uint32_t expected) {
+  // Returns at once if the word no longer holds `expected` (checked atomically by the kernel).
+  syscall(SYS_futex, reinterpret_cast<uint32_t*>(&word), FUTEX_WAIT_PRIVATE, expected, nullptr,
+          nullptr, 0);
 }
+
+void futex_wake_all(std::atomic<uint32_t>& word) {
+  syscall(SYS_futex, reinterpret_cast<uint32_t*>(&word), FUTEX_WAKE_PRIVATE, INT_MAX, nullptr,
+          nullptr, 0);
+}
+}  // namespace
 
 ThreadPool::ThreadPool(int n_threads) {
   for (int i = 1; i < n_threads; ++i) workers_.emplace_back([this] { worker_loop(); });
@@ -19,7 +36,7 @@ ThreadPool::ThreadPool(int n_threads) {
 ThreadPool::~ThreadPool() {
   stop_.store(true);
   epoch_.fetch_add(1);
-  epoch_.notify_all();
+  futex_wake_all(epoch_);
   for (auto& t : workers_) t.join();
 }
 
@@ -32,7 +49,8 @@ void ThreadPool::run_tasks() {
 }
 
 void ThreadPool::worker_loop() {
-  uint32_t seen = epoch_.load();
+  // Epochs are counted from construction: a worker that starts late must still see the first one.
+  uint32_t seen = 0;
   for (;;) {
     uint32_t now = epoch_.load(std::memory_order_acquire);
     for (int spin = 0; now == seen && spin < kSpinIterations; ++spin) {
@@ -40,13 +58,15 @@ void ThreadPool::worker_loop() {
       now = epoch_.load(std::memory_order_acquire);
     }
     while (now == seen) {
-      epoch_.wait(seen);
-      now = epoch_.load(std::memory_order_acquire);
+      sleeping_workers_.fetch_add(1);
+      futex_wait(epoch_, seen);
+      sleeping_workers_.fetch_sub(1);
+      now = epoch_.load();
     }
     seen = now;
     if (stop_.load()) return;
     run_tasks();
-    if (busy_workers_.fetch_sub(1, std::memory_order_acq_rel) == 1) busy_workers_.notify_one();
+    if (busy_workers_.fetch_sub(1) == 1 && caller_sleeping_.load() > 0) futex_wake_all(busy_workers_);
   }
 }
 
@@ -59,18 +79,20 @@ void ThreadPool::parallel_for(int64_t n_tasks, const std::function<void(int64_t)
   job_ = &fn;
   n_tasks_ = n_tasks;
   next_task_.store(0, std::memory_order_relaxed);
-  busy_workers_.store(int32_t(workers_.size()), std::memory_order_relaxed);
-  epoch_.fetch_add(1, std::memory_order_release);
-  epoch_.notify_all();
+  busy_workers_.store(uint32_t(workers_.size()));
+  epoch_.fetch_add(1);
+  if (sleeping_workers_.load() > 0) futex_wake_all(epoch_);
   run_tasks();
-  int32_t busy = busy_workers_.load(std::memory_order_acquire);
+  uint32_t busy = busy_workers_.load(std::memory_order_acquire);
   for (int spin = 0; busy != 0 && spin < kSpinIterations; ++spin) {
     RV_CPU_RELAX();
     busy = busy_workers_.load(std::memory_order_acquire);
   }
   while (busy != 0) {
-    busy_workers_.wait(busy);
-    busy = busy_workers_.load(std::memory_order_acquire);
+    caller_sleeping_.fetch_add(1);
+    futex_wait(busy_workers_, busy);
+    caller_sleeping_.fetch_sub(1);
+    busy = busy_workers_.load();
   }
   job_ = nullptr;
 }

@@ -33,9 +33,13 @@ class ThreadPool {
   void run_tasks();
 
   std::vector<std::thread> workers_;
+  // Sleeping uses raw futexes with a sleeper count checked after each change, so a change is
+  // never missed and no syscall is made while everybody spins.
   std::atomic<uint32_t> epoch_{0};
   std::atomic<int64_t> next_task_{0};
-  std::atomic<int32_t> busy_workers_{0};
+  std::atomic<uint32_t> busy_workers_{0};
+  std::atomic<int32_t> sleeping_workers_{0};
+  std::atomic<int32_t> caller_sleeping_{0};
   std::atomic<bool> stop_{false};
   const std::function<void(int64_t)>* job_ = nullptr;
   int64_t n_tasks_ = 0;

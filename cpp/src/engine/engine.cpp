@@ -51,6 +51,10 @@ struct Engine::Impl {
   EngineStats stats;  // the engine thread's copy is `live`; this one is published per step
   EngineStats live;
 
+  // Outputs of the current iteration; delivered after the stats are published, so a caller that
+  // sees a request finish also sees the blocks it released.
+  std::vector<std::pair<RequestOutput, OutputCallback>> staged;
+
   std::atomic<uint64_t> next_id{1};
   std::thread thread;
 
@@ -58,6 +62,7 @@ struct Engine::Impl {
   void loop();
   void step();
   void emit(Request& r, bool finished);
+  void deliver();
   void finish(Request& r, FinishReason reason, int32_t stop_token = -1);
   void publish_stats();
 };
@@ -145,19 +150,26 @@ void Engine::Impl::emit(Request& r, bool finished) {
   o.num_prompt_tokens = r.num_prompt_tokens;
   o.num_cached_tokens = std::max(0, r.num_cached_tokens);
   o.error = r.error;
-  if (r.callback) {
-    try {
-      r.callback(o);
-    } catch (...) {
-      // A failing callback must not take the engine down; the request's output is dropped.
-    }
-    return;
-  }
+  staged.emplace_back(std::move(o), r.callback);
+}
+
+void Engine::Impl::deliver() {
+  if (staged.empty()) return;
   {
     std::lock_guard<std::mutex> lk(out_mu);
-    outbox.push_back(std::move(o));
+    for (auto& [o, cb] : staged)
+      if (!cb) outbox.push_back(std::move(o));
   }
   out_cv.notify_all();
+  for (auto& [o, cb] : staged) {
+    if (!cb) continue;
+    try {
+      cb(o);
+    } catch (...) {
+      // A failing callback must not take the engine down; that output is dropped.
+    }
+  }
+  staged.clear();
 }
 
 void Engine::Impl::finish(Request& r, FinishReason reason, int32_t stop_token) {
@@ -229,6 +241,7 @@ void Engine::Impl::loop() {
       }
       if (scheduler->has_work()) step();
       publish_stats();
+      deliver();
     }
   } catch (const std::exception& e) {
     std::lock_guard<std::mutex> lk(out_mu);
@@ -250,6 +263,7 @@ void Engine::Impl::loop() {
     emit(*r, true);
   }
   publish_stats();
+  deliver();
   out_cv.notify_all();
 }
 

@@ -1,0 +1,114 @@
+"""Llama and Qwen3 against HF transformers on tiny random configs: logits, greedy decoding, and
+the same greedy output under concurrency, prefix-cache hits, chunked prefill and preemption."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from conftest import hf_greedy, hf_last_logits, kv_bytes_per_token, make_hf_model
+from revolta import LLM, SamplingParams
+
+CONFIGS = {
+    "llama-gqa2-untied": ("llama", dict(num_attention_heads=4, num_key_value_heads=2)),
+    "llama-mha-tied": ("llama", dict(num_attention_heads=4, num_key_value_heads=4, tie_word_embeddings=True)),
+    "llama-gqa4-llama3rope": (
+        "llama",
+        dict(
+            num_attention_heads=8,
+            num_key_value_heads=2,
+            hidden_size=128,
+            rope_parameters=dict(
+                rope_type="llama3", rope_theta=10000.0, factor=8.0, low_freq_factor=1.0,
+                high_freq_factor=4.0, original_max_position_embeddings=64,
+            ),
+        ),
+    ),
+    "llama-mqa-yarn": (
+        "llama",
+        dict(
+            num_attention_heads=4,
+            num_key_value_heads=1,
+            rope_parameters=dict(rope_type="yarn", rope_theta=10000.0, factor=4.0, original_max_position_embeddings=64),
+        ),
+    ),
+    "qwen3-gqa2-tied": ("qwen3", dict(num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True)),
+    "qwen3-gqa3-headdim32": (
+        "qwen3",
+        dict(num_attention_heads=6, num_key_value_heads=2, head_dim=32, num_hidden_layers=3, tie_word_embeddings=False),
+    ),
+}
+
+PROMPT_LENGTHS = [5, 17, 40, 63]
+GEN = 32
+
+
+def make_prompts(seed: int, vocab: int = 256) -> list[list[int]]:
+    rng = random.Random(seed)
+    return [[rng.randrange(3, vocab) for _ in range(n)] for n in PROMPT_LENGTHS]
+
+
+@pytest.fixture(scope="module", params=list(CONFIGS))
+def case(request, tmp_path_factory):
+    kind, overrides = CONFIGS[request.param]
+    path = tmp_path_factory.mktemp(request.param)
+    model = make_hf_model(kind, path, seed=len(request.param), **overrides)
+    prompts = make_prompts(seed=len(request.param))
+    expected = [hf_greedy(model, p, GEN) for p in prompts]
+    return model, str(path), prompts, expected
+
+
+def greedy(**kw) -> SamplingParams:
+    return SamplingParams(temperature=0.0, max_tokens=GEN, ignore_eos=True, **kw)
+
+
+def run(llm: LLM, prompts, **kw) -> list[list[int]]:
+    return [o.outputs[0].token_ids for o in llm.generate(prompts, greedy(**kw))]
+
+
+def test_logits_match_hf(case):
+    model, path, prompts, _ = case
+    with LLM(path, kv_cache_memory_bytes=8 << 20) as llm:
+        outs = llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=1, return_generation_logits=True))
+    for prompt, out in zip(prompts, outs):
+        ours = torch.tensor(out.outputs[0].generation_logits[0])
+        ref = hf_last_logits(model, prompt)
+        assert ours.shape == ref.shape
+        err = (ours - ref).abs().max().item()
+        assert err < 1e-4, f"prompt of {len(prompt)} tokens: max |logit diff| {err}"
+
+
+def test_greedy_concurrent_and_prefix_cache(case):
+    _, path, prompts, expected = case
+    with LLM(path, kv_cache_memory_bytes=8 << 20, enable_prefix_caching=True) as llm:
+        assert run(llm, prompts) == expected
+        hits_before = llm.stats().prefix_cache_hits
+        # Same prompts again: every full block of each prompt is now in the cache.
+        assert run(llm, prompts) == expected
+        stats = llm.stats()
+        assert stats.prefix_cache_hits > hits_before
+        assert stats.num_blocks_used == 0  # everything released after the requests finished
+
+
+def test_greedy_chunked_prefill(case):
+    _, path, prompts, expected = case
+    for budget in (7, 16):
+        with LLM(path, kv_cache_memory_bytes=8 << 20, max_num_batched_tokens=budget) as llm:
+            assert run(llm, prompts) == expected, f"max_num_batched_tokens={budget}"
+
+
+def test_greedy_under_preemption(case):
+    model, path, prompts, expected = case
+    max_len = max(PROMPT_LENGTHS) + GEN + 1
+    block = 16
+    blocks = -(-max_len // block) + 1  # room for one longest request, not for all four
+    with LLM(
+        path,
+        max_model_len=max_len,
+        block_size=block,
+        kv_cache_memory_bytes=blocks * block * kv_bytes_per_token(model),
+    ) as llm:
+        assert run(llm, prompts) == expected
+        assert llm.stats().num_preemptions > 0
