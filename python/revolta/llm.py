@@ -205,10 +205,11 @@ class LLM:
                         continue
                     ro, seq = live[out.request_id]
                     ro.num_cached_tokens = max(ro.num_cached_tokens, out.num_cached_tokens)
-                    if seq.apply(out):
+                    if seq.finish_reason is None and seq.apply(out):
+                        # A stop string ended it; wait for the engine to confirm the abort so
+                        # that its blocks are free when generate() returns.
                         self.engine.abort(out.request_id)
-                        pending.discard(out.request_id)
-                    elif out.finished:
+                    if out.finished:
                         pending.discard(out.request_id)
         except BaseException:
             for rid in added:
