@@ -19,15 +19,21 @@ constexpr int64_t kMaxTileRows = 4;
 
 // MR input rows x NR weight rows of dot products over K.
 template <int MR, int NR, typename W>
-void dot_tile(const float* x, int64_t ldx, const typename W::T* w, int64_t ldw, int64_t K,
+void dot_tile(const float* __restrict x, int64_t ldx, const typename W::T* __restrict w, int64_t ldw, int64_t K,
               float* out, int64_t ldo) {
   int64_t k = 0;
   float res[MR][NR] = {};
 #if RV_AVX2
-  __m256 acc[MR][NR];
+  vacc acc[MR][NR];
   for (int m = 0; m < MR; ++m)
     for (int n = 0; n < NR; ++n) acc[m][n] = _mm256_setzero_ps();
   for (; k + 8 <= K; k += 8) {
+    // Streaming weights: fetch the next tile's rows while this one computes, so that memory
+    // latency overlaps the arithmetic (the hardware prefetcher alone falls behind).
+    // (A single input row is pure streaming, which the hardware prefetcher handles best.)
+    if (MR > 1 && (k * int64_t(sizeof(typename W::T))) % 64 == 0)
+      for (int n = 0; n < NR; ++n)
+        _mm_prefetch(reinterpret_cast<const char*>(w + (n + NR) * ldw + k), _MM_HINT_T0);
     __m256 wv[NR];
     for (int n = 0; n < NR; ++n) wv[n] = load8(W{}, w + n * ldw + k);
     for (int m = 0; m < MR; ++m) {
@@ -58,9 +64,56 @@ void dot_tile_nr(int nr, const float* x, int64_t ldx, const typename W::T* w, in
   }
 }
 
+#if RV_AVX2
+// The 4 x 2 tile of decode-sized batches, with named accumulators (GCC keeps an accumulator
+// array in memory in this loop).
+template <typename W>
+void dot_tile_4x2(const float* __restrict x, int64_t ldx, const typename W::T* __restrict w, int64_t ldw,
+                  int64_t K, float* out, int64_t ldo) {
+  __m256 a00 = _mm256_setzero_ps(), a01 = a00, a10 = a00, a11 = a00;
+  __m256 a20 = a00, a21 = a00, a30 = a00, a31 = a00;
+  const float *x0 = x, *x1 = x + ldx, *x2 = x + 2 * ldx, *x3 = x + 3 * ldx;
+  const typename W::T *w0p = w, *w1p = w + ldw;
+  int64_t k = 0;
+  for (; k + 8 <= K; k += 8) {
+    if ((k * int64_t(sizeof(typename W::T))) % 64 == 0) {  // the next tile's rows, one line at a time
+      _mm_prefetch(reinterpret_cast<const char*>(w0p + 2 * ldw + k), _MM_HINT_T0);
+      _mm_prefetch(reinterpret_cast<const char*>(w1p + 2 * ldw + k), _MM_HINT_T0);
+    }
+    __m256 w0 = load8(W{}, w0p + k), w1 = load8(W{}, w1p + k);
+    // Keep the weights in registers: folded into each FMA they would be loaded four times.
+    asm("" : "+x"(w0), "+x"(w1));
+    __m256 v = _mm256_loadu_ps(x0 + k);
+    a00 = _mm256_fmadd_ps(v, w0, a00);
+    a01 = _mm256_fmadd_ps(v, w1, a01);
+    v = _mm256_loadu_ps(x1 + k);
+    a10 = _mm256_fmadd_ps(v, w0, a10);
+    a11 = _mm256_fmadd_ps(v, w1, a11);
+    v = _mm256_loadu_ps(x2 + k);
+    a20 = _mm256_fmadd_ps(v, w0, a20);
+    a21 = _mm256_fmadd_ps(v, w1, a21);
+    v = _mm256_loadu_ps(x3 + k);
+    a30 = _mm256_fmadd_ps(v, w0, a30);
+    a31 = _mm256_fmadd_ps(v, w1, a31);
+  }
+  float r[4][2] = {{hsum(a00), hsum(a01)}, {hsum(a10), hsum(a11)}, {hsum(a20), hsum(a21)}, {hsum(a30), hsum(a31)}};
+  for (; k < K; ++k) {
+    const float wa = W::scalar(w0p + k), wb = W::scalar(w1p + k);
+    for (int m = 0; m < 4; ++m) {
+      r[m][0] += x[m * ldx + k] * wa;
+      r[m][1] += x[m * ldx + k] * wb;
+    }
+  }
+  for (int m = 0; m < 4; ++m) out[m * ldo] = r[m][0], out[m * ldo + 1] = r[m][1];
+}
+#endif
+
 template <typename W>
 void dot_tile_any(int mr, int nr, const float* x, int64_t ldx, const typename W::T* w, int64_t ldw,
                   int64_t K, float* out, int64_t ldo) {
+#if RV_AVX2
+  if (mr == 4 && nr == 2) return dot_tile_4x2<W>(x, ldx, w, ldw, K, out, ldo);
+#endif
   switch (mr) {
     case 1: return dot_tile_nr<W, 1>(nr, x, ldx, w, ldw, K, out, ldo);
     case 2: return dot_tile_nr<W, 2>(nr, x, ldx, w, ldw, K, out, ldo);
@@ -73,39 +126,135 @@ void dot_tile_any(int mr, int nr, const float* x, int64_t ldx, const typename W:
 template <typename W>
 void linear_block(const float* x, int64_t M, int64_t K, const typename W::T* w, int64_t n0,
                   int64_t n1, float* out, int64_t N) {
-  // Decode-sized M: 4 weight rows share each loaded input vector.
-  // Prefill-sized M: 4 input rows x 2 weight rows per tile keeps all accumulators in registers.
+  // One or two input rows: 4 weight rows share each loaded input vector.
+  // More: 4 input rows x 2 weight rows per tile.
+  // Weight rows are the outer loop: each is read from memory once and reused from L1 for every
+  // group of input rows.
   const int nr_max = M <= 2 ? 4 : 2;
-  for (int64_t m = 0; m < M; m += kMaxTileRows) {
-    int mr = int(std::min<int64_t>(kMaxTileRows, M - m));
-    for (int64_t n = n0; n < n1; n += nr_max) {
-      int nr = int(std::min<int64_t>(nr_max, n1 - n));
+  for (int64_t n = n0; n < n1; n += nr_max) {
+    int nr = int(std::min<int64_t>(nr_max, n1 - n));
+    for (int64_t m = 0; m < M; m += kMaxTileRows) {
+      int mr = int(std::min<int64_t>(kMaxTileRows, M - m));
       dot_tile_any<W>(mr, nr, x + m * K, K, w + n * K, K, K, out + m * N + n, N);
     }
   }
 }
 
+// ---- batched path: packed weight panels, broadcast microkernel ------------------------------
+// A block of 16 weight rows is widened to f32 and transposed into a [K][16] panel once; then
+// every group of 6 input rows runs an outer-product kernel over it (12 accumulators, 2 weight
+// vectors and 1 broadcast: 15 of the 16 AVX2 registers).
+constexpr int64_t kPanel = 16;
+constexpr int64_t kPanelRows = 6;
+
 template <typename W>
-void linear_typed(const float* x, int64_t M, int64_t K, const typename W::T* w, int64_t N,
-                  float* out) {
-  int64_t tasks = (N + kRowsPerTask - 1) / kRowsPerTask;
-  auto run = [&](int64_t t) {
-    int64_t n0 = t * kRowsPerTask, n1 = std::min(N, n0 + kRowsPerTask);
-    if constexpr (!std::is_same_v<W, F32W>) {
-      if (M >= 8) {
-        thread_local std::vector<float> wide;
-        wide.resize(size_t((n1 - n0) * K));
-        for (int64_t n = n0; n < n1; ++n)
-          for (int64_t k = 0; k < K; ++k) wide[size_t((n - n0) * K + k)] = W::scalar(w + n * K + k);
-        linear_block<F32W>(x, M, K, wide.data(), 0, n1 - n0, out + n0, N);
-        return;
-      }
+void pack_panel(const typename W::T* w, int64_t rows, int64_t K, float* panel) {
+  thread_local std::vector<float> row;
+  row.resize(size_t(K));
+  for (int64_t n = 0; n < kPanel; ++n) {
+    if (n < rows) {
+      const typename W::T* src = w + n * K;
+      int64_t k = 0;
+#if RV_AVX2
+      for (; k + 8 <= K; k += 8) _mm256_storeu_ps(row.data() + k, load8(W{}, src + k));
+#endif
+      for (; k < K; ++k) row[size_t(k)] = W::scalar(src + k);
+    } else {
+      std::fill(row.begin(), row.end(), 0.0f);
     }
+    for (int64_t k = 0; k < K; ++k) panel[k * kPanel + n] = row[size_t(k)];
+  }
+}
+
+// out[0:6, 0:cols] = x[6, K] . panel; the twelve accumulators are named variables because GCC
+// keeps an accumulator array in memory inside this loop.
+void panel_kernel6(const float* __restrict x, int64_t K, const float* __restrict panel,
+                   float* __restrict out, int64_t ldo, int64_t rows, int64_t cols) {
+  alignas(32) float tile[kPanelRows][kPanel];
+#if RV_AVX2
+  __m256 a00 = _mm256_setzero_ps(), a01 = a00, a10 = a00, a11 = a00, a20 = a00, a21 = a00;
+  __m256 a30 = a00, a31 = a00, a40 = a00, a41 = a00, a50 = a00, a51 = a00;
+  const float *x0 = x, *x1 = x + K, *x2 = x + 2 * K, *x3 = x + 3 * K, *x4 = x + 4 * K, *x5 = x + 5 * K;
+  for (int64_t k = 0; k < K; ++k) {
+    const __m256 w0 = _mm256_loadu_ps(panel + k * kPanel);
+    const __m256 w1 = _mm256_loadu_ps(panel + k * kPanel + 8);
+    __m256 b = _mm256_broadcast_ss(x0 + k);
+    a00 = _mm256_fmadd_ps(b, w0, a00);
+    a01 = _mm256_fmadd_ps(b, w1, a01);
+    b = _mm256_broadcast_ss(x1 + k);
+    a10 = _mm256_fmadd_ps(b, w0, a10);
+    a11 = _mm256_fmadd_ps(b, w1, a11);
+    b = _mm256_broadcast_ss(x2 + k);
+    a20 = _mm256_fmadd_ps(b, w0, a20);
+    a21 = _mm256_fmadd_ps(b, w1, a21);
+    b = _mm256_broadcast_ss(x3 + k);
+    a30 = _mm256_fmadd_ps(b, w0, a30);
+    a31 = _mm256_fmadd_ps(b, w1, a31);
+    b = _mm256_broadcast_ss(x4 + k);
+    a40 = _mm256_fmadd_ps(b, w0, a40);
+    a41 = _mm256_fmadd_ps(b, w1, a41);
+    b = _mm256_broadcast_ss(x5 + k);
+    a50 = _mm256_fmadd_ps(b, w0, a50);
+    a51 = _mm256_fmadd_ps(b, w1, a51);
+  }
+  _mm256_store_ps(tile[0], a00), _mm256_store_ps(tile[0] + 8, a01);
+  _mm256_store_ps(tile[1], a10), _mm256_store_ps(tile[1] + 8, a11);
+  _mm256_store_ps(tile[2], a20), _mm256_store_ps(tile[2] + 8, a21);
+  _mm256_store_ps(tile[3], a30), _mm256_store_ps(tile[3] + 8, a31);
+  _mm256_store_ps(tile[4], a40), _mm256_store_ps(tile[4] + 8, a41);
+  _mm256_store_ps(tile[5], a50), _mm256_store_ps(tile[5] + 8, a51);
+#else
+  for (int64_t i = 0; i < kPanelRows; ++i)
+    for (int64_t n = 0; n < kPanel; ++n) {
+      float s = 0.0f;
+      for (int64_t k = 0; k < K; ++k) s += x[i * K + k] * panel[k * kPanel + n];
+      tile[i][n] = s;
+    }
+#endif
+  for (int64_t i = 0; i < rows; ++i) std::copy_n(tile[i], cols, out + i * ldo);
+}
+
+template <typename W>
+void linear_batched(const float* x, int64_t M, int64_t K, const typename W::T* w, int64_t N, float* out) {
+  const int64_t tasks = (N + kPanel - 1) / kPanel;
+  auto run = [&](int64_t t) {
+    const int64_t n0 = t * kPanel, cols = std::min(kPanel, N - n0);
+    thread_local std::vector<float> panel;
+    panel.resize(size_t(K * kPanel));
+    pack_panel<W>(w + n0 * K, cols, K, panel.data());
+    int64_t m = 0;
+    for (; m + kPanelRows <= M; m += kPanelRows)
+      panel_kernel6(x + m * K, K, panel.data(), out + m * N + n0, N, kPanelRows, cols);
+    if (m < M) {  // the last rows, zero-padded to a full group
+      thread_local std::vector<float> padded;
+      padded.assign(size_t(kPanelRows * K), 0.0f);
+      std::copy_n(x + m * K, (M - m) * K, padded.begin());
+      panel_kernel6(padded.data(), K, panel.data(), out + m * N + n0, N, M - m, cols);
+    }
+  };
+  if (ThreadPool* pool = cpu_thread_pool()) pool->parallel_for(tasks, run);
+  else
+    for (int64_t t = 0; t < tasks; ++t) run(t);
+}
+
+// ---- small-M path: weights streamed once, dot products -------------------------------------
+template <typename W>
+void linear_small(const float* x, int64_t M, int64_t K, const typename W::T* w, int64_t N, float* out) {
+  const int64_t tasks = (N + kRowsPerTask - 1) / kRowsPerTask;
+  auto run = [&](int64_t t) {
+    const int64_t n0 = t * kRowsPerTask, n1 = std::min(N, n0 + kRowsPerTask);
     linear_block<W>(x, M, K, w, n0, n1, out, N);
   };
   if (ThreadPool* pool = cpu_thread_pool()) pool->parallel_for(tasks, run);
   else
     for (int64_t t = 0; t < tasks; ++t) run(t);
+}
+
+template <typename W>
+void linear_typed(const float* x, int64_t M, int64_t K, const typename W::T* w, int64_t N, float* out) {
+  // Decode-sized batches are bound by reading the weights once; larger ones by arithmetic.
+  if (M >= 32) linear_batched<W>(x, M, K, w, N, out);
+  else linear_small<W>(x, M, K, w, N, out);
 }
 
 }  // namespace

@@ -31,6 +31,9 @@ struct BF16W {
 
 #if RV_AVX2
 constexpr int kLanes = 8;
+// Accumulator lanes. __m256 is declared may_alias, so GCC keeps arrays of it in memory when any
+// float is loaded in the same loop; this plain vector type lets the accumulators live in registers.
+typedef float vacc __attribute__((vector_size(32)));
 inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
 inline __m256 load8(F32W, const float* p) { return _mm256_loadu_ps(p); }
 inline __m256 load8(F16W, const uint16_t* p) {
