@@ -30,8 +30,9 @@ void dot_tile(const float* __restrict x, int64_t ldx, const typename W::T* __res
   for (; k + 8 <= K; k += 8) {
     // Streaming weights: fetch the next tile's rows while this one computes, so that memory
     // latency overlaps the arithmetic (the hardware prefetcher alone falls behind).
-    // (A single input row is pure streaming, which the hardware prefetcher handles best.)
-    if (MR > 1 && (k * int64_t(sizeof(typename W::T))) % 64 == 0)
+    // (A single row of f32 weights is pure streaming, which the hardware prefetcher handles
+    // best; measured, not guessed.)
+    if ((MR > 1 || sizeof(typename W::T) < 4) && (k * int64_t(sizeof(typename W::T))) % 64 == 0)
       for (int n = 0; n < NR; ++n)
         _mm_prefetch(reinterpret_cast<const char*>(w + (n + NR) * ldw + k), _MM_HINT_T0);
     __m256 wv[NR];
