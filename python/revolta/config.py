@@ -1,0 +1,75 @@
+"""The option schema: every engine, cache, scheduler and server option, validated before any
+weight is read. Names follow vLLM's where the meaning is the same."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+
+class EngineOptions(BaseModel):
+    model_config = ConfigDict(extra="forbid", protected_namespaces=())
+
+    model: str | None = Field(None, description="HF model directory or GGUF file; none: the demo model")
+    served_model_name: str | None = Field(None, description="name clients use; default: the model's directory name")
+    tokenizer: str | None = Field(None, description="directory with tokenizer.json; default: the model's")
+    device: Literal["cpu", "cuda"] = "cpu"
+    dtype: Literal["auto", "float32", "float16", "bfloat16"] = "auto"
+    kv_cache_dtype: Literal["auto", "float32"] = "auto"
+    max_model_len: int = Field(0, ge=0, description="0: the model's max_position_embeddings")
+    max_num_seqs: int = Field(64, ge=1, le=4096)
+    max_num_batched_tokens: int = Field(2048, ge=1)
+    block_size: int = Field(16, ge=1, le=1024)
+    kv_cache_memory_bytes: int = Field(1 << 30, gt=0)
+    enable_prefix_caching: bool = True
+    num_threads: int = Field(0, ge=0, le=1024, description="0: all cores")
+    seed: int = Field(0, ge=0)
+
+    @model_validator(mode="after")
+    def _cross_field(self) -> "EngineOptions":
+        if self.block_size & (self.block_size - 1):
+            raise ValueError(f"block_size must be a power of two, got {self.block_size}")
+        if self.max_model_len and self.max_num_batched_tokens < 1:
+            raise ValueError("max_num_batched_tokens must be >= 1")
+        if self.device == "cuda":
+            raise ValueError("device=cuda: this build has no CUDA backend yet (use device=cpu)")
+        return self
+
+
+class ServerOptions(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    host: str = "127.0.0.1"
+    port: int = Field(8000, ge=0, le=65535)
+    api_key: str | None = Field(None, description="require 'Authorization: Bearer KEY'")
+    reasoning_parser: Literal["qwen3"] | None = None
+    tool_call_parser: Literal["qwen3_coder", "hermes"] | None = None
+    sse_keepalive_s: float | None = Field(None, gt=0, description="send ': keep-alive' after this many idle seconds")
+    max_request_bytes: int = Field(16 << 20, gt=0, description="larger request bodies get HTTP 413")
+    log_level: Literal["debug", "info", "warning", "error"] = "info"
+
+
+class Settings(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    engine: EngineOptions = EngineOptions()
+    server: ServerOptions = ServerOptions()
+
+
+# Flat option name -> (section, field). Profiles, environment variables and flags use flat names.
+OPTION_SECTIONS: dict[str, str] = {
+    **{name: "engine" for name in EngineOptions.model_fields},
+    **{name: "server" for name in ServerOptions.model_fields},
+}
+
+
+def build_settings(flat: dict[str, object]) -> Settings:
+    """Builds validated Settings from flat option values (unknown names are an error)."""
+    unknown = sorted(set(flat) - set(OPTION_SECTIONS))
+    if unknown:
+        raise ValueError(f"unknown option(s): {', '.join(unknown)}")
+    sections: dict[str, dict[str, object]] = {"engine": {}, "server": {}}
+    for name, value in flat.items():
+        sections[OPTION_SECTIONS[name]][name] = value
+    return Settings(engine=EngineOptions(**sections["engine"]), server=ServerOptions(**sections["server"]))

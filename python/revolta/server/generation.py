@@ -1,0 +1,93 @@
+"""One engine request as the server follows it: token ids in, channel text deltas out.
+
+Reasoning is split from content by token id (parsers/reasoning.py); each channel has its own
+incremental detokenizer. Stop strings are matched only in content, i.e. after reasoning ends.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from revolta import _core
+from revolta.models.tokenizer import IncrementalDetokenizer, Tokenizer
+from revolta.server.parsers.reasoning import CONTENT, REASONING, ReasoningRouter
+
+
+@dataclass
+class TokenInfo:
+    token: int
+    logprob: float
+    top: list[tuple[int, float]]
+
+
+@dataclass
+class Delta:
+    content: str = ""
+    reasoning: str = ""
+    tokens: list[TokenInfo] = field(default_factory=list)
+    finish_reason: str | None = None
+    stop_reason: int | str | None = None
+
+
+class Generation:
+    def __init__(
+        self,
+        tokenizer: Tokenizer,
+        stop: list[str],
+        include_stop_str: bool,
+        skip_special_tokens: bool,
+        router: ReasoningRouter | None,
+    ):
+        self.stop = stop
+        self.include_stop_str = include_stop_str
+        self.router = router
+        self.content_detok = IncrementalDetokenizer(tokenizer, skip_special_tokens)
+        self.reasoning_detok = IncrementalDetokenizer(tokenizer, skip_special_tokens)
+        self.content = ""
+        self.reasoning = ""
+        self.num_tokens = 0
+        self.finish_reason: str | None = None
+        self.stop_reason: int | str | None = None
+
+    @property
+    def stopped_by_string(self) -> bool:
+        return self.finish_reason == "stop" and isinstance(self.stop_reason, str)
+
+    def feed(self, out: _core.RequestOutput) -> Delta:
+        delta = Delta()
+        for t in out.tokens:
+            if self.finish_reason is not None:
+                break
+            self.num_tokens += 1
+            delta.tokens.append(TokenInfo(t.token, t.logprob, [(a.token, a.logprob) for a in t.top_logprobs]))
+            channel = self.router.route(t.token) if self.router else CONTENT
+            if channel == REASONING:
+                piece = self.reasoning_detok.add([t.token])
+                self.reasoning += piece
+                delta.reasoning += piece
+            elif channel == CONTENT:
+                before = len(self.content)
+                piece = self.content_detok.add([t.token])
+                self.content += piece
+                cut = self._find_stop(before)
+                if cut is not None:
+                    kept = self.content[:cut]
+                    delta.content += kept[before:] if len(kept) > before else ""
+                    self.content = kept
+                else:
+                    delta.content += piece
+        if self.finish_reason is None and out.finished:
+            self.finish_reason = out.finish_reason
+            if out.finish_reason == "stop" and out.stop_token_id >= 0:
+                self.stop_reason = out.stop_token_id
+        delta.finish_reason = self.finish_reason
+        delta.stop_reason = self.stop_reason
+        return delta
+
+    def _find_stop(self, before: int) -> int | None:
+        for s in self.stop:
+            i = self.content.find(s, max(0, before - len(s) + 1))
+            if i >= 0:
+                self.finish_reason, self.stop_reason = "stop", s
+                return i + len(s) if self.include_stop_str else i
+        return None

@@ -1,0 +1,37 @@
+"""Prometheus metrics of one server (its own registry, so several apps can live in one process)."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+_LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
+
+
+class Metrics:
+    def __init__(self, engine):
+        self.engine = engine
+        r = self.registry = CollectorRegistry()
+        p = "revolta:"
+        self.running = Gauge(p + "num_requests_running", "requests in the engine's running set", registry=r)
+        self.waiting = Gauge(p + "num_requests_waiting", "requests waiting to be scheduled", registry=r)
+        self.kv_usage = Gauge(p + "kv_cache_usage_perc", "fraction of KV blocks in use", registry=r)
+        self.prefix_hit_rate = Gauge(p + "prefix_cache_hit_rate", "prefix-cache hits / queries (tokens)", registry=r)
+        self.prefix_queries = Gauge(p + "prefix_cache_queries", "prompt tokens looked up in the prefix cache", registry=r)
+        self.prefix_hits = Gauge(p + "prefix_cache_hits", "prompt tokens found in the prefix cache", registry=r)
+        self.preemptions = Gauge(p + "num_preemptions", "requests preempted so far", registry=r)
+        self.prompt_tokens = Counter(p + "prompt_tokens", "prompt tokens of finished requests", registry=r)
+        self.generation_tokens = Counter(p + "generation_tokens", "generated tokens", registry=r)
+        self.requests = Counter(p + "request_success", "finished requests", ["finished_reason"], registry=r)
+        self.ttft = Histogram(p + "time_to_first_token_seconds", "time to first token", buckets=_LATENCY_BUCKETS, registry=r)
+        self.itl = Histogram(p + "inter_token_latency_seconds", "time between tokens", buckets=_LATENCY_BUCKETS, registry=r)
+
+    def render(self) -> bytes:
+        s = self.engine.stats()
+        self.running.set(s.num_running)
+        self.waiting.set(s.num_waiting)
+        self.kv_usage.set(s.num_blocks_used / s.num_blocks_total if s.num_blocks_total else 0.0)
+        self.prefix_queries.set(s.prefix_cache_queries)
+        self.prefix_hits.set(s.prefix_cache_hits)
+        self.prefix_hit_rate.set(s.prefix_cache_hits / s.prefix_cache_queries if s.prefix_cache_queries else 0.0)
+        self.preemptions.set(s.num_preemptions)
+        return generate_latest(self.registry)
