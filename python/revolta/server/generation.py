@@ -44,6 +44,7 @@ class Generation:
         self.content_detok = IncrementalDetokenizer(tokenizer, skip_special_tokens)
         self.reasoning_detok = IncrementalDetokenizer(tokenizer, skip_special_tokens)
         self.content = ""
+        self.emitted = 0  # length of content already handed out
         self.reasoning = ""
         self.num_tokens = 0
         self.finish_reason: str | None = None
@@ -67,15 +68,16 @@ class Generation:
                 delta.reasoning += piece
             elif channel == CONTENT:
                 before = len(self.content)
-                piece = self.content_detok.add([t.token])
-                self.content += piece
+                self.content += self.content_detok.add([t.token])
                 cut = self._find_stop(before)
                 if cut is not None:
-                    kept = self.content[:cut]
-                    delta.content += kept[before:] if len(kept) > before else ""
-                    self.content = kept
-                else:
-                    delta.content += piece
+                    self.content = self.content[:cut]
+        # Content that could still be the start of a stop string is held back until it is not.
+        final = self.finish_reason is not None or out.finished
+        safe = len(self.content) if final else len(self.content) - self._partial_stop_len()
+        if safe > self.emitted:
+            delta.content = self.content[self.emitted:safe]
+            self.emitted = safe
         if self.finish_reason is None and out.finished:
             self.finish_reason = out.finish_reason
             if out.finish_reason == "stop" and out.stop_token_id >= 0:
@@ -83,6 +85,15 @@ class Generation:
         delta.finish_reason = self.finish_reason
         delta.stop_reason = self.stop_reason
         return delta
+
+    def _partial_stop_len(self) -> int:
+        best = 0
+        for s in self.stop:
+            for n in range(min(len(s) - 1, len(self.content)), best, -1):
+                if self.content.endswith(s[:n]):
+                    best = n
+                    break
+        return best
 
     def _find_stop(self, before: int) -> int | None:
         for s in self.stop:

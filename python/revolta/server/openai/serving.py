@@ -176,7 +176,11 @@ class OpenAIServing:
                 async for item in gen:
                     yield item
             finally:
-                self.abort(choices)  # client gone or error: free the blocks
+                # Client gone or error: free the blocks of whatever is still generating.
+                for c in choices:
+                    if not c.done:
+                        self.metrics.requests.labels(finished_reason="abort").inc()
+                self.abort(choices)
 
         return StreamingResponse(body(), media_type="text/event-stream")
 

@@ -26,7 +26,7 @@ class ReasoningRouter:
         self.enabled = enabled
         self.in_reasoning = enabled and starts_in_reasoning
         self.seen_content = False
-        self.reasoning_ended = not self.in_reasoning
+        self.reasoning_ended = False  # a </think> (or <tool_call>) closed a reasoning block
 
     def route(self, token: int) -> str | None:
         """The channel of this token, or None for a marker token that belongs to no channel."""

@@ -1,0 +1,203 @@
+"""The real server on 127.0.0.1 with the demo model, driven by the official openai SDK."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+
+import httpx
+import openai
+import pytest
+
+from server_fixture import ServerProcess
+
+KEY = "test-key"
+MAX_LEN = 512
+
+
+@pytest.fixture(scope="module")
+def server(demo_model_dir):
+    srv = ServerProcess("--model", demo_model_dir, "--served-model-name", "smol", "--api-key", KEY,
+                        "--max-model-len", str(MAX_LEN), "--kv-cache-memory-bytes", str(64 << 20),
+                        "--sse-keepalive-s", "0.002")
+    yield srv
+    log = srv.stop()
+    assert "Traceback" not in log, log  # invalid requests log one line, never a traceback
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    return openai.OpenAI(base_url=server.url + "/v1", api_key=KEY, max_retries=0)
+
+
+def metrics(server) -> dict[str, float]:
+    text = httpx.get(server.url + "/metrics").text
+    out = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            name, value = line.rsplit(" ", 1)
+            out[name] = float(value)
+    return out
+
+
+MSG = [{"role": "user", "content": "What is the capital of France?"}]
+
+
+def test_models_health_version(server, client):
+    assert [m.id for m in client.models.list().data][0] == "smol"
+    assert httpx.get(server.url + "/health").json()["status"] == "ok"
+    assert "version" in httpx.get(server.url + "/version").json()
+
+
+def test_chat_non_streaming_and_usage(server, client):
+    r = client.chat.completions.create(model="smol", messages=MSG, temperature=0, max_tokens=32)
+    c = r.choices[0]
+    assert "Paris" in c.message.content and c.finish_reason == "stop"
+    tok = httpx.post(server.url + "/tokenize", json={"messages": MSG}, headers={"Authorization": f"Bearer {KEY}"}).json()
+    assert r.usage.prompt_tokens == tok["count"]
+    n_content = len(httpx.post(server.url + "/tokenize", json={"prompt": c.message.content, "add_special_tokens": False},
+                               headers={"Authorization": f"Bearer {KEY}"}).json()["tokens"])
+    assert r.usage.completion_tokens == n_content + 1  # + the end-of-turn token
+    assert r.usage.total_tokens == r.usage.prompt_tokens + r.usage.completion_tokens
+
+
+def test_chat_streaming_equals_non_streaming(client):
+    full = client.chat.completions.create(model="smol", messages=MSG, temperature=0, max_tokens=24).choices[0].message.content
+    chunks = list(client.chat.completions.create(model="smol", messages=MSG, temperature=0, max_tokens=24, stream=True,
+                                                 stream_options={"include_usage": True}))
+    text = "".join(ch.choices[0].delta.content or "" for ch in chunks if ch.choices)
+    assert text == full
+    assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens > 0
+    assert [ch.choices[0].finish_reason for ch in chunks if ch.choices][-1] == "stop"
+
+
+def test_completions_streaming_and_not(client):
+    a = client.completions.create(model="smol", prompt="The capital of France is", temperature=0, max_tokens=12)
+    b = list(client.completions.create(model="smol", prompt="The capital of France is", temperature=0, max_tokens=12, stream=True))
+    assert a.choices[0].text == "".join(ch.choices[0].text for ch in b if ch.choices)
+    assert a.choices[0].finish_reason == "length" and a.usage.completion_tokens == 12
+
+
+def test_n_and_seed(client):
+    kw = dict(model="smol", messages=[{"role": "user", "content": "Tell me a word."}], temperature=1.0, max_tokens=16)
+    r1 = client.chat.completions.create(n=2, seed=42, **kw)
+    r2 = client.chat.completions.create(n=2, seed=42, **kw)
+    assert len(r1.choices) == 2
+    assert [c.message.content for c in r1.choices] == [c.message.content for c in r2.choices]
+    r3 = client.chat.completions.create(n=1, seed=7, **kw)
+    r4 = client.chat.completions.create(n=1, seed=8, **kw)
+    assert r3.choices[0].message.content != r4.choices[0].message.content or r1.choices[0].message.content != r1.choices[1].message.content
+
+
+def test_logprobs(client):
+    r = client.chat.completions.create(model="smol", messages=MSG, temperature=0, max_tokens=5, logprobs=True, top_logprobs=3)
+    content = r.choices[0].logprobs.content
+    assert len(content) == r.usage.completion_tokens
+    for item in content:
+        assert len(item.top_logprobs) == 3
+        assert item.logprob == pytest.approx(max(t.logprob for t in item.top_logprobs), abs=1e-5)  # greedy pick
+    c = client.completions.create(model="smol", prompt="Hello", temperature=0, max_tokens=4, logprobs=2)
+    assert len(c.choices[0].logprobs.tokens) == 4 and all(len(t) == 2 for t in c.choices[0].logprobs.top_logprobs)
+
+
+def test_stop_and_length(client):
+    full = client.completions.create(model="smol", prompt="The capital of France is", temperature=0, max_tokens=16).choices[0].text
+    assert "." in full
+    r = client.completions.create(model="smol", prompt="The capital of France is", temperature=0, max_tokens=16, stop=["."])
+    assert r.choices[0].text == full[: full.index(".")] and r.choices[0].finish_reason == "stop"
+    r = client.chat.completions.create(model="smol", messages=MSG, temperature=0, max_completion_tokens=3)
+    assert r.choices[0].finish_reason == "length" and r.usage.completion_tokens == 3
+
+
+def error_of(server, path, body, headers=None):
+    h = {"Authorization": f"Bearer {KEY}", **(headers or {})}
+    r = httpx.post(server.url + path, json=body, headers=h)
+    return r.status_code, r.json()
+
+
+def test_errors(server, client):
+    with pytest.raises(openai.BadRequestError) as e:
+        client.chat.completions.create(model="smol", messages=MSG, temperature=-1)
+    assert "temperature" in str(e.value)
+    with pytest.raises(openai.BadRequestError) as e:
+        client.completions.create(model="smol", prompt="word " * (MAX_LEN + 10), max_tokens=4)
+    assert "maximum context length" in str(e.value)
+    with pytest.raises(openai.NotFoundError):
+        client.chat.completions.create(model="no-such-model", messages=MSG)
+    with pytest.raises(openai.AuthenticationError):
+        openai.OpenAI(base_url=server.url + "/v1", api_key="wrong", max_retries=0).models.list()
+    status, body = error_of(server, "/v1/chat/completions", {"messages": MSG}, headers={"Authorization": ""})
+    assert status == 401 and body["error"]["type"] == "authentication_error"
+    status, body = error_of(server, "/v1/chat/completions", {"messages": MSG, "top_p": 3})
+    assert status == 400 and set(body["error"]) >= {"message", "type", "param", "code"}
+    status, body = error_of(server, "/v1/chat/completions", {"messages": []})
+    assert status == 400
+    # still serving
+    assert client.chat.completions.create(model="smol", messages=MSG, temperature=0, max_tokens=2).choices[0].message.content
+
+
+def test_eight_concurrent_streams(server):
+    async def one(c, i):
+        text, finish = "", None
+        stream = await c.chat.completions.create(model="smol", messages=[{"role": "user", "content": f"Count to {i + 3}."}],
+                                                 temperature=0, max_tokens=20, stream=True)
+        async for ch in stream:
+            if ch.choices:
+                text += ch.choices[0].delta.content or ""
+                finish = ch.choices[0].finish_reason or finish
+        return text, finish
+
+    async def main():
+        c = openai.AsyncOpenAI(base_url=server.url + "/v1", api_key=KEY, max_retries=0)
+        return await asyncio.gather(*(one(c, i) for i in range(8)))
+
+    results = asyncio.run(main())
+    assert len(results) == 8 and all(t and f in ("stop", "length") for t, f in results)
+
+
+def test_keepalive_comments_are_sent(server):
+    lines = []
+    with httpx.stream("POST", server.url + "/v1/completions", headers={"Authorization": f"Bearer {KEY}"},
+                      json={"prompt": "Once upon a time", "max_tokens": 8, "stream": True}) as r:
+        for line in r.iter_lines():
+            lines.append(line)
+    assert any(l.startswith(": keep-alive") for l in lines)
+    assert lines[-1] == "data: [DONE]" or lines[-2] == "data: [DONE]"
+
+
+def test_disconnect_frees_blocks(server):
+    with httpx.stream("POST", server.url + "/v1/completions", headers={"Authorization": f"Bearer {KEY}"},
+                      json={"prompt": "Write a long story.", "max_tokens": 400, "ignore_eos": True, "stream": True}) as r:
+        got = 0
+        for line in r.iter_lines():
+            if line.startswith("data: {"):
+                got += 1
+                if got == 3:
+                    break  # leave mid-stream
+    deadline = time.time() + 15
+    m = metrics(server)
+    while time.time() < deadline and (m["revolta:num_requests_running"] or m["revolta:kv_cache_usage_perc"]):
+        time.sleep(0.1)
+        m = metrics(server)
+    assert m["revolta:num_requests_running"] == 0
+    assert m["revolta:kv_cache_usage_perc"] == 0.0
+    assert m["revolta:request_success_total{finished_reason=\"abort\"}"] >= 1
+
+
+def test_metrics_exposed(server, client):
+    client.chat.completions.create(model="smol", messages=MSG, temperature=0, max_tokens=4)
+    client.chat.completions.create(model="smol", messages=MSG, temperature=0, max_tokens=4)  # a prefix-cache hit
+    m = metrics(server)
+    assert m["revolta:generation_tokens_total"] > 0 and m["revolta:prompt_tokens_total"] > 0
+    assert m["revolta:time_to_first_token_seconds_count"] > 0
+    assert m["revolta:inter_token_latency_seconds_count"] > 0
+    assert m["revolta:prefix_cache_hits"] > 0 and 0 < m["revolta:prefix_cache_hit_rate"] <= 1
+
+
+def test_tokenize_detokenize_round_trip(server):
+    h = {"Authorization": f"Bearer {KEY}"}
+    ids = httpx.post(server.url + "/tokenize", json={"prompt": "Hello, world!"}, headers=h).json()["tokens"]
+    assert httpx.post(server.url + "/detokenize", json={"tokens": ids}, headers=h).json()["prompt"] == "Hello, world!"
+    r = httpx.post(server.url + "/detokenize", json={"tokens": [10**9]}, headers=h)
+    assert r.status_code == 400 and r.json()["error"]["param"] == "tokens"
