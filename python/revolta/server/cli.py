@@ -4,9 +4,13 @@ serve the OpenAI-compatible API with uvicorn."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
+import signal
 import sys
 from pathlib import Path
+
+import uvicorn
 
 from revolta.config import EngineOptions, ServerOptions
 
@@ -48,14 +52,34 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, FileNotFoundError, RuntimeError) as e:
         print(f"revolta-server: error: {e}", file=sys.stderr)
         return 2
-    import uvicorn
-
     s = settings.server
+    server = _Server(uvicorn.Config(app, host=s.host, port=s.port, log_level=s.log_level, timeout_graceful_shutdown=5))
     try:
-        uvicorn.run(app, host=s.host, port=s.port, log_level=s.log_level, timeout_graceful_shutdown=5)
+        server.run()
     finally:
         engine.shutdown()
+    log.info("revolta-server stopped")
     return 0
+
+
+class _Server(uvicorn.Server):
+    """uvicorn re-raises SIGINT/SIGTERM after its graceful shutdown, which would skip the engine
+    shutdown and end the process by signal; here a signal only asks the server to stop (a second
+    one forces it)."""
+
+    @contextlib.contextmanager
+    def capture_signals(self):
+        def on_signal(sig, frame):
+            if self.should_exit:
+                self.force_exit = True
+            self.should_exit = True
+
+        previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            yield
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
 
 
 def build(settings):

@@ -1,0 +1,75 @@
+"""Option schema, launch profiles and their resolution order, startup errors, clean shutdown."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+
+import httpx
+import pytest
+
+from revolta.profiles import ConfigError, available_profiles, load_profile, resolve
+from server_fixture import ServerProcess
+
+
+def test_cpu_demo_profile_is_valid():
+    assert "cpu-demo" in available_profiles()
+    values = load_profile("cpu-demo")
+    assert values["device"] == "cpu"
+
+
+def test_resolution_order(monkeypatch):
+    monkeypatch.setenv("REVOLTA_MAX_NUM_SEQS", "7")
+    monkeypatch.setenv("REVOLTA_PORT", "9001")
+    settings, report = resolve({"port": 9002}, profile="cpu-demo")
+    assert settings.server.port == 9002 and report["port"]["source"] == "cli"
+    assert settings.engine.max_num_seqs == 7 and report["max_num_seqs"]["source"] == "env"
+    assert settings.engine.dtype == "bfloat16" and report["dtype"]["source"] == "profile:cpu-demo"
+    assert report["block_size"] == {"value": 16, "source": "default"}
+
+
+def test_invalid_values_name_the_option(tmp_path):
+    with pytest.raises(ConfigError, match="max_num_seqs"):
+        resolve({"max_num_seqs": 0})
+    with pytest.raises(ConfigError, match="block_size"):
+        resolve({"block_size": 24})
+    with pytest.raises(ConfigError, match="tool_call_parser"):
+        resolve({"tool_call_parser": "nope"})
+    with pytest.raises(ConfigError, match="unknown option.*max_sequences"):
+        resolve({"max_sequences": 4})
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("engine:\n  kv_cache_memory_bytes: -5\n")
+    with pytest.raises(ConfigError, match="kv_cache_memory_bytes"):
+        load_profile(str(bad))
+
+
+def run_cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "revolta.server.cli", *args], capture_output=True, text=True, timeout=120)
+
+
+def test_startup_errors_before_any_weight_is_read(tmp_path):
+    r = run_cli("--max-num-seqs", "0")
+    assert r.returncode == 2 and "max_num_seqs" in r.stderr and "Traceback" not in r.stderr
+    r = run_cli("--model", str(tmp_path / "missing"))
+    assert r.returncode == 2 and "does not exist" in r.stderr
+    r = run_cli("--profile", "no-such-profile")
+    assert r.returncode == 2 and "cpu-demo" in r.stderr  # lists the available ones
+    r = run_cli("--kv-cache-memory-bytes", "1000")
+    assert r.returncode == 2 and "kv_cache_memory_bytes" in r.stderr
+
+
+def test_default_model_and_sigterm(demo_model_dir):
+    srv = ServerProcess("--profile", "cpu-demo", "--max-model-len", "1024")  # no --model: the demo model
+    try:
+        models = httpx.get(srv.url + "/v1/models").json()["data"]
+        assert models[0]["id"] == "SmolLM2-135M-Instruct" and models[0]["max_model_len"] == 1024
+        srv.proc.send_signal(signal.SIGTERM)
+        assert srv.proc.wait(timeout=30) == 0
+    finally:
+        log = srv.stop()
+    line = next(l for l in log.splitlines() if "resolved_config" in l)
+    report = json.loads(line[line.index("{"):])["options"]
+    assert report["max_model_len"] == {"value": 1024, "source": "cli"}
+    assert report["dtype"]["source"] == "profile:cpu-demo"
