@@ -74,3 +74,28 @@ def demo_model_dir() -> str:
 @pytest.fixture(autouse=True, scope="session")
 def _threads():
     torch.set_num_threads(max(1, (os.cpu_count() or 2)))
+
+
+CHATML = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% if enable_thinking is defined and not enable_thinking %}"
+    "<think>\n\n</think>\n\n{% endif %}{% endif %}"
+)
+
+
+@pytest.fixture(scope="session")
+def think_tokenizer(tmp_path_factory, demo_model_dir):
+    """The demo tokenizer plus Qwen3's reasoning and tool markers as added tokens, with a ChatML
+    template that can switch thinking off (as Qwen3's does)."""
+    import json
+
+    from tokenizers import AddedToken, Tokenizer as HFTokenizer
+
+    from revolta.models.tokenizer import Tokenizer
+
+    d = tmp_path_factory.mktemp("think_tok")
+    hf = HFTokenizer.from_file(f"{demo_model_dir}/tokenizer.json")
+    hf.add_tokens([AddedToken(t, special=False, normalized=False) for t in ("<think>", "</think>", "<tool_call>", "</tool_call>")])
+    hf.save(str(d / "tokenizer.json"))
+    (d / "tokenizer_config.json").write_text(json.dumps({"eos_token": "<|im_end|>", "chat_template": CHATML}))
+    return Tokenizer(d)

@@ -6,9 +6,7 @@ import json
 from types import SimpleNamespace
 
 import pytest
-from tokenizers import AddedToken, Tokenizer as HFTokenizer
 
-from revolta.models.tokenizer import Tokenizer
 from revolta.server.generation import Generation
 from revolta.server.parsers.reasoning import ReasoningRouter, prompt_opens_reasoning, qwen3_reasoning_tokens
 from revolta.server.parsers.tools import assemble, make_tool_parser
@@ -96,17 +94,6 @@ def test_text_that_only_looks_like_a_call_stays_content():
 
 
 # ---- reasoning, by token id, through Generation with a real tokenizer ------------------------
-
-@pytest.fixture(scope="module")
-def think_tokenizer(tmp_path_factory, demo_model_dir):
-    """The demo tokenizer plus Qwen3's reasoning and tool markers as added tokens."""
-    d = tmp_path_factory.mktemp("tok")
-    hf = HFTokenizer.from_file(f"{demo_model_dir}/tokenizer.json")
-    hf.add_tokens([AddedToken(t, special=False, normalized=False) for t in ("<think>", "</think>", "<tool_call>", "</tool_call>")])
-    hf.save(str(d / "tokenizer.json"))
-    (d / "tokenizer_config.json").write_text(json.dumps({"eos_token": "<|im_end|>"}))
-    return Tokenizer(d)
-
 
 def out(tokens, finished=False, reason="length"):
     toks = [SimpleNamespace(token=t, logprob=0.0, top_logprobs=[]) for t in tokens]

@@ -1,0 +1,122 @@
+"""The chat endpoint's pipeline (template -> engine -> reasoning split -> tool parsing -> OpenAI
+JSON) over a scripted engine: streaming and non-streaming must give the same message."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from types import SimpleNamespace
+
+import pytest
+
+from revolta.config import ServerOptions
+from revolta.server.metrics import Metrics
+from revolta.server.openai.protocol import ChatCompletionRequest
+from revolta.server.openai.serving import OpenAIServing
+
+TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": {
+    "type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer"}}}}}]
+
+
+class ScriptedEngine:
+    """Stands in for AsyncEngine: every request 'generates' the scripted token ids, a few at a time."""
+
+    def __init__(self, script: list[int], eos: int):
+        self.script, self.eos = script, eos
+        self.model_info = SimpleNamespace(max_model_len=4096, vocab_size=60000)
+        self.dead = None
+        self.prompts: list[list[int]] = []
+        self.aborted: list[int] = []
+
+    def add_request(self, prompt_ids, params):
+        self.prompts.append(list(prompt_ids))
+        q: asyncio.Queue = asyncio.Queue()
+        ids = self.script[: params.max_tokens]
+        for i in range(0, len(ids), 3):
+            chunk = ids[i:i + 3]
+            last = i + 3 >= len(ids)
+            stop = last and chunk[-1] == self.eos
+            q.put_nowait(SimpleNamespace(
+                tokens=[SimpleNamespace(token=t, logprob=-0.5, top_logprobs=[]) for t in chunk],
+                finished=last, finish_reason=("stop" if stop else "length") if last else "none",
+                stop_token_id=chunk[-1] if stop else -1, num_cached_tokens=0))
+        return len(self.prompts), q
+
+    def abort(self, rid):
+        self.aborted.append(rid)
+
+    def stats(self):
+        return SimpleNamespace(num_running=0, num_waiting=0, num_blocks_used=0, num_blocks_total=1,
+                               prefix_cache_queries=0, prefix_cache_hits=0, num_preemptions=0)
+
+
+def serve(tok, text: str, parser: str, **req):
+    eos = tok.token_to_id("<|im_end|>")
+    engine = ScriptedEngine(tok.encode(text, add_special_tokens=False) + [eos], eos)
+    opts = ServerOptions(reasoning_parser="qwen3", tool_call_parser=parser)
+    serving = OpenAIServing(engine, tok, ["m"], opts, Metrics(engine))
+    body = {"messages": [{"role": "user", "content": "weather?"}], "tools": TOOLS, "max_tokens": 500, **req}
+
+    async def non_streaming():
+        r = await serving.chat(ChatCompletionRequest(**body), None)
+        return json.loads(r.body)
+
+    async def streaming():
+        r = await serving.chat(ChatCompletionRequest(**body, stream=True), None)
+        chunks = [c async for c in r.body_iterator]
+        return [json.loads(c[6:]) for c in "".join(chunks).split("\n\n") if c.startswith("data: {")]
+
+    return asyncio.run(non_streaming()), asyncio.run(streaming()), engine
+
+
+def merge_stream(chunks):
+    content, reasoning, calls, finish = "", "", {}, None
+    for ch in chunks:
+        for c in ch["choices"]:
+            d = c["delta"]
+            content += d.get("content") or ""
+            reasoning += d.get("reasoning_content") or ""
+            for tc in d.get("tool_calls") or []:
+                slot = calls.setdefault(tc["index"], {"id": None, "name": "", "arguments": ""})
+                slot["id"] = tc.get("id") or slot["id"]
+                slot["name"] += tc["function"].get("name") or ""
+                slot["arguments"] += tc["function"].get("arguments") or ""
+            finish = c["finish_reason"] or finish
+    return content, reasoning, [calls[i] for i in sorted(calls)], finish
+
+
+@pytest.mark.parametrize("parser,call_text", [
+    ("qwen3_coder", "<tool_call>\n<function=get_weather>\n<parameter=city>\nOslo\n</parameter>\n<parameter=days>\n2\n</parameter>\n</function>\n</tool_call>"),
+    ("hermes", '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo", "days": 2}}\n</tool_call>'),
+])
+def test_reasoning_and_tool_call_streaming_matches_non_streaming(think_tokenizer, parser, call_text):
+    text = "<think>The user wants weather. Use the tool.</think>Checking now." + call_text
+    full, chunks, _ = serve(think_tokenizer, text, parser)
+    msg = full["choices"][0]["message"]
+    assert msg["reasoning_content"] == "The user wants weather. Use the tool."
+    assert msg["content"] == "Checking now."
+    assert [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in msg["tool_calls"]] == [("get_weather", {"city": "Oslo", "days": 2})]
+    assert full["choices"][0]["finish_reason"] == "tool_calls"
+    content, reasoning, calls, finish = merge_stream(chunks)
+    assert (content, reasoning, finish) == ("Checking now.", msg["reasoning_content"], "tool_calls")
+    assert [(c["name"], json.loads(c["arguments"])) for c in calls] == [("get_weather", {"city": "Oslo", "days": 2})]
+    assert all(c["id"] for c in calls)
+
+
+def test_parallel_tool_calls_false_keeps_the_first(think_tokenizer):
+    one = '<tool_call>{"name": "get_weather", "arguments": {"city": "A"}}</tool_call>'
+    two = '<tool_call>{"name": "get_weather", "arguments": {"city": "B"}}</tool_call>'
+    full, chunks, _ = serve(think_tokenizer, one + two, "hermes", parallel_tool_calls=False)
+    assert [json.loads(c["function"]["arguments"])["city"] for c in full["choices"][0]["message"]["tool_calls"]] == ["A"]
+    assert [json.loads(c["arguments"])["city"] for c in merge_stream(chunks)[2]] == ["A"]
+    full, _, _ = serve(think_tokenizer, one + two, "hermes")
+    assert len(full["choices"][0]["message"]["tool_calls"]) == 2
+
+
+def test_tool_choice_none_and_thinking_off(think_tokenizer):
+    text = '<tool_call>{"name": "get_weather", "arguments": {}}</tool_call>'
+    full, _, engine = serve(think_tokenizer, text, "hermes", tool_choice="none", chat_template_kwargs={"enable_thinking": False})
+    msg = full["choices"][0]["message"]
+    assert msg["content"] == text and "tool_calls" not in msg and "reasoning_content" not in msg
+    prompt = think_tokenizer.decode(engine.prompts[0], skip_special_tokens=False)
+    assert prompt.endswith("<think>\n\n</think>\n\n")
