@@ -27,6 +27,7 @@ class Delta:
     tokens: list[TokenInfo] = field(default_factory=list)
     finish_reason: str | None = None
     stop_reason: int | str | None = None
+    tool_calls: list = field(default_factory=list)  # ToolCallDelta, filled by the chat handler
 
 
 class Generation:

@@ -18,6 +18,8 @@ void kv_cache_write(const Tensor& k, const Tensor& v, const Tensor& slot_mapping
 void paged_attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
                      const AttentionBatch& batch, float scale, Tensor& out);
 
+// Runs fn(task) for every task in [0, n) on the current CPU pool, or inline when there is none.
+void parallel_tasks(int64_t n, const std::function<void(int64_t)>& fn);
 // Runs fn(begin, end) over [0, n) on the current CPU pool, or inline when there is none.
 void parallel_range(int64_t n, int64_t grain, const std::function<void(int64_t, int64_t)>& fn);
 

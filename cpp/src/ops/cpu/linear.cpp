@@ -233,9 +233,7 @@ void linear_batched(const float* x, int64_t M, int64_t K, const typename W::T* w
       panel_kernel6(padded.data(), K, panel.data(), out + m * N + n0, N, M - m, cols);
     }
   };
-  if (ThreadPool* pool = cpu_thread_pool()) pool->parallel_for(tasks, run);
-  else
-    for (int64_t t = 0; t < tasks; ++t) run(t);
+  parallel_tasks(tasks, run);
 }
 
 // ---- small-M path: weights streamed once, dot products -------------------------------------
@@ -246,9 +244,7 @@ void linear_small(const float* x, int64_t M, int64_t K, const typename W::T* w, 
     const int64_t n0 = t * kRowsPerTask, n1 = std::min(N, n0 + kRowsPerTask);
     linear_block<W>(x, M, K, w, n0, n1, out, N);
   };
-  if (ThreadPool* pool = cpu_thread_pool()) pool->parallel_for(tasks, run);
-  else
-    for (int64_t t = 0; t < tasks; ++t) run(t);
+  parallel_tasks(tasks, run);
 }
 
 template <typename W>

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import time
 import uuid
@@ -36,6 +37,15 @@ class Choice:
     tool_deltas: list[ToolCallDelta] = field(default_factory=list)
     content: str = ""  # content after tool-call extraction
     done: bool = False
+    all_tokens: list = field(default_factory=list)  # TokenInfo of every generated token
+    last_t: float | None = None  # when the previous token arrived (inter-token latency)
+
+
+def sse_chunk(head: dict, include_usage: bool, choices_json: list[dict], usage: dict | None = None) -> str:
+    body = {**head, "choices": choices_json}
+    if usage is not None or include_usage:
+        body["usage"] = usage
+    return "data: " + json.dumps(body, ensure_ascii=False) + "\n\n"
 
 
 class OpenAIServing:
@@ -132,7 +142,7 @@ class OpenAIServing:
                 text, calls = text + rest, calls + more
             delta.content = text
             c.tool_deltas.extend(calls)
-            delta.tool_calls = calls  # type: ignore[attr-defined]
+            delta.tool_calls = calls
         c.content += delta.content
         return delta
 
@@ -248,12 +258,7 @@ class OpenAIServing:
             return out
 
         if not req.stream:
-            try:
-                await self.run_all(choices, t0)
-            except BaseException:
-                self.abort(choices)
-                raise
-            self.observe(len(prompt_ids), choices)
+            await self.run_all(choices, t0, len(prompt_ids))
             result = []
             for c in choices:
                 msg: dict[str, Any] = {"role": "assistant", "content": c.content}
@@ -267,7 +272,7 @@ class OpenAIServing:
                     if not c.content.strip():
                         msg["content"] = None
                 entry: dict[str, Any] = {"index": c.index, "message": msg, "finish_reason": self.finish_reason(c), "stop_reason": c.gen.stop_reason}
-                entry["logprobs"] = {"content": self.chat_logprobs(c.all_tokens)} if req.logprobs else None  # type: ignore[attr-defined]
+                entry["logprobs"] = {"content": self.chat_logprobs(c.all_tokens)} if req.logprobs else None
                 result.append(entry)
             return JSONResponse({
                 "id": rid, "object": "chat.completion", "created": created, "model": model,
@@ -275,12 +280,8 @@ class OpenAIServing:
             })
 
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
-
-        def chunk(choices_json: list[dict], usage: dict | None = None) -> str:
-            body = {"id": rid, "object": "chat.completion.chunk", "created": created, "model": model, "choices": choices_json}
-            if usage is not None or include_usage:
-                body["usage"] = usage
-            return "data: " + json.dumps(body, ensure_ascii=False) + "\n\n"
+        head = {"id": rid, "object": "chat.completion.chunk", "created": created, "model": model}
+        chunk = functools.partial(sse_chunk, head, include_usage)
 
         async def events() -> AsyncIterator[str]:
             for c in choices:
@@ -294,7 +295,7 @@ class OpenAIServing:
                     d["reasoning_content"] = delta.reasoning
                 if delta.content:
                     d["content"] = delta.content
-                calls = tool_calls_json(getattr(delta, "tool_calls", []) or [])
+                calls = tool_calls_json(delta.tool_calls)
                 if calls:
                     d["tool_calls"] = calls
                 finished = c.done
@@ -313,15 +314,18 @@ class OpenAIServing:
 
     # ---- driving ----------------------------------------------------------------------------
 
-    async def run_all(self, choices: list[Choice], t0: float) -> None:
-        async for _ in self.deltas(choices, t0):
-            pass
+    async def run_all(self, choices: list[Choice], t0: float, prompt_len: int) -> None:
+        """Drives a non-streaming request to the end (aborting everything on failure)."""
+        try:
+            async for _ in self.deltas(choices, t0):
+                pass
+        except BaseException:
+            self.abort(choices)
+            raise
+        self.observe(prompt_len, choices)
 
     async def deltas(self, choices: list[Choice], t0: float) -> AsyncIterator[tuple[Choice, Delta | None]]:
         """Deltas of all choices as they come; (c, None) is a keep-alive tick."""
-        for c in choices:
-            c.all_tokens = []  # type: ignore[attr-defined]
-            c.last_t = None  # type: ignore[attr-defined]
         pending = {asyncio.ensure_future(self.next_delta(c)): c for c in choices}
         try:
             while pending:
@@ -334,12 +338,12 @@ class OpenAIServing:
                     delta = task.result()
                     now = time.perf_counter()
                     if delta.tokens:
-                        if c.last_t is None:  # type: ignore[attr-defined]
+                        if c.last_t is None:
                             self.metrics.ttft.observe(now - t0)
                         else:
-                            self.metrics.itl.observe((now - c.last_t) / len(delta.tokens))  # type: ignore[attr-defined]
-                        c.last_t = now  # type: ignore[attr-defined]
-                    c.all_tokens.extend(delta.tokens)  # type: ignore[attr-defined]
+                            self.metrics.itl.observe((now - c.last_t) / len(delta.tokens))
+                        c.last_t = now
+                    c.all_tokens.extend(delta.tokens)
                     if not c.done:
                         pending[asyncio.ensure_future(self.next_delta(c))] = c
                     yield c, delta
@@ -398,29 +402,20 @@ class OpenAIServing:
         echo = {c.index: prompts[c.index // req.n][0] if req.echo else "" for c in all_choices}
 
         if not req.stream:
-            try:
-                await self.run_all(all_choices, t0)
-            except BaseException:
-                self.abort(all_choices)
-                raise
-            self.observe(prompt_len, all_choices)
+            await self.run_all(all_choices, t0, prompt_len)
             return JSONResponse({
                 "id": rid, "object": "text_completion", "created": created, "model": model,
                 "choices": [{
                     "index": c.index, "text": echo[c.index] + c.content, "finish_reason": c.gen.finish_reason,
                     "stop_reason": c.gen.stop_reason,
-                    "logprobs": self.completion_logprobs(c.all_tokens, len(echo[c.index])) if req.logprobs is not None else None,  # type: ignore[attr-defined]
+                    "logprobs": self.completion_logprobs(c.all_tokens, len(echo[c.index])) if req.logprobs is not None else None,
                 } for c in all_choices],
                 "usage": self.usage(prompt_len, all_choices),
             })
 
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
-
-        def chunk(choices_json: list[dict], usage: dict | None = None) -> str:
-            body = {"id": rid, "object": "text_completion", "created": created, "model": model, "choices": choices_json}
-            if usage is not None or include_usage:
-                body["usage"] = usage
-            return "data: " + json.dumps(body, ensure_ascii=False) + "\n\n"
+        head = {"id": rid, "object": "text_completion", "created": created, "model": model}
+        chunk = functools.partial(sse_chunk, head, include_usage)
 
         async def events() -> AsyncIterator[str]:
             offsets = {c.index: len(echo[c.index]) for c in all_choices}
