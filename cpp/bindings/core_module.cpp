@@ -13,8 +13,11 @@ namespace nb = nanobind;
 using namespace nb::literals;
 using namespace revolta;
 
+void bind_ops(nb::module_& m);
+
 NB_MODULE(_core, m) {
   m.doc() = "ReVolta C++ engine";
+  bind_ops(m);
 
   nb::class_<SamplingParams>(m, "SamplingParams")
       .def(nb::init<>())

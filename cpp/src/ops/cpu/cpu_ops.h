@@ -18,6 +18,13 @@ void kv_cache_write(const Tensor& k, const Tensor& v, const Tensor& slot_mapping
 void paged_attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
                      const AttentionBatch& batch, float scale, Tensor& out);
 
+// Gated DeltaNet pieces (see gated_delta_rule.cpp). chunk_size <= 1 selects the recurrent form.
+void gated_delta_rule(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& g, const Tensor& beta,
+                      Tensor& state, Tensor& out, int32_t chunk_size);
+void causal_conv1d(const Tensor& x, const Tensor& weight, Tensor& conv_state, Tensor& out, bool silu);
+void l2_norm(Tensor& x, int64_t dim, float eps);
+void gated_rms_norm(const Tensor& x, const Tensor& gate, const Tensor& weight, float eps, Tensor& out);
+
 // Runs fn(task) for every task in [0, n) on the current CPU pool, or inline when there is none.
 void parallel_tasks(int64_t n, const std::function<void(int64_t)>& fn);
 // Runs fn(begin, end) over [0, n) on the current CPU pool, or inline when there is none.

@@ -1,0 +1,186 @@
+// The gated delta rule (Gated DeltaNet linear attention) for one sequence, per value head h:
+//
+//   S_t = exp(g_t) S_{t-1} + k_t (beta_t (v_t - exp(g_t) S_{t-1}^T k_t))^T      S: [Dk, Dv]
+//   o_t = S_t^T (q_t / sqrt(Dk))
+//
+// Two forms with the same result: the recurrent one (a token at a time, for decode) and the
+// chunked one (for prefill): within a chunk of C tokens the updates are folded into a unit lower
+// triangular system (the WY / UT representation), solved by forward substitution, so the state
+// is touched once per chunk instead of once per token. The state stays float32.
+#include <cmath>
+#include <vector>
+
+#include "core/error.h"
+#include "ops/cpu/cpu_ops.h"
+#include "ops/cpu/simd.h"
+
+namespace revolta::ops::cpu {
+namespace {
+
+struct GdnShape {
+  int64_t T, Hk, Hv, Dk, Dv;
+};
+
+GdnShape check_shapes(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& g, const Tensor& beta,
+                      const Tensor& state, const Tensor& out) {
+  GdnShape s{q.size(0), q.size(1), v.size(1), q.size(2), v.size(2)};
+  RV_CHECK(k.shape() == q.shape() && v.size(0) == s.T && g.numel() == s.T * s.Hv && beta.numel() == s.T * s.Hv,
+           "gated_delta_rule: q ", q.shape_str(), " k ", k.shape_str(), " v ", v.shape_str(), " g ", g.shape_str());
+  RV_CHECK(s.Hv % s.Hk == 0, "gated_delta_rule: value heads (", s.Hv, ") must be a multiple of key heads (", s.Hk, ")");
+  RV_CHECK(state.numel() == s.Hv * s.Dk * s.Dv && out.numel() == s.T * s.Hv * s.Dv,
+           "gated_delta_rule: state ", state.shape_str(), " out ", out.shape_str());
+  return s;
+}
+
+void recurrent_head(const GdnShape& s, int64_t h, const float* q, const float* k, const float* v, const float* g,
+                    const float* beta, float* S, float* out) {
+  const int64_t hk = h / (s.Hv / s.Hk);
+  const float scale = 1.0f / std::sqrt(float(s.Dk));
+  std::vector<float> kv(size_t(s.Dv));
+  for (int64_t t = 0; t < s.T; ++t) {
+    const float* kt = k + (t * s.Hk + hk) * s.Dk;
+    const float* qt = q + (t * s.Hk + hk) * s.Dk;
+    const float* vt = v + (t * s.Hv + h) * s.Dv;
+    const float decay = std::exp(g[t * s.Hv + h]), b = beta[t * s.Hv + h];
+    for (int64_t i = 0; i < s.Dk * s.Dv; ++i) S[i] *= decay;
+    std::fill(kv.begin(), kv.end(), 0.0f);
+    for (int64_t i = 0; i < s.Dk; ++i) axpy_f32(kt[i], S + i * s.Dv, kv.data(), s.Dv);  // S^T k
+    for (int64_t j = 0; j < s.Dv; ++j) kv[size_t(j)] = (vt[j] - kv[size_t(j)]) * b;     // delta
+    for (int64_t i = 0; i < s.Dk; ++i) axpy_f32(kt[i], kv.data(), S + i * s.Dv, s.Dv);  // += k delta^T
+    float* ot = out + (t * s.Hv + h) * s.Dv;
+    std::fill(ot, ot + s.Dv, 0.0f);
+    for (int64_t i = 0; i < s.Dk; ++i) axpy_f32(qt[i] * scale, S + i * s.Dv, ot, s.Dv);
+  }
+}
+
+void chunked_head(const GdnShape& s, int64_t h, int64_t C, const float* q, const float* k, const float* v,
+                  const float* g, const float* beta, float* S, float* out) {
+  const int64_t hk = h / (s.Hv / s.Hk), Dk = s.Dk, Dv = s.Dv;
+  const float scale = 1.0f / std::sqrt(float(Dk));
+  std::vector<float> cum(static_cast<size_t>(C)), U(static_cast<size_t>(C * Dv)), W(static_cast<size_t>(C * Dk)),
+      kk(static_cast<size_t>(C * C));
+  auto K = [&](int64_t t) { return k + (t * s.Hk + hk) * Dk; };
+  auto Q = [&](int64_t t) { return q + (t * s.Hk + hk) * Dk; };
+  for (int64_t t0 = 0; t0 < s.T; t0 += C) {
+    const int64_t n = std::min(C, s.T - t0);
+    float acc = 0.0f;
+    for (int64_t i = 0; i < n; ++i) cum[size_t(i)] = acc += g[(t0 + i) * s.Hv + h];
+    // k_i . k_j for j <= i, shared by the system and the state update
+    for (int64_t i = 0; i < n; ++i)
+      for (int64_t j = 0; j <= i; ++j) kk[size_t(i * C + j)] = dot_f32(K(t0 + i), K(t0 + j), Dk);
+    // (I + A) X = B with A[i][j] = beta_i (k_i . k_j) exp(cum_i - cum_j), j < i;
+    // X = [U | W] for B = [beta v | beta k exp(cum)]
+    for (int64_t i = 0; i < n; ++i) {
+      const float b = beta[(t0 + i) * s.Hv + h];
+      float* u = U.data() + i * Dv;
+      float* w = W.data() + i * Dk;
+      const float* vi = v + ((t0 + i) * s.Hv + h) * Dv;
+      const float ec = std::exp(cum[size_t(i)]);
+      for (int64_t d = 0; d < Dv; ++d) u[d] = b * vi[d];
+      for (int64_t d = 0; d < Dk; ++d) w[d] = b * K(t0 + i)[d] * ec;
+      for (int64_t j = 0; j < i; ++j) {
+        const float a = b * kk[size_t(i * C + j)] * std::exp(cum[size_t(i)] - cum[size_t(j)]);
+        axpy_f32(-a, U.data() + j * Dv, u, Dv);
+        axpy_f32(-a, W.data() + j * Dk, w, Dk);
+      }
+    }
+    // v_new = U - W S  (the part of the values the state does not already predict)
+    for (int64_t i = 0; i < n; ++i) {
+      float* u = U.data() + i * Dv;
+      const float* w = W.data() + i * Dk;
+      for (int64_t d = 0; d < Dk; ++d) axpy_f32(-w[d], S + d * Dv, u, Dv);
+    }
+    // outputs: exp(cum_i) q_i S + sum_{j<=i} (q_i . k_j) exp(cum_i - cum_j) v_new_j
+    for (int64_t i = 0; i < n; ++i) {
+      float* o = out + ((t0 + i) * s.Hv + h) * Dv;
+      std::fill(o, o + Dv, 0.0f);
+      const float* qi = Q(t0 + i);
+      const float ec = std::exp(cum[size_t(i)]) * scale;
+      for (int64_t d = 0; d < Dk; ++d) axpy_f32(qi[d] * ec, S + d * Dv, o, Dv);
+      for (int64_t j = 0; j <= i; ++j) {
+        const float a = dot_f32(qi, K(t0 + j), Dk) * scale * std::exp(cum[size_t(i)] - cum[size_t(j)]);
+        axpy_f32(a, U.data() + j * Dv, o, Dv);
+      }
+    }
+    // S = exp(cum_last) S + sum_j exp(cum_last - cum_j) k_j v_new_j^T
+    const float last = cum[size_t(n - 1)];
+    const float el = std::exp(last);
+    for (int64_t i = 0; i < Dk * Dv; ++i) S[i] *= el;
+    for (int64_t j = 0; j < n; ++j) {
+      const float e = std::exp(last - cum[size_t(j)]);
+      const float* kj = K(t0 + j);
+      const float* u = U.data() + j * Dv;
+      for (int64_t d = 0; d < Dk; ++d) axpy_f32(kj[d] * e, u, S + d * Dv, Dv);
+    }
+  }
+}
+
+}  // namespace
+
+void gated_delta_rule(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& g, const Tensor& beta,
+                      Tensor& state, Tensor& out, int32_t chunk_size) {
+  const GdnShape s = check_shapes(q, k, v, g, beta, state, out);
+  parallel_tasks(s.Hv, [&](int64_t h) {
+    float* S = state.ptr<float>() + h * s.Dk * s.Dv;
+    if (chunk_size <= 1)
+      recurrent_head(s, h, q.ptr<float>(), k.ptr<float>(), v.ptr<float>(), g.ptr<float>(), beta.ptr<float>(), S,
+                     out.ptr<float>());
+    else
+      chunked_head(s, h, chunk_size, q.ptr<float>(), k.ptr<float>(), v.ptr<float>(), g.ptr<float>(),
+                   beta.ptr<float>(), S, out.ptr<float>());
+  });
+}
+
+void causal_conv1d(const Tensor& x, const Tensor& weight, Tensor& conv_state, Tensor& out, bool silu) {
+  // x: [T, C]; weight: [C, W]; conv_state: [C, W - 1] (the previous W - 1 inputs, oldest first).
+  const int64_t T = x.size(0), C = x.size(1), W = weight.size(1);
+  RV_CHECK(weight.size(0) == C && conv_state.numel() == C * (W - 1) && out.numel() == T * C,
+           "causal_conv1d: x ", x.shape_str(), " weight ", weight.shape_str(), " state ", conv_state.shape_str());
+  const float* xp = x.ptr<float>();
+  const float* wp = weight.ptr<float>();
+  float* st = conv_state.ptr<float>();
+  float* op = out.ptr<float>();
+  parallel_range(C, 64, [&](int64_t c0, int64_t c1) {
+    std::vector<float> window(size_t(W - 1 + T));
+    for (int64_t c = c0; c < c1; ++c) {
+      for (int64_t i = 0; i < W - 1; ++i) window[size_t(i)] = st[c * (W - 1) + i];
+      for (int64_t t = 0; t < T; ++t) window[size_t(W - 1 + t)] = xp[t * C + c];
+      for (int64_t t = 0; t < T; ++t) {
+        float acc = 0.0f;
+        for (int64_t j = 0; j < W; ++j) acc += wp[c * W + j] * window[size_t(t + j)];
+        op[t * C + c] = silu ? acc / (1.0f + std::exp(-acc)) : acc;
+      }
+      for (int64_t i = 0; i < W - 1; ++i) st[c * (W - 1) + i] = window[size_t(T + i)];
+    }
+  });
+}
+
+void l2_norm(Tensor& x, int64_t dim, float eps) {
+  const int64_t rows = x.numel() / dim;
+  float* p = x.ptr<float>();
+  for (int64_t r = 0; r < rows; ++r) {
+    float* row = p + r * dim;
+    const float inv = 1.0f / std::sqrt(dot_f32(row, row, dim) + eps);
+    for (int64_t i = 0; i < dim; ++i) row[i] *= inv;
+  }
+}
+
+void gated_rms_norm(const Tensor& x, const Tensor& gate, const Tensor& weight, float eps, Tensor& out) {
+  // out = rmsnorm(x) * w * silu(gate), row-wise over the last dimension of weight.
+  const int64_t n = weight.numel(), rows = x.numel() / n;
+  std::vector<float> w(static_cast<size_t>(n));
+  convert_to_f32(weight.data(), weight.dtype(), w.data(), size_t(n));
+  const float* xp = x.ptr<float>();
+  const float* gp = gate.ptr<float>();
+  float* op = out.ptr<float>();
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* xr = xp + r * n;
+    const float inv = 1.0f / std::sqrt(dot_f32(xr, xr, n) / float(n) + eps);
+    for (int64_t i = 0; i < n; ++i) {
+      const float z = gp[r * n + i];
+      op[r * n + i] = w[size_t(i)] * (xr[i] * inv) * (z / (1.0f + std::exp(-z)));
+    }
+  }
+}
+
+}  // namespace revolta::ops::cpu
