@@ -4,8 +4,50 @@
 
 namespace revolta {
 
-KvCacheManager::KvCacheManager(int32_t num_blocks, int32_t block_size, bool prefix)
-    : pool_(num_blocks, block_size, prefix) {}
+KvCacheManager::KvCacheManager(int32_t num_blocks, int32_t block_size, bool prefix, int32_t state_slots,
+                               int32_t snapshot_slots)
+    : pool_(num_blocks, block_size, prefix), num_state_slots_(state_slots) {
+  for (int32_t i = state_slots; i-- > 0;) free_state_slots_.push_back(i);
+  if (prefix)
+    for (int32_t i = snapshot_slots; i-- > 0;) free_snapshot_slots_.push_back(state_slots + i);
+}
+
+int32_t KvCacheManager::snapshot_boundary(const Request& r) const {
+  if (!hybrid() || !pool_.prefix_caching()) return 0;
+  const int32_t bs = pool_.block_size();
+  return (r.num_prompt_tokens - 1) / bs * bs;
+}
+
+void KvCacheManager::drop_snapshot(int32_t slot) {
+  for (auto it = snapshot_lru_.begin(); it != snapshot_lru_.end(); ++it)
+    if (it->first == slot) {
+      snapshots_.erase(it->second);
+      snapshot_lru_.erase(it);
+      free_snapshot_slots_.push_back(slot);
+      return;
+    }
+}
+
+int32_t KvCacheManager::snapshot_target(Request& r) {
+  const int32_t bs = pool_.block_size();
+  const int32_t n = r.num_computed_tokens;
+  if (!hybrid() || !pool_.prefix_caching() || n == 0 || n % bs != 0 || n > snapshot_boundary(r)) return -1;
+  if (int32_t(r.block_hashes.size()) < n / bs) return -1;
+  const uint64_t h = r.block_hashes[size_t(n / bs - 1)];
+  if (snapshots_.count(h)) return -1;  // this prefix already has one
+  if (r.snapshot_slot >= 0) drop_snapshot(r.snapshot_slot);  // superseded by the longer prefix
+  r.snapshot_slot = -1;
+  if (free_snapshot_slots_.empty()) {
+    if (snapshot_lru_.empty()) return -1;
+    drop_snapshot(snapshot_lru_.front().first);  // evict the least recently used
+  }
+  const int32_t slot = free_snapshot_slots_.back();
+  free_snapshot_slots_.pop_back();
+  snapshot_lru_.emplace_back(slot, h);
+  snapshots_[h] = std::prev(snapshot_lru_.end());
+  r.snapshot_slot = slot;
+  return slot;
+}
 
 int32_t KvCacheManager::match_prefix(Request& r) {
   if (!pool_.prefix_caching() || r.num_computed_tokens != 0 || !r.block_table.empty()) return 0;
@@ -22,6 +64,19 @@ int32_t KvCacheManager::match_prefix(Request& r) {
     r.block_hashes.push_back(h);
     parent = h;
   }
+  if (hybrid()) {  // only as far as a state snapshot reaches
+    size_t keep = r.block_table.size();
+    while (keep > 0 && !snapshots_.count(r.block_hashes[keep - 1])) --keep;
+    std::vector<int32_t> extra(r.block_table.rbegin(), r.block_table.rend() - ptrdiff_t(keep));
+    pool_.release(extra);
+    r.block_table.resize(keep);
+    r.block_hashes.resize(keep);
+    if (keep > 0) {
+      auto it = snapshots_.at(r.block_hashes[keep - 1]);
+      r.state_restore = it->first;
+      snapshot_lru_.splice(snapshot_lru_.end(), snapshot_lru_, it);  // most recently used
+    }
+  }
   const int32_t hit = int32_t(r.block_table.size()) * bs;
   queries_ += r.num_tokens();
   hits_ += hit;
@@ -31,6 +86,12 @@ int32_t KvCacheManager::match_prefix(Request& r) {
 
 bool KvCacheManager::allocate_slots(Request& r, int32_t num_new_tokens) {
   const int32_t bs = pool_.block_size();
+  if (hybrid() && r.state_slot < 0) {
+    if (free_state_slots_.empty()) return false;
+    r.state_slot = free_state_slots_.back();
+    free_state_slots_.pop_back();
+    r.state_fresh = true;
+  }
   const int32_t need = (r.num_computed_tokens + num_new_tokens + bs - 1) / bs;
   const int32_t missing = need - int32_t(r.block_table.size());
   if (missing <= 0) return true;
@@ -58,6 +119,10 @@ void KvCacheManager::free(Request& r) {
   pool_.release(reversed);
   r.block_table.clear();
   r.block_hashes.clear();
+  if (r.state_slot >= 0) free_state_slots_.push_back(r.state_slot);
+  r.state_slot = -1;
+  r.state_restore = -1;
+  r.state_fresh = false;
 }
 
 }  // namespace revolta

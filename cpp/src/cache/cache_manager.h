@@ -3,15 +3,30 @@
 #pragma once
 
 #include <cstdint>
+#include <list>
+#include <unordered_map>
+#include <utility>
+#include <vector>
 
 #include "cache/block_pool.h"
 #include "sched/request.h"
 
 namespace revolta {
 
+// For hybrid models the manager also hands out recurrent-state slots (one per scheduled request)
+// and keeps prefix-cache snapshots of those states at block boundaries ("align" mode): a prefix
+// hit is only valid up to the last block whose snapshot exists.
 class KvCacheManager {
  public:
-  KvCacheManager(int32_t num_blocks, int32_t block_size, bool enable_prefix_caching);
+  KvCacheManager(int32_t num_blocks, int32_t block_size, bool enable_prefix_caching,
+                 int32_t state_slots = 0, int32_t snapshot_slots = 0);
+  bool hybrid() const { return num_state_slots_ > 0; }
+  // The last block boundary a later identical prompt could hit (0: none); hybrid prefills stop
+  // there once so that a snapshot exists.
+  int32_t snapshot_boundary(const Request& r) const;
+  // After a step: if the request sits on a block boundary of its prompt, returns the snapshot
+  // slot its state must be copied to (and frees the request's superseded snapshot); else -1.
+  int32_t snapshot_target(Request& r);
 
   // For a request with nothing computed: takes the longest chain of cached full blocks that
   // match its tokens (always leaving at least one token to compute, so there are logits to
@@ -32,6 +47,13 @@ class KvCacheManager {
  private:
   BlockPool pool_;
   int64_t queries_ = 0, hits_ = 0;
+  int32_t num_state_slots_;
+  std::vector<int32_t> free_state_slots_;
+  // Snapshots: block hash -> slot, LRU order (front = oldest) with the hash each slot holds.
+  std::vector<int32_t> free_snapshot_slots_;
+  std::list<std::pair<int32_t, uint64_t>> snapshot_lru_;
+  std::unordered_map<uint64_t, std::list<std::pair<int32_t, uint64_t>>::iterator> snapshots_;
+  void drop_snapshot(int32_t slot);
 };
 
 }  // namespace revolta

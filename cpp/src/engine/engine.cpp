@@ -13,6 +13,7 @@
 
 #include "cache/cache_manager.h"
 #include "cache/kv_cache.h"
+#include "cache/state_cache.h"
 #include "core/error.h"
 #include "core/thread_pool.h"
 #include "model/model.h"
@@ -30,6 +31,7 @@ struct Engine::Impl {
   ModelConfig model_cfg;
   std::unique_ptr<CausalLM> model;
   std::unique_ptr<KvCache> kv;
+  std::unique_ptr<StateCache> states;
   std::unique_ptr<KvCacheManager> kv_manager;
   std::unique_ptr<Scheduler> scheduler;
   std::unique_ptr<ModelRunner> runner;
@@ -81,9 +83,18 @@ Engine::Impl::Impl(const EngineConfig& c) : cfg(c), seed_source(c.seed) {
                model_cfg.max_position_embeddings, ")");
   model_cfg.max_positions = std::max(model_cfg.max_position_embeddings, cfg.max_model_len);
 
+  // One memory budget for both cache groups: recurrent-state slots (one per running request,
+  // plus as many prefix-cache snapshots) first, KV blocks from the rest.
+  const StateSpec state_spec = state_spec_for(model_cfg);
+  const int32_t state_slots = state_spec.num_layers ? cfg.max_num_seqs : 0;
+  const int32_t snapshot_slots = cfg.enable_prefix_caching ? state_slots : 0;
+  const int64_t state_bytes = state_spec.bytes_per_slot() * (state_slots + snapshot_slots);
+  RV_CHECK_ARG(state_bytes < cfg.kv_cache_memory_bytes, "kv_cache_memory_bytes (", cfg.kv_cache_memory_bytes,
+               ") does not even hold the recurrent states of max_num_seqs (", cfg.max_num_seqs, ") requests (",
+               state_bytes, " bytes with prefix-cache snapshots); raise it or lower max_num_seqs");
   const KvCacheSpec spec = kv_cache_spec_for(model_cfg);
-  const int64_t block_bytes = spec.bytes_per_token() * cfg.block_size;
-  const int64_t num_blocks = cfg.kv_cache_memory_bytes / block_bytes;
+  const int64_t block_bytes = std::max<int64_t>(1, spec.bytes_per_token() * cfg.block_size);
+  const int64_t num_blocks = (cfg.kv_cache_memory_bytes - state_bytes) / block_bytes;
   const int64_t need_blocks = (cfg.max_model_len + cfg.block_size - 1) / cfg.block_size;
   RV_CHECK_ARG(num_blocks >= need_blocks, "kv_cache_memory_bytes (", cfg.kv_cache_memory_bytes,
                ") holds ", num_blocks, " blocks of ", cfg.block_size,
@@ -98,11 +109,12 @@ Engine::Impl::Impl(const EngineConfig& c) : cfg(c), seed_source(c.seed) {
   }
   model = load_model(cfg.model, model_cfg, parse_dtype(dt));
   kv = std::make_unique<KvCache>(spec, int32_t(num_blocks), cfg.block_size);
+  if (state_slots) states = std::make_unique<StateCache>(state_spec, state_slots + snapshot_slots);
   kv_manager = std::make_unique<KvCacheManager>(int32_t(num_blocks), cfg.block_size,
-                                                cfg.enable_prefix_caching);
+                                                cfg.enable_prefix_caching, state_slots, snapshot_slots);
   scheduler = std::make_unique<Scheduler>(
       SchedulerConfig{cfg.max_num_seqs, cfg.max_num_batched_tokens, cfg.max_model_len}, *kv_manager);
-  runner = std::make_unique<ModelRunner>(*model, *kv);
+  runner = std::make_unique<ModelRunner>(*model, *kv, states.get());
   int threads = cfg.num_threads > 0 ? cfg.num_threads : int(std::thread::hardware_concurrency());
   pool = std::make_unique<ThreadPool>(std::max(1, threads));
 
@@ -114,7 +126,7 @@ Engine::Impl::Impl(const EngineConfig& c) : cfg(c), seed_source(c.seed) {
   info.eos_token_ids = model_cfg.eos_token_ids;
   info.weight_dtype = dtype_name(model->weight_dtype());
   info.weight_bytes = model->weight_bytes();
-  info.kv_cache_bytes = kv->nbytes();
+  info.kv_cache_bytes = kv->nbytes() + (states ? states->nbytes() : 0);
   live.num_blocks_total = num_blocks;
   live.num_blocks_free = num_blocks;
   publish_stats();
@@ -191,6 +203,8 @@ void Engine::Impl::step() {
     live.prompt_tokens_computed +=
         std::max(0, std::min(r.num_computed_tokens, r.num_prompt_tokens) - before);
     kv_manager->cache_full_blocks(r);
+    const int32_t snapshot = kv_manager->snapshot_target(r);
+    if (snapshot >= 0) states->copy(r.state_slot, snapshot);
   }
   ++live.num_steps;
   const int32_t V = model_cfg.vocab_size;

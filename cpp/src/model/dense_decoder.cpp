@@ -62,7 +62,8 @@ class DenseDecoderLM final : public CausalLM {
   int64_t weight_bytes() const override { return bytes_; }
   DType weight_dtype() const override { return dtype_; }
 
-  Tensor forward(const ForwardBatch& b, KvCache& cache) override {
+  Tensor forward(const ForwardBatch& b, ModelCaches& caches) override {
+    KvCache& cache = *caches.kv;
     const int64_t T = b.token_ids.numel(), H = cfg_.hidden_size, D = cfg_.head_dim;
     const int64_t NH = cfg_.num_heads, KVH = cfg_.num_kv_heads, I = cfg_.intermediate_size;
     const int64_t QO = NH * D, KVO = KVH * D;

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "cache/kv_cache.h"
+#include "cache/state_cache.h"
 #include "model/model_config.h"
 #include "ops/ops.h"
 
@@ -18,6 +19,12 @@ struct ForwardBatch {
   Tensor slot_mapping;  // int32 [T]
   ops::AttentionBatch attention;
   std::vector<int32_t> logits_rows;  // token rows whose next-token logits are wanted
+  std::vector<int32_t> state_slots;  // per sequence: its recurrent-state slot (hybrid models)
+};
+
+struct ModelCaches {
+  KvCache* kv = nullptr;
+  StateCache* state = nullptr;  // null for models without recurrent layers
 };
 
 class CausalLM {
@@ -27,8 +34,9 @@ class CausalLM {
   virtual KvCacheSpec kv_cache_spec() const = 0;
   virtual int64_t weight_bytes() const = 0;
   virtual DType weight_dtype() const = 0;
-  // Writes the batch's K/V into cache and returns f32 logits [logits_rows.size(), vocab].
-  virtual Tensor forward(const ForwardBatch& batch, KvCache& cache) = 0;
+  // Writes the batch's K/V (and recurrent states) into the caches and returns f32 logits
+  // [logits_rows.size(), vocab].
+  virtual Tensor forward(const ForwardBatch& batch, ModelCaches& caches) = 0;
 };
 
 // Reads config.json, picks the architecture and loads its weights converted to weight_dtype.
@@ -40,5 +48,6 @@ std::vector<std::string> supported_architectures();
 void check_architecture(const ModelConfig& config, const std::string& dir);
 // The cache a model of this config needs per token, known before any weight is read.
 KvCacheSpec kv_cache_spec_for(const ModelConfig& config);
+StateSpec state_spec_for(const ModelConfig& config);
 
 }  // namespace revolta

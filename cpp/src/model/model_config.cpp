@@ -54,7 +54,52 @@ RopeConfig parse_rope(const Json& j, int32_t max_pos) {
   return r;
 }
 
+void parse_hybrid(const Json& j, ModelConfig& c) {
+  c.num_experts = int32_t(j.get_int("num_experts", j.get_int("num_local_experts", 0)));
+  c.num_experts_per_tok = int32_t(j.get_int("num_experts_per_tok", 0));
+  c.moe_intermediate_size = int32_t(j.get_int("moe_intermediate_size", 0));
+  c.shared_expert_intermediate_size = int32_t(j.get_int("shared_expert_intermediate_size", 0));
+  c.decoder_sparse_step = int32_t(j.get_int("decoder_sparse_step", 1));
+  c.norm_topk_prob = j.get_bool("norm_topk_prob", true);
+  for (const auto& v : (j["mlp_only_layers"].is_array() ? j["mlp_only_layers"].as_array() : std::vector<Json>{}))
+    c.mlp_only_layers.push_back(int32_t(v.as_int()));
+  c.linear_num_key_heads = int32_t(j.get_int("linear_num_key_heads", 0));
+  c.linear_num_value_heads = int32_t(j.get_int("linear_num_value_heads", 0));
+  c.linear_key_head_dim = int32_t(j.get_int("linear_key_head_dim", 0));
+  c.linear_value_head_dim = int32_t(j.get_int("linear_value_head_dim", 0));
+  c.linear_conv_kernel_dim = int32_t(j.get_int("linear_conv_kernel_dim", 4));
+  c.linear_layers.assign(size_t(c.num_layers), false);
+  if (j["layer_types"].is_array()) {
+    const auto& types = j["layer_types"].as_array();
+    RV_CHECK(int32_t(types.size()) == c.num_layers, "layer_types has ", types.size(), " entries for ",
+             c.num_layers, " layers");
+    for (size_t i = 0; i < types.size(); ++i) {
+      const std::string& t = types[i].as_string();
+      RV_CHECK(t == "linear_attention" || t == "full_attention", "unsupported layer type '", t, "'");
+      c.linear_layers[i] = t == "linear_attention";
+    }
+  } else if (j.contains("full_attention_interval")) {
+    const int64_t every = j["full_attention_interval"].as_int();
+    for (int32_t i = 0; i < c.num_layers; ++i) c.linear_layers[size_t(i)] = (i + 1) % every != 0;
+  }
+}
+
 }  // namespace
+
+bool ModelConfig::is_moe_layer(int32_t layer) const {
+  if (num_experts <= 0) return false;
+  for (int32_t l : mlp_only_layers)
+    if (l == layer) return false;
+  return (layer + 1) % std::max(1, decoder_sparse_step) == 0;
+}
+
+int32_t ModelConfig::num_linear_layers() const {
+  int32_t n = 0;
+  for (bool b : linear_layers) n += b;
+  return n;
+}
+
+int32_t ModelConfig::num_attention_layers() const { return num_layers - num_linear_layers(); }
 
 ModelConfig ModelConfig::from_json(const Json& j, const std::string& src) {
   ModelConfig c;
@@ -62,9 +107,22 @@ ModelConfig ModelConfig::from_json(const Json& j, const std::string& src) {
   RV_CHECK(archs.is_array() && !archs.as_array().empty(), src,
            ": config has no 'architectures' entry");
   c.architecture = archs.as_array()[0].as_string();
+  if (j["text_config"].is_object()) {  // a multimodal checkpoint: the language model's fields
+    ModelConfig text = from_json_fields(j["text_config"], src, c.architecture);
+    text.tie_word_embeddings = j.get_bool("tie_word_embeddings", text.tie_word_embeddings);
+    return text;
+  }
+  return from_json_fields(j, src, c.architecture);
+}
+
+ModelConfig ModelConfig::from_json_fields(const Json& j, const std::string& src, const std::string& arch) {
+  ModelConfig c;
+  c.architecture = arch;
   c.vocab_size = require_int(j, "vocab_size", src);
   c.hidden_size = require_int(j, "hidden_size", src);
-  c.intermediate_size = require_int(j, "intermediate_size", src);
+  c.intermediate_size = j.get_int("num_experts", j.get_int("num_local_experts", 0)) > 0
+                            ? int32_t(j.get_int("intermediate_size", 0))
+                                                        : require_int(j, "intermediate_size", src);
   c.num_layers = require_int(j, "num_hidden_layers", src);
   c.num_heads = require_int(j, "num_attention_heads", src);
   c.num_kv_heads = int32_t(j.get_int("num_key_value_heads", c.num_heads));
@@ -81,6 +139,7 @@ ModelConfig ModelConfig::from_json(const Json& j, const std::string& src) {
   c.bos_token_id = int32_t(j.get_int("bos_token_id", -1));
   c.rope = parse_rope(j, c.max_position_embeddings);
   c.max_positions = c.max_position_embeddings;
+  parse_hybrid(j, c);
   RV_CHECK(!j.get_bool("use_sliding_window", false), src,
            ": sliding-window attention (use_sliding_window) is not supported");
   RV_CHECK(c.num_kv_heads > 0 && c.num_heads % c.num_kv_heads == 0, src,

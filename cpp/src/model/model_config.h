@@ -41,11 +41,23 @@ struct ModelConfig {
   std::vector<int32_t> eos_token_ids;
   int32_t bos_token_id = -1;
   RopeConfig rope;
+  // Hybrid / MoE families (Qwen3-MoE, Qwen3-Next, Qwen3.5-MoE). Dense models leave these empty.
+  std::vector<bool> linear_layers;  // per layer: Gated DeltaNet (true) or full attention
+  int32_t linear_num_key_heads = 0, linear_num_value_heads = 0;
+  int32_t linear_key_head_dim = 0, linear_value_head_dim = 0, linear_conv_kernel_dim = 0;
+  int32_t num_experts = 0, num_experts_per_tok = 0, moe_intermediate_size = 0;
+  int32_t shared_expert_intermediate_size = 0, decoder_sparse_step = 1;
+  std::vector<int32_t> mlp_only_layers;
+  bool norm_topk_prob = true;
+  bool is_moe_layer(int32_t layer) const;
+  int32_t num_attention_layers() const;
+  int32_t num_linear_layers() const;
   int32_t max_positions = 0;  // RoPE table length; the engine raises it to max_model_len
 
   // Throws std::runtime_error naming the field for a missing or inconsistent value.
   static ModelConfig from_json(const Json& j, const std::string& source);
   static ModelConfig from_file(const std::string& config_json_path);
+  static ModelConfig from_json_fields(const Json& j, const std::string& source, const std::string& arch);
 };
 
 // cos/sin tables for positions [0, max_positions), matching HF's rope_init functions.

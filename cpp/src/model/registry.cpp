@@ -12,6 +12,10 @@ const std::map<std::string, Factory>& registry() {
   static const std::map<std::string, Factory> r = {
       {"LlamaForCausalLM", &make_llama},
       {"Qwen3ForCausalLM", &make_qwen3},
+      {"Qwen3MoeForCausalLM", &make_qwen3_moe},
+      {"Qwen3NextForCausalLM", &make_qwen3_next},
+      {"Qwen3_5MoeForCausalLM", &make_qwen3_5_moe},
+      {"Qwen3_5MoeForConditionalGeneration", &make_qwen3_5_moe},
   };
   return r;
 }
@@ -34,7 +38,19 @@ void check_architecture(const ModelConfig& config, const std::string& dir) {
 }
 
 KvCacheSpec kv_cache_spec_for(const ModelConfig& c) {
-  return {c.num_layers, c.num_kv_heads, c.head_dim, DType::kF32};
+  return {c.num_attention_layers(), c.num_kv_heads, c.head_dim, DType::kF32};
+}
+
+StateSpec state_spec_for(const ModelConfig& c) {
+  StateSpec s;
+  s.num_layers = c.num_linear_layers();
+  if (s.num_layers == 0) return s;
+  s.conv_dim = 2 * c.linear_num_key_heads * c.linear_key_head_dim + c.linear_num_value_heads * c.linear_value_head_dim;
+  s.conv_history = c.linear_conv_kernel_dim - 1;
+  s.num_heads = c.linear_num_value_heads;
+  s.k_dim = c.linear_key_head_dim;
+  s.v_dim = c.linear_value_head_dim;
+  return s;
 }
 
 std::unique_ptr<CausalLM> load_model(const std::string& dir, const ModelConfig& config,

@@ -56,6 +56,8 @@ std::vector<std::string> WeightLoader::names() const {
   return out;
 }
 
+std::vector<int64_t> WeightLoader::shape(const std::string& name) const { return entry(name).shape; }
+
 const SafetensorsEntry& WeightLoader::entry(const std::string& name) const {
   auto it = where_.find(name);
   RV_CHECK(it != where_.end(), "model ", dir_, ": missing tensor '", name, "'");

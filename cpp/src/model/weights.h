@@ -23,6 +23,7 @@ class WeightLoader {
   Tensor get_stacked(const std::vector<std::string>& names,
                      const std::vector<std::vector<int64_t>>& shapes, DType dtype) const;
   std::vector<std::string> names() const;
+  std::vector<int64_t> shape(const std::string& name) const;
   const std::string& dir() const { return dir_; }
 
  private:

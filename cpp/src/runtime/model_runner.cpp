@@ -37,6 +37,14 @@ StepLogits ModelRunner::execute(const SchedulerOutput& step) {
     query_start[size_t(s) + 1] = t;
     seq_lens[size_t(s)] = start + n;
     std::copy(r.block_table.begin(), r.block_table.end(), tables.begin() + size_t(s) * size_t(max_blocks));
+    if (states_) {
+      Request& req = *step.scheduled[size_t(s)].request;
+      if (req.state_restore >= 0) states_->copy(req.state_restore, req.state_slot);  // prefix-cache hit
+      else if (req.state_fresh) states_->zero(req.state_slot);
+      req.state_fresh = false;
+      req.state_restore = -1;
+      b.state_slots.push_back(req.state_slot);
+    }
     if (start + n == r.num_tokens()) {
       b.logits_rows.push_back(t - 1);
       out.samplers.push_back(step.scheduled[size_t(s)].request);
@@ -48,7 +56,8 @@ StepLogits ModelRunner::execute(const SchedulerOutput& step) {
   b.attention.num_seqs = S;
   b.attention.max_blocks_per_seq = max_blocks;
   b.attention.block_size = bs;
-  out.logits = model_.forward(b, cache_);
+  ModelCaches caches{&cache_, states_};
+  out.logits = model_.forward(b, caches);
   return out;
 }
 

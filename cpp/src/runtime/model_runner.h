@@ -18,12 +18,14 @@ struct StepLogits {
 
 class ModelRunner {
  public:
-  ModelRunner(CausalLM& model, KvCache& cache) : model_(model), cache_(cache) {}
+  ModelRunner(CausalLM& model, KvCache& cache, StateCache* states)
+      : model_(model), cache_(cache), states_(states) {}
   StepLogits execute(const SchedulerOutput& step);
 
  private:
   CausalLM& model_;
   KvCache& cache_;
+  StateCache* states_;
 };
 
 }  // namespace revolta

@@ -24,6 +24,10 @@ struct Request {
   int32_t num_cached_tokens = -1;   // prefix-cache hit of the first schedule (-1: not yet)
   std::vector<int32_t> block_table;
   std::vector<uint64_t> block_hashes;  // hashes of the leading full blocks already registered
+  int32_t state_slot = -1;     // recurrent-state slot (hybrid models), owned while scheduled
+  bool state_fresh = false;    // the slot must be zeroed before the next forward
+  int32_t state_restore = -1;  // snapshot slot to copy into state_slot before the next forward
+  int32_t snapshot_slot = -1;  // the snapshot this request last saved (superseded ones are freed)
 
   Rng rng;
   std::vector<TokenOutput> pending;  // produced since the last output was emitted

@@ -1,0 +1,45 @@
+#include "cache/state_cache.h"
+
+#include <cstring>
+
+namespace revolta {
+
+StateCache::StateCache(const StateSpec& s, int32_t n) : num_slots(n) {
+  for (int32_t l = 0; l < s.num_layers; ++l) {
+    conv.push_back(Tensor::empty({n, s.conv_dim, s.conv_history}, DType::kF32));
+    ssm.push_back(Tensor::empty({n, s.num_heads, s.k_dim, s.v_dim}, DType::kF32));
+  }
+}
+
+Tensor StateCache::conv_slot(size_t layer, int32_t slot) const {
+  const Tensor& t = conv[layer];
+  return t.slice_rows(slot, slot + 1).view({t.size(1), t.size(2)});
+}
+
+Tensor StateCache::ssm_slot(size_t layer, int32_t slot) const {
+  const Tensor& t = ssm[layer];
+  return t.slice_rows(slot, slot + 1).view({t.size(1), t.size(2), t.size(3)});
+}
+
+void StateCache::zero(int32_t slot) {
+  for (size_t l = 0; l < conv.size(); ++l) {
+    Tensor c = conv_slot(l, slot), s = ssm_slot(l, slot);
+    std::memset(c.data(), 0, c.nbytes());
+    std::memset(s.data(), 0, s.nbytes());
+  }
+}
+
+void StateCache::copy(int32_t from, int32_t to) {
+  for (size_t l = 0; l < conv.size(); ++l) {
+    std::memcpy(conv_slot(l, to).data(), conv_slot(l, from).data(), conv_slot(l, from).nbytes());
+    std::memcpy(ssm_slot(l, to).data(), ssm_slot(l, from).data(), ssm_slot(l, from).nbytes());
+  }
+}
+
+int64_t StateCache::nbytes() const {
+  int64_t n = 0;
+  for (size_t l = 0; l < conv.size(); ++l) n += int64_t(conv[l].nbytes() + ssm[l].nbytes());
+  return n;
+}
+
+}  // namespace revolta

@@ -1,0 +1,32 @@
+// Recurrent state of the linear-attention (Gated DeltaNet) layers: per layer a conv state
+// [slots, conv_dim, kernel - 1] and a delta-rule state [slots, heads, k_dim, v_dim], float32.
+// A request owns one slot while it runs; prefix-cache snapshots live in further slots.
+#pragma once
+
+#include <vector>
+
+#include "core/tensor.h"
+
+namespace revolta {
+
+struct StateSpec {
+  int32_t num_layers = 0;  // recurrent layers; 0: the model has none
+  int32_t conv_dim = 0, conv_history = 0;
+  int32_t num_heads = 0, k_dim = 0, v_dim = 0;
+  int64_t bytes_per_slot() const {
+    return int64_t(num_layers) * (int64_t(conv_dim) * conv_history + int64_t(num_heads) * k_dim * v_dim) * 4;
+  }
+};
+
+struct StateCache {
+  StateCache(const StateSpec& spec, int32_t num_slots);
+  std::vector<Tensor> conv, ssm;  // one per recurrent layer
+  int32_t num_slots;
+  Tensor conv_slot(size_t layer, int32_t slot) const;
+  Tensor ssm_slot(size_t layer, int32_t slot) const;
+  void zero(int32_t slot);
+  void copy(int32_t from, int32_t to);
+  int64_t nbytes() const;
+};
+
+}  // namespace revolta

@@ -1,0 +1,449 @@
+// The Qwen3 MoE / hybrid family: each layer mixes tokens with full attention (Qwen3-MoE style,
+// or gated with a sigmoid output gate and partial RoPE as in Qwen3-Next / Qwen3.5) or with a
+// Gated DeltaNet linear-attention block, then applies a dense SwiGLU MLP or a mixture of experts
+// (softmax router, top-k, optional shared expert behind a sigmoid gate).
+//
+// Weight layouts are normalised at load so the forward is one straight path:
+//   attention: one fused projection [q | k | v | gate]
+//   DeltaNet:  one fused projection [q | k | v | z | b | a] (Qwen3-Next's per-key-head interleaved
+//              in_proj_qkvz / in_proj_ba are reordered; Qwen3.5's split projections are stacked)
+//   experts:   per expert [gate; up] and down, from per-expert tensors or fused 3-D tensors
+//   (1 + w) RMSNorm weights are stored as 1 + w.
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <map>
+#include <numeric>
+
+#include "core/error.h"
+#include "model/architectures.h"
+#include "model/hybrid_decoder.h"
+#include "ops/cpu/cpu_ops.h"
+
+namespace revolta {
+namespace {
+
+struct AttentionWeights {
+  Tensor proj, o, q_norm, k_norm;
+};
+
+struct DeltaNetWeights {
+  Tensor proj, conv, neg_a, dt_bias, norm, out;  // neg_a = -exp(A_log)
+};
+
+struct ExpertWeights {
+  Tensor gate_up, down;
+};
+
+struct FeedForwardWeights {
+  bool moe = false;
+  Tensor gate_up, down;  // dense MLP
+  Tensor router;
+  std::vector<ExpertWeights> experts;
+  ExpertWeights shared;
+  Tensor shared_gate;  // [1, hidden] or undefined
+};
+
+struct Layer {
+  bool linear = false;
+  int32_t cache_index = 0;  // index among attention or among DeltaNet layers
+  Tensor input_norm, post_norm;
+  AttentionWeights attn;
+  DeltaNetWeights gdn;
+  FeedForwardWeights ffn;
+};
+
+float silu(float x) { return x / (1.0f + std::exp(-x)); }
+float softplus(float x) { return x > 20.0f ? x : std::log1p(std::exp(x)); }  // torch's threshold
+
+// Rows of `src` (f32 [R, C]) in the given order, converted to dt.
+Tensor gather_rows(const Tensor& src, const std::vector<int64_t>& order, DType dt) {
+  const int64_t C = src.size(1);
+  Tensor out = Tensor::empty({int64_t(order.size()), C}, dt);
+  for (size_t i = 0; i < order.size(); ++i)
+    convert_from_f32(src.ptr<float>() + order[i] * C, static_cast<char*>(out.data()) + i * C * dtype_size(dt), dt,
+                     size_t(C));
+  return out;
+}
+
+Tensor to_dtype(const Tensor& f32, DType dt) {
+  std::vector<int64_t> order(size_t(f32.size(0)));
+  std::iota(order.begin(), order.end(), 0);
+  return gather_rows(f32.view({f32.size(0), f32.numel() / f32.size(0)}), order, dt).view(f32.shape());
+}
+
+Tensor plus_one(Tensor w) {
+  Tensor out = Tensor::empty(w.shape(), DType::kF32);
+  for (int64_t i = 0; i < w.numel(); ++i) out.ptr<float>()[i] = w.ptr<float>()[i] + 1.0f;
+  return out;
+}
+
+Tensor stack(const std::vector<Tensor>& parts, DType dt) {
+  int64_t rows = 0, cols = parts[0].size(1);
+  for (const auto& p : parts) rows += p.size(0);
+  Tensor out = Tensor::empty({rows, cols}, dt);
+  char* dst = static_cast<char*>(out.data());
+  for (const auto& p : parts) {
+    std::memcpy(dst, p.data(), p.nbytes());
+    dst += p.nbytes();
+  }
+  return out;
+}
+
+class HybridDecoderLM final : public CausalLM {
+ public:
+  HybridDecoderLM(const WeightLoader& w, const ModelConfig& c, DType dt, const HybridOptions& o)
+      : cfg_(c), opts_(o), dtype_(dt) {
+    prefix_ = w.has("model.language_model.embed_tokens.weight") ? "model.language_model." : "model.";
+    const int64_t H = c.hidden_size;
+    embed_ = w.get(prefix_ + "embed_tokens.weight", {c.vocab_size, H}, dt);
+    final_norm_ = norm_weight(w, prefix_ + "norm.weight", H);
+    if (c.tie_word_embeddings || !w.has("lm_head.weight")) {
+      RV_CHECK(c.tie_word_embeddings, "model ", w.dir(), ": missing tensor 'lm_head.weight'");
+      lm_head_ = embed_;
+    } else {
+      lm_head_ = w.get("lm_head.weight", {c.vocab_size, H}, dt);
+    }
+    int32_t n_attn = 0, n_lin = 0;
+    for (int32_t l = 0; l < c.num_layers; ++l) {
+      const std::string p = prefix_ + "layers." + std::to_string(l) + ".";
+      Layer L;
+      L.linear = c.linear_layers.empty() ? false : bool(c.linear_layers[size_t(l)]);
+      L.cache_index = L.linear ? n_lin++ : n_attn++;
+      L.input_norm = norm_weight(w, p + "input_layernorm.weight", H);
+      L.post_norm = norm_weight(w, p + "post_attention_layernorm.weight", H);
+      if (L.linear) load_deltanet(w, p + "linear_attn.", L.gdn);
+      else load_attention(w, p + "self_attn.", L.attn);
+      load_ffn(w, p + "mlp.", l, L.ffn);
+      bytes_ += layer_bytes(L);
+      layers_.push_back(std::move(L));
+    }
+    for (const auto& name : w.names())
+      if (name.rfind("mtp.", 0) == 0) mtp_[name] = w.get(name, w_shape(w, name), DType::kF32);
+    size_t skipped = 0;
+    for (const auto& name : w.names()) skipped += name.find("visual.") != std::string::npos;
+    if (!mtp_.empty())
+      std::fprintf(stderr, "revolta: kept %zu multi-token-prediction tensors (mtp.*) for speculative decoding\n",
+                   mtp_.size());
+    if (skipped)
+      std::fprintf(stderr, "revolta: skipped %zu vision tensors (text-only model; multimodal input is not supported yet)\n",
+                   skipped);
+    rope_ = build_rope_tables(c.rope, c.head_dim, c.max_positions);
+    bytes_ += int64_t(embed_.nbytes()) + (lm_head_.data() == embed_.data() ? 0 : int64_t(lm_head_.nbytes()));
+  }
+
+  const ModelConfig& config() const override { return cfg_; }
+  KvCacheSpec kv_cache_spec() const override { return kv_cache_spec_for(cfg_); }
+  int64_t weight_bytes() const override { return bytes_; }
+  DType weight_dtype() const override { return dtype_; }
+
+  Tensor forward(const ForwardBatch& b, ModelCaches& caches) override {
+    const int64_t T = b.token_ids.numel(), H = cfg_.hidden_size;
+    const float eps = cfg_.rms_norm_eps;
+    Tensor residual = Tensor::empty({T, H}, DType::kF32);
+    Tensor x = Tensor::empty({T, H}, DType::kF32);
+    Tensor mixed = Tensor::empty({T, H}, DType::kF32);
+    ops::embedding(b.token_ids, embed_, residual);
+    ops::rms_norm(residual, layers_[0].input_norm, eps, x);
+    for (size_t l = 0; l < layers_.size(); ++l) {
+      const Layer& L = layers_[l];
+      if (L.linear) deltanet(L, b, *caches.state, x, mixed);
+      else attention(L, b, *caches.kv, x, mixed);
+      ops::add_rms_norm(residual, mixed, L.post_norm, eps, x);
+      feed_forward(L.ffn, x, mixed);
+      const Tensor& next = l + 1 < layers_.size() ? layers_[l + 1].input_norm : final_norm_;
+      ops::add_rms_norm(residual, mixed, next, eps, x);
+    }
+    const int64_t R = int64_t(b.logits_rows.size());
+    Tensor rows = Tensor::empty({R, H}, DType::kF32);
+    for (int64_t r = 0; r < R; ++r)
+      std::memcpy(rows.ptr<float>() + r * H, x.ptr<float>() + int64_t(b.logits_rows[size_t(r)]) * H, size_t(H) * 4);
+    Tensor logits = Tensor::empty({R, cfg_.vocab_size}, DType::kF32);
+    ops::linear(rows, lm_head_, nullptr, logits);
+    return logits;
+  }
+
+ private:
+  static std::vector<int64_t> w_shape(const WeightLoader& w, const std::string& name) {
+    return w.shape(name);
+  }
+
+  Tensor norm_weight(const WeightLoader& w, const std::string& name, int64_t n) const {
+    Tensor t = w.get(name, {n}, DType::kF32);
+    return opts_.one_plus_norm ? plus_one(t) : t;
+  }
+
+  void load_attention(const WeightLoader& w, const std::string& p, AttentionWeights& a) {
+    const int64_t H = cfg_.hidden_size, D = cfg_.head_dim, NH = cfg_.num_heads, KVH = cfg_.num_kv_heads;
+    Tensor q = w.get(p + "q_proj.weight", {NH * D * (opts_.gated_attention ? 2 : 1), H}, DType::kF32);
+    Tensor k = w.get(p + "k_proj.weight", {KVH * D, H}, DType::kF32);
+    Tensor v = w.get(p + "v_proj.weight", {KVH * D, H}, DType::kF32);
+    std::vector<Tensor> parts;
+    if (opts_.gated_attention) {  // q_proj rows per head are [query (D) | gate (D)]
+      std::vector<int64_t> qrows, grows;
+      for (int64_t h = 0; h < NH; ++h)
+        for (int64_t d = 0; d < D; ++d) qrows.push_back(h * 2 * D + d), grows.push_back(h * 2 * D + D + d);
+      parts = {gather_rows(q, qrows, dtype_), to_dtype(k, dtype_), to_dtype(v, dtype_), gather_rows(q, grows, dtype_)};
+    } else {
+      parts = {to_dtype(q, dtype_), to_dtype(k, dtype_), to_dtype(v, dtype_)};
+    }
+    a.proj = stack(parts, dtype_);
+    a.o = w.get(p + "o_proj.weight", {H, NH * D}, dtype_);
+    a.q_norm = norm_weight(w, p + "q_norm.weight", D);
+    a.k_norm = norm_weight(w, p + "k_norm.weight", D);
+  }
+
+  void load_deltanet(const WeightLoader& w, const std::string& p, DeltaNetWeights& g) {
+    const ModelConfig& c = cfg_;
+    const int64_t H = c.hidden_size, Hk = c.linear_num_key_heads, Hv = c.linear_num_value_heads;
+    const int64_t Dk = c.linear_key_head_dim, Dv = c.linear_value_head_dim, r = Hv / Hk;
+    const int64_t key_dim = Hk * Dk, value_dim = Hv * Dv, conv_dim = 2 * key_dim + value_dim;
+    RV_CHECK(Hk > 0 && Hv % Hk == 0, "linear_num_value_heads must be a multiple of linear_num_key_heads");
+    if (w.has(p + "in_proj_qkvz.weight")) {  // Qwen3-Next: grouped per key head
+      Tensor qkvz = w.get(p + "in_proj_qkvz.weight", {2 * key_dim + 2 * value_dim, H}, DType::kF32);
+      Tensor ba = w.get(p + "in_proj_ba.weight", {2 * Hv, H}, DType::kF32);
+      const int64_t group = 2 * Dk + 2 * r * Dv;
+      std::vector<int64_t> order;
+      auto add = [&](int64_t offset, int64_t len) {
+        for (int64_t gk = 0; gk < Hk; ++gk)
+          for (int64_t i = 0; i < len; ++i) order.push_back(gk * group + offset + i);
+      };
+      add(0, Dk);                   // q
+      add(Dk, Dk);                  // k
+      add(2 * Dk, r * Dv);          // v
+      add(2 * Dk + r * Dv, r * Dv); // z
+      std::vector<int64_t> ba_order;
+      for (int64_t which = 0; which < 2; ++which)  // b then a
+        for (int64_t gk = 0; gk < Hk; ++gk)
+          for (int64_t i = 0; i < r; ++i) ba_order.push_back(gk * 2 * r + which * r + i);
+      g.proj = stack({gather_rows(qkvz, order, dtype_), gather_rows(ba, ba_order, dtype_)}, dtype_);
+    } else {  // Qwen3.5: separate projections, already in order
+      g.proj = stack({w.get(p + "in_proj_qkv.weight", {conv_dim, H}, dtype_), w.get(p + "in_proj_z.weight", {value_dim, H}, dtype_),
+                      w.get(p + "in_proj_b.weight", {Hv, H}, dtype_), w.get(p + "in_proj_a.weight", {Hv, H}, dtype_)},
+                     dtype_);
+    }
+    g.conv = w.get(p + "conv1d.weight", {conv_dim, 1, c.linear_conv_kernel_dim}, DType::kF32)
+                 .view({conv_dim, c.linear_conv_kernel_dim});
+    Tensor a_log = w.get(p + "A_log", {Hv}, DType::kF32);
+    g.neg_a = Tensor::empty({Hv}, DType::kF32);
+    for (int64_t i = 0; i < Hv; ++i) g.neg_a.ptr<float>()[i] = -std::exp(a_log.ptr<float>()[i]);
+    g.dt_bias = w.get(p + "dt_bias", {Hv}, DType::kF32);
+    g.norm = w.get(p + "norm.weight", {Dv}, DType::kF32);
+    g.out = w.get(p + "out_proj.weight", {H, value_dim}, dtype_);
+  }
+
+  void load_ffn(const WeightLoader& w, const std::string& p, int32_t layer, FeedForwardWeights& f) {
+    const int64_t H = cfg_.hidden_size;
+    f.moe = cfg_.is_moe_layer(layer);
+    auto mlp = [&](const std::string& q, int64_t I, ExpertWeights& e) {
+      e.gate_up = w.get_stacked({q + "gate_proj.weight", q + "up_proj.weight"}, {{I, H}, {I, H}}, dtype_);
+      e.down = w.get(q + "down_proj.weight", {H, I}, dtype_);
+    };
+    if (!f.moe) {
+      ExpertWeights e;
+      mlp(p, cfg_.intermediate_size, e);
+      f.gate_up = e.gate_up, f.down = e.down;
+      return;
+    }
+    const int64_t E = cfg_.num_experts, I = cfg_.moe_intermediate_size;
+    f.router = w.get(p + "gate.weight", {E, H}, DType::kF32);
+    if (w.has(p + "experts.gate_up_proj")) {  // transformers 5 fused layout
+      Tensor gu = w.get(p + "experts.gate_up_proj", {E, 2 * I, H}, dtype_);
+      Tensor dn = w.get(p + "experts.down_proj", {E, H, I}, dtype_);
+      for (int64_t e = 0; e < E; ++e)
+        f.experts.push_back({gu.slice_rows(e, e + 1).view({2 * I, H}), dn.slice_rows(e, e + 1).view({H, I})});
+    } else {
+      f.experts.resize(size_t(E));
+      for (int64_t e = 0; e < E; ++e) mlp(p + "experts." + std::to_string(e) + ".", I, f.experts[size_t(e)]);
+    }
+    if (cfg_.shared_expert_intermediate_size > 0) {
+      mlp(p + "shared_expert.", cfg_.shared_expert_intermediate_size, f.shared);
+      f.shared_gate = w.get(p + "shared_expert_gate.weight", {1, H}, DType::kF32);
+    }
+  }
+
+  static int64_t layer_bytes(const Layer& L) {
+    int64_t n = int64_t(L.attn.proj.nbytes() + L.attn.o.nbytes() + L.gdn.proj.nbytes() + L.gdn.out.nbytes());
+    n += int64_t(L.ffn.gate_up.nbytes() + L.ffn.down.nbytes() + L.ffn.shared.gate_up.nbytes() + L.ffn.shared.down.nbytes());
+    for (const auto& e : L.ffn.experts) n += int64_t(e.gate_up.nbytes() + e.down.nbytes());
+    return n;
+  }
+
+  void attention(const Layer& L, const ForwardBatch& b, KvCache& kv, const Tensor& x, Tensor& out) {
+    const int64_t T = x.size(0), D = cfg_.head_dim, NH = cfg_.num_heads, KVH = cfg_.num_kv_heads;
+    const int64_t QO = NH * D, KVO = KVH * D, width = L.attn.proj.size(0);
+    const float eps = cfg_.rms_norm_eps;
+    Tensor fused = Tensor::empty({T, width}, DType::kF32);
+    ops::linear(x, L.attn.proj, nullptr, fused);
+    Tensor q = Tensor::empty({T, NH, D}, DType::kF32), k = Tensor::empty({T, KVH, D}, DType::kF32);
+    Tensor v = Tensor::empty({T, KVH, D}, DType::kF32), attn = Tensor::empty({T, NH, D}, DType::kF32);
+    for (int64_t t = 0; t < T; ++t) {
+      const float* row = fused.ptr<float>() + t * width;
+      std::memcpy(q.ptr<float>() + t * QO, row, size_t(QO) * 4);
+      std::memcpy(k.ptr<float>() + t * KVO, row + QO, size_t(KVO) * 4);
+      std::memcpy(v.ptr<float>() + t * KVO, row + QO + KVO, size_t(KVO) * 4);
+    }
+    ops::rms_norm(q, L.attn.q_norm, eps, q);
+    ops::rms_norm(k, L.attn.k_norm, eps, k);
+    ops::rope(q, b.positions, rope_);
+    ops::rope(k, b.positions, rope_);
+    ops::kv_cache_write(k, v, b.slot_mapping, kv.k[size_t(L.cache_index)], kv.v[size_t(L.cache_index)]);
+    ops::paged_attention(q, kv.k[size_t(L.cache_index)], kv.v[size_t(L.cache_index)], b.attention,
+                         1.0f / std::sqrt(float(D)), attn);
+    if (opts_.gated_attention)
+      for (int64_t t = 0; t < T; ++t) {
+        const float* gate = fused.ptr<float>() + t * width + QO + 2 * KVO;
+        float* a = attn.ptr<float>() + t * QO;
+        for (int64_t i = 0; i < QO; ++i) a[i] *= 1.0f / (1.0f + std::exp(-gate[i]));
+      }
+    ops::linear(attn.view({T, QO}), L.attn.o, nullptr, out);
+  }
+
+  void deltanet(const Layer& L, const ForwardBatch& b, StateCache& states, const Tensor& x, Tensor& out) {
+    const ModelConfig& c = cfg_;
+    const int64_t T = x.size(0), Hk = c.linear_num_key_heads, Hv = c.linear_num_value_heads;
+    const int64_t Dk = c.linear_key_head_dim, Dv = c.linear_value_head_dim;
+    const int64_t key_dim = Hk * Dk, value_dim = Hv * Dv, conv_dim = 2 * key_dim + value_dim;
+    const int64_t width = L.gdn.proj.size(0);
+    Tensor fused = Tensor::empty({T, width}, DType::kF32);
+    ops::linear(x, L.gdn.proj, nullptr, fused);
+    Tensor mixed = Tensor::empty({T, conv_dim}, DType::kF32), conv_out = Tensor::empty({T, conv_dim}, DType::kF32);
+    Tensor z = Tensor::empty({T, Hv, Dv}, DType::kF32), g = Tensor::empty({T, Hv}, DType::kF32);
+    Tensor beta = Tensor::empty({T, Hv}, DType::kF32);
+    for (int64_t t = 0; t < T; ++t) {
+      const float* row = fused.ptr<float>() + t * width;
+      std::memcpy(mixed.ptr<float>() + t * conv_dim, row, size_t(conv_dim) * 4);
+      std::memcpy(z.ptr<float>() + t * value_dim, row + conv_dim, size_t(value_dim) * 4);
+      for (int64_t h = 0; h < Hv; ++h) {
+        const float bv = row[conv_dim + value_dim + h], av = row[conv_dim + value_dim + Hv + h];
+        beta.ptr<float>()[t * Hv + h] = 1.0f / (1.0f + std::exp(-bv));
+        g.ptr<float>()[t * Hv + h] = L.gdn.neg_a.ptr<float>()[h] * softplus(av + L.gdn.dt_bias.ptr<float>()[h]);
+      }
+    }
+    Tensor q = Tensor::empty({T, Hk, Dk}, DType::kF32), k = Tensor::empty({T, Hk, Dk}, DType::kF32);
+    Tensor v = Tensor::empty({T, Hv, Dv}, DType::kF32), core = Tensor::empty({T, Hv, Dv}, DType::kF32);
+    const size_t layer = size_t(L.cache_index);
+    for (int32_t s = 0; s < b.attention.num_seqs; ++s) {
+      const int64_t t0 = b.attention.query_start[s], t1 = b.attention.query_start[s + 1];
+      Tensor conv_state = states.conv_slot(layer, b.state_slots[size_t(s)]);
+      Tensor seq_out = conv_out.slice_rows(t0, t1);
+      ops::cpu::causal_conv1d(mixed.slice_rows(t0, t1), L.gdn.conv, conv_state, seq_out, true);
+    }
+    for (int64_t t = 0; t < T; ++t) {
+      const float* row = conv_out.ptr<float>() + t * conv_dim;
+      std::memcpy(q.ptr<float>() + t * key_dim, row, size_t(key_dim) * 4);
+      std::memcpy(k.ptr<float>() + t * key_dim, row + key_dim, size_t(key_dim) * 4);
+      std::memcpy(v.ptr<float>() + t * value_dim, row + 2 * key_dim, size_t(value_dim) * 4);
+    }
+    ops::cpu::l2_norm(q, Dk, 1e-6f);
+    ops::cpu::l2_norm(k, Dk, 1e-6f);
+    for (int32_t s = 0; s < b.attention.num_seqs; ++s) {
+      const int64_t t0 = b.attention.query_start[s], t1 = b.attention.query_start[s + 1];
+      Tensor state = states.ssm_slot(layer, b.state_slots[size_t(s)]);
+      Tensor seq_core = core.slice_rows(t0, t1);
+      ops::cpu::gated_delta_rule(q.slice_rows(t0, t1), k.slice_rows(t0, t1), v.slice_rows(t0, t1),
+                                 g.slice_rows(t0, t1), beta.slice_rows(t0, t1), state, seq_core,
+                                 t1 - t0 > 1 ? kChunk : 1);
+    }
+    Tensor normed = Tensor::empty({T, value_dim}, DType::kF32);
+    ops::cpu::gated_rms_norm(core, z, L.gdn.norm, cfg_.rms_norm_eps, normed);
+    ops::linear(normed, L.gdn.out, nullptr, out);
+  }
+
+  void feed_forward(const FeedForwardWeights& f, const Tensor& x, Tensor& out) {
+    const int64_t T = x.size(0), H = cfg_.hidden_size;
+    if (!f.moe) {
+      mlp(f.gate_up, f.down, x, out);
+      return;
+    }
+    const int64_t E = cfg_.num_experts, K = cfg_.num_experts_per_tok;
+    Tensor logits = Tensor::empty({T, E}, DType::kF32);
+    ops::linear(x, f.router, nullptr, logits);
+    std::vector<std::vector<std::pair<int64_t, float>>> routed(static_cast<size_t>(E));  // expert -> (token, weight)
+    std::vector<float> p(static_cast<size_t>(E));
+    std::vector<int64_t> idx(static_cast<size_t>(E));
+    for (int64_t t = 0; t < T; ++t) {
+      const float* l = logits.ptr<float>() + t * E;
+      const float mx = *std::max_element(l, l + E);
+      float sum = 0.0f;
+      for (int64_t e = 0; e < E; ++e) sum += p[size_t(e)] = std::exp(l[e] - mx);
+      for (auto& v : p) v /= sum;
+      std::iota(idx.begin(), idx.end(), 0);
+      std::partial_sort(idx.begin(), idx.begin() + K, idx.end(), [&](int64_t a, int64_t b) {
+        return p[size_t(a)] > p[size_t(b)] || (p[size_t(a)] == p[size_t(b)] && a < b);
+      });
+      float top = 0.0f;
+      for (int64_t i = 0; i < K; ++i) top += p[size_t(idx[size_t(i)])];
+      for (int64_t i = 0; i < K; ++i) {
+        const int64_t e = idx[size_t(i)];
+        routed[size_t(e)].push_back({t, cfg_.norm_topk_prob ? p[size_t(e)] / top : p[size_t(e)]});
+      }
+    }
+    std::memset(out.data(), 0, out.nbytes());
+    for (int64_t e = 0; e < E; ++e) {  // grouped by expert: one batched GEMM pair per expert
+      const auto& list = routed[size_t(e)];
+      if (list.empty()) continue;
+      const int64_t n = int64_t(list.size());
+      Tensor xe = Tensor::empty({n, H}, DType::kF32), ye = Tensor::empty({n, H}, DType::kF32);
+      for (int64_t i = 0; i < n; ++i)
+        std::memcpy(xe.ptr<float>() + i * H, x.ptr<float>() + list[size_t(i)].first * H, size_t(H) * 4);
+      mlp(f.experts[size_t(e)].gate_up, f.experts[size_t(e)].down, xe, ye);
+      for (int64_t i = 0; i < n; ++i) {
+        float* o = out.ptr<float>() + list[size_t(i)].first * H;
+        const float* y = ye.ptr<float>() + i * H;
+        const float wgt = list[size_t(i)].second;
+        for (int64_t d = 0; d < H; ++d) o[d] += wgt * y[d];
+      }
+    }
+    if (f.shared_gate.defined()) {
+      Tensor ys = Tensor::empty({T, H}, DType::kF32), gate = Tensor::empty({T, 1}, DType::kF32);
+      mlp(f.shared.gate_up, f.shared.down, x, ys);
+      ops::linear(x, f.shared_gate, nullptr, gate);
+      for (int64_t t = 0; t < T; ++t) {
+        const float s = 1.0f / (1.0f + std::exp(-gate.ptr<float>()[t]));
+        for (int64_t d = 0; d < H; ++d) out.ptr<float>()[t * H + d] += s * ys.ptr<float>()[t * H + d];
+      }
+    }
+  }
+
+  static void mlp(const Tensor& gate_up, const Tensor& down, const Tensor& x, Tensor& out) {
+    const int64_t T = x.size(0), I = down.size(1);
+    Tensor gu = Tensor::empty({T, 2 * I}, DType::kF32), act = Tensor::empty({T, I}, DType::kF32);
+    ops::linear(x, gate_up, nullptr, gu);
+    ops::silu_mul(gu, act);
+    ops::linear(act, down, nullptr, out);
+  }
+
+  static constexpr int32_t kChunk = 64;
+  ModelConfig cfg_;
+  HybridOptions opts_;
+  DType dtype_;
+  std::string prefix_;
+  Tensor embed_, lm_head_, final_norm_;
+  std::vector<Layer> layers_;
+  std::map<std::string, Tensor> mtp_;
+  ops::RopeTables rope_;
+  int64_t bytes_ = 0;
+};
+
+}  // namespace
+
+std::unique_ptr<CausalLM> make_hybrid_decoder(const WeightLoader& w, const ModelConfig& c, DType dt,
+                                              const HybridOptions& o) {
+  return std::make_unique<HybridDecoderLM>(w, c, dt, o);
+}
+
+std::unique_ptr<CausalLM> make_qwen3_moe(const WeightLoader& w, const ModelConfig& c, DType dt) {
+  return make_hybrid_decoder(w, c, dt, HybridOptions{});
+}
+
+std::unique_ptr<CausalLM> make_qwen3_next(const WeightLoader& w, const ModelConfig& c, DType dt) {
+  return make_hybrid_decoder(w, c, dt, HybridOptions{/*gated_attention=*/true, /*one_plus_norm=*/true});
+}
+
+std::unique_ptr<CausalLM> make_qwen3_5_moe(const WeightLoader& w, const ModelConfig& c, DType dt) {
+  return make_hybrid_decoder(w, c, dt, HybridOptions{/*gated_attention=*/true, /*one_plus_norm=*/true});
+}
+
+}  // namespace revolta
