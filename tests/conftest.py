@@ -11,8 +11,20 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 
+HF_CLASSES = {
+    "llama": ("LlamaConfig", "LlamaForCausalLM"),
+    "qwen3": ("Qwen3Config", "Qwen3ForCausalLM"),
+    "qwen3_moe": ("Qwen3MoeConfig", "Qwen3MoeForCausalLM"),
+    "qwen3_next": ("Qwen3NextConfig", "Qwen3NextForCausalLM"),
+    "qwen3_5_moe": ("Qwen3_5MoeTextConfig", "Qwen3_5MoeForCausalLM"),
+}
+
+
 def make_hf_model(kind: str, out_dir: Path, seed: int = 0, **overrides):
-    """Builds a tiny random HF model of `kind` ('llama' or 'qwen3'), saves it, returns it (eval)."""
+    """Builds a tiny random HF model of `kind`, saves it, returns it (eval, float32).
+
+    Norm weights and DeltaNet time-step biases are perturbed: their default initialisations
+    (ones, or zeros for (1 + w) norms) would let a wrong norm formula pass unnoticed."""
     torch.manual_seed(seed)
     common = dict(
         vocab_size=256,
@@ -27,19 +39,36 @@ def make_hf_model(kind: str, out_dir: Path, seed: int = 0, **overrides):
         bos_token_id=1,
         eos_token_id=2,
     )
+    if kind in ("qwen3", "qwen3_moe", "qwen3_next", "qwen3_5_moe"):
+        common["head_dim"] = overrides.get("head_dim", common["hidden_size"] // overrides.get("num_attention_heads", 4))
+    if kind == "qwen3_5_moe":
+        common.pop("intermediate_size")
     common.update(overrides)
-    if kind == "llama":
-        cfg = transformers.LlamaConfig(**common)
-        model = transformers.LlamaForCausalLM(cfg)
-    elif kind == "qwen3":
-        common.setdefault("head_dim", common["hidden_size"] // common["num_attention_heads"])
-        cfg = transformers.Qwen3Config(**common)
-        model = transformers.Qwen3ForCausalLM(cfg)
+    config_name, model_name = HF_CLASSES[kind]
+    if kind == "qwen3_5_moe":
+        from transformers.models.qwen3_5_moe import configuration_qwen3_5_moe
+
+        cfg = getattr(configuration_qwen3_5_moe, config_name)(**common)
     else:
-        raise ValueError(kind)
-    model = model.float().eval()
+        cfg = getattr(transformers, config_name)(**common)
+    model = getattr(transformers, model_name)(cfg).float().eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name or "dt_bias" in name:
+                p.add_(0.1 * torch.randn_like(p))
     model.save_pretrained(out_dir, safe_serialization=True)
     return model
+
+
+def state_bytes_per_slot(model) -> int:
+    """Recurrent-state bytes of one request (conv + delta-rule state of every DeltaNet layer)."""
+    c = model.config
+    n = sum(t == "linear_attention" for t in (getattr(c, "layer_types", None) or []))
+    if not n:
+        return 0
+    conv_dim = 2 * c.linear_num_key_heads * c.linear_key_head_dim + c.linear_num_value_heads * c.linear_value_head_dim
+    per_layer = conv_dim * (c.linear_conv_kernel_dim - 1) + c.linear_num_value_heads * c.linear_key_head_dim * c.linear_value_head_dim
+    return n * per_layer * 4
 
 
 @torch.no_grad()
@@ -61,7 +90,8 @@ def hf_greedy(model, ids: list[int], n: int) -> list[int]:
 def kv_bytes_per_token(model) -> int:
     c = model.config
     head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
-    return 2 * c.num_hidden_layers * c.num_key_value_heads * head_dim * 4
+    types = getattr(c, "layer_types", None) or ["full_attention"] * c.num_hidden_layers
+    return 2 * sum(t == "full_attention" for t in types) * c.num_key_value_heads * head_dim * 4
 
 
 @pytest.fixture(scope="session")

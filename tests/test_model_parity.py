@@ -1,5 +1,8 @@
-"""Llama and Qwen3 against HF transformers on tiny random configs: logits, greedy decoding, and
-the same greedy output under concurrency, prefix-cache hits, chunked prefill and preemption."""
+"""Every architecture against HF transformers on tiny random configs: logits, greedy decoding, and
+the same greedy output under concurrency, prefix-cache hits, chunked prefill and preemption.
+
+Dense: Llama, Qwen3. MoE / hybrid: Qwen3-MoE, Qwen3-Next, Qwen3.5-MoE (text), whose prompts run
+longer than one Gated DeltaNet chunk (64 tokens) and end off block boundaries."""
 
 from __future__ import annotations
 
@@ -8,7 +11,7 @@ import random
 import pytest
 import torch
 
-from conftest import hf_greedy, hf_last_logits, kv_bytes_per_token, make_hf_model
+from conftest import hf_greedy, hf_last_logits, kv_bytes_per_token, make_hf_model, state_bytes_per_slot
 from revolta import LLM, SamplingParams
 
 CONFIGS = {
@@ -39,9 +42,38 @@ CONFIGS = {
         "qwen3",
         dict(num_attention_heads=6, num_key_value_heads=2, head_dim=32, num_hidden_layers=3, tie_word_embeddings=False),
     ),
+    "qwen3_moe-4x2": ("qwen3_moe", dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, norm_topk_prob=False)),
+    "qwen3_moe-8x3-sparse-step": (
+        "qwen3_moe",
+        dict(num_experts=8, num_experts_per_tok=3, moe_intermediate_size=24, num_attention_heads=8, num_key_value_heads=2,
+             head_dim=16, num_hidden_layers=3, decoder_sparse_step=2, mlp_only_layers=[0], norm_topk_prob=True),
+    ),
+    "qwen3_next-interval4": (
+        "qwen3_next",
+        dict(num_hidden_layers=4, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, shared_expert_intermediate_size=48,
+             linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=16, linear_value_head_dim=16, head_dim=16),
+    ),
+    "qwen3_next-alternating": (
+        "qwen3_next",
+        dict(num_hidden_layers=3, layer_types=["linear_attention", "full_attention", "linear_attention"],
+             num_attention_heads=6, num_key_value_heads=2, head_dim=16, num_experts=6, num_experts_per_tok=3,
+             moe_intermediate_size=24, shared_expert_intermediate_size=32, linear_num_key_heads=1, linear_num_value_heads=2,
+             linear_key_head_dim=32, linear_value_head_dim=16, tie_word_embeddings=True),
+    ),
+    "qwen3_5_moe-interval4": (
+        "qwen3_5_moe",
+        dict(num_hidden_layers=4, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, shared_expert_intermediate_size=48,
+             linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=16, linear_value_head_dim=16, head_dim=16),
+    ),
+    "qwen3_5_moe-mqa": (
+        "qwen3_5_moe",
+        dict(num_hidden_layers=2, layer_types=["linear_attention", "full_attention"], num_attention_heads=4, num_key_value_heads=1,
+             head_dim=32, num_experts=5, num_experts_per_tok=2, moe_intermediate_size=16, shared_expert_intermediate_size=16,
+             linear_num_key_heads=2, linear_num_value_heads=2, linear_key_head_dim=24, linear_value_head_dim=32),
+    ),
 }
 
-PROMPT_LENGTHS = [5, 17, 40, 63]
+PROMPT_LENGTHS = [5, 17, 70, 101]  # shorter and longer than one DeltaNet chunk; off block boundaries
 GEN = 32
 
 
@@ -90,11 +122,18 @@ def test_greedy_concurrent_and_prefix_cache(case):
         stats = llm.stats()
         assert stats.prefix_cache_hits > hits_before
         assert stats.num_blocks_used == 0  # everything released after the requests finished
+        # Logits after a prefix hit (restored KV, and for hybrid models a restored state snapshot).
+        hits_before = stats.prefix_cache_hits
+        outs = llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=1, return_generation_logits=True))
+        assert llm.stats().prefix_cache_hits > hits_before
+        for prompt, out in zip(prompts, outs):
+            ours = torch.tensor(out.outputs[0].generation_logits[0])
+            assert (ours - hf_last_logits(case[0], prompt)).abs().max().item() < 1e-4
 
 
 def test_greedy_chunked_prefill(case):
     _, path, prompts, expected = case
-    for budget in (7, 16):
+    for budget in (7, 16, 40):  # 40: chunks that split a 64-token DeltaNet chunk off block boundaries
         with LLM(path, kv_cache_memory_bytes=8 << 20, max_num_batched_tokens=budget) as llm:
             assert run(llm, prompts) == expected, f"max_num_batched_tokens={budget}"
 
@@ -102,13 +141,15 @@ def test_greedy_chunked_prefill(case):
 def test_greedy_under_preemption(case):
     model, path, prompts, expected = case
     max_len = max(PROMPT_LENGTHS) + GEN + 1
-    block = 16
+    block, seqs = 16, 4
     blocks = -(-max_len // block) + 1  # room for one longest request, not for all four
+    states = 2 * seqs * state_bytes_per_slot(model)  # running slots + prefix snapshots
     with LLM(
         path,
         max_model_len=max_len,
         block_size=block,
-        kv_cache_memory_bytes=blocks * block * kv_bytes_per_token(model),
+        max_num_seqs=seqs,
+        kv_cache_memory_bytes=blocks * block * kv_bytes_per_token(model) + states,
     ) as llm:
         assert run(llm, prompts) == expected
         assert llm.stats().num_preemptions > 0
