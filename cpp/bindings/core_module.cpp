@@ -106,6 +106,7 @@ NB_MODULE(_core, m) {
             return e.add_request(std::move(prompt), p);
           },
           "prompt_token_ids"_a, "params"_a)
+      .def("add_requests", &Engine::add_requests, "prompts"_a, "params"_a)
       .def("abort", &Engine::abort, "request_id"_a)
       .def(
           "await_outputs",

@@ -188,16 +188,19 @@ class LLM:
         live: dict[int, tuple[RequestOutput, _Sequence]] = {}
         added: list[int] = []
         try:
+            prompts, core_params, seqs = [], [], []
             for (text, ids), params in zip(encoded, params_list):
                 ro = RequestOutput(request_id=str(next(self._ids)), prompt=text, prompt_token_ids=ids)
                 results.append(ro)
                 for i in range(params.n):
-                    core_params = params.to_core(max_tokens_cap=max(1, max_len - len(ids)), seed_offset=i)
-                    rid = self.engine.add_request(ids, core_params)
-                    added.append(rid)
+                    prompts.append(ids)
+                    core_params.append(params.to_core(max_tokens_cap=max(1, max_len - len(ids)), seed_offset=i))
                     detok = IncrementalDetokenizer(self.tokenizer, params.skip_special_tokens) if self.tokenizer else None
-                    live[rid] = (ro, _Sequence(params=params, detok=detok, index=i))
+                    seqs.append((ro, _Sequence(params=params, detok=detok, index=i)))
                     ro.outputs.append(None)  # type: ignore[arg-type]  # filled in below
+            # One call: the engine sees the whole batch in the same step.
+            added = self.engine.add_requests(prompts, core_params)
+            live = dict(zip(added, seqs))
             pending = set(live)
             while pending:
                 for out in self.engine.await_outputs(0.05):

@@ -1,5 +1,6 @@
 // Unit tests of the block pool, the cache manager and the scheduler (run by tests/test_cpp.py).
 // Prints "N passed, M failed" and exits non-zero on any failure.
+#include <cmath>
 #include <cstdio>
 #include <memory>
 #include <numeric>
@@ -7,6 +8,7 @@
 
 #include "cache/block_pool.h"
 #include "cache/cache_manager.h"
+#include "model/moe_router.h"
 #include "sched/scheduler.h"
 
 using namespace revolta;
@@ -113,7 +115,22 @@ static void test_preemption_recomputes_later() {
          out.scheduled[0].num_new_tokens == 9);
 }
 
+static void test_router_ties_and_renormalization() {
+  // token 0: all four experts tie; token 1: expert 2 best, experts 0 and 3 tie for second place
+  const float logits[8] = {0.f, 0.f, 0.f, 0.f, 1.f, -1.f, 3.f, 1.f};
+  auto r = route_tokens(logits, 2, 4, 2, true);
+  EXPECT(r[0].size() == 2 && r[0][0].first == 0 && r[0][1].first == 1);  // ties: lower ids
+  EXPECT(r[1].size() == 1 && r[1][0].first == 0);
+  EXPECT(r[2].size() == 1 && r[2][0].first == 1 && r[3].empty());
+  EXPECT(std::abs(r[0][0].second - 0.5f) < 1e-6f);                         // renormalised
+  float e3 = std::exp(3.f), e1 = std::exp(1.f);
+  EXPECT(std::abs(r[2][0].second - e3 / (e3 + e1)) < 1e-6f);
+  auto raw = route_tokens(logits, 2, 4, 2, false);                          // plain softmax weights
+  EXPECT(std::abs(raw[0][0].second - 0.25f) < 1e-6f);
+}
+
 int main() {
+  test_router_ties_and_renormalization();
   test_pool_lru_and_prefix();
   test_prefix_match_leaves_one_token();
   test_budget_and_seq_limit();

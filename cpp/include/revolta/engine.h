@@ -126,6 +126,10 @@ class Engine {
   // of the await_outputs() queue.
   uint64_t add_request(std::vector<int32_t> prompt_token_ids, const SamplingParams& params,
                        OutputCallback callback = nullptr);
+  // Several requests at once: the engine sees all of them in the same step (or none, if any is
+  // invalid: then std::invalid_argument names the first bad one and nothing is queued).
+  std::vector<uint64_t> add_requests(const std::vector<std::vector<int32_t>>& prompts,
+                                     const std::vector<SamplingParams>& params);
   // Thread-safe; unknown or finished ids are ignored. The request ends with kAbort.
   void abort(uint64_t request_id);
   // Waits up to timeout for outputs; returns all that are queued (possibly none).

@@ -285,16 +285,23 @@ Engine::Engine(const EngineConfig& config) : impl_(std::make_unique<Impl>(config
 
 Engine::~Engine() { shutdown(); }
 
-uint64_t Engine::add_request(std::vector<int32_t> prompt, const SamplingParams& params,
-                             OutputCallback callback) {
+namespace {
+
+void validate_prompt(const std::vector<int32_t>& prompt, const SamplingParams& params, const ModelInfo& info) {
   params.validate();
-  const auto& info = impl_->info;
   RV_CHECK_ARG(!prompt.empty(), "prompt must contain at least one token");
   RV_CHECK_ARG(int32_t(prompt.size()) <= info.max_model_len, "prompt has ", prompt.size(),
                " tokens, more than max_model_len (", info.max_model_len, ")");
   for (int32_t t : prompt)
     RV_CHECK_ARG(t >= 0 && t < info.vocab_size, "prompt token id ", t, " is outside the vocabulary [0, ",
                  info.vocab_size, ")");
+}
+
+}  // namespace
+
+uint64_t Engine::add_request(std::vector<int32_t> prompt, const SamplingParams& params,
+                             OutputCallback callback) {
+  validate_prompt(prompt, params, impl_->info);
   auto r = std::make_unique<Request>();
   r->id = impl_->next_id.fetch_add(1);
   r->num_prompt_tokens = int32_t(prompt.size());
@@ -310,6 +317,34 @@ uint64_t Engine::add_request(std::vector<int32_t> prompt, const SamplingParams& 
   }
   impl_->in_cv.notify_one();
   return id;
+}
+
+std::vector<uint64_t> Engine::add_requests(const std::vector<std::vector<int32_t>>& prompts,
+                                           const std::vector<SamplingParams>& params) {
+  RV_CHECK_ARG(prompts.size() == params.size(), "add_requests: ", prompts.size(), " prompts but ",
+               params.size(), " sampling params");
+  for (size_t i = 0; i < prompts.size(); ++i) validate_prompt(prompts[i], params[i], impl_->info);
+  std::vector<std::unique_ptr<Request>> batch;
+  std::vector<uint64_t> ids;
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    auto r = std::make_unique<Request>();
+    r->id = impl_->next_id.fetch_add(1);
+    r->num_prompt_tokens = int32_t(prompts[i].size());
+    r->tokens = prompts[i];
+    r->params = params[i];
+    ids.push_back(r->id);
+    batch.push_back(std::move(r));
+  }
+  {
+    std::lock_guard<std::mutex> lk(impl_->in_mu);
+    RV_CHECK(!impl_->stopping, "the engine is shut down");
+    for (auto& r : batch) {
+      r->rng = Rng(r->params.seed ? *r->params.seed : impl_->seed_source.next());
+      impl_->inbox.push_back(std::move(r));
+    }
+  }
+  impl_->in_cv.notify_one();
+  return ids;
 }
 
 void Engine::abort(uint64_t id) {

@@ -19,6 +19,7 @@
 #include "core/error.h"
 #include "model/architectures.h"
 #include "model/hybrid_decoder.h"
+#include "model/moe_router.h"
 #include "ops/cpu/cpu_ops.h"
 
 namespace revolta {
@@ -360,26 +361,7 @@ class HybridDecoderLM final : public CausalLM {
     const int64_t E = cfg_.num_experts, K = cfg_.num_experts_per_tok;
     Tensor logits = Tensor::empty({T, E}, DType::kF32);
     ops::linear(x, f.router, nullptr, logits);
-    std::vector<std::vector<std::pair<int64_t, float>>> routed(static_cast<size_t>(E));  // expert -> (token, weight)
-    std::vector<float> p(static_cast<size_t>(E));
-    std::vector<int64_t> idx(static_cast<size_t>(E));
-    for (int64_t t = 0; t < T; ++t) {
-      const float* l = logits.ptr<float>() + t * E;
-      const float mx = *std::max_element(l, l + E);
-      float sum = 0.0f;
-      for (int64_t e = 0; e < E; ++e) sum += p[size_t(e)] = std::exp(l[e] - mx);
-      for (auto& v : p) v /= sum;
-      std::iota(idx.begin(), idx.end(), 0);
-      std::partial_sort(idx.begin(), idx.begin() + K, idx.end(), [&](int64_t a, int64_t b) {
-        return p[size_t(a)] > p[size_t(b)] || (p[size_t(a)] == p[size_t(b)] && a < b);
-      });
-      float top = 0.0f;
-      for (int64_t i = 0; i < K; ++i) top += p[size_t(idx[size_t(i)])];
-      for (int64_t i = 0; i < K; ++i) {
-        const int64_t e = idx[size_t(i)];
-        routed[size_t(e)].push_back({t, cfg_.norm_topk_prob ? p[size_t(e)] / top : p[size_t(e)]});
-      }
-    }
+    const auto routed = route_tokens(logits.ptr<float>(), T, E, K, cfg_.norm_topk_prob);
     std::memset(out.data(), 0, out.nbytes());
     for (int64_t e = 0; e < E; ++e) {  // grouped by expert: one batched GEMM pair per expert
       const auto& list = routed[size_t(e)];

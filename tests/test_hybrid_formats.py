@@ -1,0 +1,72 @@
+"""Checkpoint layouts of the MoE / hybrid family: fused expert tensors (transformers 5), the
+multimodal Qwen3.5 wrapper (vision weights skipped), MTP weights kept. (Router tie-breaking is a
+C++ unit test: torch.topk does not define an order for ties, so HF cannot be the reference.)"""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import numpy as np
+import pytest
+import torch
+from safetensors.numpy import load_file, save_file
+
+from conftest import hf_last_logits, make_hf_model
+from revolta import LLM, SamplingParams
+
+PROMPT = list(range(3, 83))
+NEXT = dict(num_hidden_layers=4, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, shared_expert_intermediate_size=48,
+            linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=16, linear_value_head_dim=16, head_dim=16)
+
+
+def logits(path) -> torch.Tensor:
+    with LLM(str(path), kv_cache_memory_bytes=16 << 20, max_model_len=256) as llm:
+        out = llm.generate([PROMPT], SamplingParams(temperature=0.0, max_tokens=1, return_generation_logits=True))
+    return torch.tensor(out[0].outputs[0].generation_logits[0])
+
+
+@pytest.fixture(scope="module")
+def next_model(tmp_path_factory):
+    path = tmp_path_factory.mktemp("next")
+    return make_hf_model("qwen3_next", path, seed=21, **NEXT), path
+
+
+def test_fused_expert_tensors(next_model, tmp_path):
+    model, path = next_model
+    ref = hf_last_logits(model, PROMPT)
+    tensors = load_file(str(path / "model.safetensors"))
+    fused = {}
+    for name in list(tensors):
+        if ".mlp.experts.0.gate_proj.weight" in name:
+            prefix = name.split("experts.0.")[0] + "experts."
+            E = model.config.num_experts
+            gate = [tensors.pop(f"{prefix}{e}.gate_proj.weight") for e in range(E)]
+            up = [tensors.pop(f"{prefix}{e}.up_proj.weight") for e in range(E)]
+            down = [tensors.pop(f"{prefix}{e}.down_proj.weight") for e in range(E)]
+            fused[prefix + "gate_up_proj"] = np.stack([np.concatenate([g, u]) for g, u in zip(gate, up)])
+            fused[prefix + "down_proj"] = np.stack(down)
+    assert fused and not any(".experts.0." in n for n in tensors)
+    out = tmp_path / "fused"
+    shutil.copytree(path, out)
+    save_file({**tensors, **fused}, str(out / "model.safetensors"))
+    assert (logits(out) - ref).abs().max().item() < 1e-4
+
+
+def test_multimodal_wrapper_and_mtp_weights(tmp_path, capfd):
+    model = make_hf_model("qwen3_5_moe", tmp_path / "text", seed=22, **NEXT)
+    tensors = load_file(str(tmp_path / "text" / "model.safetensors"))
+    wrapped = {("model.language_model." + n[len("model."):] if n.startswith("model.") else n): v for n, v in tensors.items()}
+    wrapped["model.visual.patch_embed.proj.weight"] = np.zeros((4, 4), np.float32)
+    wrapped["mtp.fc.weight"] = np.ones((64, 128), np.float32)
+    out = tmp_path / "wrapped"
+    out.mkdir()
+    save_file(wrapped, str(out / "model.safetensors"))
+    text_cfg = json.loads((tmp_path / "text" / "config.json").read_text())
+    cfg = {"architectures": ["Qwen3_5MoeForConditionalGeneration"], "model_type": "qwen3_5_moe",
+           "text_config": text_cfg, "vision_config": {"depth": 1}, "tie_word_embeddings": False}
+    (out / "config.json").write_text(json.dumps(cfg))
+    assert (logits(out) - hf_last_logits(model, PROMPT)).abs().max().item() < 1e-4
+    err = capfd.readouterr().err
+    assert "kept 1 multi-token-prediction tensors" in err
+    assert "skipped 1 vision tensors" in err
