@@ -129,7 +129,35 @@ static void test_router_ties_and_renormalization() {
   EXPECT(std::abs(raw[0][0].second - 0.25f) < 1e-6f);
 }
 
+static void test_hybrid_snapshots_superseded_and_hits() {
+  // 2 state slots + 2 snapshot slots (ids 2 and 3); 4-token blocks.
+  KvCacheManager kv(32, 4, true, 2, 2);
+  auto r = make_request(1, 15);  // snapshot boundary: (15 - 1) / 4 * 4 = 12
+  EXPECT(kv.snapshot_boundary(*r) == 12);
+  EXPECT(kv.allocate_slots(*r, 15) && r->state_slot >= 0 && r->state_fresh);
+  int32_t saved = -1;
+  for (int32_t done : {4, 8, 12}) {  // the prefill advances block by block
+    r->num_computed_tokens = done;
+    kv.cache_full_blocks(*r);
+    int32_t slot = kv.snapshot_target(*r);
+    EXPECT(slot == 2 || slot == 3);
+    EXPECT(kv.num_snapshots() == 1);  // the superseded, shorter snapshot was freed
+    saved = slot;
+  }
+  r->num_computed_tokens = 15;
+  kv.cache_full_blocks(*r);
+  EXPECT(kv.snapshot_target(*r) == -1);  // past the boundary: no more snapshots
+  auto same = make_request(2, 15);
+  EXPECT(kv.match_prefix(*same) == 12 && same->state_restore == saved);
+  auto shorter = make_request(3, 6);  // shares only the first block, whose snapshot was superseded
+  EXPECT(kv.match_prefix(*shorter) == 0 && shorter->block_table.empty() && shorter->state_restore == -1);
+  kv.free(*r);
+  kv.free(*same);
+  EXPECT(kv.pool().num_free() == 32);
+}
+
 int main() {
+  test_hybrid_snapshots_superseded_and_hits();
   test_router_ties_and_renormalization();
   test_pool_lru_and_prefix();
   test_prefix_match_leaves_one_token();

@@ -41,6 +41,7 @@ class KvCacheManager {
   void free(Request& r);
 
   const BlockPool& pool() const { return pool_; }
+  int32_t num_snapshots() const { return int32_t(snapshot_lru_.size()); }
   int64_t queries() const { return queries_; }
   int64_t hits() const { return hits_; }
 
