@@ -89,6 +89,31 @@ def hf_prefill(model, prompt: list[int], repeats: int = 3) -> float:
     return len(prompt) / best
 
 
+def peer_figures(hf, prompts8, long_prompt, new_tokens: int) -> dict[str, float]:
+    return {
+        "decode_b1": hf_decode(hf, prompts8[:1], new_tokens),
+        "decode_b8": hf_decode(hf, prompts8, new_tokens),
+        "prefill": hf_prefill(hf, long_prompt),
+    }
+
+
+def engine_figures(llm, prompts8, long_prompt, new_tokens: int) -> dict[str, float]:
+    engine_decode(llm, prompts8[:1], 4)  # warm-up
+    return {
+        "decode_b1": engine_decode(llm, prompts8[:1], new_tokens),
+        "decode_b8": engine_decode(llm, prompts8, new_tokens),
+        "prefill": engine_prefill(llm, long_prompt),
+    }
+
+
+def row(label: str, got: dict[str, float], ref: dict[str, float] | None = None) -> str:
+    cells = []
+    for key, name in (("decode_b1", "decode b1"), ("decode_b8", "decode b8"), ("prefill", "prefill")):
+        ratio = f" ({got[key] / ref[key]:.2f}x)" if ref else ""
+        cells.append(f"{name} {got[key]:8.1f} tok/s{ratio}")
+    return f"{label:<28} " + "   ".join(cells)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", default=None, help="HF directory or GGUF (default: the demo model)")
@@ -116,27 +141,14 @@ def main() -> None:
     long_prompt = [rng.randrange(3, vocab) for _ in range(args.prefill_len)]
 
     print(f"model {engine_dir}; {args.threads} threads; {args.new_tokens} new tokens per request")
-    ref = {
-        "decode_b1": hf_decode(hf, prompts8[:1], args.new_tokens),
-        "decode_b8": hf_decode(hf, prompts8, args.new_tokens),
-        "prefill": hf_prefill(hf, long_prompt),
-    }
-    print(f"{'transformers float32':<28} decode b1 {ref['decode_b1']:8.1f} tok/s   decode b8 {ref['decode_b8']:8.1f} tok/s   prefill {ref['prefill']:8.1f} tok/s")
+    ref = peer_figures(hf, prompts8, long_prompt, args.new_tokens)
+    print(row("transformers float32", ref))
     del hf
     for dtype in args.dtypes.split(","):
         llm = revolta.LLM(engine_dir, dtype=dtype, num_threads=args.threads, kv_cache_memory_bytes=256 << 20, max_model_len=2048)
-        engine_decode(llm, prompts8[:1], 4)  # warm-up
-        got = {
-            "decode_b1": engine_decode(llm, prompts8[:1], args.new_tokens),
-            "decode_b8": engine_decode(llm, prompts8, args.new_tokens),
-            "prefill": engine_prefill(llm, long_prompt),
-        }
+        got = engine_figures(llm, prompts8, long_prompt, args.new_tokens)
         llm.shutdown()
-        print(
-            f"{'revolta ' + dtype:<28} decode b1 {got['decode_b1']:8.1f} tok/s ({got['decode_b1'] / ref['decode_b1']:.2f}x)"
-            f"   decode b8 {got['decode_b8']:8.1f} tok/s ({got['decode_b8'] / ref['decode_b8']:.2f}x)"
-            f"   prefill {got['prefill']:8.1f} tok/s ({got['prefill'] / ref['prefill']:.2f}x)"
-        )
+        print(row("revolta " + dtype, got, ref))
 
 
 if __name__ == "__main__":

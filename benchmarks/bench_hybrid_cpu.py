@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
-from bench_cpu import engine_decode, engine_prefill, hf_decode, hf_prefill  # noqa: E402
+from bench_cpu import engine_figures, peer_figures, row  # noqa: E402
 
 
 def main() -> None:
@@ -52,25 +52,13 @@ def main() -> None:
         long_prompt = [rng.randrange(3, cfg.vocab_size) for _ in range(args.prefill_len)]
         print(f"Qwen3-Next-shaped: {args.layers} layers (3 DeltaNet : 1 attention), hidden 512, {args.experts} experts top-4 "
               f"+ shared, {params / 1e6:.0f}M parameters; {args.threads} threads")
-        ref = {
-            "decode_b1": hf_decode(hf, prompts8[:1], args.new_tokens),
-            "decode_b8": hf_decode(hf, prompts8, args.new_tokens),
-            "prefill": hf_prefill(hf, long_prompt),
-        }
-        print(f"{'transformers float32':<24} decode b1 {ref['decode_b1']:7.1f} tok/s   decode b8 {ref['decode_b8']:7.1f} tok/s"
-              f"   prefill {ref['prefill']:7.1f} tok/s")
+        ref = peer_figures(hf, prompts8, long_prompt, args.new_tokens)
+        print(row("transformers float32", ref))
         del hf
         llm = revolta.LLM(d, num_threads=args.threads, kv_cache_memory_bytes=256 << 20, max_model_len=2048)
-        engine_decode(llm, prompts8[:1], 4)  # warm-up
-        got = {
-            "decode_b1": engine_decode(llm, prompts8[:1], args.new_tokens),
-            "decode_b8": engine_decode(llm, prompts8, args.new_tokens),
-            "prefill": engine_prefill(llm, long_prompt),
-        }
+        got = engine_figures(llm, prompts8, long_prompt, args.new_tokens)
         llm.shutdown()
-        print(f"{'revolta float32':<24} decode b1 {got['decode_b1']:7.1f} tok/s ({got['decode_b1'] / ref['decode_b1']:.2f}x)"
-              f"   decode b8 {got['decode_b8']:7.1f} tok/s ({got['decode_b8'] / ref['decode_b8']:.2f}x)"
-              f"   prefill {got['prefill']:7.1f} tok/s ({got['prefill'] / ref['prefill']:.2f}x)")
+        print(row("revolta float32", got, ref))
 
 
 if __name__ == "__main__":

@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "core/error.h"
+#include "model/decoder_common.h"
 
 namespace revolta {
 namespace {
@@ -21,14 +22,8 @@ class DenseDecoderLM final : public CausalLM {
       : cfg_(c), opts_(opts), dtype_(dt) {
     const int64_t H = c.hidden_size, I = c.intermediate_size, D = c.head_dim;
     const int64_t QO = int64_t(c.num_heads) * D, KVO = int64_t(c.num_kv_heads) * D;
-    embed_ = w.get("model.embed_tokens.weight", {c.vocab_size, H}, dt);
+    head_ = load_embedding_and_head(w, "model.", c, dt);
     final_norm_ = w.get("model.norm.weight", {H}, DType::kF32);
-    if (c.tie_word_embeddings || !w.has("lm_head.weight")) {
-      RV_CHECK(c.tie_word_embeddings, "model ", w.dir(), ": missing tensor 'lm_head.weight'");
-      lm_head_ = embed_;
-    } else {
-      lm_head_ = w.get("lm_head.weight", {c.vocab_size, H}, dt);
-    }
     for (int32_t l = 0; l < c.num_layers; ++l) {
       const std::string p = "model.layers." + std::to_string(l) + ".";
       DenseLayer L;
@@ -54,7 +49,7 @@ class DenseDecoderLM final : public CausalLM {
     }
     rope_ = build_rope_tables(c.rope, int32_t(D), c.max_positions);
     for (const auto& L : layers_) bytes_ += int64_t(L.qkv.nbytes() + L.o.nbytes() + L.gate_up.nbytes() + L.down.nbytes());
-    bytes_ += int64_t(embed_.nbytes()) + (lm_head_.data() == embed_.data() ? 0 : int64_t(lm_head_.nbytes()));
+    bytes_ += head_.nbytes();
   }
 
   const ModelConfig& config() const override { return cfg_; }
@@ -80,7 +75,7 @@ class DenseDecoderLM final : public CausalLM {
     Tensor gate_up = Tensor::empty({T, 2 * I}, DType::kF32);
     Tensor act = Tensor::empty({T, I}, DType::kF32);
 
-    ops::embedding(b.token_ids, embed_, residual);
+    ops::embedding(b.token_ids, head_.embed, residual);
     ops::rms_norm(residual, layers_[0].input_norm, eps, x);
     for (size_t l = 0; l < layers_.size(); ++l) {
       const DenseLayer& L = layers_[l];
@@ -102,14 +97,7 @@ class DenseDecoderLM final : public CausalLM {
       const Tensor& next_norm = l + 1 < layers_.size() ? layers_[l + 1].input_norm : final_norm_;
       ops::add_rms_norm(residual, proj, next_norm, eps, x);
     }
-    const int64_t R = int64_t(b.logits_rows.size());
-    Tensor rows = Tensor::empty({R, H}, DType::kF32);
-    for (int64_t r = 0; r < R; ++r)
-      std::memcpy(rows.ptr<float>() + r * H, x.ptr<float>() + int64_t(b.logits_rows[size_t(r)]) * H,
-                  size_t(H) * 4);
-    Tensor logits = Tensor::empty({R, cfg_.vocab_size}, DType::kF32);
-    ops::linear(rows, lm_head_, nullptr, logits);
-    return logits;
+    return final_logits(x, b.logits_rows, head_.lm_head);
   }
 
  private:
@@ -127,7 +115,8 @@ class DenseDecoderLM final : public CausalLM {
   ModelConfig cfg_;
   DenseDecoderOptions opts_;
   DType dtype_;
-  Tensor embed_, lm_head_, final_norm_;
+  EmbeddingAndHead head_;
+  Tensor final_norm_;
   std::vector<DenseLayer> layers_;
   ops::RopeTables rope_;
   int64_t bytes_ = 0;

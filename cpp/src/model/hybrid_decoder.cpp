@@ -18,6 +18,7 @@
 
 #include "core/error.h"
 #include "model/architectures.h"
+#include "model/decoder_common.h"
 #include "model/hybrid_decoder.h"
 #include "model/moe_router.h"
 #include "ops/cpu/cpu_ops.h"
@@ -98,14 +99,8 @@ class HybridDecoderLM final : public CausalLM {
       : cfg_(c), opts_(o), dtype_(dt) {
     prefix_ = w.has("model.language_model.embed_tokens.weight") ? "model.language_model." : "model.";
     const int64_t H = c.hidden_size;
-    embed_ = w.get(prefix_ + "embed_tokens.weight", {c.vocab_size, H}, dt);
+    head_ = load_embedding_and_head(w, prefix_, c, dt);
     final_norm_ = norm_weight(w, prefix_ + "norm.weight", H);
-    if (c.tie_word_embeddings || !w.has("lm_head.weight")) {
-      RV_CHECK(c.tie_word_embeddings, "model ", w.dir(), ": missing tensor 'lm_head.weight'");
-      lm_head_ = embed_;
-    } else {
-      lm_head_ = w.get("lm_head.weight", {c.vocab_size, H}, dt);
-    }
     int32_t n_attn = 0, n_lin = 0;
     for (int32_t l = 0; l < c.num_layers; ++l) {
       const std::string p = prefix_ + "layers." + std::to_string(l) + ".";
@@ -131,7 +126,7 @@ class HybridDecoderLM final : public CausalLM {
       std::fprintf(stderr, "revolta: skipped %zu vision tensors (text-only model; multimodal input is not supported yet)\n",
                    skipped);
     rope_ = build_rope_tables(c.rope, c.head_dim, c.max_positions);
-    bytes_ += int64_t(embed_.nbytes()) + (lm_head_.data() == embed_.data() ? 0 : int64_t(lm_head_.nbytes()));
+    bytes_ += head_.nbytes();
   }
 
   const ModelConfig& config() const override { return cfg_; }
@@ -145,7 +140,7 @@ class HybridDecoderLM final : public CausalLM {
     Tensor residual = Tensor::empty({T, H}, DType::kF32);
     Tensor x = Tensor::empty({T, H}, DType::kF32);
     Tensor mixed = Tensor::empty({T, H}, DType::kF32);
-    ops::embedding(b.token_ids, embed_, residual);
+    ops::embedding(b.token_ids, head_.embed, residual);
     ops::rms_norm(residual, layers_[0].input_norm, eps, x);
     for (size_t l = 0; l < layers_.size(); ++l) {
       const Layer& L = layers_[l];
@@ -156,13 +151,7 @@ class HybridDecoderLM final : public CausalLM {
       const Tensor& next = l + 1 < layers_.size() ? layers_[l + 1].input_norm : final_norm_;
       ops::add_rms_norm(residual, mixed, next, eps, x);
     }
-    const int64_t R = int64_t(b.logits_rows.size());
-    Tensor rows = Tensor::empty({R, H}, DType::kF32);
-    for (int64_t r = 0; r < R; ++r)
-      std::memcpy(rows.ptr<float>() + r * H, x.ptr<float>() + int64_t(b.logits_rows[size_t(r)]) * H, size_t(H) * 4);
-    Tensor logits = Tensor::empty({R, cfg_.vocab_size}, DType::kF32);
-    ops::linear(rows, lm_head_, nullptr, logits);
-    return logits;
+    return final_logits(x, b.logits_rows, head_.lm_head);
   }
 
  private:
@@ -402,7 +391,8 @@ class HybridDecoderLM final : public CausalLM {
   HybridOptions opts_;
   DType dtype_;
   std::string prefix_;
-  Tensor embed_, lm_head_, final_norm_;
+  EmbeddingAndHead head_;
+  Tensor final_norm_;
   std::vector<Layer> layers_;
   std::map<std::string, Tensor> mtp_;
   ops::RopeTables rope_;
