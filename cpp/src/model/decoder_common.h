@@ -5,6 +5,7 @@
 #include <string>
 #include <vector>
 
+#include "model/model.h"
 #include "model/model_config.h"
 #include "model/weights.h"
 
@@ -18,6 +19,21 @@ struct EmbeddingAndHead {
 // Loads `<prefix>embed_tokens.weight` and `lm_head.weight` (or ties them); names the missing one.
 EmbeddingAndHead load_embedding_and_head(const WeightLoader& w, const std::string& prefix, const ModelConfig& c,
                                          DType dt);
+
+// The bookkeeping part of CausalLM that every decoder shares.
+class DecoderBase : public CausalLM {
+ public:
+  DecoderBase(const ModelConfig& c, DType dt) : cfg_(c), dtype_(dt) {}
+  const ModelConfig& config() const override { return cfg_; }
+  KvCacheSpec kv_cache_spec() const override { return kv_cache_spec_for(cfg_); }
+  int64_t weight_bytes() const override { return bytes_; }
+  DType weight_dtype() const override { return dtype_; }
+
+ protected:
+  ModelConfig cfg_;
+  DType dtype_;
+  int64_t bytes_ = 0;
+};
 
 // f32 logits [rows.size(), vocab] of the given rows of the final hidden states x [T, hidden].
 Tensor final_logits(const Tensor& x, const std::vector<int32_t>& rows, const Tensor& lm_head);

@@ -16,10 +16,10 @@ struct DenseLayer {
   Tensor gate_up, down;             // gate_up = [gate; up]
 };
 
-class DenseDecoderLM final : public CausalLM {
+class DenseDecoderLM final : public DecoderBase {
  public:
   DenseDecoderLM(const WeightLoader& w, const ModelConfig& c, DType dt, DenseDecoderOptions opts)
-      : cfg_(c), opts_(opts), dtype_(dt) {
+      : DecoderBase(c, dt), opts_(opts) {
     const int64_t H = c.hidden_size, I = c.intermediate_size, D = c.head_dim;
     const int64_t QO = int64_t(c.num_heads) * D, KVO = int64_t(c.num_kv_heads) * D;
     head_ = load_embedding_and_head(w, "model.", c, dt);
@@ -51,11 +51,6 @@ class DenseDecoderLM final : public CausalLM {
     for (const auto& L : layers_) bytes_ += int64_t(L.qkv.nbytes() + L.o.nbytes() + L.gate_up.nbytes() + L.down.nbytes());
     bytes_ += head_.nbytes();
   }
-
-  const ModelConfig& config() const override { return cfg_; }
-  KvCacheSpec kv_cache_spec() const override { return kv_cache_spec_for(cfg_); }
-  int64_t weight_bytes() const override { return bytes_; }
-  DType weight_dtype() const override { return dtype_; }
 
   Tensor forward(const ForwardBatch& b, ModelCaches& caches) override {
     KvCache& cache = *caches.kv;
@@ -112,14 +107,11 @@ class DenseDecoderLM final : public CausalLM {
     }
   }
 
-  ModelConfig cfg_;
   DenseDecoderOptions opts_;
-  DType dtype_;
   EmbeddingAndHead head_;
   Tensor final_norm_;
   std::vector<DenseLayer> layers_;
   ops::RopeTables rope_;
-  int64_t bytes_ = 0;
 };
 
 }  // namespace

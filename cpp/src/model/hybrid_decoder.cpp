@@ -93,10 +93,10 @@ Tensor stack(const std::vector<Tensor>& parts, DType dt) {
   return out;
 }
 
-class HybridDecoderLM final : public CausalLM {
+class HybridDecoderLM final : public DecoderBase {
  public:
   HybridDecoderLM(const WeightLoader& w, const ModelConfig& c, DType dt, const HybridOptions& o)
-      : cfg_(c), opts_(o), dtype_(dt) {
+      : DecoderBase(c, dt), opts_(o) {
     prefix_ = w.has("model.language_model.embed_tokens.weight") ? "model.language_model." : "model.";
     const int64_t H = c.hidden_size;
     head_ = load_embedding_and_head(w, prefix_, c, dt);
@@ -128,11 +128,6 @@ class HybridDecoderLM final : public CausalLM {
     rope_ = build_rope_tables(c.rope, c.head_dim, c.max_positions);
     bytes_ += head_.nbytes();
   }
-
-  const ModelConfig& config() const override { return cfg_; }
-  KvCacheSpec kv_cache_spec() const override { return kv_cache_spec_for(cfg_); }
-  int64_t weight_bytes() const override { return bytes_; }
-  DType weight_dtype() const override { return dtype_; }
 
   Tensor forward(const ForwardBatch& b, ModelCaches& caches) override {
     const int64_t T = b.token_ids.numel(), H = cfg_.hidden_size;
@@ -387,16 +382,13 @@ class HybridDecoderLM final : public CausalLM {
   }
 
   static constexpr int32_t kChunk = 64;
-  ModelConfig cfg_;
   HybridOptions opts_;
-  DType dtype_;
   std::string prefix_;
   EmbeddingAndHead head_;
   Tensor final_norm_;
   std::vector<Layer> layers_;
   std::map<std::string, Tensor> mtp_;
   ops::RopeTables rope_;
-  int64_t bytes_ = 0;
 };
 
 }  // namespace
