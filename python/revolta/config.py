@@ -47,6 +47,7 @@ class ServerOptions(BaseModel):
     tool_call_parser: Literal["qwen3_coder", "hermes"] | None = None
     sse_keepalive_s: float | None = Field(None, gt=0, description="send ': keep-alive' after this many idle seconds")
     max_request_bytes: int = Field(16 << 20, gt=0, description="larger request bodies get HTTP 413")
+    max_waiting_requests: int = Field(0, ge=0, description="answer 429 while this many requests wait (0: no limit)")
     log_level: Literal["debug", "info", "warning", "error"] = "info"
 
 

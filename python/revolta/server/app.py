@@ -14,7 +14,9 @@ import revolta
 from revolta.config import ServerOptions
 from revolta.models.tokenizer import ChatTemplateError, Tokenizer
 from revolta.server.async_engine import AsyncEngine
-from revolta.server.errors import APIError, error_body, error_response
+from revolta.server.anthropic.protocol import CountTokensRequest, MessagesRequest
+from revolta.server.anthropic.serving import AnthropicServing
+from revolta.server.errors import APIError, error_response, json_error
 from revolta.server.metrics import Metrics
 from revolta.server.openai.protocol import ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest
 from revolta.server.openai.serving import OpenAIServing
@@ -26,7 +28,9 @@ def create_app(engine: AsyncEngine, tokenizer: Tokenizer, served_names: list[str
     app = FastAPI(title="ReVolta", version=revolta.__version__)
     metrics = Metrics(engine)
     serving = OpenAIServing(engine, tokenizer, served_names, options, metrics)
+    anthropic = AnthropicServing(serving)
     app.state.engine, app.state.serving = engine, serving
+    generating = {"/v1/chat/completions", "/v1/completions", "/v1/messages", "/v1/responses"}
     created = int(time.time())
     open_paths = {"/health", "/version", "/metrics"}
 
@@ -36,36 +40,41 @@ def create_app(engine: AsyncEngine, tokenizer: Tokenizer, served_names: list[str
             auth = request.headers.get("authorization", "")
             key = auth[7:] if auth.lower().startswith("bearer ") else request.headers.get("x-api-key")
             if key != options.api_key:
-                return JSONResponse(error_body(401, "Invalid or missing API key."), status_code=401)
+                return json_error(request.url.path, 401, "Invalid or missing API key.")
         length = request.headers.get("content-length")
         if length and length.isdigit() and int(length) > options.max_request_bytes:
-            return JSONResponse(error_body(413, f"request body of {length} bytes exceeds {options.max_request_bytes}"), status_code=413)
+            return json_error(request.url.path, 413, f"request body of {length} bytes exceeds {options.max_request_bytes}")
+        if request.method == "POST" and request.url.path in generating:
+            if engine.dead:
+                return json_error(request.url.path, 503, f"the engine has failed: {engine.dead}")
+            if options.max_waiting_requests and engine.stats().num_waiting >= options.max_waiting_requests:
+                return json_error(request.url.path, 429, f"too many requests waiting (limit {options.max_waiting_requests}); retry later")
         return await call_next(request)
 
     @app.exception_handler(APIError)
-    async def api_error(_: Request, e: APIError):
+    async def api_error(request: Request, e: APIError):
         if e.status >= 500:
             log.error("%s", e.message)
         else:
             log.info("rejected request: %s", e.message)
-        return error_response(e)
+        return error_response(e, request.url.path)
 
     @app.exception_handler(RequestValidationError)
-    async def invalid(_: Request, e: RequestValidationError):
+    async def invalid(request: Request, e: RequestValidationError):
         first = e.errors()[0] if e.errors() else {}
         param = ".".join(str(x) for x in first.get("loc", ())[1:]) or None
         msg = f"{param}: {first.get('msg', 'invalid request')}" if param else str(first.get("msg", "invalid request"))
         log.info("rejected request: %s", msg)
-        return JSONResponse(error_body(400, msg, param=param), status_code=400)
+        return json_error(request.url.path, 400, msg, param=param)
 
     @app.exception_handler(StarletteHTTPException)
-    async def http_error(_: Request, e: StarletteHTTPException):
-        return JSONResponse(error_body(e.status_code, str(e.detail)), status_code=e.status_code)
+    async def http_error(request: Request, e: StarletteHTTPException):
+        return json_error(request.url.path, e.status_code, str(e.detail))
 
     @app.exception_handler(Exception)
-    async def internal(_: Request, e: Exception):
+    async def internal(request: Request, e: Exception):
         log.exception("internal error")
-        return JSONResponse(error_body(500, f"internal error: {e}"), status_code=500)
+        return json_error(request.url.path, 500, f"internal error: {e}")
 
     @app.get("/health")
     async def health():
@@ -96,6 +105,14 @@ def create_app(engine: AsyncEngine, tokenizer: Tokenizer, served_names: list[str
     @app.post("/v1/completions")
     async def completions(req: CompletionRequest, raw: Request):
         return await serving.completions(req, raw)
+
+    @app.post("/v1/messages")
+    async def messages(req: MessagesRequest):
+        return await anthropic.messages(req)
+
+    @app.post("/v1/messages/count_tokens")
+    async def count_tokens(req: CountTokensRequest):
+        return await anthropic.count_tokens(req)
 
     @app.post("/tokenize")
     async def tokenize(req: TokenizeRequest):

@@ -16,6 +16,27 @@ _TYPES = {
 }
 
 
+_ANTHROPIC_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    413: "request_too_large",
+    429: "rate_limit_error",
+    503: "overloaded_error",
+    529: "overloaded_error",
+}
+
+
+def anthropic_error_body(status: int, message: str) -> dict:
+    """Anthropic's shape: the error type follows from the status (other 5xx: api_error)."""
+    return {"type": "error", "error": {"type": _ANTHROPIC_TYPES.get(status, "api_error"), "message": message}}
+
+
+def is_anthropic_path(path: str) -> bool:
+    return path.startswith("/v1/messages")
+
+
 class APIError(Exception):
     def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None):
         super().__init__(message)
@@ -26,5 +47,10 @@ def error_body(status: int, message: str, param: str | None = None, code: str | 
     return {"error": {"message": message, "type": _TYPES.get(status, "api_error"), "param": param, "code": code or status}}
 
 
-def error_response(e: APIError) -> JSONResponse:
-    return JSONResponse(error_body(e.status, e.message, e.param, e.code), status_code=e.status)
+def error_response(e: APIError, path: str = "") -> JSONResponse:
+    return json_error(path, e.status, e.message, e.param, e.code)
+
+
+def json_error(path: str, status: int, message: str, param: str | None = None, code: str | None = None) -> JSONResponse:
+    body = anthropic_error_body(status, message) if is_anthropic_path(path) else error_body(status, message, param, code)
+    return JSONResponse(body, status_code=status)

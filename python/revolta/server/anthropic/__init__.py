@@ -1,0 +1,1 @@
+"""Anthropic Messages API over the same engine, parsers and errors as the chat endpoint."""
