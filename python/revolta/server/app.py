@@ -18,7 +18,8 @@ from revolta.server.anthropic.protocol import CountTokensRequest, MessagesReques
 from revolta.server.anthropic.serving import AnthropicServing
 from revolta.server.errors import APIError, error_response, json_error
 from revolta.server.metrics import Metrics
-from revolta.server.openai.protocol import ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest
+from revolta.server.openai.protocol import ChatCompletionRequest, CompletionRequest, DetokenizeRequest, ResponsesRequest, TokenizeRequest
+from revolta.server.openai.responses import ResponsesServing
 from revolta.server.openai.serving import OpenAIServing
 
 log = logging.getLogger("revolta.server")
@@ -29,6 +30,7 @@ def create_app(engine: AsyncEngine, tokenizer: Tokenizer, served_names: list[str
     metrics = Metrics(engine)
     serving = OpenAIServing(engine, tokenizer, served_names, options, metrics)
     anthropic = AnthropicServing(serving)
+    responses = ResponsesServing(serving)
     app.state.engine, app.state.serving = engine, serving
     generating = {"/v1/chat/completions", "/v1/completions", "/v1/messages", "/v1/responses"}
     created = int(time.time())
@@ -105,6 +107,10 @@ def create_app(engine: AsyncEngine, tokenizer: Tokenizer, served_names: list[str
     @app.post("/v1/completions")
     async def completions(req: CompletionRequest, raw: Request):
         return await serving.completions(req, raw)
+
+    @app.post("/v1/responses")
+    async def create_response(req: ResponsesRequest):
+        return await responses.create(req)
 
     @app.post("/v1/messages")
     async def messages(req: MessagesRequest):

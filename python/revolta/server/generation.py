@@ -48,6 +48,7 @@ class Generation:
         self.emitted = 0  # length of content already handed out
         self.reasoning = ""
         self.num_tokens = 0
+        self.num_reasoning_tokens = 0
         self.finish_reason: str | None = None
         self.stop_reason: int | str | None = None
 
@@ -64,6 +65,7 @@ class Generation:
             delta.tokens.append(TokenInfo(t.token, t.logprob, [(a.token, a.logprob) for a in t.top_logprobs]))
             channel = self.router.route(t.token) if self.router else CONTENT
             if channel == REASONING:
+                self.num_reasoning_tokens += 1
                 piece = self.reasoning_detok.add([t.token])
                 self.reasoning += piece
                 delta.reasoning += piece

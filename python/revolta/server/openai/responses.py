@@ -1,0 +1,212 @@
+"""/v1/responses: OpenAI's Responses API (stateless: no stored responses) over the chat pipeline."""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from typing import Any, AsyncIterator
+
+from fastapi.responses import JSONResponse, StreamingResponse
+
+from revolta.server.errors import APIError
+from revolta.server.generation import Delta
+from revolta.server.openai.protocol import ChatCompletionRequest, ResponsesRequest, SamplingFields
+from revolta.server.openai.serving import Choice, OpenAIServing
+from revolta.server.parsers.reasoning import ReasoningRouter, prompt_opens_reasoning
+from revolta.server.parsers.tools import assemble, make_tool_parser
+
+
+def _text(content: Any) -> str:
+    if isinstance(content, str):
+        return content
+    out = []
+    for part in content or []:
+        if part.get("type") in ("input_text", "output_text", "text"):
+            out.append(part.get("text", ""))
+        else:
+            raise APIError(400, f"input content of type '{part.get('type')}' is not supported", param="input")
+    return "".join(out)
+
+
+def _new_id(prefix: str) -> str:
+    return f"{prefix}_{uuid.uuid4().hex[:24]}"
+
+
+class ResponsesServing:
+    def __init__(self, chat: OpenAIServing):
+        self.chat = chat
+
+    def to_chat(self, req: ResponsesRequest) -> ChatCompletionRequest:
+        if req.previous_response_id:
+            raise APIError(400, "previous_response_id is not supported: this server stores no responses; send the items",
+                           param="previous_response_id")
+        messages: list[dict[str, Any]] = []
+        if req.instructions:
+            messages.append({"role": "system", "content": req.instructions})
+        items = [{"role": "user", "content": req.input}] if isinstance(req.input, str) else req.input
+        pending_reasoning = ""
+        for item in items:
+            kind = item.get("type", "message")
+            if kind == "message":
+                role = "system" if item.get("role") == "developer" else item.get("role")
+                msg = {"role": role, "content": _text(item.get("content"))}
+                if role == "assistant" and pending_reasoning:
+                    msg["reasoning_content"], pending_reasoning = pending_reasoning, ""
+                messages.append(msg)
+            elif kind == "function_call":
+                call = {"id": item["call_id"], "type": "function", "function": {"name": item["name"], "arguments": item.get("arguments", "{}")}}
+                if messages and messages[-1]["role"] == "assistant" and "tool_calls" in messages[-1]:
+                    messages[-1]["tool_calls"].append(call)
+                else:
+                    msg = {"role": "assistant", "content": "", "tool_calls": [call]}
+                    if pending_reasoning:
+                        msg["reasoning_content"], pending_reasoning = pending_reasoning, ""
+                    messages.append(msg)
+            elif kind == "function_call_output":
+                messages.append({"role": "tool", "tool_call_id": item["call_id"], "content": _text(item.get("output", ""))})
+            elif kind == "reasoning":
+                pending_reasoning += "".join(p.get("text", "") for p in (item.get("content") or []) + (item.get("summary") or []))
+            else:
+                raise APIError(400, f"input items of type '{kind}' are not supported", param="input")
+        tools = [{"type": "function", "function": {"name": t["name"], "description": t.get("description", ""),
+                                                   "parameters": t.get("parameters") or {}}}
+                 for t in req.tools or [] if t.get("type") == "function"]
+        choice = req.tool_choice if req.tool_choice in (None, "none", "auto") else "unsupported"
+        effort = (req.reasoning or {}).get("effort")
+        return ChatCompletionRequest(
+            model=req.model, messages=messages or [{"role": "user", "content": ""}], tools=tools or None,
+            tool_choice=choice if choice != "unsupported" else req.tool_choice,
+            chat_template_kwargs={"enable_thinking": effort not in ("none", "minimal")} if req.reasoning else None,
+        )
+
+    async def create(self, req: ResponsesRequest):
+        chat = self.chat
+        model = chat.check_model(req.model)
+        creq = self.to_chat(req)
+        _, prompt_ids, tools, thinking = chat.render_chat(creq)
+        fields = SamplingFields(temperature=req.temperature, top_p=req.top_p)
+        params = chat.sampling(fields, len(prompt_ids), req.max_output_tokens, None)
+        rt = chat.reasoning_tokens
+        router = (lambda: ReasoningRouter(rt, prompt_opens_reasoning(prompt_ids, rt), enabled=thinking)) if rt else (lambda: None)
+        parser = (lambda: make_tool_parser(chat.opts.tool_call_parser, tools)) if tools else (lambda: None)
+        (c,) = chat.start(prompt_ids, params, 0, router, parser)
+        head = {"id": _new_id("resp"), "object": "response", "created_at": int(time.time()), "model": model,
+                "parallel_tool_calls": req.parallel_tool_calls, "tool_choice": req.tool_choice or "auto",
+                "tools": req.tools or [], "instructions": req.instructions, "max_output_tokens": req.max_output_tokens,
+                "temperature": req.temperature, "top_p": req.top_p}
+        t0 = time.perf_counter()
+        if not req.stream:
+            await chat.run_all([c], t0, len(prompt_ids))
+            return JSONResponse(self.final(head, c, len(prompt_ids), self.items(c, req.parallel_tool_calls)))
+        return StreamingResponse(self.events(head, c, len(prompt_ids), req.parallel_tool_calls, t0), media_type="text/event-stream")
+
+    def items(self, c: Choice, parallel: bool, ids: dict[str, str] | None = None) -> list[dict]:
+        ids = ids or {}
+        out: list[dict] = []
+        if c.gen.reasoning:
+            out.append({"type": "reasoning", "id": ids.get("reasoning") or _new_id("rs"), "summary": [],
+                        "content": [{"type": "reasoning_text", "text": c.gen.reasoning}], "status": "completed"})
+        if c.content:
+            out.append({"type": "message", "id": ids.get("message") or _new_id("msg"), "role": "assistant", "status": "completed",
+                        "content": [{"type": "output_text", "text": c.content, "annotations": [], "logprobs": []}]})
+        for call in assemble(c.tool_deltas)[: None if parallel else 1]:
+            out.append({"type": "function_call", "id": ids.get(call.id) or _new_id("fc"), "call_id": call.id, "name": call.name,
+                        "arguments": call.arguments, "status": "completed"})
+        return out
+
+    def final(self, head: dict, c: Choice, prompt_len: int, output: list[dict]) -> dict:
+        incomplete = c.gen.finish_reason == "length"
+        return {**head, "status": "incomplete" if incomplete else "completed", "output": output,
+                "incomplete_details": {"reason": "max_output_tokens"} if incomplete else None, "error": None,
+                "usage": {"input_tokens": prompt_len, "output_tokens": c.gen.num_tokens, "total_tokens": prompt_len + c.gen.num_tokens,
+                          "input_tokens_details": {"cached_tokens": 0},
+                          "output_tokens_details": {"reasoning_tokens": c.gen.num_reasoning_tokens}}}
+
+    async def events(self, head: dict, c: Choice, prompt_len: int, parallel: bool, t0: float) -> AsyncIterator[str]:
+        seq = [0]
+
+        def event(kind: str, body: dict) -> str:
+            seq[0] += 1
+            return f"event: {kind}\ndata: {json.dumps({'type': kind, 'sequence_number': seq[0] - 1, **body}, ensure_ascii=False)}\n\n"
+
+        ids: dict[str, str] = {}
+        open_item: dict[str, Any] = {"kind": None, "index": -1, "id": None, "text": "", "call": None}
+        out_index = [-1]
+
+        def close() -> list[str]:
+            k, idx, iid = open_item["kind"], open_item["index"], open_item["id"]
+            if k is None:
+                return []
+            open_item["kind"] = None
+            if k == "reasoning":
+                item = {"type": "reasoning", "id": iid, "summary": [], "content": [{"type": "reasoning_text", "text": open_item["text"]}], "status": "completed"}
+                return [event("response.reasoning_text.done", {"item_id": iid, "output_index": idx, "content_index": 0, "text": open_item["text"]}),
+                        event("response.output_item.done", {"output_index": idx, "item": item})]
+            if k == "message":
+                part = {"type": "output_text", "text": open_item["text"], "annotations": [], "logprobs": []}
+                item = {"type": "message", "id": iid, "role": "assistant", "status": "completed", "content": [part]}
+                return [event("response.output_text.done", {"item_id": iid, "output_index": idx, "content_index": 0, "text": open_item["text"], "logprobs": []}),
+                        event("response.content_part.done", {"item_id": iid, "output_index": idx, "content_index": 0, "part": part}),
+                        event("response.output_item.done", {"output_index": idx, "item": item})]
+            call = open_item["call"]
+            item = {"type": "function_call", "id": iid, "call_id": call["call_id"], "name": call["name"], "arguments": open_item["text"], "status": "completed"}
+            return [event("response.function_call_arguments.done", {"item_id": iid, "output_index": idx, "arguments": open_item["text"], "name": call["name"]}),
+                    event("response.output_item.done", {"output_index": idx, "item": item})]
+
+        def start(kind: str, iid: str, item: dict, call: dict | None = None) -> list[str]:
+            out = close()
+            out_index[0] += 1
+            open_item.update(kind=kind, index=out_index[0], id=iid, text="", call=call)
+            out.append(event("response.output_item.added", {"output_index": out_index[0], "item": item}))
+            if kind == "message":
+                out.append(event("response.content_part.added", {"item_id": iid, "output_index": out_index[0], "content_index": 0,
+                                                                 "part": {"type": "output_text", "text": "", "annotations": [], "logprobs": []}}))
+            return out
+
+        def translate(d: Delta) -> list[str]:
+            out: list[str] = []
+            if d.reasoning:
+                if open_item["kind"] != "reasoning":
+                    ids["reasoning"] = _new_id("rs")
+                    out += start("reasoning", ids["reasoning"], {"type": "reasoning", "id": ids["reasoning"], "summary": [], "content": [], "status": "in_progress"})
+                open_item["text"] += d.reasoning
+                out.append(event("response.reasoning_text.delta", {"item_id": open_item["id"], "output_index": open_item["index"], "content_index": 0, "delta": d.reasoning}))
+            if d.content:
+                if open_item["kind"] != "message":
+                    ids["message"] = _new_id("msg")
+                    out += start("message", ids["message"], {"type": "message", "id": ids["message"], "role": "assistant", "status": "in_progress", "content": []})
+                open_item["text"] += d.content
+                out.append(event("response.output_text.delta", {"item_id": open_item["id"], "output_index": open_item["index"], "content_index": 0,
+                                                                "delta": d.content, "logprobs": []}))
+            for tc in d.tool_calls:
+                if not parallel and tc.index > 0:
+                    continue
+                if tc.id:
+                    ids[tc.id] = _new_id("fc")
+                    call = {"call_id": tc.id, "name": tc.name}
+                    out += start("call", ids[tc.id], {"type": "function_call", "id": ids[tc.id], "call_id": tc.id, "name": tc.name,
+                                                      "arguments": "", "status": "in_progress"}, call)
+                if tc.arguments:
+                    open_item["text"] += tc.arguments
+                    out.append(event("response.function_call_arguments.delta", {"item_id": open_item["id"], "output_index": open_item["index"], "delta": tc.arguments}))
+            return out
+
+        try:
+            yield event("response.created", {"response": {**head, "status": "in_progress", "output": [], "usage": None}})
+            yield event("response.in_progress", {"response": {**head, "status": "in_progress", "output": [], "usage": None}})
+            async for _, delta in self.chat.deltas([c], t0):
+                if delta is None:
+                    yield ": keep-alive\n\n"
+                    continue
+                for item in translate(delta):
+                    yield item
+            self.chat.observe(prompt_len, [c])
+            for item in close():
+                yield item
+            final = self.final(head, c, prompt_len, self.items(c, parallel, ids))
+            yield event("response.incomplete" if final["status"] == "incomplete" else "response.completed", {"response": final})
+        except APIError as e:
+            yield event("error", {"code": str(e.status), "message": e.message, "param": e.param})
+        finally:
+            self.chat.abort([c])
