@@ -148,3 +148,15 @@ def test_overload_and_dead_engine_statuses(think_tokenizer):
     r = client.post("/v1/messages", json=body)
     assert r.status_code == 503 and r.json()["error"]["type"] == "overloaded_error"
     assert client.get("/health").status_code == 503
+
+
+def test_error_type_follows_the_status():
+    from revolta.server.errors import json_error
+
+    expected = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error", 404: "not_found_error",
+                413: "request_too_large", 429: "rate_limit_error", 500: "api_error", 502: "api_error", 503: "overloaded_error"}
+    for status, kind in expected.items():
+        body = json.loads(json_error("/v1/messages", status, "m").body)
+        assert body == {"type": "error", "error": {"type": kind, "message": "m"}}
+        openai_body = json.loads(json_error("/v1/chat/completions", status, "m").body)
+        assert openai_body["error"]["message"] == "m" and openai_body["error"]["code"] == status
