@@ -55,3 +55,15 @@ def test_converting_float32_weights_at_load(tmp_path, dtype):
                 p.copy_(p.to(torch_dtype).float())
     ref = hf_last_logits(model, PROMPT)
     assert (logits - ref).abs().max().item() < 1e-4
+
+
+def test_long_context_decode_attention_split_over_the_context(tmp_path):
+    """Decode with a long context splits attention into context segments (merged softmax)."""
+    model = make_hf_model("llama", tmp_path / "long", seed=8, max_position_embeddings=1024)
+    prompt = [(i * 37) % 250 + 3 for i in range(700)]
+    with LLM(str(tmp_path / "long"), kv_cache_memory_bytes=32 << 20, num_threads=2) as llm:
+        out = llm.generate([prompt], SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True, return_generation_logits=True))
+    tokens = out[0].outputs[0].token_ids
+    for step, row in enumerate(out[0].outputs[0].generation_logits):
+        ref = hf_last_logits(model, prompt + tokens[:step])
+        assert (torch.tensor(row) - ref).abs().max().item() < 1e-4, f"step {step}"

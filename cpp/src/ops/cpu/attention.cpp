@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "core/thread_pool.h"
 #include "ops/cpu/cpu_ops.h"
 #include "ops/cpu/simd.h"
 
@@ -44,42 +45,79 @@ void paged_attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cac
   float* op = out.ptr<float>();
   const int64_t row = KVH * D;  // floats per cached token
 
-  parallel_range(T * KVH, 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> scores;
-    for (int64_t item = begin; item < end; ++item) {
-      const int64_t t = item / KVH, kvh = item % KVH;
-      const int32_t s = seq_of[size_t(t)];
-      const int32_t q_len = b.query_start[s + 1] - b.query_start[s];
-      const int64_t ctx = int64_t(b.seq_lens[s]) - q_len + (t - b.query_start[s]) + 1;
-      const int32_t* table = b.block_tables + int64_t(s) * b.max_blocks_per_seq;
-      scores.assign(size_t(group * ctx), 0.0f);
-      for (int64_t j = 0; j < ctx; ++j) {
-        const float* krow = kc + (int64_t(table[j / BS]) * BS + j % BS) * row + kvh * D;
-        for (int64_t g = 0; g < group; ++g) {
-          const float* qv = qp + (t * H + kvh * group + g) * D;
-          scores[size_t(g * ctx + j)] = dot_f32(qv, krow, D) * scale;
-        }
-      }
-      for (int64_t g = 0; g < group; ++g) {
-        float* sc = scores.data() + g * ctx;
-        float mx = *std::max_element(sc, sc + ctx);
-        float sum = 0.0f;
-        for (int64_t j = 0; j < ctx; ++j) {
-          sc[j] = std::exp(sc[j] - mx);
-          sum += sc[j];
-        }
-        float inv = 1.0f / sum;
-        for (int64_t j = 0; j < ctx; ++j) sc[j] *= inv;
-        float* o = op + (t * H + kvh * group + g) * D;
-        std::fill(o, o + D, 0.0f);
-      }
-      for (int64_t j = 0; j < ctx; ++j) {
-        const float* vrow = vc + (int64_t(table[j / BS]) * BS + j % BS) * row + kvh * D;
-        for (int64_t g = 0; g < group; ++g)
-          axpy_f32(scores[size_t(g * ctx + j)], vrow, op + (t * H + kvh * group + g) * D, D);
-      }
+  // Work items are (token, kv head, context segment). Long contexts with few (token, head) pairs
+  // (decode of a few sequences) are split into segments so every thread has work; each segment
+  // keeps its own softmax maximum and sum, merged afterwards (flash-decoding style).
+  struct Item {
+    int64_t t, kvh, j0, j1;
+  };
+  std::vector<Item> items;
+  std::vector<int64_t> first_item(size_t(T * KVH) + 1, 0);
+  const int64_t threads = cpu_thread_pool() ? cpu_thread_pool()->size() : 1;
+  const int64_t want = 4 * threads;
+  for (int64_t t = 0; t < T; ++t) {
+    const int32_t s = seq_of[size_t(t)];
+    const int64_t ctx = int64_t(b.seq_lens[s]) - (b.query_start[s + 1] - b.query_start[s]) + (t - b.query_start[s]) + 1;
+    const int64_t pieces = T * KVH >= want ? 1 : std::max<int64_t>(1, std::min((want + T * KVH - 1) / (T * KVH), ctx / 128));
+    const int64_t len = (ctx + pieces - 1) / pieces;
+    for (int64_t kvh = 0; kvh < KVH; ++kvh) {
+      first_item[size_t(t * KVH + kvh)] = int64_t(items.size());
+      for (int64_t j0 = 0; j0 < ctx; j0 += len) items.push_back({t, kvh, j0, std::min(ctx, j0 + len)});
+    }
+  }
+  first_item[size_t(T * KVH)] = int64_t(items.size());
+  // per item and query head of the group: unnormalised output [D], running max, sum
+  std::vector<float> part_out(items.size() * size_t(group * D)), part_max(items.size() * size_t(group)),
+      part_sum(items.size() * size_t(group));
+
+  parallel_tasks(int64_t(items.size()), [&](int64_t i) {
+    const Item& it = items[size_t(i)];
+    const int32_t s = seq_of[size_t(it.t)];
+    const int32_t* table = b.block_tables + int64_t(s) * b.max_blocks_per_seq;
+    const int64_t n = it.j1 - it.j0;
+    thread_local std::vector<float> scores;
+    scores.assign(size_t(group * n), 0.0f);
+    for (int64_t j = 0; j < n; ++j) {
+      const int64_t pos = it.j0 + j;
+      const float* krow = kc + (int64_t(table[pos / BS]) * BS + pos % BS) * row + it.kvh * D;
+      for (int64_t g = 0; g < group; ++g)
+        scores[size_t(g * n + j)] = dot_f32(qp + (it.t * H + it.kvh * group + g) * D, krow, D) * scale;
+    }
+    float* o = part_out.data() + size_t(i) * size_t(group * D);
+    std::fill(o, o + group * D, 0.0f);
+    for (int64_t g = 0; g < group; ++g) {
+      float* sc = scores.data() + g * n;
+      const float mx = *std::max_element(sc, sc + n);
+      float sum = 0.0f;
+      for (int64_t j = 0; j < n; ++j) sum += sc[j] = std::exp(sc[j] - mx);
+      part_max[size_t(i) * size_t(group) + size_t(g)] = mx;
+      part_sum[size_t(i) * size_t(group) + size_t(g)] = sum;
+    }
+    for (int64_t j = 0; j < n; ++j) {
+      const int64_t pos = it.j0 + j;
+      const float* vrow = vc + (int64_t(table[pos / BS]) * BS + pos % BS) * row + it.kvh * D;
+      for (int64_t g = 0; g < group; ++g) axpy_f32(scores[size_t(g * n + j)], vrow, o + g * D, D);
     }
   });
+
+  for (int64_t p = 0; p < T * KVH; ++p) {
+    const int64_t t = p / KVH, kvh = p % KVH;
+    const int64_t i0 = first_item[size_t(p)], i1 = first_item[size_t(p) + 1];
+    for (int64_t g = 0; g < group; ++g) {
+      float mx = -INFINITY;
+      for (int64_t i = i0; i < i1; ++i) mx = std::max(mx, part_max[size_t(i * group + g)]);
+      float total = 0.0f;
+      float* dst = op + (t * H + kvh * group + g) * D;
+      std::fill(dst, dst + D, 0.0f);
+      for (int64_t i = i0; i < i1; ++i) {
+        const float w = std::exp(part_max[size_t(i * group + g)] - mx);
+        total += w * part_sum[size_t(i * group + g)];
+        axpy_f32(w, part_out.data() + size_t(i * group + g) * size_t(D), dst, D);
+      }
+      const float inv = 1.0f / total;
+      for (int64_t d = 0; d < D; ++d) dst[d] *= inv;
+    }
+  }
 }
 
 }  // namespace revolta::ops::cpu
