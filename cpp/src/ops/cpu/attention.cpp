@@ -1,7 +1,7 @@
 // Paged attention on the CPU. One batch can mix prefill chunks (many query tokens on top of a
 // cached prefix) and decode tokens (one query token); each query token attends causally to the
-// first (seq_len - q_len + i + 1) positions of its sequence. Work items are (token, kv head):
-// the query heads of one GQA group share each K/V row they load.
+// first (seq_len - q_len + i + 1) positions of its sequence. Work items are (token, kv head,
+// context segment): the query heads of one GQA group share each K/V row they load.
 #include <algorithm>
 #include <cmath>
 #include <vector>
