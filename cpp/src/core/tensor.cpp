@@ -30,22 +30,35 @@ std::vector<int64_t> contiguous_strides(const std::vector<int64_t>& shape) {
   return s;
 }
 
+DeviceAllocator g_allocators[2] = {nullptr, nullptr};
+
 }  // namespace
 
-Tensor Tensor::empty(std::vector<int64_t> shape, DType dtype) {
+void register_device_allocator(Device device, DeviceAllocator allocator) {
+  g_allocators[int(device)] = allocator;
+}
+
+Tensor Tensor::empty(std::vector<int64_t> shape, DType dtype, Device device) {
   Tensor t;
   t.shape_ = std::move(shape);
   t.strides_ = contiguous_strides(t.shape_);
   t.dtype_ = dtype;
-  auto buf = std::make_shared<HostBuffer>(t.nbytes());
-  t.data_ = buf->ptr;
-  t.owner_ = std::move(buf);
+  t.device_ = device;
+  if (device == Device::kCPU) {
+    auto buf = std::make_shared<HostBuffer>(t.nbytes());
+    t.data_ = buf->ptr;
+    t.owner_ = std::move(buf);
+  } else {
+    RV_CHECK(g_allocators[int(device)] != nullptr, "no CUDA backend in this build");
+    t.owner_ = g_allocators[int(device)](t.nbytes(), &t.data_);
+  }
   return t;
 }
 
 Tensor Tensor::wrap(void* data, std::vector<int64_t> shape, DType dtype,
-                    std::shared_ptr<Buffer> owner) {
+                    std::shared_ptr<Buffer> owner, Device device) {
   Tensor t;
+  t.device_ = device;
   t.data_ = data;
   t.shape_ = std::move(shape);
   t.strides_ = contiguous_strides(t.shape_);

@@ -17,14 +17,18 @@ struct Buffer {
   virtual ~Buffer() = default;
 };
 
+// A backend that owns device memory registers how to allocate zeroed bytes there.
+using DeviceAllocator = std::shared_ptr<Buffer> (*)(size_t bytes, void** data);
+void register_device_allocator(Device device, DeviceAllocator allocator);
+
 class Tensor {
  public:
   Tensor() = default;
-  // Allocates zeroed host memory.
-  static Tensor empty(std::vector<int64_t> shape, DType dtype);
+  // Allocates zeroed memory on the device (host memory for kCPU).
+  static Tensor empty(std::vector<int64_t> shape, DType dtype, Device device = Device::kCPU);
   // Wraps external memory kept alive by owner (may be null for borrowed memory).
   static Tensor wrap(void* data, std::vector<int64_t> shape, DType dtype,
-                     std::shared_ptr<Buffer> owner);
+                     std::shared_ptr<Buffer> owner, Device device = Device::kCPU);
 
   bool defined() const { return data_ != nullptr; }
   DType dtype() const { return dtype_; }

@@ -1,0 +1,61 @@
+// RMSNorm, plain and with the residual add fused in: one block per row, fp32 throughout.
+#include "core/cuda_check.h"
+#include "cuda_ops.h"
+
+namespace revolta::cuda {
+namespace {
+
+constexpr int kThreads = 256;
+
+__device__ float block_sum(float v) {
+  __shared__ float warp_sums[kThreads / 32];
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  if ((threadIdx.x & 31) == 0) warp_sums[threadIdx.x >> 5] = v;
+  __syncthreads();
+  v = threadIdx.x < kThreads / 32 ? warp_sums[threadIdx.x] : 0.0f;
+  if (threadIdx.x < 32)
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  __shared__ float total;
+  if (threadIdx.x == 0) total = v;
+  __syncthreads();
+  return total;
+}
+
+// residual may be null (plain norm); otherwise residual += x first and the sum is normalised.
+__global__ void rms_norm_kernel(const float* __restrict__ x, float* residual, const float* __restrict__ w,
+                                float* __restrict__ out, int n, float eps) {
+  const size_t row = blockIdx.x;
+  const float* xr = x + row * n;
+  float* rr = residual ? residual + row * n : nullptr;
+  float ss = 0.0f;
+  for (int i = threadIdx.x; i < n; i += kThreads) {
+    float v = xr[i];
+    if (rr) {
+      v += rr[i];
+      rr[i] = v;
+    }
+    ss += v * v;
+  }
+  const float inv = rsqrtf(block_sum(ss) / float(n) + eps);
+  const float* src = rr ? rr : xr;
+  for (int i = threadIdx.x; i < n; i += kThreads) out[row * n + i] = w[i] * (src[i] * inv);
+}
+
+void launch(const Tensor& x, float* residual, const Tensor& weight, float eps, Tensor& out) {
+  RV_CHECK(weight.dtype() == DType::kF32, "CUDA rms_norm: norm weights are float32");
+  const int64_t n = weight.numel(), rows = x.numel() / n;
+  if (rows == 0) return;
+  rms_norm_kernel<<<unsigned(rows), kThreads>>>(x.ptr<float>(), residual, weight.ptr<float>(), out.ptr<float>(),
+                                                int(n), eps);
+  RV_CUDA_CHECK(cudaGetLastError());
+}
+
+}  // namespace
+
+void rms_norm(const Tensor& x, const Tensor& weight, float eps, Tensor& out) { launch(x, nullptr, weight, eps, out); }
+
+void add_rms_norm(Tensor& residual, const Tensor& x, const Tensor& weight, float eps, Tensor& out) {
+  launch(x, residual.ptr<float>(), weight, eps, out);
+}
+
+}  // namespace revolta::cuda
