@@ -21,5 +21,7 @@ void embedding(const Tensor& ids, const Tensor& table, Tensor& out);
 void rms_norm(const Tensor& x, const Tensor& weight, float eps, Tensor& out);
 void add_rms_norm(Tensor& residual, const Tensor& x, const Tensor& weight, float eps, Tensor& out);
 void silu_mul(const Tensor& gate_up, Tensor& out);
+void rope(Tensor& x, const Tensor& positions, const ops::RopeTables& tables);
+void kv_cache_write(const Tensor& k, const Tensor& v, const Tensor& slot_mapping, Tensor& k_cache, Tensor& v_cache);
 
 }  // namespace revolta::cuda

@@ -59,6 +59,8 @@ const ops::OpTable* table() {
     o.rms_norm = &rms_norm;
     o.add_rms_norm = &add_rms_norm;
     o.silu_mul = &silu_mul;
+    o.rope = &rope;
+    o.kv_cache_write = &kv_cache_write;
     return o;
   }();
   return &t;

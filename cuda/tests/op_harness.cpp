@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "cuda_ops.h"
+#include "model/model_config.h"
 #include "ops/cpu/cpu_ops.h"
 
 using namespace revolta;
@@ -98,6 +99,36 @@ void test_embedding(int64_t vocab, int64_t hidden, int64_t T, DType dt) {
          max_abs_diff(cuda::to_host(dout), ref), 0.0f);
 }
 
+void test_rope(int64_t T, int64_t heads, int64_t D, double partial, const char* type) {
+  RopeConfig rc;
+  rc.type = type;
+  rc.partial_rotary_factor = partial;
+  rc.factor = 4.0;
+  rc.original_max_position_embeddings = 256;
+  ops::RopeTables host_tables = build_rope_tables(rc, int32_t(D), 4096);
+  ops::RopeTables dev_tables = host_tables;
+  dev_tables.cos = cuda::to_device(host_tables.cos);
+  dev_tables.sin = cuda::to_device(host_tables.sin);
+  Tensor x = random_tensor({T, heads, D}), pos = Tensor::empty({T}, DType::kI32);
+  for (int64_t i = 0; i < T; ++i) pos.ptr<int32_t>()[i] = int32_t((i * 131) % 4096);
+  Tensor dx = cuda::to_device(x), dpos = cuda::to_device(pos);
+  ops::cpu::rope(x, pos, host_tables);
+  ops::rope(dx, dpos, dev_tables);
+  report(std::string("rope ") + type + " " + std::to_string(T) + "x" + std::to_string(heads) + "x" + std::to_string(D) +
+             " rot " + std::to_string(dev_tables.rotary_dim),
+         max_abs_diff(cuda::to_host(dx), x), 1e-5f);
+}
+
+void test_kv_cache_write(int64_t T, int64_t blocks, int64_t bs, int64_t kvh, int64_t D) {
+  Tensor k = random_tensor({T, kvh, D}), v = random_tensor({T, kvh, D}), slots = Tensor::empty({T}, DType::kI32);
+  for (int64_t i = 0; i < T; ++i) slots.ptr<int32_t>()[i] = int32_t((i * 37 + 5) % (blocks * bs));  // distinct for T <= blocks*bs/gcd
+  Tensor kc = random_tensor({blocks, bs, kvh, D}), vc = random_tensor({blocks, bs, kvh, D});
+  Tensor dkc = cuda::to_device(kc), dvc = cuda::to_device(vc);
+  ops::cpu::kv_cache_write(k, v, slots, kc, vc);
+  ops::kv_cache_write(cuda::to_device(k), cuda::to_device(v), cuda::to_device(slots), dkc, dvc);
+  report("kv_cache_write " + std::to_string(T) + " tokens", std::max(max_abs_diff(cuda::to_host(dkc), kc), max_abs_diff(cuda::to_host(dvc), vc)), 0.0f);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -110,6 +141,13 @@ int main(int argc, char** argv) {
       for (int64_t I : {96, 1536, 12288}) test_silu_mul(rows, I);
     for (DType dt : {DType::kF32, DType::kF16})
       for (int64_t T : {1, 19}) test_embedding(1000, 576, T, dt);
+    for (const char* type : {"default", "yarn", "llama3"}) {
+      test_rope(1, 9, 64, 1.0, type);
+      test_rope(37, 16, 128, 1.0, type);
+      test_rope(300, 8, 256, 0.25, type);  // partial rotary (Qwen3-Next)
+    }
+    test_kv_cache_write(1, 8, 16, 3, 64);
+    test_kv_cache_write(100, 16, 16, 8, 128);
   } catch (const std::exception& e) {
     std::printf("FAIL exception: %s\n", e.what());
     ++g_failed;

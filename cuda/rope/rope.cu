@@ -1,0 +1,34 @@
+// Rotate-half RoPE in place on x [T, heads, head_dim] for the first rotary_dim features, with the
+// cos/sin tables [max_positions, rotary_dim / 2] on the device (YaRN scaling is in the tables).
+#include "core/cuda_check.h"
+#include "cuda_ops.h"
+
+namespace revolta::cuda {
+namespace {
+
+__global__ void rope_kernel(float* __restrict__ x, const int32_t* __restrict__ pos, const float* __restrict__ cos_t,
+                            const float* __restrict__ sin_t, int heads, int head_dim, int half) {
+  const int t = blockIdx.x;
+  const float* c = cos_t + int64_t(pos[t]) * half;
+  const float* s = sin_t + int64_t(pos[t]) * half;
+  for (int idx = threadIdx.x; idx < heads * half; idx += blockDim.x) {
+    const int h = idx / half, i = idx % half;
+    float* v = x + (int64_t(t) * heads + h) * head_dim;
+    const float x1 = v[i], x2 = v[i + half];
+    v[i] = x1 * c[i] - x2 * s[i];
+    v[i + half] = x2 * c[i] + x1 * s[i];
+  }
+}
+
+}  // namespace
+
+void rope(Tensor& x, const Tensor& positions, const ops::RopeTables& tables) {
+  RV_CHECK(tables.cos.device() == Device::kCUDA, "CUDA rope: the cos/sin tables must be on the device");
+  const int64_t T = x.size(0), heads = x.size(1), D = x.size(2), half = tables.rotary_dim / 2;
+  if (T == 0) return;
+  rope_kernel<<<unsigned(T), 128>>>(x.ptr<float>(), positions.ptr<int32_t>(), tables.cos.ptr<float>(),
+                                    tables.sin.ptr<float>(), int(heads), int(D), int(half));
+  RV_CUDA_CHECK(cudaGetLastError());
+}
+
+}  // namespace revolta::cuda
