@@ -15,12 +15,15 @@ const ops::OpTable* table();
 Tensor to_device(const Tensor& host);
 Tensor to_host(const Tensor& device);
 void synchronize();
+// Device-to-device copy bandwidth (read + write bytes per second) over a buffer of `bytes`.
+double measure_copy_bandwidth(size_t bytes);
 std::string device_name();
 
 void embedding(const Tensor& ids, const Tensor& table, Tensor& out);
 void rms_norm(const Tensor& x, const Tensor& weight, float eps, Tensor& out);
 void add_rms_norm(Tensor& residual, const Tensor& x, const Tensor& weight, float eps, Tensor& out);
 void silu_mul(const Tensor& gate_up, Tensor& out);
+void linear(const Tensor& x, const Tensor& weight, const Tensor* bias, Tensor& out);
 void rope(Tensor& x, const Tensor& positions, const ops::RopeTables& tables);
 void kv_cache_write(const Tensor& k, const Tensor& v, const Tensor& slot_mapping, Tensor& k_cache, Tensor& v_cache);
 

@@ -45,6 +45,28 @@ Tensor to_host(const Tensor& dev) {
 
 void synchronize() { RV_CUDA_CHECK(cudaDeviceSynchronize()); }
 
+double measure_copy_bandwidth(size_t bytes) {
+  void *a = nullptr, *b = nullptr;
+  RV_CUDA_CHECK(cudaMalloc(&a, bytes));
+  RV_CUDA_CHECK(cudaMalloc(&b, bytes));
+  RV_CUDA_CHECK(cudaMemcpy(b, a, bytes, cudaMemcpyDeviceToDevice));
+  cudaEvent_t start, stop;
+  cudaEventCreate(&start);
+  cudaEventCreate(&stop);
+  const int reps = 10;
+  cudaEventRecord(start);
+  for (int i = 0; i < reps; ++i) cudaMemcpy(b, a, bytes, cudaMemcpyDeviceToDevice);
+  cudaEventRecord(stop);
+  cudaEventSynchronize(stop);
+  float ms = 0.0f;
+  cudaEventElapsedTime(&ms, start, stop);
+  cudaEventDestroy(start);
+  cudaEventDestroy(stop);
+  cudaFree(a);
+  cudaFree(b);
+  return 2.0 * double(bytes) * reps / (double(ms) / 1e3);
+}
+
 std::string device_name() {
   cudaDeviceProp prop{};
   RV_CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
@@ -60,6 +82,7 @@ const ops::OpTable* table() {
     o.add_rms_norm = &add_rms_norm;
     o.silu_mul = &silu_mul;
     o.rope = &rope;
+    o.linear = &linear;
     o.kv_cache_write = &kv_cache_write;
     return o;
   }();

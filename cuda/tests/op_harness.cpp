@@ -129,12 +129,27 @@ void test_kv_cache_write(int64_t T, int64_t blocks, int64_t bs, int64_t kvh, int
   report("kv_cache_write " + std::to_string(T) + " tokens", std::max(max_abs_diff(cuda::to_host(dkc), kc), max_abs_diff(cuda::to_host(dvc), vc)), 0.0f);
 }
 
+void test_linear(int64_t M, int64_t N, int64_t K, DType dt, bool with_bias) {
+  Tensor x = random_tensor({M, K}), w = random_tensor({N, K}, dt, 0.05f), bias = random_tensor({N});
+  Tensor ref = Tensor::empty({M, N}, DType::kF32);
+  ops::cpu::linear(x, w, with_bias ? &bias : nullptr, ref);
+  Tensor dx = cuda::to_device(x), dw = cuda::to_device(w), db = cuda::to_device(bias);
+  Tensor dout = Tensor::empty({M, N}, DType::kF32, Device::kCUDA);
+  ops::linear(dx, dw, with_bias ? &db : nullptr, dout);
+  const std::string tag = std::string(dtype_name(dt)) + " " + std::to_string(M) + "x" + std::to_string(N) + "x" +
+                          std::to_string(K) + (with_bias ? " +bias" : "");
+  report("linear " + tag, max_abs_diff(cuda::to_host(dout), ref), 2e-4f * std::sqrt(float(K)) / 8.0f + 1e-4f);
+  perf("linear " + tag, double(N * K) * double(dtype_size(dt)) + double(M * K + M * N) * 4,
+       [&] { ops::linear(dx, dw, with_bias ? &db : nullptr, dout); });
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   for (int i = 1; i < argc; ++i) g_perf |= std::strcmp(argv[i], "--perf") == 0;
   try {
     std::printf("device: %s\n", cuda::device_name().c_str());
+    if (g_perf) std::printf("device-to-device copy bandwidth: %.0f GB/s (read + write)\n", cuda::measure_copy_bandwidth(size_t(1) << 30) / 1e9);
     for (int64_t rows : {1, 7, 257})
       for (int64_t n : {64, 576, 4096, 5120}) test_rms_norm(rows, n);
     for (int64_t rows : {1, 33, 512})
@@ -145,6 +160,14 @@ int main(int argc, char** argv) {
       test_rope(1, 9, 64, 1.0, type);
       test_rope(37, 16, 128, 1.0, type);
       test_rope(300, 8, 256, 0.25, type);  // partial rotary (Qwen3-Next)
+    }
+    for (DType dt : {DType::kF32, DType::kF16}) {
+      test_linear(1, 576, 576, dt, false);
+      test_linear(3, 1000, 203, dt, true);   // K not a multiple of 8: the scalar tail
+      test_linear(8, 4096, 4096, dt, false);
+      test_linear(1, 14336, 4096, dt, false);
+      test_linear(77, 1536, 576, dt, true);  // tiled path, ragged tiles
+      test_linear(512, 4096, 4096, dt, false);
     }
     test_kv_cache_write(1, 8, 16, 3, 64);
     test_kv_cache_write(100, 16, 16, 8, 128);
