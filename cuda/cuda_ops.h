@@ -25,6 +25,8 @@ void add_rms_norm(Tensor& residual, const Tensor& x, const Tensor& weight, float
 void silu_mul(const Tensor& gate_up, Tensor& out);
 void linear(const Tensor& x, const Tensor& weight, const Tensor* bias, Tensor& out);
 void rope(Tensor& x, const Tensor& positions, const ops::RopeTables& tables);
+void paged_attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, const ops::AttentionBatch& batch,
+                     float scale, Tensor& out);
 void kv_cache_write(const Tensor& k, const Tensor& v, const Tensor& slot_mapping, Tensor& k_cache, Tensor& v_cache);
 
 }  // namespace revolta::cuda

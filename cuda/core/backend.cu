@@ -83,6 +83,7 @@ const ops::OpTable* table() {
     o.silu_mul = &silu_mul;
     o.rope = &rope;
     o.linear = &linear;
+    o.paged_attention = &paged_attention;
     o.kv_cache_write = &kv_cache_write;
     return o;
   }();

@@ -3,6 +3,7 @@
 // the achieved bandwidth. Prints "N passed, M failed"; exits non-zero on any failure.
 //
 // A C++ executable (not Python) so that the SM70-lane build can run it on a GPU machine as is.
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -143,6 +144,47 @@ void test_linear(int64_t M, int64_t N, int64_t K, DType dt, bool with_bias) {
        [&] { ops::linear(dx, dw, with_bias ? &db : nullptr, dout); });
 }
 
+// A batch of sequences, each with a cached prefix and new query tokens (prefill chunks of several
+// tokens next to decode tokens), with block tables over a shuffled pool of blocks.
+void test_paged_attention(std::vector<std::pair<int, int>> seqs /* (cached, new) */, int H, int KVH, int D, int bs) {
+  int total_blocks = 0, T = 0, max_blocks = 0;
+  for (auto [cached, fresh] : seqs) {
+    const int nb = (cached + fresh + bs - 1) / bs;
+    total_blocks += nb;
+    max_blocks = std::max(max_blocks, nb);
+    T += fresh;
+  }
+  std::vector<int32_t> perm(static_cast<size_t>(total_blocks));
+  for (int i = 0; i < total_blocks; ++i) perm[size_t(i)] = i;
+  std::shuffle(perm.begin(), perm.end(), g_rng);
+  std::vector<int32_t> qs{0}, lens, tables;
+  int next = 0;
+  for (auto [cached, fresh] : seqs) {
+    qs.push_back(qs.back() + fresh);
+    lens.push_back(cached + fresh);
+    const int nb = (cached + fresh + bs - 1) / bs;
+    for (int i = 0; i < max_blocks; ++i) tables.push_back(i < nb ? perm[size_t(next + i)] : 0);
+    next += nb;
+  }
+  ops::AttentionBatch b;
+  b.query_start = qs.data();
+  b.seq_lens = lens.data();
+  b.block_tables = tables.data();
+  b.num_seqs = int32_t(seqs.size());
+  b.max_blocks_per_seq = max_blocks;
+  b.block_size = bs;
+  Tensor q = random_tensor({T, H, D}), kc = random_tensor({total_blocks, bs, KVH, D}), vc = random_tensor({total_blocks, bs, KVH, D});
+  Tensor ref = Tensor::empty({T, H, D}, DType::kF32);
+  const float scale = 1.0f / std::sqrt(float(D));
+  ops::cpu::paged_attention(q, kc, vc, b, scale, ref);
+  Tensor dq = cuda::to_device(q), dk = cuda::to_device(kc), dv = cuda::to_device(vc);
+  Tensor dout = Tensor::empty({T, H, D}, DType::kF32, Device::kCUDA);
+  ops::paged_attention(dq, dk, dv, b, scale, dout);
+  report("paged_attention " + std::to_string(seqs.size()) + " seqs " + std::to_string(T) + " tokens H" + std::to_string(H) +
+             "/KV" + std::to_string(KVH) + " D" + std::to_string(D),
+         max_abs_diff(cuda::to_host(dout), ref), 1e-4f);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -169,6 +211,10 @@ int main(int argc, char** argv) {
       test_linear(77, 1536, 576, dt, true);  // tiled path, ragged tiles
       test_linear(512, 4096, 4096, dt, false);
     }
+    test_paged_attention({{0, 1}}, 4, 4, 64, 16);                           // first decode token
+    test_paged_attention({{100, 1}, {0, 37}, {250, 5}, {3000, 1}}, 32, 8, 128, 16);  // mixed, GQA 4
+    test_paged_attention({{17, 1}, {64, 64}}, 9, 3, 64, 32);                // SmolLM2 heads, MQA-ish groups
+    test_paged_attention({{40, 3}}, 16, 2, 256, 16);                        // head_dim 256 (Qwen3-Next)
     test_kv_cache_write(1, 8, 16, 3, 64);
     test_kv_cache_write(100, 16, 16, 8, 128);
   } catch (const std::exception& e) {
