@@ -1,21 +1,12 @@
-"""Errors in the OpenAI error shape: {"error": {"message", "type", "param", "code"}}."""
+"""Errors in the OpenAI shape {"error": {"message", "type", "param", "code"}} or, on the Messages
+API, in Anthropic's {"type": "error", "error": {"type", "message"}}."""
 
 from __future__ import annotations
 
 from fastapi.responses import JSONResponse
 
-_TYPES = {
-    400: "invalid_request_error",
-    401: "authentication_error",
-    403: "permission_error",
-    404: "not_found_error",
-    413: "request_too_large",
-    429: "rate_limit_error",
-    500: "internal_error",
-    503: "overloaded_error",
-}
-
-
+# Error type by HTTP status, as Anthropic names them; the OpenAI shape uses the same names except
+# for its internal errors. Unlisted statuses are "api_error".
 _ANTHROPIC_TYPES = {
     400: "invalid_request_error",
     401: "authentication_error",
@@ -26,6 +17,7 @@ _ANTHROPIC_TYPES = {
     503: "overloaded_error",
     529: "overloaded_error",
 }
+_TYPES = {**_ANTHROPIC_TYPES, 500: "internal_error"}
 
 
 def anthropic_error_body(status: int, message: str) -> dict:
