@@ -8,6 +8,7 @@ deltas, so both modes give the same calls by construction.
 
 from __future__ import annotations
 
+import abc
 import json
 import math
 import uuid
@@ -56,7 +57,7 @@ def _new_id() -> str:
     return "call_" + uuid.uuid4().hex[:24]
 
 
-class ToolParser:
+class ToolParser(abc.ABC):
     name = ""
 
     def __init__(self, tools: list[dict[str, Any]] | None):
@@ -68,11 +69,13 @@ class ToolParser:
         self.buf = ""
         self.index = -1
 
+    @abc.abstractmethod
     def feed(self, text: str) -> tuple[str, list[ToolCallDelta]]:
-        raise NotImplementedError
+        """Takes the next piece of content; returns (content to emit, tool-call deltas)."""
 
+    @abc.abstractmethod
     def finish(self) -> tuple[str, list[ToolCallDelta]]:
-        raise NotImplementedError
+        """Flushes at the end of generation (held-back text, nothing for a call cut short)."""
 
     def _take_text(self) -> tuple[str, bool]:
         """In text state: returns (content to emit, whether a call opens at the buffer start)."""
