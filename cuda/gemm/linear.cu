@@ -45,7 +45,21 @@ __global__ void gemv_kernel(const float* __restrict__ x, const W* __restrict__ w
   const bool vec = (K % 8 == 0) && (reinterpret_cast<uintptr_t>(row) % 16 == 0);
   int k = 0;
   if (vec) {
-    for (k = lane * 8; k + 8 <= K; k += 32 * 8) {
+    // Two 8-element loads per lane in flight per iteration: decode is bound by how many weight
+    // bytes are outstanding, not by arithmetic.
+    k = lane * 8;
+    for (; k + 32 * 8 + 8 <= K; k += 2 * 32 * 8) {
+      float wa[8], wb[8];
+      load8(row + k, wa);
+      load8(row + k + 32 * 8, wb);
+#pragma unroll
+      for (int m = 0; m < M; ++m) {
+        const float* xr = x + size_t(m) * K + k;
+#pragma unroll
+        for (int i = 0; i < 8; ++i) acc[m] += wa[i] * __ldg(xr + i) + wb[i] * __ldg(xr + 32 * 8 + i);
+      }
+    }
+    for (; k + 8 <= K; k += 32 * 8) {
       float wv[8];
       load8(row + k, wv);
 #pragma unroll
