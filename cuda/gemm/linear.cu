@@ -42,7 +42,8 @@ __global__ void gemv_kernel(const float* __restrict__ x, const W* __restrict__ w
   float acc[M];
 #pragma unroll
   for (int m = 0; m < M; ++m) acc[m] = 0.0f;
-  const bool vec = (K % 8 == 0) && (reinterpret_cast<uintptr_t>(row) % 16 == 0);
+  const bool vec = (K % 8 == 0) && (reinterpret_cast<uintptr_t>(row) % 16 == 0) &&
+                   (reinterpret_cast<uintptr_t>(x) % 16 == 0);
   int k = 0;
   if (vec) {
     // Two 8-element loads per lane in flight per iteration: decode is bound by how many weight
@@ -54,9 +55,11 @@ __global__ void gemv_kernel(const float* __restrict__ x, const W* __restrict__ w
       load8(row + k + 32 * 8, wb);
 #pragma unroll
       for (int m = 0; m < M; ++m) {
-        const float* xr = x + size_t(m) * K + k;
+        float xa[8], xb[8];  // activations as 16-byte loads too (rows are 32-byte aligned: K % 8 == 0)
+        load8(x + size_t(m) * K + k, xa);
+        load8(x + size_t(m) * K + k + 32 * 8, xb);
 #pragma unroll
-        for (int i = 0; i < 8; ++i) acc[m] += wa[i] * __ldg(xr + i) + wb[i] * __ldg(xr + 32 * 8 + i);
+        for (int i = 0; i < 8; ++i) acc[m] += wa[i] * xa[i] + wb[i] * xb[i];
       }
     }
     for (; k + 8 <= K; k += 32 * 8) {
@@ -64,9 +67,10 @@ __global__ void gemv_kernel(const float* __restrict__ x, const W* __restrict__ w
       load8(row + k, wv);
 #pragma unroll
       for (int m = 0; m < M; ++m) {
-        const float* xr = x + size_t(m) * K + k;
+        float xv[8];
+        load8(x + size_t(m) * K + k, xv);
 #pragma unroll
-        for (int i = 0; i < 8; ++i) acc[m] += wv[i] * __ldg(xr + i);
+        for (int i = 0; i < 8; ++i) acc[m] += wv[i] * xv[i];
       }
     }
     k = K;  // every element was covered by some lane
