@@ -180,6 +180,10 @@ void test_paged_attention(std::vector<std::pair<int, int>> seqs /* (cached, new)
   Tensor dq = cuda::to_device(q), dk = cuda::to_device(kc), dv = cuda::to_device(vc);
   Tensor dout = Tensor::empty({T, H, D}, DType::kF32, Device::kCUDA);
   ops::paged_attention(dq, dk, dv, b, scale, dout);
+  int64_t kv_bytes = 0;
+  for (auto [cached, fresh] : seqs) kv_bytes += int64_t(cached + fresh) * KVH * D * 4 * 2;
+  perf("paged_attention " + std::to_string(seqs.size()) + " seqs, " + std::to_string(T) + " tokens", double(kv_bytes),
+       [&] { ops::paged_attention(dq, dk, dv, b, scale, dout); });
   report("paged_attention " + std::to_string(seqs.size()) + " seqs " + std::to_string(T) + " tokens H" + std::to_string(H) +
              "/KV" + std::to_string(KVH) + " D" + std::to_string(D),
          max_abs_diff(cuda::to_host(dout), ref), 1e-4f);
@@ -215,6 +219,8 @@ int main(int argc, char** argv) {
     test_paged_attention({{100, 1}, {0, 37}, {250, 5}, {3000, 1}}, 32, 8, 128, 16);  // mixed, GQA 4
     test_paged_attention({{17, 1}, {64, 64}}, 9, 3, 64, 32);                // SmolLM2 heads, MQA-ish groups
     test_paged_attention({{40, 3}}, 16, 2, 256, 16);                        // head_dim 256 (Qwen3-Next)
+    test_paged_attention({{8000, 1}}, 8, 2, 128, 16);                       // long decode: split-K
+    test_paged_attention({{5000, 1}, {20, 1}, {3000, 1}}, 4, 1, 64, 32);    // splits, one of them near-empty
     test_kv_cache_write(1, 8, 16, 3, 64);
     test_kv_cache_write(100, 16, 16, 8, 128);
   } catch (const std::exception& e) {
