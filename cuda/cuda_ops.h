@@ -2,6 +2,8 @@
 // no cp.async/ldmatrix), registered as the op table of Device::kCUDA.
 #pragma once
 
+#include <cuda_runtime.h>
+
 #include <string>
 
 #include "core/tensor.h"
@@ -10,13 +12,18 @@
 namespace revolta::cuda {
 
 const ops::OpTable* table();
+// The stream every kernel and copy of the backend runs on (graphs are recorded from it).
+cudaStream_t stream();
+int sm_count();
 
-// Copies between host and device memory (synchronous).
+// Copies between host and device memory (to_host waits for the data).
 Tensor to_device(const Tensor& host);
 Tensor to_host(const Tensor& device);
 void synchronize();
 // Device-to-device copy bandwidth (read + write bytes per second) over a buffer of `bytes`.
 double measure_copy_bandwidth(size_t bytes);
+// Streaming-read bandwidth (float4 loads over a buffer of `bytes`): the decode roofline's denominator.
+double measure_read_bandwidth(size_t bytes);
 std::string device_name();
 
 void embedding(const Tensor& ids, const Tensor& table, Tensor& out);
@@ -28,5 +35,9 @@ void rope(Tensor& x, const Tensor& positions, const ops::RopeTables& tables);
 void paged_attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, const ops::AttentionBatch& batch,
                      float scale, Tensor& out);
 void kv_cache_write(const Tensor& k, const Tensor& v, const Tensor& slot_mapping, Tensor& k_cache, Tensor& v_cache);
+void gather_rows(const Tensor& x, const Tensor& rows, Tensor& out);
+void copy_columns(const Tensor& src, int64_t first_column, Tensor& dst);
+void fill_uniform(Tensor& t, uint64_t seed, float lo, float hi);
+void argmax(const Tensor& x, Tensor& out);
 
 }  // namespace revolta::cuda

@@ -43,6 +43,10 @@ NB_MODULE(_core, m) {
       .def_rw("dtype", &EngineConfig::dtype)
       .def_rw("kv_cache_dtype", &EngineConfig::kv_cache_dtype)
       .def_rw("device", &EngineConfig::device)
+      .def_rw("load_format", &EngineConfig::load_format)
+      .def_rw("gpu_memory_utilization", &EngineConfig::gpu_memory_utilization)
+      .def_rw("enforce_eager", &EngineConfig::enforce_eager)
+      .def_rw("cuda_graph_batch_sizes", &EngineConfig::cuda_graph_batch_sizes)
       .def_rw("max_model_len", &EngineConfig::max_model_len)
       .def_rw("max_num_seqs", &EngineConfig::max_num_seqs)
       .def_rw("max_num_batched_tokens", &EngineConfig::max_num_batched_tokens)
@@ -85,7 +89,8 @@ NB_MODULE(_core, m) {
       .def_ro("num_steps", &EngineStats::num_steps)
       .def_ro("prompt_tokens_computed", &EngineStats::prompt_tokens_computed)
       .def_ro("generation_tokens", &EngineStats::generation_tokens)
-      .def_ro("requests_finished", &EngineStats::requests_finished);
+      .def_ro("requests_finished", &EngineStats::requests_finished)
+      .def_ro("graph_replays", &EngineStats::graph_replays);
 
   nb::class_<ModelInfo>(m, "ModelInfo")
       .def_ro("architecture", &ModelInfo::architecture)
@@ -96,7 +101,9 @@ NB_MODULE(_core, m) {
       .def_ro("eos_token_ids", &ModelInfo::eos_token_ids)
       .def_ro("weight_dtype", &ModelInfo::weight_dtype)
       .def_ro("weight_bytes", &ModelInfo::weight_bytes)
-      .def_ro("kv_cache_bytes", &ModelInfo::kv_cache_bytes);
+      .def_ro("kv_cache_bytes", &ModelInfo::kv_cache_bytes)
+      .def_ro("device", &ModelInfo::device)
+      .def_ro("kv_cache_dtype", &ModelInfo::kv_cache_dtype);
 
   nb::class_<Engine>(m, "Engine")
       .def(nb::init<const EngineConfig&>(), "config"_a, nb::call_guard<nb::gil_scoped_release>())

@@ -20,7 +20,7 @@ void silu_mul(const Tensor& gate_up, Tensor& out) {
   if (rows == 0) return;
   const int64_t n = rows * I;
   const unsigned blocks = unsigned(std::min<int64_t>((n + 255) / 256, 65535));
-  silu_mul_kernel<<<blocks, 256>>>(gate_up.ptr<float>(), out.ptr<float>(), rows, I);
+  silu_mul_kernel<<<blocks, 256, 0, stream()>>>(gate_up.ptr<float>(), out.ptr<float>(), rows, I);
   RV_CUDA_CHECK(cudaGetLastError());
 }
 

@@ -1,27 +1,42 @@
-// Writes the step's K and V rows [T, kv_heads, head_dim] into their cache slots.
+// Writes the step's K and V rows [T, kv_heads, head_dim] into their cache slots (float32 or
+// float16 caches). A negative slot marks a padding row (a captured decode graph run with fewer
+// sequences than it was recorded for): it writes nothing.
+#include <cuda_fp16.h>
+
 #include "core/cuda_check.h"
 #include "cuda_ops.h"
 
 namespace revolta::cuda {
 namespace {
 
+__device__ __forceinline__ void store(float* p, float v) { *p = v; }
+__device__ __forceinline__ void store(__half* p, float v) { *p = __float2half_rn(v); }
+
+template <typename C>
 __global__ void kv_write_kernel(const float* __restrict__ k, const float* __restrict__ v, const int32_t* __restrict__ slots,
-                                float* __restrict__ kc, float* __restrict__ vc, int64_t row) {
+                                C* __restrict__ kc, C* __restrict__ vc, int64_t row) {
   const int64_t t = blockIdx.x, slot = slots[t];
+  if (slot < 0) return;
   for (int64_t i = threadIdx.x; i < row; i += blockDim.x) {
-    kc[slot * row + i] = k[t * row + i];
-    vc[slot * row + i] = v[t * row + i];
+    store(kc + slot * row + i, k[t * row + i]);
+    store(vc + slot * row + i, v[t * row + i]);
   }
 }
 
 }  // namespace
 
 void kv_cache_write(const Tensor& k, const Tensor& v, const Tensor& slot_mapping, Tensor& k_cache, Tensor& v_cache) {
-  RV_CHECK(k_cache.dtype() == DType::kF32, "CUDA kv_cache_write: float32 cache only so far");
   const int64_t T = k.size(0);
   if (T == 0) return;
-  kv_write_kernel<<<unsigned(T), 128>>>(k.ptr<float>(), v.ptr<float>(), slot_mapping.ptr<int32_t>(), k_cache.ptr<float>(),
-                                        v_cache.ptr<float>(), k.numel() / T);
+  const int32_t* slots = slot_mapping.ptr<int32_t>();
+  if (k_cache.dtype() == DType::kF32)
+    kv_write_kernel<<<unsigned(T), 128, 0, stream()>>>(k.ptr<float>(), v.ptr<float>(), slots, k_cache.ptr<float>(),
+                                                       v_cache.ptr<float>(), k.numel() / T);
+  else if (k_cache.dtype() == DType::kF16)
+    kv_write_kernel<<<unsigned(T), 128, 0, stream()>>>(k.ptr<float>(), v.ptr<float>(), slots, k_cache.ptr<__half>(),
+                                                       v_cache.ptr<__half>(), k.numel() / T);
+  else
+    throw std::invalid_argument("CUDA kv_cache_write: the cache must be float32 or float16");
   RV_CUDA_CHECK(cudaGetLastError());
 }
 

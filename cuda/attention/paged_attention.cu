@@ -1,11 +1,17 @@
-// Paged attention for batches that mix prefill chunks and decode tokens (same contract as the CPU
-// op): one block per (query token, query head, context split); its warps stride over the split's
-// positions, each keeping an online softmax (running max, sum, output), merged through shared
-// memory. When few (token, head) pairs would leave most SMs idle (decode of few sequences over long
-// contexts), the context is split across blocks and a second kernel merges the partial softmaxes
-// (split-K). head_dim up to 256 (8 values per lane). GQA groups still re-read K/V per query head.
-#include <algorithm>
+// Paged attention for batches that mix prefill chunks and decode tokens (the CPU op's contract),
+// over float32 or float16 KV caches.
+//  - Sequences with one query token (decode) use a per-(token, head) kernel: its warps stride
+//    over the context with an online softmax each, merged in shared memory; when few blocks would
+//    leave SMs idle the context is split across blocks and a second kernel merges the partial
+//    softmaxes (split-K). head_dim <= 256. It reads only device metadata, so it can be captured.
+//  - Sequences with several query tokens (prefill chunks, on top of any cached prefix) use
+//    flash-style tiles on tensor cores (prefill_attention.cuh) when head_dim is 64 or 128.
+#include <cuda_fp16.h>
 
+#include <algorithm>
+#include <vector>
+
+#include "attention/prefill_attention.cuh"
 #include "core/cuda_check.h"
 #include "cuda_ops.h"
 
@@ -14,12 +20,17 @@ namespace {
 
 constexpr int kWarps = 4, kMaxPerLane = 8;
 
-__global__ void paged_attention_kernel(const float* __restrict__ q, const float* __restrict__ kc, const float* __restrict__ vc,
-                                       const int32_t* __restrict__ query_start, const int32_t* __restrict__ seq_lens,
-                                       const int32_t* __restrict__ block_tables, const int32_t* __restrict__ seq_of,
-                                       int max_blocks, int block_size, int H, int KVH, int D, float scale,
-                                       float* __restrict__ out, float* __restrict__ part) {
-  const int t = blockIdx.x, h = blockIdx.y, kvh = h / (H / KVH), split = blockIdx.z, splits = gridDim.z;
+__device__ __forceinline__ float ld(const float* p) { return *p; }
+__device__ __forceinline__ float ld(const __half* p) { return __half2float(*p); }
+
+template <typename C>
+__global__ void decode_attention_kernel(const float* __restrict__ q, const C* __restrict__ kc, const C* __restrict__ vc,
+                                        const int32_t* __restrict__ query_start, const int32_t* __restrict__ seq_lens,
+                                        const int32_t* __restrict__ block_tables, const int32_t* __restrict__ seq_of,
+                                        const int32_t* __restrict__ token_list, int max_blocks, int block_size, int H,
+                                        int KVH, int D, float scale, float* __restrict__ out, float* __restrict__ part) {
+  const int t = token_list ? token_list[blockIdx.x] : int(blockIdx.x);
+  const int h = blockIdx.y, kvh = h / (H / KVH), split = blockIdx.z, splits = gridDim.z;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int s = seq_of[t];
   const int q_len = query_start[s + 1] - query_start[s];
@@ -27,6 +38,7 @@ __global__ void paged_attention_kernel(const float* __restrict__ q, const float*
   const int32_t* table = block_tables + size_t(s) * max_blocks;
   const int per_lane = (D + 31) / 32;
   float qv[kMaxPerLane], acc[kMaxPerLane];
+#pragma unroll
   for (int i = 0; i < kMaxPerLane; ++i) {
     const int d = lane + 32 * i;
     qv[i] = (i < per_lane && d < D) ? q[(size_t(t) * H + h) * D + d] * scale : 0.0f;
@@ -38,55 +50,63 @@ __global__ void paged_attention_kernel(const float* __restrict__ q, const float*
   for (int j = j0 + warp; j < j1; j += kWarps) {
     const size_t base = (size_t(table[j / block_size]) * block_size + j % block_size) * row + size_t(kvh) * D;
     float dot = 0.0f;
-    for (int i = 0; i < per_lane; ++i) {
+#pragma unroll
+    for (int i = 0; i < kMaxPerLane; ++i) {
       const int d = lane + 32 * i;
-      if (d < D) dot += qv[i] * kc[base + d];
+      if (i < per_lane && d < D) dot += qv[i] * ld(kc + base + d);
     }
     for (int o = 16; o > 0; o >>= 1) dot += __shfl_xor_sync(0xffffffffu, dot, o);
     const float m_new = fmaxf(m, dot);
     const float corr = __expf(m - m_new), p = __expf(dot - m_new);
     l = l * corr + p;
-    for (int i = 0; i < per_lane; ++i) {
+#pragma unroll
+    for (int i = 0; i < kMaxPerLane; ++i) {
       const int d = lane + 32 * i;
-      acc[i] = acc[i] * corr + (d < D ? p * vc[base + d] : 0.0f);
+      if (i < per_lane) acc[i] = acc[i] * corr + (d < D ? p * ld(vc + base + d) : 0.0f);
     }
     m = m_new;
   }
   __shared__ float sm[kWarps], sl[kWarps];
   __shared__ float sacc[kWarps][kMaxPerLane * 32];
   if (lane == 0) sm[warp] = m, sl[warp] = l;
-  for (int i = 0; i < per_lane; ++i) sacc[warp][lane + 32 * i] = acc[i];
+#pragma unroll
+  for (int i = 0; i < kMaxPerLane; ++i)
+    if (i < per_lane) sacc[warp][lane + 32 * i] = acc[i];
   __syncthreads();
-  if (warp == 0) {
-    float mx = -INFINITY;
-    for (int w = 0; w < kWarps; ++w) mx = fmaxf(mx, sm[w]);
-    float total = 0.0f;
-    float res[kMaxPerLane] = {};
-    for (int w = 0; w < kWarps; ++w) {
-      if (sm[w] == -INFINITY) continue;  // a warp that saw no position
-      const float c = __expf(sm[w] - mx);
-      total += c * sl[w];
-      for (int i = 0; i < per_lane; ++i) res[i] += c * sacc[w][lane + 32 * i];
+  if (warp != 0) return;
+  float mx = -INFINITY;
+  for (int w = 0; w < kWarps; ++w) mx = fmaxf(mx, sm[w]);
+  float total = 0.0f;
+  float res[kMaxPerLane] = {};
+  for (int w = 0; w < kWarps; ++w) {
+    if (sm[w] == -INFINITY) continue;  // a warp that saw no position
+    const float c = __expf(sm[w] - mx);
+    total += c * sl[w];
+#pragma unroll
+    for (int i = 0; i < kMaxPerLane; ++i)
+      if (i < per_lane) res[i] += c * sacc[w][lane + 32 * i];
+  }
+  if (splits == 1) {
+#pragma unroll
+    for (int i = 0; i < kMaxPerLane; ++i) {
+      const int d = lane + 32 * i;
+      if (i < per_lane && d < D) out[(size_t(t) * H + h) * D + d] = res[i] / total;
     }
-    if (splits == 1) {
-      for (int i = 0; i < per_lane; ++i) {
-        const int d = lane + 32 * i;
-        if (d < D) out[(size_t(t) * H + h) * D + d] = res[i] / total;
-      }
-    } else {  // partial result of this split: [max, sum, D unnormalised outputs]
-      float* p = part + ((size_t(t) * H + h) * splits + split) * (D + 2);
-      if (lane == 0) p[0] = mx, p[1] = total;
-      for (int i = 0; i < per_lane; ++i) {
-        const int d = lane + 32 * i;
-        if (d < D) p[2 + d] = res[i];
-      }
+  } else {  // partial result of this split: [max, sum, D unnormalised outputs]
+    float* p = part + ((size_t(blockIdx.x) * H + h) * splits + split) * (D + 2);
+    if (lane == 0) p[0] = mx, p[1] = total;
+#pragma unroll
+    for (int i = 0; i < kMaxPerLane; ++i) {
+      const int d = lane + 32 * i;
+      if (i < per_lane && d < D) p[2 + d] = res[i];
     }
   }
 }
 
-__global__ void merge_splits_kernel(const float* __restrict__ part, int splits, int H, int D, float* __restrict__ out) {
-  const int t = blockIdx.x, h = blockIdx.y;
-  const float* p = part + (size_t(t) * H + h) * splits * (D + 2);
+__global__ void merge_splits_kernel(const float* __restrict__ part, const int32_t* __restrict__ token_list, int splits,
+                                    int H, int D, float* __restrict__ out) {
+  const int t = token_list ? token_list[blockIdx.x] : int(blockIdx.x), h = blockIdx.y;
+  const float* p = part + (size_t(blockIdx.x) * H + h) * splits * (D + 2);
   float mx = -INFINITY;
   for (int s = 0; s < splits; ++s) mx = fmaxf(mx, p[s * (D + 2)]);
   for (int d = threadIdx.x; d < D; d += blockDim.x) {
@@ -102,43 +122,103 @@ __global__ void merge_splits_kernel(const float* __restrict__ part, int splits, 
   }
 }
 
+struct Shape {
+  int64_t H, KVH, D;
+};
+
+// Decode tokens: token_list (device, n rows) or, when null, every row 0..n-1.
+template <typename C>
+void launch_decode(const Tensor& q, const C* kc, const C* vc, const ops::AttentionBatch& b, const Shape& sh,
+                   const int32_t* qs, const int32_t* lens, const int32_t* tables, const int32_t* seq_of,
+                   const int32_t* token_list, int64_t n, int max_ctx, float scale, Tensor& out) {
+  if (n == 0) return;
+  // Split the context when (tokens x heads) blocks would leave SMs idle and contexts are long.
+  const int64_t work = n * sh.H, sms = sm_count();
+  int splits = 1;
+  if (work < 2 * sms) splits = int(std::max<int64_t>(1, std::min<int64_t>((2 * sms + work - 1) / work, max_ctx / 256)));
+  Tensor part;
+  if (splits > 1) part = Tensor::uninitialized({n, sh.H, splits, sh.D + 2}, DType::kF32, Device::kCUDA);
+  decode_attention_kernel<C><<<dim3(unsigned(n), unsigned(sh.H), unsigned(splits)), 32 * kWarps, 0, stream()>>>(
+      q.ptr<float>(), kc, vc, qs, lens, tables, seq_of, token_list, b.max_blocks_per_seq, b.block_size, int(sh.H),
+      int(sh.KVH), int(sh.D), scale, out.ptr<float>(), splits > 1 ? part.ptr<float>() : nullptr);
+  RV_CUDA_CHECK(cudaGetLastError());
+  if (splits > 1) {
+    merge_splits_kernel<<<dim3(unsigned(n), unsigned(sh.H)), 128, 0, stream()>>>(part.ptr<float>(), token_list, splits,
+                                                                                   int(sh.H), int(sh.D), out.ptr<float>());
+    RV_CUDA_CHECK(cudaGetLastError());
+  }
+}
+
+template <typename C>
+void run(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, const ops::AttentionBatch& b, float scale,
+         Tensor& out) {
+  const Shape sh{q.size(1), k_cache.size(2), q.size(2)};
+  const int64_t T = q.size(0);
+  const C* kc = k_cache.ptr<C>();
+  const C* vc = v_cache.ptr<C>();
+  if (b.decode_only && b.dev_query_start) {  // the captured-graph path: device metadata only
+    launch_decode(q, kc, vc, b, sh, b.dev_query_start, b.dev_seq_lens, b.dev_block_tables, b.dev_token_seq, nullptr, T,
+                  b.max_seq_len, scale, out);
+    return;
+  }
+  // Plan on the host: decode rows for the per-token kernel, 64-row tiles of the multi-token
+  // sequences for the tensor-core kernel. Metadata the runner did not upload goes up here, in
+  // one copy (asynchronous from pageable memory: the source may be reused at once).
+  const int32_t S = b.num_seqs;
+  const bool tiles_ok = prefill_supported(int(sh.D));
+  std::vector<int32_t> decode_rows, tiles;  // tiles: (seq, first query row within the seq)
+  int max_ctx = 0;
+  for (int32_t s = 0; s < S; ++s) {
+    const int32_t q0 = b.query_start[s], q1 = b.query_start[s + 1];
+    max_ctx = std::max(max_ctx, b.seq_lens[s]);
+    if (q1 - q0 > 1 && tiles_ok) {
+      for (int32_t r = 0; r < q1 - q0; r += kPrefillRows) tiles.push_back(s), tiles.push_back(r);
+    } else {
+      for (int32_t t = q0; t < q1; ++t) decode_rows.push_back(t);
+    }
+  }
+  const size_t n_meta = b.dev_query_start ? 0 : size_t(S) + 1 + size_t(S) + size_t(S) * b.max_blocks_per_seq + size_t(T);
+  std::vector<int32_t> host(n_meta + decode_rows.size() + tiles.size());
+  size_t off = 0;
+  auto put = [&](const int32_t* p, size_t n) {
+    std::copy(p, p + n, host.begin() + off);
+    off += n;
+  };
+  if (n_meta) {
+    put(b.query_start, size_t(S) + 1);
+    put(b.seq_lens, size_t(S));
+    put(b.block_tables, size_t(S) * b.max_blocks_per_seq);
+    for (int32_t s = 0; s < S; ++s)
+      for (int32_t t = b.query_start[s]; t < b.query_start[s + 1]; ++t) host[off++] = s;
+  }
+  put(decode_rows.data(), decode_rows.size());
+  put(tiles.data(), tiles.size());
+  Tensor dev = Tensor::uninitialized({int64_t(std::max<size_t>(1, host.size()))}, DType::kI32, Device::kCUDA);
+  RV_CUDA_CHECK(cudaMemcpyAsync(dev.data(), host.data(), host.size() * 4, cudaMemcpyHostToDevice, stream()));
+  const int32_t* d = dev.ptr<int32_t>();
+  const int32_t* qs = n_meta ? d : b.dev_query_start;
+  const int32_t* lens = n_meta ? d + S + 1 : b.dev_seq_lens;
+  const int32_t* tables = n_meta ? d + 2 * S + 1 : b.dev_block_tables;
+  const int32_t* seq_of = n_meta ? d + 2 * S + 1 + size_t(S) * b.max_blocks_per_seq : b.dev_token_seq;
+  const bool all_rows = decode_rows.size() == size_t(T);
+  launch_decode(q, kc, vc, b, sh, qs, lens, tables, seq_of, all_rows ? nullptr : d + n_meta, int64_t(decode_rows.size()),
+                max_ctx, scale, out);
+  if (!tiles.empty())
+    launch_prefill(q.ptr<float>(), kc, vc, qs, lens, tables, d + n_meta + decode_rows.size(), int(tiles.size() / 2),
+                   b.max_blocks_per_seq, b.block_size, int(sh.H), int(sh.KVH), int(sh.D), scale, out.ptr<float>());
+}
+
 }  // namespace
 
 void paged_attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, const ops::AttentionBatch& b,
                      float scale, Tensor& out) {
-  const int64_t T = q.size(0), H = q.size(1), D = q.size(2), KVH = k_cache.size(2);
-  RV_CHECK(D <= 32 * kMaxPerLane && H % KVH == 0, "CUDA paged_attention: head_dim ", D, " (<= 256) / heads ", H, "/", KVH);
-  if (T == 0) return;
-  // The batch metadata lives on the host; the kernel needs it on the device.
-  std::vector<int32_t> seq_of(static_cast<size_t>(T));
-  for (int32_t s = 0; s < b.num_seqs; ++s)
-    for (int32_t t = b.query_start[s]; t < b.query_start[s + 1]; ++t) seq_of[size_t(t)] = s;
-  auto upload = [](const int32_t* p, size_t n) {
-    Tensor h = Tensor::wrap(const_cast<int32_t*>(p), {int64_t(n)}, DType::kI32, nullptr);
-    return to_device(h);
-  };
-  Tensor d_qs = upload(b.query_start, size_t(b.num_seqs) + 1), d_lens = upload(b.seq_lens, size_t(b.num_seqs));
-  Tensor d_tables = upload(b.block_tables, size_t(b.num_seqs) * size_t(b.max_blocks_per_seq));
-  Tensor d_seq = upload(seq_of.data(), seq_of.size());
-  // Split the context when (tokens x heads) blocks would leave SMs idle and contexts are long.
-  int sms = 0;
-  RV_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
-  int max_ctx = 0;
-  for (int32_t s = 0; s < b.num_seqs; ++s) max_ctx = std::max(max_ctx, b.seq_lens[s]);
-  int splits = 1;
-  if (T * H < 2 * sms) splits = int(std::max<int64_t>(1, std::min<int64_t>((2 * sms + T * H - 1) / (T * H), max_ctx / 256)));
-  Tensor part;
-  if (splits > 1) part = Tensor::empty({T, H, splits, D + 2}, DType::kF32, Device::kCUDA);
-  paged_attention_kernel<<<dim3(unsigned(T), unsigned(H), unsigned(splits)), 32 * kWarps>>>(
-      q.ptr<float>(), k_cache.ptr<float>(), v_cache.ptr<float>(), d_qs.ptr<int32_t>(), d_lens.ptr<int32_t>(),
-      d_tables.ptr<int32_t>(), d_seq.ptr<int32_t>(), b.max_blocks_per_seq, b.block_size, int(H), int(KVH), int(D), scale,
-      out.ptr<float>(), splits > 1 ? part.ptr<float>() : nullptr);
-  RV_CUDA_CHECK(cudaGetLastError());
-  if (splits > 1) {
-    merge_splits_kernel<<<dim3(unsigned(T), unsigned(H)), 128>>>(part.ptr<float>(), splits, int(H), int(D), out.ptr<float>());
-    RV_CUDA_CHECK(cudaGetLastError());
-  }
-  synchronize();  // the uploaded metadata must outlive the kernel
+  const int64_t D = q.size(2);
+  RV_CHECK(D <= 32 * kMaxPerLane && q.size(1) % k_cache.size(2) == 0, "CUDA paged_attention: head_dim ", D,
+           " (<= 256) / heads ", q.size(1), "/", k_cache.size(2));
+  if (q.size(0) == 0) return;
+  if (k_cache.dtype() == DType::kF32) run<float>(q, k_cache, v_cache, b, scale, out);
+  else if (k_cache.dtype() == DType::kF16) run<__half>(q, k_cache, v_cache, b, scale, out);
+  else throw std::invalid_argument("CUDA paged_attention: the KV cache must be float32 or float16");
 }
 
 }  // namespace revolta::cuda

@@ -1,62 +1,177 @@
-// Device memory, transfers and the registration of the CUDA op table.
+// Device memory, the work stream, transfers, graphs and the registration of the CUDA op table.
+//
+// All work goes to one stream (the engine thread is the only producer), so a block freed on the
+// host may be handed to the next allocation at once: later kernels are ordered after earlier ones.
+// Freed blocks are cached by size (a forward pass allocates the same shapes every step); a graph
+// records from a private pool whose blocks no one else receives while the graph lives.
 #include <cuda_runtime.h>
 
+#include <map>
+#include <mutex>
+
 #include "core/cuda_check.h"
+#include "core/device_runtime.h"
 #include "cuda_ops.h"
 
 namespace revolta::cuda {
 namespace {
 
-struct DeviceBuffer : Buffer {
+struct Pool {
+  std::mutex mu;
+  std::multimap<size_t, void*> free_blocks;
+  size_t cached_bytes = 0;
+  void release() {
+    std::lock_guard<std::mutex> lk(mu);
+    for (auto& [bytes, p] : free_blocks) cudaFree(p);
+    free_blocks.clear();
+    cached_bytes = 0;
+  }
+  ~Pool() { release(); }
+};
+
+std::shared_ptr<Pool>& global_pool() {
+  static auto p = std::make_shared<Pool>();
+  return p;
+}
+thread_local std::shared_ptr<Pool> t_capture_pool;  // set while a graph is being sized/recorded
+
+struct PooledBuffer : Buffer {
   void* ptr = nullptr;
-  ~DeviceBuffer() override {
-    if (ptr) cudaFree(ptr);
+  size_t bytes = 0;
+  std::shared_ptr<Pool> pool;
+  ~PooledBuffer() override {
+    std::lock_guard<std::mutex> lk(pool->mu);
+    pool->free_blocks.emplace(bytes, ptr);
+    pool->cached_bytes += bytes;
   }
 };
 
-std::shared_ptr<Buffer> allocate(size_t bytes, void** data) {
-  auto buf = std::make_shared<DeviceBuffer>();
-  RV_CUDA_CHECK(cudaMalloc(&buf->ptr, bytes ? bytes : 1));
-  RV_CUDA_CHECK(cudaMemset(buf->ptr, 0, bytes ? bytes : 1));
+size_t round_size(size_t bytes) {
+  const size_t g = bytes < (size_t(1) << 20) ? 512 : (size_t(1) << 20);
+  return (std::max<size_t>(bytes, 1) + g - 1) / g * g;
+}
+
+std::shared_ptr<Buffer> allocate(size_t bytes, bool zero, void** data) {
+  auto buf = std::make_shared<PooledBuffer>();
+  buf->pool = t_capture_pool ? t_capture_pool : global_pool();
+  buf->bytes = round_size(bytes);
+  {
+    std::lock_guard<std::mutex> lk(buf->pool->mu);
+    auto it = buf->pool->free_blocks.find(buf->bytes);
+    if (it != buf->pool->free_blocks.end()) {
+      buf->ptr = it->second;
+      buf->pool->free_blocks.erase(it);
+      buf->pool->cached_bytes -= buf->bytes;
+    }
+  }
+  if (!buf->ptr) {
+    cudaError_t err = cudaMalloc(&buf->ptr, buf->bytes);
+    if (err != cudaSuccess) {  // give the cached blocks back and try once more
+      cudaGetLastError();
+      global_pool()->release();
+      err = cudaMalloc(&buf->ptr, buf->bytes);
+    }
+    RV_CHECK(err == cudaSuccess, "CUDA out of memory allocating ", buf->bytes, " bytes: ", cudaGetErrorString(err));
+  }
+  if (zero) RV_CUDA_CHECK(cudaMemsetAsync(buf->ptr, 0, bytes, stream()));
   *data = buf->ptr;
   return buf;
 }
+
+class Graph final : public DeviceGraph {
+ public:
+  Graph(cudaGraphExec_t exec, std::shared_ptr<Pool> pool) : exec_(exec), pool_(std::move(pool)) {}
+  ~Graph() override { cudaGraphExecDestroy(exec_); }
+  void replay() override { RV_CUDA_CHECK(cudaGraphLaunch(exec_, stream())); }
+
+ private:
+  cudaGraphExec_t exec_;
+  std::shared_ptr<Pool> pool_;
+};
+
+class Runtime final : public DeviceRuntime {
+ public:
+  std::string name() const override { return device_name(); }
+  void copy_to_device(void* dst, const void* src, size_t n) override {
+    RV_CUDA_CHECK(cudaMemcpyAsync(dst, src, n, cudaMemcpyHostToDevice, stream()));
+  }
+  void copy_to_host(void* dst, const void* src, size_t n) override {
+    RV_CUDA_CHECK(cudaMemcpyAsync(dst, src, n, cudaMemcpyDeviceToHost, stream()));
+    RV_CUDA_CHECK(cudaStreamSynchronize(stream()));
+  }
+  void copy_on_device(void* dst, const void* src, size_t n) override {
+    RV_CUDA_CHECK(cudaMemcpyAsync(dst, src, n, cudaMemcpyDeviceToDevice, stream()));
+  }
+  void fill_zero(void* dst, size_t n) override { RV_CUDA_CHECK(cudaMemsetAsync(dst, 0, n, stream())); }
+  void synchronize() override { cuda::synchronize(); }
+  void memory_info(size_t* free_bytes, size_t* total_bytes) override {
+    RV_CUDA_CHECK(cudaMemGetInfo(free_bytes, total_bytes));
+    std::lock_guard<std::mutex> lk(global_pool()->mu);
+    *free_bytes += global_pool()->cached_bytes;
+  }
+  std::unique_ptr<DeviceGraph> capture(const std::function<void()>& work) override {
+    auto pool = std::make_shared<Pool>();
+    struct Scope {  // routes allocations of this thread to the graph's pool
+      explicit Scope(std::shared_ptr<Pool> p) { t_capture_pool = std::move(p); }
+      ~Scope() { t_capture_pool.reset(); }
+    } scope(pool);
+    work();  // sizes the pool: the recorded run then allocates nothing new
+    RV_CUDA_CHECK(cudaStreamSynchronize(stream()));
+    cudaGraph_t graph = nullptr;
+    RV_CUDA_CHECK(cudaStreamBeginCapture(stream(), cudaStreamCaptureModeThreadLocal));
+    try {
+      work();
+    } catch (...) {
+      cudaStreamEndCapture(stream(), &graph);
+      if (graph) cudaGraphDestroy(graph);
+      throw;
+    }
+    RV_CUDA_CHECK(cudaStreamEndCapture(stream(), &graph));
+    cudaGraphExec_t exec = nullptr;
+    const cudaError_t err = cudaGraphInstantiate(&exec, graph, 0);
+    cudaGraphDestroy(graph);
+    RV_CUDA_CHECK(err);
+    return std::make_unique<Graph>(exec, pool);
+  }
+};
 
 struct Registration {
   Registration() {
     register_device_allocator(Device::kCUDA, &allocate);
     ops::register_backend(Device::kCUDA, table());
+    static Runtime runtime;
+    register_device_runtime(Device::kCUDA, &runtime);
   }
 } registration;
 
 }  // namespace
 
-Tensor to_device(const Tensor& host) {
-  Tensor d = Tensor::empty(host.shape(), host.dtype(), Device::kCUDA);
-  RV_CUDA_CHECK(cudaMemcpy(d.data(), host.data(), host.nbytes(), cudaMemcpyHostToDevice));
-  return d;
+cudaStream_t stream() {
+  static cudaStream_t s = [] {
+    cudaStream_t st = nullptr;
+    RV_CUDA_CHECK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+    return st;
+  }();
+  return s;
 }
 
-Tensor to_host(const Tensor& dev) {
-  Tensor h = Tensor::empty(dev.shape(), dev.dtype());
-  RV_CUDA_CHECK(cudaMemcpy(h.data(), dev.data(), dev.nbytes(), cudaMemcpyDeviceToHost));
-  return h;
-}
+Tensor to_device(const Tensor& host) { return host.to(Device::kCUDA); }
+Tensor to_host(const Tensor& dev) { return dev.to(Device::kCPU); }
 
-void synchronize() { RV_CUDA_CHECK(cudaDeviceSynchronize()); }
+void synchronize() { RV_CUDA_CHECK(cudaStreamSynchronize(stream())); }
 
 double measure_copy_bandwidth(size_t bytes) {
   void *a = nullptr, *b = nullptr;
   RV_CUDA_CHECK(cudaMalloc(&a, bytes));
   RV_CUDA_CHECK(cudaMalloc(&b, bytes));
-  RV_CUDA_CHECK(cudaMemcpy(b, a, bytes, cudaMemcpyDeviceToDevice));
+  RV_CUDA_CHECK(cudaMemcpyAsync(b, a, bytes, cudaMemcpyDeviceToDevice, stream()));
   cudaEvent_t start, stop;
   cudaEventCreate(&start);
   cudaEventCreate(&stop);
   const int reps = 10;
-  cudaEventRecord(start);
-  for (int i = 0; i < reps; ++i) cudaMemcpy(b, a, bytes, cudaMemcpyDeviceToDevice);
-  cudaEventRecord(stop);
+  cudaEventRecord(start, stream());
+  for (int i = 0; i < reps; ++i) cudaMemcpyAsync(b, a, bytes, cudaMemcpyDeviceToDevice, stream());
+  cudaEventRecord(stop, stream());
   cudaEventSynchronize(stop);
   float ms = 0.0f;
   cudaEventElapsedTime(&ms, start, stop);
@@ -67,11 +182,52 @@ double measure_copy_bandwidth(size_t bytes) {
   return 2.0 * double(bytes) * reps / (double(ms) / 1e3);
 }
 
+namespace {
+__global__ void read_kernel(const float4* __restrict__ p, size_t n, float* __restrict__ sink) {
+  float acc = 0.0f;
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
+    const float4 v = __ldg(p + i);
+    acc += v.x + v.y + v.z + v.w;
+  }
+  if (acc == 12345.678f) *sink = acc;  // keeps the loads; never true for a zeroed buffer
+}
+}  // namespace
+
+double measure_read_bandwidth(size_t bytes) {
+  Tensor buf = Tensor::empty({int64_t(bytes / 4)}, DType::kF32, Device::kCUDA);
+  Tensor sink = Tensor::empty({1}, DType::kF32, Device::kCUDA);
+  const size_t n = bytes / 16;
+  auto run = [&] { read_kernel<<<unsigned(sm_count() * 8), 512, 0, stream()>>>(buf.ptr<float4>(), n, sink.ptr<float>()); };
+  run();
+  cudaEvent_t start, stop;
+  cudaEventCreate(&start);
+  cudaEventCreate(&stop);
+  const int reps = 10;
+  cudaEventRecord(start, stream());
+  for (int i = 0; i < reps; ++i) run();
+  cudaEventRecord(stop, stream());
+  cudaEventSynchronize(stop);
+  float ms = 0.0f;
+  cudaEventElapsedTime(&ms, start, stop);
+  cudaEventDestroy(start);
+  cudaEventDestroy(stop);
+  return double(n * 16) * reps / (double(ms) / 1e3);
+}
+
 std::string device_name() {
   cudaDeviceProp prop{};
   RV_CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
   return prop.name + std::string(" (compute capability ") + std::to_string(prop.major) + "." +
          std::to_string(prop.minor) + ")";
+}
+
+int sm_count() {
+  static const int n = [] {
+    int v = 0;
+    RV_CUDA_CHECK(cudaDeviceGetAttribute(&v, cudaDevAttrMultiProcessorCount, 0));
+    return v;
+  }();
+  return n;
 }
 
 const ops::OpTable* table() {
@@ -85,6 +241,10 @@ const ops::OpTable* table() {
     o.linear = &linear;
     o.paged_attention = &paged_attention;
     o.kv_cache_write = &kv_cache_write;
+    o.gather_rows = &gather_rows;
+    o.copy_columns = &copy_columns;
+    o.fill_uniform = &fill_uniform;
+    o.argmax = &argmax;
     return o;
   }();
   return &t;

@@ -29,9 +29,9 @@ void embedding(const Tensor& ids, const Tensor& table, Tensor& out) {
   const int64_t T = ids.numel(), H = table.size(1);
   if (T == 0) return;
   if (table.dtype() == DType::kF32)
-    embedding_kernel<float><<<unsigned(T), 256>>>(ids.ptr<int32_t>(), table.ptr<float>(), out.ptr<float>(), H);
+    embedding_kernel<float><<<unsigned(T), 256, 0, stream()>>>(ids.ptr<int32_t>(), table.ptr<float>(), out.ptr<float>(), H);
   else if (table.dtype() == DType::kF16)
-    embedding_kernel<__half><<<unsigned(T), 256>>>(ids.ptr<int32_t>(), table.ptr<__half>(), out.ptr<float>(), H);
+    embedding_kernel<__half><<<unsigned(T), 256, 0, stream()>>>(ids.ptr<int32_t>(), table.ptr<__half>(), out.ptr<float>(), H);
   else
     throw std::invalid_argument("CUDA embedding: table must be float32 or float16");
   RV_CUDA_CHECK(cudaGetLastError());

@@ -2,9 +2,11 @@
 // accumulation, for the SM70 instruction set.
 //  - decode-sized M (<= 8): a GEMV per warp, each warp streaming one weight row with 16-byte loads
 //    and keeping M accumulators per lane: bound by the weight bytes, as decode is;
-//  - larger M: a shared-memory tiled SIMT GEMM (64 x 64 tiles). Tensor-core tiles for prefill are
-//    the next step; this path is the correctness baseline the harness holds them to.
+//  - larger M with f16 weights: tensor-core tiles (gemm_tensor_core.cuh);
+//  - larger M with f32 weights: a shared-memory tiled SIMT GEMM (64 x 64 tiles).
 #include <cuda_fp16.h>
+
+#include "gemm/gemm_tensor_core.cuh"
 
 #include "core/cuda_check.h"
 #include "cuda_ops.h"
@@ -134,14 +136,14 @@ void run(const Tensor& x, const W* w, const float* bias, Tensor& out, int M, int
     float* op = out.ptr<float>();
     switch (M) {
 #define RV_GEMV_CASE(m) \
-  case m: gemv_kernel<W, m><<<blocks, threads>>>(xp, w, bias, op, N, K); break;
+  case m: gemv_kernel<W, m><<<blocks, threads, 0, stream()>>>(xp, w, bias, op, N, K); break;
       RV_GEMV_CASE(1) RV_GEMV_CASE(2) RV_GEMV_CASE(3) RV_GEMV_CASE(4)
       RV_GEMV_CASE(5) RV_GEMV_CASE(6) RV_GEMV_CASE(7) RV_GEMV_CASE(8)
 #undef RV_GEMV_CASE
     }
-  } else {
+  } else if (!tensor_core_gemm(x.ptr<float>(), w, bias, out.ptr<float>(), M, N, K)) {
     dim3 grid(unsigned((N + kTile - 1) / kTile), unsigned((M + kTile - 1) / kTile));
-    gemm_kernel<W><<<grid, 256>>>(x.ptr<float>(), w, bias, out.ptr<float>(), M, N, K);
+    gemm_kernel<W><<<grid, 256, 0, stream()>>>(x.ptr<float>(), w, bias, out.ptr<float>(), M, N, K);
   }
   RV_CUDA_CHECK(cudaGetLastError());
 }

@@ -45,7 +45,7 @@ void launch(const Tensor& x, float* residual, const Tensor& weight, float eps, T
   RV_CHECK(weight.dtype() == DType::kF32, "CUDA rms_norm: norm weights are float32");
   const int64_t n = weight.numel(), rows = x.numel() / n;
   if (rows == 0) return;
-  rms_norm_kernel<<<unsigned(rows), kThreads>>>(x.ptr<float>(), residual, weight.ptr<float>(), out.ptr<float>(),
+  rms_norm_kernel<<<unsigned(rows), kThreads, 0, stream()>>>(x.ptr<float>(), residual, weight.ptr<float>(), out.ptr<float>(),
                                                 int(n), eps);
   RV_CUDA_CHECK(cudaGetLastError());
 }

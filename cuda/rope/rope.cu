@@ -26,7 +26,7 @@ void rope(Tensor& x, const Tensor& positions, const ops::RopeTables& tables) {
   RV_CHECK(tables.cos.device() == Device::kCUDA, "CUDA rope: the cos/sin tables must be on the device");
   const int64_t T = x.size(0), heads = x.size(1), D = x.size(2), half = tables.rotary_dim / 2;
   if (T == 0) return;
-  rope_kernel<<<unsigned(T), 128>>>(x.ptr<float>(), positions.ptr<int32_t>(), tables.cos.ptr<float>(),
+  rope_kernel<<<unsigned(T), 128, 0, stream()>>>(x.ptr<float>(), positions.ptr<int32_t>(), tables.cos.ptr<float>(),
                                     tables.sin.ptr<float>(), int(heads), int(D), int(half));
   RV_CUDA_CHECK(cudaGetLastError());
 }

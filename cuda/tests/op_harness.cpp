@@ -47,7 +47,7 @@ void report(const std::string& name, float err, float tol) {
   std::printf("%-4s %-48s max|err| %.3g (tol %.1g)\n", ok ? "ok" : "FAIL", name.c_str(), err, tol);
 }
 
-void perf(const std::string& name, double bytes, const std::function<void()>& run) {
+void perf(const std::string& name, double bytes, const std::function<void()>& run, double flops = 0.0) {
   if (!g_perf) return;
   run();
   cuda::synchronize();
@@ -56,7 +56,10 @@ void perf(const std::string& name, double bytes, const std::function<void()>& ru
   for (int i = 0; i < reps; ++i) run();
   cuda::synchronize();
   const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / reps;
-  std::printf("perf %-48s %8.2f us  %8.1f GB/s\n", name.c_str(), s * 1e6, bytes / s / 1e9);
+  if (flops > 0)
+    std::printf("perf %-48s %8.2f us  %8.1f GB/s  %6.1f TFLOP/s\n", name.c_str(), s * 1e6, bytes / s / 1e9, flops / s / 1e12);
+  else
+    std::printf("perf %-48s %8.2f us  %8.1f GB/s\n", name.c_str(), s * 1e6, bytes / s / 1e9);
 }
 
 void test_rms_norm(int64_t rows, int64_t n) {
@@ -139,14 +142,18 @@ void test_linear(int64_t M, int64_t N, int64_t K, DType dt, bool with_bias) {
   ops::linear(dx, dw, with_bias ? &db : nullptr, dout);
   const std::string tag = std::string(dtype_name(dt)) + " " + std::to_string(M) + "x" + std::to_string(N) + "x" +
                           std::to_string(K) + (with_bias ? " +bias" : "");
-  report("linear " + tag, max_abs_diff(cuda::to_host(dout), ref), 2e-4f * std::sqrt(float(K)) / 8.0f + 1e-4f);
+  // Tensor-core tiles (f16 weights, M > 8) round x to f16 as they stage it: a wider tolerance.
+  const bool tensor_cores = dt == DType::kF16 && M > 8 && K % 8 == 0;
+  const float tol = tensor_cores ? 4e-4f * std::sqrt(float(K)) : 2e-4f * std::sqrt(float(K)) / 8.0f + 1e-4f;
+  report("linear " + tag, max_abs_diff(cuda::to_host(dout), ref), tol);
   perf("linear " + tag, double(N * K) * double(dtype_size(dt)) + double(M * K + M * N) * 4,
-       [&] { ops::linear(dx, dw, with_bias ? &db : nullptr, dout); });
+       [&] { ops::linear(dx, dw, with_bias ? &db : nullptr, dout); }, 2.0 * double(M) * double(N) * double(K));
 }
 
 // A batch of sequences, each with a cached prefix and new query tokens (prefill chunks of several
 // tokens next to decode tokens), with block tables over a shuffled pool of blocks.
-void test_paged_attention(std::vector<std::pair<int, int>> seqs /* (cached, new) */, int H, int KVH, int D, int bs) {
+void test_paged_attention(std::vector<std::pair<int, int>> seqs /* (cached, new) */, int H, int KVH, int D, int bs,
+                          DType kv_dtype = DType::kF32, bool device_metadata = false) {
   int total_blocks = 0, T = 0, max_blocks = 0;
   for (auto [cached, fresh] : seqs) {
     const int nb = (cached + fresh + bs - 1) / bs;
@@ -174,19 +181,101 @@ void test_paged_attention(std::vector<std::pair<int, int>> seqs /* (cached, new)
   b.max_blocks_per_seq = max_blocks;
   b.block_size = bs;
   Tensor q = random_tensor({T, H, D}), kc = random_tensor({total_blocks, bs, KVH, D}), vc = random_tensor({total_blocks, bs, KVH, D});
+  Tensor dk = cuda::to_device(kc), dv = cuda::to_device(vc);
+  if (kv_dtype == DType::kF16) {  // the reference sees the same f16-rounded cache
+    Tensor k16 = Tensor::empty(kc.shape(), DType::kF16), v16 = Tensor::empty(vc.shape(), DType::kF16);
+    convert_from_f32(kc.ptr<float>(), k16.data(), DType::kF16, size_t(kc.numel()));
+    convert_from_f32(vc.ptr<float>(), v16.data(), DType::kF16, size_t(vc.numel()));
+    convert_to_f32(k16.data(), DType::kF16, kc.ptr<float>(), size_t(kc.numel()));
+    convert_to_f32(v16.data(), DType::kF16, vc.ptr<float>(), size_t(vc.numel()));
+    dk = cuda::to_device(k16);
+    dv = cuda::to_device(v16);
+  }
   Tensor ref = Tensor::empty({T, H, D}, DType::kF32);
   const float scale = 1.0f / std::sqrt(float(D));
   ops::cpu::paged_attention(q, kc, vc, b, scale, ref);
-  Tensor dq = cuda::to_device(q), dk = cuda::to_device(kc), dv = cuda::to_device(vc);
+  Tensor dq = cuda::to_device(q);
+  Tensor dmeta;
+  bool all_decode = true;
+  for (auto [cached, fresh] : seqs) all_decode &= fresh == 1;
+  if (device_metadata) {  // as the runner hands it: mirrors on the device (+ decode_only when it is)
+    std::vector<int32_t> seq_of;
+    for (size_t s = 0; s < seqs.size(); ++s)
+      for (int i = 0; i < seqs[s].second; ++i) seq_of.push_back(int32_t(s));
+    std::vector<int32_t> all(qs);
+    all.insert(all.end(), lens.begin(), lens.end());
+    all.insert(all.end(), tables.begin(), tables.end());
+    all.insert(all.end(), seq_of.begin(), seq_of.end());
+    Tensor h = Tensor::empty({int64_t(all.size())}, DType::kI32);
+    std::copy(all.begin(), all.end(), h.ptr<int32_t>());
+    dmeta = cuda::to_device(h);
+    const int32_t* d = dmeta.ptr<int32_t>();
+    b.dev_query_start = d;
+    b.dev_seq_lens = d + qs.size();
+    b.dev_block_tables = d + qs.size() + lens.size();
+    b.dev_token_seq = d + qs.size() + lens.size() + tables.size();
+    b.max_seq_len = *std::max_element(lens.begin(), lens.end());
+    b.decode_only = all_decode;
+  }
   Tensor dout = Tensor::empty({T, H, D}, DType::kF32, Device::kCUDA);
   ops::paged_attention(dq, dk, dv, b, scale, dout);
   int64_t kv_bytes = 0;
-  for (auto [cached, fresh] : seqs) kv_bytes += int64_t(cached + fresh) * KVH * D * 4 * 2;
-  perf("paged_attention " + std::to_string(seqs.size()) + " seqs, " + std::to_string(T) + " tokens", double(kv_bytes),
-       [&] { ops::paged_attention(dq, dk, dv, b, scale, dout); });
-  report("paged_attention " + std::to_string(seqs.size()) + " seqs " + std::to_string(T) + " tokens H" + std::to_string(H) +
-             "/KV" + std::to_string(KVH) + " D" + std::to_string(D),
-         max_abs_diff(cuda::to_host(dout), ref), 1e-4f);
+  double flops = 0;
+  for (auto [cached, fresh] : seqs) {
+    kv_bytes += int64_t(cached + fresh) * KVH * D * int64_t(dtype_size(kv_dtype)) * 2;
+    flops += 4.0 * H * D * double(fresh) * (cached + (fresh + 1) / 2.0);
+  }
+  const std::string tag = std::to_string(seqs.size()) + " seqs " + std::to_string(T) + " tokens H" + std::to_string(H) + "/KV" +
+                          std::to_string(KVH) + " D" + std::to_string(D) + " " + dtype_name(kv_dtype) +
+                          (device_metadata ? (all_decode ? " dev-meta decode" : " dev-meta") : "");
+  perf("paged_attention " + tag, double(kv_bytes), [&] { ops::paged_attention(dq, dk, dv, b, scale, dout); }, flops);
+  // Multi-token sequences with head_dim 64/128 run on tensor cores (Q and P rounded to f16).
+  const bool tensor_cores = !all_decode && (D == 64 || D == 128);
+  report("paged_attention " + tag, max_abs_diff(cuda::to_host(dout), ref), tensor_cores ? 2e-2f : 1e-4f);
+}
+
+void test_data_movement() {
+  Tensor x = random_tensor({37, 300}), rows = Tensor::empty({5}, DType::kI32);
+  const int32_t picks[5] = {36, 0, 7, 7, 20};
+  std::copy(picks, picks + 5, rows.ptr<int32_t>());
+  Tensor ref = Tensor::empty({5, 300}, DType::kF32), dout = Tensor::empty({5, 300}, DType::kF32, Device::kCUDA);
+  ops::cpu::gather_rows(x, rows, ref);
+  ops::gather_rows(cuda::to_device(x), cuda::to_device(rows), dout);
+  report("gather_rows 5 of 37x300", max_abs_diff(cuda::to_host(dout), ref), 0.0f);
+
+  Tensor cref = Tensor::empty({37, 70}, DType::kF32), cdev = Tensor::empty({37, 70}, DType::kF32, Device::kCUDA);
+  ops::cpu::copy_columns(x, 130, cref);
+  ops::copy_columns(cuda::to_device(x), 130, cdev);
+  report("copy_columns 130..200 of 37x300", max_abs_diff(cuda::to_host(cdev), cref), 0.0f);
+
+  for (DType dt : {DType::kF32, DType::kF16}) {
+    Tensor h = Tensor::empty({1000, 77}, dt), d = Tensor::empty({1000, 77}, dt, Device::kCUDA);
+    ops::cpu::fill_uniform(h, 42, -0.5f, 0.25f);
+    ops::fill_uniform(d, 42, -0.5f, 0.25f);
+    Tensor a = Tensor::empty(h.shape(), DType::kF32), c = Tensor::empty(h.shape(), DType::kF32);
+    convert_to_f32(h.data(), dt, a.ptr<float>(), size_t(h.numel()));
+    convert_to_f32(cuda::to_host(d).data(), dt, c.ptr<float>(), size_t(h.numel()));
+    float lo = 1e9f, hi = -1e9f;
+    for (int64_t i = 0; i < a.numel(); ++i) lo = std::min(lo, a.ptr<float>()[i]), hi = std::max(hi, a.ptr<float>()[i]);
+    const bool in_range = lo >= -0.5f && hi <= 0.25f && hi - lo > 0.7f;  // spans the interval
+    report(std::string("fill_uniform ") + dtype_name(dt) + " (same values as the CPU)",
+           in_range ? max_abs_diff(a, c) : 1.0f, 0.0f);
+  }
+}
+
+void test_argmax(int64_t R, int64_t V) {
+  Tensor x = random_tensor({R, V}), ref = Tensor::empty({R}, DType::kI32);
+  for (int64_t r = 0; r < R; ++r) {  // plant a tie for the maximum: the lower index must win
+    const int64_t a = (r * 7919) % V, b = (a + 1 + (r * 31) % (V - 1)) % V;
+    x.ptr<float>()[r * V + a] = x.ptr<float>()[r * V + b] = 100.0f;
+  }
+  ops::cpu::argmax(x, ref);
+  Tensor dout = Tensor::empty({R}, DType::kI32, Device::kCUDA);
+  ops::argmax(cuda::to_device(x), dout);
+  Tensor got = cuda::to_host(dout);
+  int wrong = 0;
+  for (int64_t r = 0; r < R; ++r) wrong += got.ptr<int32_t>()[r] != ref.ptr<int32_t>()[r];
+  report("argmax " + std::to_string(R) + "x" + std::to_string(V) + " with ties", float(wrong), 0.0f);
 }
 
 }  // namespace
@@ -214,13 +303,27 @@ int main(int argc, char** argv) {
       test_linear(1, 14336, 4096, dt, false);
       test_linear(77, 1536, 576, dt, true);  // tiled path, ragged tiles
       test_linear(512, 4096, 4096, dt, false);
+      test_linear(16, 4096, 4096, dt, false);   // small tensor-core tiles
+      test_linear(33, 1000, 200, dt, true);     // K % 8 != 0: the SIMT path
+      test_linear(130, 1000, 1024, dt, true);   // ragged 128-row tiles
     }
+    test_linear(2048, 4096, 4096, DType::kF16, false);  // prefill-sized (TFLOP/s in --perf)
     test_paged_attention({{0, 1}}, 4, 4, 64, 16);                           // first decode token
     test_paged_attention({{100, 1}, {0, 37}, {250, 5}, {3000, 1}}, 32, 8, 128, 16);  // mixed, GQA 4
     test_paged_attention({{17, 1}, {64, 64}}, 9, 3, 64, 32);                // SmolLM2 heads, MQA-ish groups
     test_paged_attention({{40, 3}}, 16, 2, 256, 16);                        // head_dim 256 (Qwen3-Next)
     test_paged_attention({{8000, 1}}, 8, 2, 128, 16);                       // long decode: split-K
     test_paged_attention({{5000, 1}, {20, 1}, {3000, 1}}, 4, 1, 64, 32);    // splits, one of them near-empty
+    for (DType kv : {DType::kF32, DType::kF16}) {  // tensor-core prefill tiles, with and without a prefix
+      test_paged_attention({{0, 200}}, 8, 2, 128, 16, kv);
+      test_paged_attention({{300, 130}, {0, 1}, {50, 64}, {7, 2}}, 12, 4, 64, 16, kv);
+      test_paged_attention({{100, 1}, {0, 37}, {250, 5}, {3000, 1}}, 32, 8, 128, 16, kv, true);
+      test_paged_attention({{100, 1}, {20, 1}, {3000, 1}}, 32, 8, 128, 16, kv, true);  // the graph path
+    }
+    test_paged_attention({{0, 2048}}, 32, 8, 128, 16, DType::kF16);  // a 2K prompt (TFLOP/s in --perf)
+    test_data_movement();
+    test_argmax(3, 49152);
+    test_argmax(32, 151936);
     test_kv_cache_write(1, 8, 16, 3, 64);
     test_kv_cache_write(100, 16, 16, 8, 128);
   } catch (const std::exception& e) {

@@ -16,7 +16,11 @@ class EngineOptions(BaseModel):
     tokenizer: str | None = Field(None, description="directory with tokenizer.json; default: the model's")
     device: Literal["cpu", "cuda"] = "cpu"
     dtype: Literal["auto", "float32", "float16", "bfloat16"] = "auto"
-    kv_cache_dtype: Literal["auto", "float32"] = "auto"
+    kv_cache_dtype: Literal["auto", "float32", "float16"] = "auto"
+    load_format: Literal["auto", "dummy"] = Field("auto", description="dummy: random weights of the config's shapes")
+    gpu_memory_utilization: float = Field(0.9, ge=0, le=0.99, description="cuda: share of device memory to use "
+                                          "(0: size the KV pool by kv_cache_memory_bytes)")
+    enforce_eager: bool = Field(False, description="cuda: no decode graphs")
     max_model_len: int = Field(0, ge=0, description="0: the model's max_position_embeddings")
     max_num_seqs: int = Field(64, ge=1, le=4096)
     max_num_batched_tokens: int = Field(2048, ge=1)
@@ -32,8 +36,10 @@ class EngineOptions(BaseModel):
             raise ValueError(f"block_size must be a power of two, got {self.block_size}")
         if self.max_model_len and self.max_num_batched_tokens < 1:
             raise ValueError("max_num_batched_tokens must be >= 1")
-        if self.device == "cuda":
-            raise ValueError("device=cuda: this build has no CUDA backend yet (use device=cpu)")
+        if self.device == "cpu" and self.kv_cache_dtype == "float16":
+            raise ValueError("kv_cache_dtype float16 needs device=cuda (the CPU KV cache is float32)")
+        if self.device == "cuda" and self.dtype == "bfloat16":
+            raise ValueError("dtype bfloat16 is not supported with device=cuda (SM70 has no bf16): use auto or float16")
         return self
 
 

@@ -84,6 +84,11 @@ class LLM:
         num_threads: int = 0,
         seed: int = 0,
         tokenizer: str | None = None,
+        device: str = "cpu",
+        kv_cache_dtype: str = "auto",
+        load_format: str = "auto",
+        gpu_memory_utilization: float = 0.9,
+        enforce_eager: bool = False,
     ):
         self.model_path = resolve_model(model)
         cfg = _core.EngineConfig()
@@ -97,6 +102,11 @@ class LLM:
         cfg.enable_prefix_caching = enable_prefix_caching
         cfg.num_threads = num_threads
         cfg.seed = seed
+        cfg.device = device
+        cfg.kv_cache_dtype = kv_cache_dtype
+        cfg.load_format = load_format
+        cfg.gpu_memory_utilization = gpu_memory_utilization
+        cfg.enforce_eager = enforce_eager
         self.engine = _core.Engine(cfg)
         self.model_info = self.engine.model_info
         tok_dir = tokenizer or self.model_path

@@ -40,9 +40,15 @@ struct SamplingParams {
 // Engine options. Validated before any weight is read.
 struct EngineConfig {
   std::string model;                 // HF-style directory: config.json + *.safetensors
-  std::string dtype = "auto";        // weight storage: auto | float32 | float16 | bfloat16
-  std::string kv_cache_dtype = "auto";  // auto (= float32 on the CPU) | float32
-  std::string device = "cpu";
+  std::string dtype = "auto";        // weight storage: auto | float32 | float16 | bfloat16 (CPU only)
+  std::string kv_cache_dtype = "auto";  // auto (float32 on the CPU, float16 on CUDA) | float32 | float16 (CUDA)
+  std::string device = "cpu";        // cpu | cuda
+  std::string load_format = "auto";  // auto: safetensors | dummy: random weights of the config's shapes
+  // CUDA: the fraction of device memory the engine may use (weights + activations + KV); the KV
+  // pool gets what is left. 0: size the KV pool by kv_cache_memory_bytes instead.
+  float gpu_memory_utilization = 0.9f;
+  bool enforce_eager = false;        // CUDA: no decode graphs
+  std::vector<int32_t> cuda_graph_batch_sizes = {1, 2, 4, 8, 16, 32};  // capped by max_num_seqs
   int32_t max_model_len = 0;         // 0: the model's max_position_embeddings
   int32_t max_num_seqs = 64;
   int32_t max_num_batched_tokens = 2048;
@@ -96,6 +102,7 @@ struct EngineStats {
   int64_t prompt_tokens_computed = 0;
   int64_t generation_tokens = 0;
   int64_t requests_finished = 0;
+  int64_t graph_replays = 0;              // decode steps served by a captured graph
 };
 
 struct ModelInfo {
@@ -108,6 +115,8 @@ struct ModelInfo {
   std::string weight_dtype;
   int64_t weight_bytes = 0;
   int64_t kv_cache_bytes = 0;
+  std::string device;                // "cpu" or the GPU's name
+  std::string kv_cache_dtype;
 };
 
 using OutputCallback = std::function<void(const RequestOutput&)>;

@@ -2,10 +2,10 @@
 
 namespace revolta {
 
-KvCache::KvCache(const KvCacheSpec& spec, int32_t nb, int32_t bs) : num_blocks(nb), block_size(bs) {
+KvCache::KvCache(const KvCacheSpec& spec, int32_t nb, int32_t bs, Device device) : num_blocks(nb), block_size(bs) {
   for (int32_t l = 0; l < spec.num_layers; ++l) {
-    k.push_back(Tensor::empty({nb, bs, spec.num_kv_heads, spec.head_dim}, spec.dtype));
-    v.push_back(Tensor::empty({nb, bs, spec.num_kv_heads, spec.head_dim}, spec.dtype));
+    k.push_back(Tensor::empty({nb, bs, spec.num_kv_heads, spec.head_dim}, spec.dtype, device));
+    v.push_back(Tensor::empty({nb, bs, spec.num_kv_heads, spec.head_dim}, spec.dtype, device));
   }
 }
 

@@ -21,7 +21,7 @@ struct KvCacheSpec {
 };
 
 struct KvCache {
-  KvCache(const KvCacheSpec& spec, int32_t num_blocks, int32_t block_size);
+  KvCache(const KvCacheSpec& spec, int32_t num_blocks, int32_t block_size, Device device = Device::kCPU);
   std::vector<Tensor> k, v;  // one per layer
   int32_t num_blocks;
   int32_t block_size;

@@ -4,6 +4,7 @@
 #include <cstring>
 #include <new>
 
+#include "core/device_runtime.h"
 #include "core/error.h"
 
 namespace revolta {
@@ -11,11 +12,11 @@ namespace {
 
 struct HostBuffer : Buffer {
   void* ptr;
-  explicit HostBuffer(size_t bytes) {
+  HostBuffer(size_t bytes, bool zero) {
     // 64-byte alignment keeps vector loads on one cache line.
     ptr = std::aligned_alloc(64, (bytes + 63) / 64 * 64 + 64);
     if (!ptr) throw std::bad_alloc();
-    std::memset(ptr, 0, bytes);
+    if (zero) std::memset(ptr, 0, bytes);
   }
   ~HostBuffer() override { std::free(ptr); }
 };
@@ -39,18 +40,26 @@ void register_device_allocator(Device device, DeviceAllocator allocator) {
 }
 
 Tensor Tensor::empty(std::vector<int64_t> shape, DType dtype, Device device) {
+  return allocate(std::move(shape), dtype, device, true);
+}
+
+Tensor Tensor::uninitialized(std::vector<int64_t> shape, DType dtype, Device device) {
+  return allocate(std::move(shape), dtype, device, false);
+}
+
+Tensor Tensor::allocate(std::vector<int64_t> shape, DType dtype, Device device, bool zero) {
   Tensor t;
   t.shape_ = std::move(shape);
   t.strides_ = contiguous_strides(t.shape_);
   t.dtype_ = dtype;
   t.device_ = device;
   if (device == Device::kCPU) {
-    auto buf = std::make_shared<HostBuffer>(t.nbytes());
+    auto buf = std::make_shared<HostBuffer>(t.nbytes(), zero);
     t.data_ = buf->ptr;
     t.owner_ = std::move(buf);
   } else {
     RV_CHECK(g_allocators[int(device)] != nullptr, "no CUDA backend in this build");
-    t.owner_ = g_allocators[int(device)](t.nbytes(), &t.data_);
+    t.owner_ = g_allocators[int(device)](t.nbytes(), zero, &t.data_);
   }
   return t;
 }
@@ -96,6 +105,15 @@ Tensor Tensor::view(std::vector<int64_t> shape) const {
   t.shape_ = std::move(shape);
   t.strides_ = contiguous_strides(t.shape_);
   RV_CHECK(t.numel() == numel(), "view ", t.shape_str(), " does not match ", shape_str());
+  return t;
+}
+
+Tensor Tensor::to(Device device) const {
+  if (device == device_) return *this;
+  RV_CHECK(is_contiguous(), "to(): non-contiguous tensor ", shape_str());
+  Tensor t = uninitialized(shape_, dtype_, device);
+  if (device == Device::kCPU) device_runtime(device_).copy_to_host(t.data(), data_, nbytes());
+  else device_runtime(device).copy_to_device(t.data(), data_, nbytes());
   return t;
 }
 

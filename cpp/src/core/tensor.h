@@ -17,8 +17,8 @@ struct Buffer {
   virtual ~Buffer() = default;
 };
 
-// A backend that owns device memory registers how to allocate zeroed bytes there.
-using DeviceAllocator = std::shared_ptr<Buffer> (*)(size_t bytes, void** data);
+// A backend that owns device memory registers how to allocate bytes there (zeroed on request).
+using DeviceAllocator = std::shared_ptr<Buffer> (*)(size_t bytes, bool zero, void** data);
 void register_device_allocator(Device device, DeviceAllocator allocator);
 
 class Tensor {
@@ -26,6 +26,8 @@ class Tensor {
   Tensor() = default;
   // Allocates zeroed memory on the device (host memory for kCPU).
   static Tensor empty(std::vector<int64_t> shape, DType dtype, Device device = Device::kCPU);
+  // Allocates without clearing: for buffers the next op overwrites (activations).
+  static Tensor uninitialized(std::vector<int64_t> shape, DType dtype, Device device = Device::kCPU);
   // Wraps external memory kept alive by owner (may be null for borrowed memory).
   static Tensor wrap(void* data, std::vector<int64_t> shape, DType dtype,
                      std::shared_ptr<Buffer> owner, Device device = Device::kCPU);
@@ -50,8 +52,11 @@ class Tensor {
   Tensor slice_rows(int64_t begin, int64_t end) const;
   // Same bytes, new shape (contiguous tensors only).
   Tensor view(std::vector<int64_t> shape) const;
+  // A contiguous copy on `device` (this tensor itself when it already lives there).
+  Tensor to(Device device) const;
 
  private:
+  static Tensor allocate(std::vector<int64_t> shape, DType dtype, Device device, bool zero);
   void* data_ = nullptr;
   std::vector<int64_t> shape_, strides_;
   DType dtype_ = DType::kF32;

@@ -1,6 +1,7 @@
 // Validation of the public value types: every message names the option it is about.
 #include <cmath>
 
+#include "core/device_runtime.h"
 #include "core/error.h"
 #include "revolta/engine.h"
 
@@ -42,10 +43,22 @@ void EngineConfig::validate() const {
   RV_CHECK_ARG(!model.empty(), "model: a model directory is required");
   RV_CHECK_ARG(dtype == "auto" || dtype == "float32" || dtype == "float16" || dtype == "bfloat16",
                "dtype must be one of auto, float32, float16, bfloat16; got '", dtype, "'");
-  RV_CHECK_ARG(kv_cache_dtype == "auto" || kv_cache_dtype == "float32",
-               "kv_cache_dtype must be auto or float32 on the CPU backend; got '", kv_cache_dtype, "'");
   RV_CHECK_ARG(device == "cpu" || device == "cuda", "device must be cpu or cuda; got '", device, "'");
-  RV_CHECK_ARG(device == "cpu", "device 'cuda': this build has no CUDA backend (build with REVOLTA_CUDA=ON)");
+  RV_CHECK_ARG(device == "cpu" || has_device(Device::kCUDA),
+               "device 'cuda': this build has no CUDA backend (build with REVOLTA_CUDA=ON)");
+  RV_CHECK_ARG(kv_cache_dtype == "auto" || kv_cache_dtype == "float32" || (kv_cache_dtype == "float16" && device == "cuda"),
+               "kv_cache_dtype must be auto or float32", device == "cuda" ? " or float16" : " on the CPU backend",
+               "; got '", kv_cache_dtype, "'");
+  RV_CHECK_ARG(device == "cpu" || dtype != "bfloat16",
+               "dtype bfloat16 is not supported with device cuda (SM70 has no bf16 arithmetic): use auto or float16, "
+               "bf16 checkpoints are converted to float16 with a range check");
+  RV_CHECK_ARG(load_format == "auto" || load_format == "dummy", "load_format must be auto or dummy; got '",
+               load_format, "'");
+  RV_CHECK_ARG(gpu_memory_utilization >= 0.0f && gpu_memory_utilization <= 0.99f,
+               "gpu_memory_utilization must be in [0, 0.99] (0: size the KV pool by kv_cache_memory_bytes), got ",
+               gpu_memory_utilization);
+  for (int32_t b : cuda_graph_batch_sizes)
+    RV_CHECK_ARG(b >= 1 && b <= 1024, "cuda_graph_batch_sizes must hold sizes in [1, 1024], got ", b);
   RV_CHECK_ARG(max_model_len >= 0, "max_model_len must be >= 0 (0: from the model), got ", max_model_len);
   RV_CHECK_ARG(max_num_seqs >= 1, "max_num_seqs must be >= 1, got ", max_num_seqs);
   RV_CHECK_ARG(max_num_batched_tokens >= 1, "max_num_batched_tokens must be >= 1, got ",

@@ -14,7 +14,9 @@
 #include "cache/cache_manager.h"
 #include "cache/kv_cache.h"
 #include "cache/state_cache.h"
+#include "core/device_runtime.h"
 #include "core/error.h"
+#include "engine/memory_plan.h"
 #include "core/thread_pool.h"
 #include "model/model.h"
 #include "ops/ops.h"
@@ -83,38 +85,75 @@ Engine::Impl::Impl(const EngineConfig& c) : cfg(c), seed_source(c.seed) {
                model_cfg.max_position_embeddings, ")");
   model_cfg.max_positions = std::max(model_cfg.max_position_embeddings, cfg.max_model_len);
 
-  // One memory budget for both cache groups: recurrent-state slots (one per running request,
-  // plus as many prefix-cache snapshots) first, KV blocks from the rest.
-  const StateSpec state_spec = state_spec_for(model_cfg);
-  const int32_t state_slots = state_spec.num_layers ? cfg.max_num_seqs : 0;
-  const int32_t snapshot_slots = cfg.enable_prefix_caching ? state_slots : 0;
-  const int64_t state_bytes = state_spec.bytes_per_slot() * (state_slots + snapshot_slots);
-  RV_CHECK_ARG(state_bytes < cfg.kv_cache_memory_bytes, "kv_cache_memory_bytes (", cfg.kv_cache_memory_bytes,
-               ") does not even hold the recurrent states of max_num_seqs (", cfg.max_num_seqs, ") requests (",
-               state_bytes, " bytes with prefix-cache snapshots); raise it or lower max_num_seqs");
-  const KvCacheSpec spec = kv_cache_spec_for(model_cfg);
-  const int64_t block_bytes = std::max<int64_t>(1, spec.bytes_per_token() * cfg.block_size);
-  const int64_t num_blocks = (cfg.kv_cache_memory_bytes - state_bytes) / block_bytes;
-  const int64_t need_blocks = (cfg.max_model_len + cfg.block_size - 1) / cfg.block_size;
-  RV_CHECK_ARG(num_blocks >= need_blocks, "kv_cache_memory_bytes (", cfg.kv_cache_memory_bytes,
-               ") holds ", num_blocks, " blocks of ", cfg.block_size,
-               " tokens, fewer than one request of max_model_len (", cfg.max_model_len,
-               ") needs; raise kv_cache_memory_bytes to at least ", need_blocks * block_bytes,
-               " or lower max_model_len");
-
+  const Device device = cfg.device == "cuda" ? Device::kCUDA : Device::kCPU;
+  RV_CHECK_ARG(architecture_runs_on(model_cfg, device), "device '", cfg.device, "': ", model_cfg.architecture,
+               " runs on the CPU only in this version (its recurrent and MoE ops have no CUDA kernels yet)");
   std::string dt = cfg.dtype;
   if (dt == "auto") {
     dt = model_cfg.torch_dtype;
     if (dt != "float16" && dt != "bfloat16") dt = "float32";
+    if (device == Device::kCUDA) dt = "float16";  // bf16 checkpoints are converted with a range check
   }
-  model = load_model(cfg.model, model_cfg, parse_dtype(dt));
-  kv = std::make_unique<KvCache>(spec, int32_t(num_blocks), cfg.block_size);
+  KvCacheSpec spec = kv_cache_spec_for(model_cfg);
+  if (cfg.kv_cache_dtype == "float16" || (cfg.kv_cache_dtype == "auto" && device == Device::kCUDA))
+    spec.dtype = DType::kF16;
+
+  // One memory budget for both cache groups: recurrent-state slots (one per running request,
+  // plus as many prefix-cache snapshots) first, KV blocks from the rest. On CUDA with
+  // gpu_memory_utilization the budget is what the weights and activations leave under it.
+  const StateSpec state_spec = state_spec_for(model_cfg);
+  const int32_t state_slots = state_spec.num_layers ? cfg.max_num_seqs : 0;
+  const int32_t snapshot_slots = cfg.enable_prefix_caching ? state_slots : 0;
+  const int64_t state_bytes = state_spec.bytes_per_slot() * (state_slots + snapshot_slots);
+  const int64_t block_bytes = std::max<int64_t>(1, spec.bytes_per_token() * cfg.block_size);
+  const int64_t need_blocks = (cfg.max_model_len + cfg.block_size - 1) / cfg.block_size;
+  const bool by_utilization = device == Device::kCUDA && cfg.gpu_memory_utilization > 0.0f;
+  int64_t budget = cfg.kv_cache_memory_bytes;
+  const char* budget_option = "kv_cache_memory_bytes";
+  int64_t activation_bytes = 0;
+  if (by_utilization) {
+    // Checked before any weight is read, from the config's parameter count.
+    size_t free_b = 0, total_b = 0;
+    device_runtime(device).memory_info(&free_b, &total_b);
+    activation_bytes = estimate_activation_bytes(model_cfg, cfg);
+    const int64_t weights = estimate_weight_bytes(model_cfg, dtype_size(parse_dtype(dt)));
+    budget = int64_t(double(total_b) * cfg.gpu_memory_utilization) - int64_t(total_b - free_b) - weights - activation_bytes;
+    budget_option = "gpu_memory_utilization";
+    RV_CHECK_ARG(budget >= state_bytes + need_blocks * block_bytes, "gpu_memory_utilization (",
+                 cfg.gpu_memory_utilization, ") of ", total_b >> 20, " MiB (", free_b >> 20, " MiB free) leaves ",
+                 std::max<int64_t>(0, budget) >> 20, " MiB for the KV cache after ", weights >> 20, " MiB of weights and ",
+                 activation_bytes >> 20, " MiB of activations; one request of max_model_len (", cfg.max_model_len,
+                 ") needs ", (state_bytes + need_blocks * block_bytes) >> 20,
+                 " MiB: raise gpu_memory_utilization or lower max_model_len / max_num_seqs");
+  }
+  RV_CHECK_ARG(state_bytes < budget, budget_option, " (", budget, " bytes for caches) does not even hold the recurrent "
+               "states of max_num_seqs (", cfg.max_num_seqs, ") requests (", state_bytes,
+               " bytes with prefix-cache snapshots); raise it or lower max_num_seqs");
+  int64_t num_blocks = (budget - state_bytes) / block_bytes;
+  RV_CHECK_ARG(num_blocks >= need_blocks, budget_option, " (", budget, " bytes for caches) holds ", num_blocks,
+               " blocks of ", cfg.block_size, " tokens, fewer than one request of max_model_len (", cfg.max_model_len,
+               ") needs; raise ", budget_option, " to at least ", need_blocks * block_bytes, " bytes or lower max_model_len");
+
+  model = load_model(cfg.model, model_cfg, parse_dtype(dt), device, cfg.load_format == "dummy");
+  if (by_utilization) {  // now measured: what the weights really left
+    size_t free_b = 0, total_b = 0;
+    device_runtime(device).memory_info(&free_b, &total_b);
+    const int64_t left = int64_t(double(total_b) * cfg.gpu_memory_utilization) - int64_t(total_b - free_b) -
+                         activation_bytes - state_bytes;
+    num_blocks = std::max<int64_t>(need_blocks, std::min<int64_t>(num_blocks, left / block_bytes));
+  }
+  kv = std::make_unique<KvCache>(spec, int32_t(num_blocks), cfg.block_size, device);
   if (state_slots) states = std::make_unique<StateCache>(state_spec, state_slots + snapshot_slots);
   kv_manager = std::make_unique<KvCacheManager>(int32_t(num_blocks), cfg.block_size,
                                                 cfg.enable_prefix_caching, state_slots, snapshot_slots);
   scheduler = std::make_unique<Scheduler>(
       SchedulerConfig{cfg.max_num_seqs, cfg.max_num_batched_tokens, cfg.max_model_len}, *kv_manager);
-  runner = std::make_unique<ModelRunner>(*model, *kv, states.get());
+  RunnerOptions ropts;
+  ropts.max_model_len = cfg.max_model_len;
+  if (device == Device::kCUDA && !cfg.enforce_eager)
+    for (int32_t b : cfg.cuda_graph_batch_sizes)
+      if (b <= cfg.max_num_seqs) ropts.graph_batch_sizes.push_back(b);
+  runner = std::make_unique<ModelRunner>(*model, *kv, states.get(), ropts);
   int threads = cfg.num_threads > 0 ? cfg.num_threads : int(std::thread::hardware_concurrency());
   pool = std::make_unique<ThreadPool>(std::max(1, threads));
 
@@ -127,6 +166,8 @@ Engine::Impl::Impl(const EngineConfig& c) : cfg(c), seed_source(c.seed) {
   info.weight_dtype = dtype_name(model->weight_dtype());
   info.weight_bytes = model->weight_bytes();
   info.kv_cache_bytes = kv->nbytes() + (states ? states->nbytes() : 0);
+  info.device = device == Device::kCPU ? "cpu" : device_runtime(device).name();
+  info.kv_cache_dtype = dtype_name(spec.dtype);
   live.num_blocks_total = num_blocks;
   live.num_blocks_free = num_blocks;
   publish_stats();
@@ -208,10 +249,32 @@ void Engine::Impl::step() {
   }
   ++live.num_steps;
   const int32_t V = model_cfg.vocab_size;
+  // On a device, a batch of plain greedy requests takes its argmax there and copies only the ids;
+  // anything else brings the logits rows to the host sampler.
+  Tensor logits = result.logits;
+  std::vector<int32_t> greedy;
+  if (logits.device() != Device::kCPU && !result.samplers.empty()) {
+    const bool plain = std::all_of(result.samplers.begin(), result.samplers.end(), [](const Request* r) {
+      const SamplingParams& p = r->params;
+      return p.temperature == 0.0f && p.logprobs < 0 && !p.return_generation_logits && p.repetition_penalty == 1.0f &&
+             p.presence_penalty == 0.0f && p.frequency_penalty == 0.0f && r->num_output_tokens() >= p.min_tokens;
+    });
+    if (plain) {
+      Tensor ids = Tensor::uninitialized({int64_t(result.samplers.size())}, DType::kI32, logits.device());
+      ops::argmax(logits, ids);
+      Tensor host = ids.to(Device::kCPU);
+      greedy.assign(host.ptr<int32_t>(), host.ptr<int32_t>() + host.numel());
+    } else {
+      logits = logits.to(Device::kCPU);
+    }
+  }
+  live.graph_replays = runner->graph_replays();
   for (size_t i = 0; i < result.samplers.size(); ++i) {
     Request& r = *result.samplers[i];
     SamplingContext ctx{&r.params, &r.tokens, r.num_prompt_tokens, &model_cfg.eos_token_ids, &r.rng};
-    TokenOutput tok = sample_token(result.logits.ptr<float>() + int64_t(i) * V, V, ctx);
+    TokenOutput tok;
+    if (!greedy.empty()) tok.token = greedy[i];
+    else tok = sample_token(logits.ptr<float>() + int64_t(i) * V, V, ctx);
     const int32_t t = tok.token;
     r.tokens.push_back(t);
     r.pending.push_back(std::move(tok));

@@ -1,6 +1,5 @@
 #include "model/decoder_common.h"
 
-#include <cstring>
 
 #include "core/error.h"
 #include "ops/ops.h"
@@ -24,12 +23,11 @@ EmbeddingAndHead load_embedding_and_head(const WeightLoader& w, const std::strin
   return e;
 }
 
-Tensor final_logits(const Tensor& x, const std::vector<int32_t>& rows, const Tensor& lm_head) {
-  const int64_t H = x.size(1), R = int64_t(rows.size());
-  Tensor picked = Tensor::empty({R, H}, DType::kF32);
-  for (int64_t r = 0; r < R; ++r)
-    std::memcpy(picked.ptr<float>() + r * H, x.ptr<float>() + int64_t(rows[size_t(r)]) * H, size_t(H) * 4);
-  Tensor logits = Tensor::empty({R, lm_head.size(0)}, DType::kF32);
+Tensor final_logits(const Tensor& x, const Tensor& rows, const Tensor& lm_head) {
+  const int64_t H = x.size(1), R = rows.numel();
+  Tensor picked = Tensor::uninitialized({R, H}, DType::kF32, x.device());
+  ops::gather_rows(x, rows, picked);
+  Tensor logits = Tensor::uninitialized({R, lm_head.size(0)}, DType::kF32, x.device());
   ops::linear(picked, lm_head, nullptr, logits);
   return logits;
 }

@@ -23,19 +23,21 @@ EmbeddingAndHead load_embedding_and_head(const WeightLoader& w, const std::strin
 // The bookkeeping part of CausalLM that every decoder shares.
 class DecoderBase : public CausalLM {
  public:
-  DecoderBase(const ModelConfig& c, DType dt) : cfg_(c), dtype_(dt) {}
+  DecoderBase(const ModelConfig& c, DType dt, Device device = Device::kCPU) : cfg_(c), dtype_(dt), device_(device) {}
   const ModelConfig& config() const override { return cfg_; }
   KvCacheSpec kv_cache_spec() const override { return kv_cache_spec_for(cfg_); }
   int64_t weight_bytes() const override { return bytes_; }
   DType weight_dtype() const override { return dtype_; }
+  Device device() const override { return device_; }
 
  protected:
   ModelConfig cfg_;
   DType dtype_;
+  Device device_;
   int64_t bytes_ = 0;
 };
 
-// f32 logits [rows.size(), vocab] of the given rows of the final hidden states x [T, hidden].
-Tensor final_logits(const Tensor& x, const std::vector<int32_t>& rows, const Tensor& lm_head);
+// f32 logits [R, vocab] of the rows (int32 [R], on x's device) of the final hidden states x [T, hidden].
+Tensor final_logits(const Tensor& x, const Tensor& rows, const Tensor& lm_head);
 
 }  // namespace revolta

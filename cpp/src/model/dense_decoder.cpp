@@ -19,7 +19,7 @@ struct DenseLayer {
 class DenseDecoderLM final : public DecoderBase {
  public:
   DenseDecoderLM(const WeightLoader& w, const ModelConfig& c, DType dt, DenseDecoderOptions opts)
-      : DecoderBase(c, dt), opts_(opts) {
+      : DecoderBase(c, dt, w.device()), opts_(opts) {
     const int64_t H = c.hidden_size, I = c.intermediate_size, D = c.head_dim;
     const int64_t QO = int64_t(c.num_heads) * D, KVO = int64_t(c.num_kv_heads) * D;
     head_ = load_embedding_and_head(w, "model.", c, dt);
@@ -48,6 +48,8 @@ class DenseDecoderLM final : public DecoderBase {
       layers_.push_back(std::move(L));
     }
     rope_ = build_rope_tables(c.rope, int32_t(D), c.max_positions);
+    rope_.cos = rope_.cos.to(device_);
+    rope_.sin = rope_.sin.to(device_);
     for (const auto& L : layers_) bytes_ += int64_t(L.qkv.nbytes() + L.o.nbytes() + L.gate_up.nbytes() + L.down.nbytes());
     bytes_ += head_.nbytes();
   }
@@ -59,16 +61,16 @@ class DenseDecoderLM final : public DecoderBase {
     const int64_t QO = NH * D, KVO = KVH * D;
     const float eps = cfg_.rms_norm_eps, scale = 1.0f / std::sqrt(float(D));
 
-    Tensor residual = Tensor::empty({T, H}, DType::kF32);
-    Tensor x = Tensor::empty({T, H}, DType::kF32);
-    Tensor qkv = Tensor::empty({T, QO + 2 * KVO}, DType::kF32);
-    Tensor q = Tensor::empty({T, NH, D}, DType::kF32);
-    Tensor k = Tensor::empty({T, KVH, D}, DType::kF32);
-    Tensor v = Tensor::empty({T, KVH, D}, DType::kF32);
-    Tensor attn = Tensor::empty({T, NH, D}, DType::kF32);
-    Tensor proj = Tensor::empty({T, H}, DType::kF32);
-    Tensor gate_up = Tensor::empty({T, 2 * I}, DType::kF32);
-    Tensor act = Tensor::empty({T, I}, DType::kF32);
+    Tensor residual = Tensor::uninitialized({T, H}, DType::kF32, device_);
+    Tensor x = Tensor::uninitialized({T, H}, DType::kF32, device_);
+    Tensor qkv = Tensor::uninitialized({T, QO + 2 * KVO}, DType::kF32, device_);
+    Tensor q = Tensor::uninitialized({T, NH, D}, DType::kF32, device_);
+    Tensor k = Tensor::uninitialized({T, KVH, D}, DType::kF32, device_);
+    Tensor v = Tensor::uninitialized({T, KVH, D}, DType::kF32, device_);
+    Tensor attn = Tensor::uninitialized({T, NH, D}, DType::kF32, device_);
+    Tensor proj = Tensor::uninitialized({T, H}, DType::kF32, device_);
+    Tensor gate_up = Tensor::uninitialized({T, 2 * I}, DType::kF32, device_);
+    Tensor act = Tensor::uninitialized({T, I}, DType::kF32, device_);
 
     ops::embedding(b.token_ids, head_.embed, residual);
     ops::rms_norm(residual, layers_[0].input_norm, eps, x);
@@ -92,19 +94,16 @@ class DenseDecoderLM final : public DecoderBase {
       const Tensor& next_norm = l + 1 < layers_.size() ? layers_[l + 1].input_norm : final_norm_;
       ops::add_rms_norm(residual, proj, next_norm, eps, x);
     }
-    return final_logits(x, b.logits_rows, head_.lm_head);
+    return final_logits(x, b.logits_row_ids, head_.lm_head);
   }
 
  private:
   static void split_qkv(const Tensor& qkv, Tensor& q, Tensor& k, Tensor& v) {
-    const int64_t T = qkv.size(0), QO = q.numel() / T, KVO = k.numel() / T;
-    const float* src = qkv.ptr<float>();
-    for (int64_t t = 0; t < T; ++t) {
-      const float* row = src + t * (QO + 2 * KVO);
-      std::memcpy(q.ptr<float>() + t * QO, row, size_t(QO) * 4);
-      std::memcpy(k.ptr<float>() + t * KVO, row + QO, size_t(KVO) * 4);
-      std::memcpy(v.ptr<float>() + t * KVO, row + QO + KVO, size_t(KVO) * 4);
-    }
+    const int64_t T = qkv.size(0), QO = q.numel() / std::max<int64_t>(T, 1), KVO = k.numel() / std::max<int64_t>(T, 1);
+    Tensor q2 = q.view({T, QO}), k2 = k.view({T, KVO}), v2 = v.view({T, KVO});
+    ops::copy_columns(qkv, 0, q2);
+    ops::copy_columns(qkv, QO, k2);
+    ops::copy_columns(qkv, QO + KVO, v2);
   }
 
   DenseDecoderOptions opts_;

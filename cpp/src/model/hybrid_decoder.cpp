@@ -146,7 +146,7 @@ class HybridDecoderLM final : public DecoderBase {
       const Tensor& next = l + 1 < layers_.size() ? layers_[l + 1].input_norm : final_norm_;
       ops::add_rms_norm(residual, mixed, next, eps, x);
     }
-    return final_logits(x, b.logits_rows, head_.lm_head);
+    return final_logits(x, b.logits_row_ids, head_.lm_head);
   }
 
  private:

@@ -19,6 +19,7 @@ struct ForwardBatch {
   Tensor slot_mapping;  // int32 [T]
   ops::AttentionBatch attention;
   std::vector<int32_t> logits_rows;  // token rows whose next-token logits are wanted
+  Tensor logits_row_ids;             // the same rows, int32 on the model's device
   std::vector<int32_t> state_slots;  // per sequence: its recurrent-state slot (hybrid models)
 };
 
@@ -34,15 +35,19 @@ class CausalLM {
   virtual KvCacheSpec kv_cache_spec() const = 0;
   virtual int64_t weight_bytes() const = 0;
   virtual DType weight_dtype() const = 0;
+  virtual Device device() const = 0;  // where its weights live and its forward runs
   // Writes the batch's K/V (and recurrent states) into the caches and returns f32 logits
   // [logits_rows.size(), vocab].
   virtual Tensor forward(const ForwardBatch& batch, ModelCaches& caches) = 0;
 };
 
-// Reads config.json, picks the architecture and loads its weights converted to weight_dtype.
-// Throws naming the unsupported architecture or the missing tensor.
-std::unique_ptr<CausalLM> load_model(const std::string& dir, const ModelConfig& config,
-                                     DType weight_dtype);
+// Reads config.json, picks the architecture and loads its weights converted to weight_dtype onto
+// the device (made-up values when dummy). Throws naming the unsupported architecture or the
+// missing tensor.
+std::unique_ptr<CausalLM> load_model(const std::string& dir, const ModelConfig& config, DType weight_dtype,
+                                     Device device = Device::kCPU, bool dummy = false);
+// Whether this architecture's forward runs on the device (its ops exist there).
+bool architecture_runs_on(const ModelConfig& config, Device device);
 std::vector<std::string> supported_architectures();
 // Throws std::invalid_argument naming the architecture when no file implements it.
 void check_architecture(const ModelConfig& config, const std::string& dir);

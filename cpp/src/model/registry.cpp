@@ -53,10 +53,16 @@ StateSpec state_spec_for(const ModelConfig& c) {
   return s;
 }
 
-std::unique_ptr<CausalLM> load_model(const std::string& dir, const ModelConfig& config,
-                                     DType weight_dtype) {
+bool architecture_runs_on(const ModelConfig& config, Device device) {
+  if (device == Device::kCPU) return true;
+  // The hybrid family's recurrent, conv and MoE ops have CPU implementations only so far.
+  return config.architecture == "LlamaForCausalLM" || config.architecture == "Qwen3ForCausalLM";
+}
+
+std::unique_ptr<CausalLM> load_model(const std::string& dir, const ModelConfig& config, DType weight_dtype,
+                                     Device device, bool dummy) {
   check_architecture(config, dir);
-  WeightLoader weights(dir);
+  WeightLoader weights(dir, device, dummy);
   return registry().at(config.architecture)(weights, config, weight_dtype);
 }
 

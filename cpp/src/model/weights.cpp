@@ -1,6 +1,8 @@
 #include "model/weights.h"
 
 #include <algorithm>
+#include <cmath>
+#include <functional>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -9,6 +11,7 @@
 
 #include "core/error.h"
 #include "core/json.h"
+#include "ops/ops.h"
 
 namespace revolta {
 namespace fs = std::filesystem;
@@ -23,7 +26,9 @@ std::string shape_text(const std::vector<int64_t>& s) {
 
 }  // namespace
 
-WeightLoader::WeightLoader(const std::string& dir) : dir_(dir) {
+WeightLoader::WeightLoader(const std::string& dir, Device device, bool dummy)
+    : dir_(dir), device_(device), dummy_(dummy) {
+  if (dummy_) return;
   std::vector<std::string> shard_names;
   fs::path index = fs::path(dir) / "model.safetensors.index.json";
   if (fs::exists(index)) {
@@ -48,7 +53,7 @@ WeightLoader::WeightLoader(const std::string& dir) : dir_(dir) {
   }
 }
 
-bool WeightLoader::has(const std::string& name) const { return where_.count(name) > 0; }
+bool WeightLoader::has(const std::string& name) const { return dummy_ || where_.count(name) > 0; }
 
 std::vector<std::string> WeightLoader::names() const {
   std::vector<std::string> out;
@@ -69,9 +74,30 @@ Tensor WeightLoader::get(const std::string& name, const std::vector<int64_t>& sh
   return get_stacked({name}, {shape}, dtype).view(shape);
 }
 
+Tensor WeightLoader::make_dummy(const std::string& name, std::vector<int64_t> shape, DType dtype) const {
+  Tensor t = Tensor::uninitialized(shape, dtype, device_);
+  const uint64_t seed = std::hash<std::string>{}(name);
+  if (shape.size() == 1) {
+    ops::fill_uniform(t, seed, 0.9f, 1.1f);  // norm weights
+  } else {
+    const float a = 1.0f / std::sqrt(float(shape.back()));  // keeps activations O(1) through the layers
+    ops::fill_uniform(t, seed, -a, a);
+  }
+  return t;
+}
+
 Tensor WeightLoader::get_stacked(const std::vector<std::string>& names,
                                  const std::vector<std::vector<int64_t>>& shapes,
                                  DType dtype) const {
+  if (dummy_) {
+    std::vector<int64_t> shape = shapes[0];
+    std::string key;
+    for (size_t i = 0; i < names.size(); ++i) {
+      key += names[i] + ";";
+      if (i > 0 && !shape.empty()) shape[0] += shapes[i].empty() ? 1 : shapes[i][0];
+    }
+    return make_dummy(key, shape, dtype);
+  }
   int64_t rows = 0, cols = -1;
   for (size_t i = 0; i < names.size(); ++i) {
     const auto& e = entry(names[i]);
@@ -94,11 +120,16 @@ Tensor WeightLoader::get_stacked(const std::vector<std::string>& names,
     } else {
       tmp.resize(n);
       convert_to_f32(e.data, e.dtype, tmp.data(), n);
+      if (dtype == DType::kF16) {  // bf16/f32 checkpoints on a device without bf16: values must fit
+        for (size_t i = 0; i < n; ++i)
+          RV_CHECK(!(std::fabs(tmp[i]) > 65504.0f), "model ", dir_, ": tensor '", name, "' holds ", tmp[i],
+                   ", outside the float16 range (|x| <= 65504); run it in float32 or bfloat16 on the CPU");
+      }
       convert_from_f32(tmp.data(), dst, dtype, n);
     }
     dst += n * dtype_size(dtype);
   }
-  return out;
+  return out.to(device_);
 }
 
 }  // namespace revolta

@@ -1,5 +1,8 @@
-// Finds named tensors across the safetensors shards of a model directory and converts them to
-// the storage dtype the engine runs with.
+// Finds named tensors across the safetensors shards of a model directory, converts them to the
+// storage dtype the engine runs with and places them on the engine's device. In dummy mode
+// (load_format=dummy) no file is read: every tensor asked for is made up, filled on the device
+// with uniform random values (1-D tensors, the norms, with values around 1), so benchmarks can run
+// at real model shapes from a config.json alone.
 #pragma once
 
 #include <map>
@@ -14,7 +17,7 @@ namespace revolta {
 class WeightLoader {
  public:
   // Opens model.safetensors.index.json when present, otherwise every *.safetensors in dir.
-  explicit WeightLoader(const std::string& dir);
+  explicit WeightLoader(const std::string& dir, Device device = Device::kCPU, bool dummy = false);
   bool has(const std::string& name) const;
   // The tensor converted to dtype, with its shape checked. Throws naming the tensor when it is
   // missing or shaped differently.
@@ -25,10 +28,15 @@ class WeightLoader {
   std::vector<std::string> names() const;
   std::vector<int64_t> shape(const std::string& name) const;
   const std::string& dir() const { return dir_; }
+  Device device() const { return device_; }
+  bool dummy() const { return dummy_; }
 
  private:
   const SafetensorsEntry& entry(const std::string& name) const;
+  Tensor make_dummy(const std::string& name, std::vector<int64_t> shape, DType dtype) const;
   std::string dir_;
+  Device device_ = Device::kCPU;
+  bool dummy_ = false;
   std::vector<std::unique_ptr<SafetensorsFile>> files_;
   std::map<std::string, const SafetensorsFile*> where_;
 };

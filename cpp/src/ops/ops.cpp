@@ -23,7 +23,8 @@ const OpTable& table_for(Device d, Op op) {
 
 const char* op_name(Op op) {
   static const char* names[] = {"embedding", "rms_norm",       "add_rms_norm",   "linear",
-                                "rope",      "silu_mul",       "kv_cache_write", "paged_attention"};
+                                "rope",      "silu_mul",       "kv_cache_write", "paged_attention",
+                                "gather_rows", "copy_columns", "fill_uniform",   "argmax"};
   return names[int(op)];
 }
 
@@ -41,6 +42,10 @@ bool supports_op(Device device, Op op) {
     case Op::kSiluMul: return t->silu_mul != nullptr;
     case Op::kKvCacheWrite: return t->kv_cache_write != nullptr;
     case Op::kPagedAttention: return t->paged_attention != nullptr;
+    case Op::kGatherRows: return t->gather_rows != nullptr;
+    case Op::kCopyColumns: return t->copy_columns != nullptr;
+    case Op::kFillUniform: return t->fill_uniform != nullptr;
+    case Op::kArgmax: return t->argmax != nullptr;
     case Op::kCount: break;
   }
   return false;
@@ -77,5 +82,15 @@ void paged_attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cac
   table_for(q.device(), Op::kPagedAttention)
       .paged_attention(q, k_cache, v_cache, batch, scale, out);
 }
+void gather_rows(const Tensor& x, const Tensor& rows, Tensor& out) {
+  table_for(x.device(), Op::kGatherRows).gather_rows(x, rows, out);
+}
+void copy_columns(const Tensor& src, int64_t first_column, Tensor& dst) {
+  table_for(src.device(), Op::kCopyColumns).copy_columns(src, first_column, dst);
+}
+void fill_uniform(Tensor& t, uint64_t seed, float lo, float hi) {
+  table_for(t.device(), Op::kFillUniform).fill_uniform(t, seed, lo, hi);
+}
+void argmax(const Tensor& x, Tensor& out) { table_for(x.device(), Op::kArgmax).argmax(x, out); }
 
 }  // namespace revolta::ops

@@ -26,6 +26,16 @@ struct AttentionBatch {
   int32_t num_seqs = 0;
   int32_t max_blocks_per_seq = 0;
   int32_t block_size = 0;
+  // Device mirrors, set by a runner that keeps the metadata in device memory (null: a device
+  // backend uploads the host arrays itself). dev_token_seq[t] is the sequence of token row t.
+  // max_seq_len bounds seq_lens (it sizes the work split); decode_only promises one query token
+  // per sequence, so a captured decode graph never depends on the host arrays.
+  const int32_t* dev_query_start = nullptr;
+  const int32_t* dev_seq_lens = nullptr;
+  const int32_t* dev_block_tables = nullptr;
+  const int32_t* dev_token_seq = nullptr;
+  int32_t max_seq_len = 0;
+  bool decode_only = false;
 };
 
 // RoPE cos/sin tables, [max_positions, rotary_dim / 2] each, already multiplied by the
@@ -44,6 +54,10 @@ enum class Op {
   kSiluMul,
   kKvCacheWrite,
   kPagedAttention,
+  kGatherRows,
+  kCopyColumns,
+  kFillUniform,
+  kArgmax,
   kCount
 };
 const char* op_name(Op op);
@@ -60,6 +74,10 @@ struct OpTable {
                          Tensor& k_cache, Tensor& v_cache) = nullptr;
   void (*paged_attention)(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
                           const AttentionBatch& batch, float scale, Tensor& out) = nullptr;
+  void (*gather_rows)(const Tensor& x, const Tensor& rows, Tensor& out) = nullptr;
+  void (*copy_columns)(const Tensor& src, int64_t first_column, Tensor& dst) = nullptr;
+  void (*fill_uniform)(Tensor& t, uint64_t seed, float lo, float hi) = nullptr;
+  void (*argmax)(const Tensor& x, Tensor& out) = nullptr;
 };
 
 void register_backend(Device device, const OpTable* table);
@@ -89,5 +107,29 @@ void kv_cache_write(const Tensor& k, const Tensor& v, const Tensor& slot_mapping
 // kv heads in groups of heads / kv_heads (GQA).
 void paged_attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
                      const AttentionBatch& batch, float scale, Tensor& out);
+// out[r, :] = x[rows[r], :]; x, out f32, rows int32 [R] on the same device.
+void gather_rows(const Tensor& x, const Tensor& rows, Tensor& out);
+// dst[t, :] = src[t, first_column : first_column + dst.cols] (f32; splits fused projections).
+void copy_columns(const Tensor& src, int64_t first_column, Tensor& dst);
+// Fills t (f32/f16/bf16) with values uniform in [lo, hi) drawn from a counter-based hash of
+// (seed, index): the same values on every device (random weights for benchmarks).
+void fill_uniform(Tensor& t, uint64_t seed, float lo, float hi);
+// out[r] = index of the largest x[r, :] (f32), lowest index on ties; out int32 [R].
+void argmax(const Tensor& x, Tensor& out);
+
+#if defined(__CUDACC__)
+#define RV_HOST_DEVICE __host__ __device__
+#else
+#define RV_HOST_DEVICE
+#endif
+
+// The value fill_uniform puts at index i: a splitmix64-style hash mapped to [0, 1).
+RV_HOST_DEVICE inline float uniform_at(uint64_t seed, uint64_t i) {
+  uint64_t z = seed + (i + 1) * 0x9e3779b97f4a7c15ull;
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  z ^= z >> 31;
+  return float(z >> 40) * (1.0f / 16777216.0f);
+}
 
 }  // namespace revolta::ops

@@ -2,60 +2,183 @@
 
 #include <algorithm>
 
-namespace revolta {
+#include "core/error.h"
 
-StepLogits ModelRunner::execute(const SchedulerOutput& step) {
-  const int32_t T = step.num_batched_tokens;
+namespace revolta {
+namespace {
+
+// The metadata vectors in one int32 buffer, in a fixed order; `at` gives each one's offset.
+struct Packed {
+  std::vector<int32_t> host;
+  std::vector<size_t> at;
+  void add(const std::vector<int32_t>& v) {
+    at.push_back(host.size());
+    host.insert(host.end(), v.begin(), v.end());
+  }
+};
+
+Packed pack(const std::vector<const std::vector<int32_t>*>& parts) {
+  Packed p;
+  for (const auto* v : parts) p.add(*v);
+  return p;
+}
+
+}  // namespace
+
+// A recorded decode step for a fixed padded batch size: static device inputs, updated in one
+// copy before each replay, and the logits tensor the recorded forward writes.
+struct ModelRunner::DecodeGraph {
+  int32_t batch = 0, max_blocks = 0;
+  Tensor meta;  // device int32: the packed metadata
+  ForwardBatch batch_desc;
+  Tensor logits;
+  std::unique_ptr<DeviceGraph> graph;
+  std::vector<size_t> at;
+};
+
+ModelRunner::ModelRunner(CausalLM& model, KvCache& cache, StateCache* states, RunnerOptions options)
+    : model_(model), cache_(cache), states_(states), opts_(std::move(options)) {}
+
+ModelRunner::~ModelRunner() = default;
+
+ModelRunner::Metadata ModelRunner::build(const SchedulerOutput& step, StepLogits& out, int32_t pad_to,
+                                         int32_t max_blocks) {
   const int32_t S = int32_t(step.scheduled.size());
   const int32_t bs = cache_.block_size;
-  int32_t max_blocks = 1;
-  for (const auto& s : step.scheduled)
-    max_blocks = std::max(max_blocks, int32_t(s.request->block_table.size()));
-
-  ForwardBatch b;
-  b.token_ids = Tensor::empty({T}, DType::kI32);
-  b.positions = Tensor::empty({T}, DType::kI32);
-  b.slot_mapping = Tensor::empty({T}, DType::kI32);
-  std::vector<int32_t> query_start(size_t(S) + 1, 0), seq_lens(static_cast<size_t>(S));
-  std::vector<int32_t> tables(size_t(S) * size_t(max_blocks), 0);
-  StepLogits out;
-
-  int32_t* ids = b.token_ids.ptr<int32_t>();
-  int32_t* pos = b.positions.ptr<int32_t>();
-  int32_t* slot = b.slot_mapping.ptr<int32_t>();
+  Metadata m;
+  m.max_blocks = max_blocks;
+  for (const auto& s : step.scheduled) m.max_blocks = std::max(m.max_blocks, int32_t(s.request->block_table.size()));
+  const int32_t rows = std::max(S, pad_to);
+  m.query_start.assign(size_t(rows) + 1, 0);
+  m.seq_lens.assign(size_t(rows), 1);
+  m.tables.assign(size_t(rows) * size_t(m.max_blocks), 0);
   int32_t t = 0;
   for (int32_t s = 0; s < S; ++s) {
-    const Request& r = *step.scheduled[size_t(s)].request;
+    Request& r = *step.scheduled[size_t(s)].request;
     const int32_t n = step.scheduled[size_t(s)].num_new_tokens;
     const int32_t start = r.num_computed_tokens;
     for (int32_t i = 0; i < n; ++i, ++t) {
       const int32_t p = start + i;
-      ids[t] = r.tokens[size_t(p)];
-      pos[t] = p;
-      slot[t] = r.block_table[size_t(p / bs)] * bs + p % bs;
+      m.ids.push_back(r.tokens[size_t(p)]);
+      m.positions.push_back(p);
+      m.slots.push_back(r.block_table[size_t(p / bs)] * bs + p % bs);
+      m.token_seq.push_back(s);
     }
-    query_start[size_t(s) + 1] = t;
-    seq_lens[size_t(s)] = start + n;
-    std::copy(r.block_table.begin(), r.block_table.end(), tables.begin() + size_t(s) * size_t(max_blocks));
+    m.query_start[size_t(s) + 1] = t;
+    m.seq_lens[size_t(s)] = start + n;
+    m.max_seq_len = std::max(m.max_seq_len, start + n);
+    std::copy(r.block_table.begin(), r.block_table.end(), m.tables.begin() + size_t(s) * size_t(m.max_blocks));
     if (states_) {
-      Request& req = *step.scheduled[size_t(s)].request;
-      if (req.state_restore >= 0) states_->copy(req.state_restore, req.state_slot);  // prefix-cache hit
-      else if (req.state_fresh) states_->zero(req.state_slot);
-      req.state_fresh = false;
-      req.state_restore = -1;
-      b.state_slots.push_back(req.state_slot);
+      if (r.state_restore >= 0) states_->copy(r.state_restore, r.state_slot);  // prefix-cache hit
+      else if (r.state_fresh) states_->zero(r.state_slot);
+      r.state_fresh = false;
+      r.state_restore = -1;
     }
     if (start + n == r.num_tokens()) {
-      b.logits_rows.push_back(t - 1);
-      out.samplers.push_back(step.scheduled[size_t(s)].request);
+      m.rows.push_back(t - 1);
+      out.samplers.push_back(&r);
     }
   }
-  b.attention.query_start = query_start.data();
-  b.attention.seq_lens = seq_lens.data();
-  b.attention.block_tables = tables.data();
+  for (int32_t s = S; s < rows; ++s, ++t) {  // padding: one token per row, no cache write
+    m.ids.push_back(0);
+    m.positions.push_back(0);
+    m.slots.push_back(-1);
+    m.token_seq.push_back(s);
+    m.query_start[size_t(s) + 1] = t + 1;
+    m.rows.push_back(t);
+  }
+  return m;
+}
+
+ModelRunner::DecodeGraph* ModelRunner::graph_for(const SchedulerOutput& step) {
+  if (model_.device() == Device::kCPU || states_ || opts_.graph_batch_sizes.empty()) return nullptr;
+  const int32_t S = int32_t(step.scheduled.size());
+  for (const auto& s : step.scheduled)
+    if (s.num_new_tokens != 1 || s.request->num_computed_tokens + 1 != s.request->num_tokens()) return nullptr;
+  int32_t size = 0;
+  for (int32_t b : opts_.graph_batch_sizes)
+    if (b >= S && (size == 0 || b < size)) size = b;
+  if (size == 0) return nullptr;
+  auto& g = graphs_[size];
+  if (g) return g.get();
+
+  // Record it: static inputs sized for the padded batch and the longest block table.
+  g = std::make_unique<DecodeGraph>();
+  g->batch = size;
+  g->max_blocks = (opts_.max_model_len + cache_.block_size - 1) / cache_.block_size;
+  StepLogits unused;
+  Metadata m = build(SchedulerOutput{}, unused, size, g->max_blocks);
+  Packed p = pack({&m.ids, &m.positions, &m.slots, &m.rows, &m.query_start, &m.seq_lens, &m.tables, &m.token_seq});
+  g->at = p.at;
+  g->meta = Tensor::empty({int64_t(p.host.size())}, DType::kI32, model_.device());
+  device_runtime(model_.device()).copy_to_device(g->meta.data(), p.host.data(), p.host.size() * 4);
+  ForwardBatch& b = g->batch_desc;
+  const int32_t* d = g->meta.ptr<int32_t>();
+  b.token_ids = g->meta.slice_rows(int64_t(p.at[0]), int64_t(p.at[0]) + size);
+  b.positions = g->meta.slice_rows(int64_t(p.at[1]), int64_t(p.at[1]) + size);
+  b.slot_mapping = g->meta.slice_rows(int64_t(p.at[2]), int64_t(p.at[2]) + size);
+  b.logits_row_ids = g->meta.slice_rows(int64_t(p.at[3]), int64_t(p.at[3]) + size);
+  b.logits_rows = m.rows;
+  b.attention.num_seqs = size;
+  b.attention.max_blocks_per_seq = g->max_blocks;
+  b.attention.block_size = cache_.block_size;
+  b.attention.dev_query_start = d + p.at[4];
+  b.attention.dev_seq_lens = d + p.at[5];
+  b.attention.dev_block_tables = d + p.at[6];
+  b.attention.dev_token_seq = d + p.at[7];
+  b.attention.max_seq_len = opts_.max_model_len;
+  b.attention.decode_only = true;
+  ModelCaches caches{&cache_, states_};
+  DecodeGraph* raw = g.get();
+  raw->graph = device_runtime(model_.device()).capture([&] { raw->logits = model_.forward(raw->batch_desc, caches); });
+  return raw;
+}
+
+StepLogits ModelRunner::run_graph(DecodeGraph& g, const SchedulerOutput& step) {
+  StepLogits out;
+  Metadata m = build(step, out, g.batch, g.max_blocks);
+  RV_CHECK(m.max_blocks == g.max_blocks, "decode graph: block table longer than max_model_len allows");
+  Packed p = pack({&m.ids, &m.positions, &m.slots, &m.rows, &m.query_start, &m.seq_lens, &m.tables, &m.token_seq});
+  device_runtime(model_.device()).copy_to_device(g.meta.data(), p.host.data(), p.host.size() * 4);
+  g.graph->replay();
+  ++graph_replays_;
+  out.logits = g.logits.slice_rows(0, int64_t(out.samplers.size()));
+  return out;
+}
+
+StepLogits ModelRunner::execute(const SchedulerOutput& step) {
+  if (DecodeGraph* g = graph_for(step)) return run_graph(*g, step);
+  StepLogits out;
+  Metadata m = build(step, out, 0, 1);
+  const int32_t T = int32_t(m.ids.size()), S = int32_t(step.scheduled.size()), R = int32_t(m.rows.size());
+  const Device dev = model_.device();
+  ForwardBatch b;
+  Packed p = pack({&m.ids, &m.positions, &m.slots, &m.rows, &m.query_start, &m.seq_lens, &m.tables, &m.token_seq});
+  Tensor meta = Tensor::uninitialized({int64_t(std::max<size_t>(1, p.host.size()))}, DType::kI32, dev);
+  if (dev == Device::kCPU) std::copy(p.host.begin(), p.host.end(), meta.ptr<int32_t>());
+  else device_runtime(dev).copy_to_device(meta.data(), p.host.data(), p.host.size() * 4);
+  b.token_ids = meta.slice_rows(int64_t(p.at[0]), int64_t(p.at[0]) + T);
+  b.positions = meta.slice_rows(int64_t(p.at[1]), int64_t(p.at[1]) + T);
+  b.slot_mapping = meta.slice_rows(int64_t(p.at[2]), int64_t(p.at[2]) + T);
+  b.logits_row_ids = meta.slice_rows(int64_t(p.at[3]), int64_t(p.at[3]) + R);
+  b.logits_rows = m.rows;
+  for (const auto& s : step.scheduled)
+    if (states_) b.state_slots.push_back(s.request->state_slot);
+  // The host arrays stay valid through the forward (backends plan on them); device mirrors too.
+  b.attention.query_start = m.query_start.data();
+  b.attention.seq_lens = m.seq_lens.data();
+  b.attention.block_tables = m.tables.data();
   b.attention.num_seqs = S;
-  b.attention.max_blocks_per_seq = max_blocks;
-  b.attention.block_size = bs;
+  b.attention.max_blocks_per_seq = m.max_blocks;
+  b.attention.block_size = cache_.block_size;
+  b.attention.max_seq_len = m.max_seq_len;
+  if (dev != Device::kCPU) {
+    const int32_t* d = meta.ptr<int32_t>();
+    b.attention.dev_query_start = d + p.at[4];
+    b.attention.dev_seq_lens = d + p.at[5];
+    b.attention.dev_block_tables = d + p.at[6];
+    b.attention.dev_token_seq = d + p.at[7];
+  }
   ModelCaches caches{&cache_, states_};
   out.logits = model_.forward(b, caches);
   return out;

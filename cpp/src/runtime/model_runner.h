@@ -1,31 +1,57 @@
 // Turns a scheduler step into batch metadata (token ids, positions, cache slots, block tables),
 // runs the model forward and returns the logits rows of the requests that sample this step.
+//
+// On a device backend the metadata goes up in one copy per step, and pure decode steps (one new
+// token per sequence) of up to the largest captured batch size replay a recorded graph: the step
+// is padded to the next captured size with rows that write no cache slot and whose logits are
+// ignored.
 #pragma once
 
+#include <map>
 #include <memory>
 #include <vector>
 
 #include "cache/kv_cache.h"
+#include "core/device_runtime.h"
 #include "model/model.h"
 #include "sched/scheduler.h"
 
 namespace revolta {
 
 struct StepLogits {
-  Tensor logits;                      // [samplers.size(), vocab]
-  std::vector<Request*> samplers;     // requests that reach their last token this step
+  Tensor logits;                   // [samplers.size(), vocab] f32, on the model's device
+  std::vector<Request*> samplers;  // requests that reach their last token this step
+};
+
+struct RunnerOptions {
+  int32_t max_model_len = 0;
+  std::vector<int32_t> graph_batch_sizes;  // decode batch sizes to capture (device models only)
 };
 
 class ModelRunner {
  public:
-  ModelRunner(CausalLM& model, KvCache& cache, StateCache* states)
-      : model_(model), cache_(cache), states_(states) {}
+  ModelRunner(CausalLM& model, KvCache& cache, StateCache* states, RunnerOptions options = {});
+  ~ModelRunner();
   StepLogits execute(const SchedulerOutput& step);
+  int64_t graph_replays() const { return graph_replays_; }
 
  private:
+  struct DecodeGraph;
+  // Host-side metadata of one step, laid out as the device copy is.
+  struct Metadata {
+    std::vector<int32_t> ids, positions, slots, rows, query_start, seq_lens, tables, token_seq;
+    int32_t max_blocks = 1, max_seq_len = 0;
+  };
+  Metadata build(const SchedulerOutput& step, StepLogits& out, int32_t pad_to, int32_t max_blocks);
+  StepLogits run_graph(DecodeGraph& g, const SchedulerOutput& step);
+  DecodeGraph* graph_for(const SchedulerOutput& step);
+
   CausalLM& model_;
   KvCache& cache_;
   StateCache* states_;
+  RunnerOptions opts_;
+  std::map<int32_t, std::unique_ptr<DecodeGraph>> graphs_;  // by padded batch size
+  int64_t graph_replays_ = 0;
 };
 
 }  // namespace revolta

@@ -21,7 +21,8 @@ void kv_cache_write(const Tensor& k, const Tensor& v, const Tensor& slot_mapping
   const int64_t slots = k_cache.numel() / row;
   const int32_t* slot = slot_mapping.ptr<int32_t>();
   for (int64_t t = 0; t < T; ++t) {
-    RV_CHECK(slot[t] >= 0 && slot[t] < slots, "kv_cache_write: slot ", slot[t], " out of range");
+    if (slot[t] < 0) continue;  // a padding row
+    RV_CHECK(slot[t] < slots, "kv_cache_write: slot ", slot[t], " out of range");
     std::copy_n(k.ptr<float>() + t * row, row, k_cache.ptr<float>() + int64_t(slot[t]) * row);
     std::copy_n(v.ptr<float>() + t * row, row, v_cache.ptr<float>() + int64_t(slot[t]) * row);
   }

@@ -17,6 +17,10 @@ void kv_cache_write(const Tensor& k, const Tensor& v, const Tensor& slot_mapping
                     Tensor& v_cache);
 void paged_attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
                      const AttentionBatch& batch, float scale, Tensor& out);
+void gather_rows(const Tensor& x, const Tensor& rows, Tensor& out);
+void copy_columns(const Tensor& src, int64_t first_column, Tensor& dst);
+void fill_uniform(Tensor& t, uint64_t seed, float lo, float hi);
+void argmax(const Tensor& x, Tensor& out);
 
 // Gated DeltaNet pieces (see gated_delta_rule.cpp). chunk_size <= 1 selects the recurrent form.
 void gated_delta_rule(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& g, const Tensor& beta,

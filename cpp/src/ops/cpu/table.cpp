@@ -25,6 +25,10 @@ const OpTable* table() {
     o.silu_mul = &silu_mul;
     o.kv_cache_write = &kv_cache_write;
     o.paged_attention = &paged_attention;
+    o.gather_rows = &gather_rows;
+    o.copy_columns = &copy_columns;
+    o.fill_uniform = &fill_uniform;
+    o.argmax = &argmax;
     return o;
   }();
   return &t;

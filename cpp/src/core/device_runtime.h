@@ -1,0 +1,43 @@
+// What the engine needs from a device backend besides its op table: transfers, synchronisation,
+// memory figures and captured graphs. A backend registers one; core code stays free of any
+// vendor header (the CUDA backend implements it in cuda/core/).
+#pragma once
+
+#include <cstddef>
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "core/tensor.h"
+
+namespace revolta {
+
+// A recorded sequence of device work replayed as one launch (a CUDA graph). Buffers allocated
+// while it was recorded stay reserved for it until it is destroyed.
+struct DeviceGraph {
+  virtual ~DeviceGraph() = default;
+  virtual void replay() = 0;
+};
+
+struct DeviceRuntime {
+  virtual ~DeviceRuntime() = default;
+  virtual std::string name() const = 0;
+  // Copies in the device's work order; host -> device returns once src may be reused,
+  // device -> host returns once dst holds the bytes.
+  virtual void copy_to_device(void* dst, const void* src, size_t bytes) = 0;
+  virtual void copy_to_host(void* dst, const void* src, size_t bytes) = 0;
+  virtual void copy_on_device(void* dst, const void* src, size_t bytes) = 0;
+  virtual void fill_zero(void* dst, size_t bytes) = 0;
+  virtual void synchronize() = 0;
+  // Free and total device memory; cached (freed, reusable) blocks count as free.
+  virtual void memory_info(size_t* free_bytes, size_t* total_bytes) = 0;
+  // Runs `work` once to size its buffers, then records it into a graph.
+  virtual std::unique_ptr<DeviceGraph> capture(const std::function<void()>& work) = 0;
+};
+
+void register_device_runtime(Device device, DeviceRuntime* runtime);
+// Throws when the build has no backend for the device.
+DeviceRuntime& device_runtime(Device device);
+bool has_device(Device device);
+
+}  // namespace revolta

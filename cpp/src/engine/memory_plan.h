@@ -1,0 +1,17 @@
+// Sizes known from the config alone, so a GPU config that cannot fit fails before any weight is read.
+#pragma once
+
+#include <cstdint>
+
+#include "model/model_config.h"
+#include "revolta/engine.h"
+
+namespace revolta {
+
+// Bytes of the weights at `bytes_per_element` (norms and biases counted as float32).
+int64_t estimate_weight_bytes(const ModelConfig& c, size_t bytes_per_element);
+// Peak bytes of one forward's activations (max_num_batched_tokens rows, logits of max_num_seqs
+// rows), doubled for the decode graphs' private buffers and allocator rounding.
+int64_t estimate_activation_bytes(const ModelConfig& c, const EngineConfig& e);
+
+}  // namespace revolta

@@ -1,0 +1,50 @@
+// Row gathers, column copies, random fills and argmax: the small ops that keep model code free
+// of raw memory access, so the same forward runs on every device.
+#include <cstring>
+
+#include "core/error.h"
+#include "ops/cpu/cpu_ops.h"
+
+namespace revolta::ops::cpu {
+
+void gather_rows(const Tensor& x, const Tensor& rows, Tensor& out) {
+  const int64_t R = rows.numel(), C = out.numel() / std::max<int64_t>(R, 1), N = x.numel() / std::max<int64_t>(C, 1);
+  for (int64_t r = 0; r < R; ++r) {
+    const int32_t src = rows.ptr<int32_t>()[r];
+    RV_CHECK(src >= 0 && src < N, "gather_rows: row ", src, " out of range [0, ", N, ")");
+    std::memcpy(out.ptr<float>() + r * C, x.ptr<float>() + int64_t(src) * C, size_t(C) * 4);
+  }
+}
+
+void copy_columns(const Tensor& src, int64_t first_column, Tensor& dst) {
+  const int64_t T = src.size(0), SC = src.numel() / std::max<int64_t>(T, 1), DC = dst.numel() / std::max<int64_t>(T, 1);
+  RV_CHECK(first_column + DC <= SC, "copy_columns: columns [", first_column, ", ", first_column + DC, ") of ", SC);
+  for (int64_t t = 0; t < T; ++t)
+    std::memcpy(dst.ptr<float>() + t * DC, src.ptr<float>() + t * SC + first_column, size_t(DC) * 4);
+}
+
+void fill_uniform(Tensor& t, uint64_t seed, float lo, float hi) {
+  const int64_t n = t.numel();
+  const DType dt = t.dtype();
+  parallel_range(n, 1 << 16, [&](int64_t b, int64_t e) {
+    float buf[256];
+    for (int64_t i = b; i < e; i += 256) {
+      const int64_t m = std::min<int64_t>(256, e - i);
+      for (int64_t j = 0; j < m; ++j) buf[j] = lo + (hi - lo) * uniform_at(seed, uint64_t(i + j));
+      convert_from_f32(buf, static_cast<char*>(t.data()) + i * int64_t(dtype_size(dt)), dt, size_t(m));
+    }
+  });
+}
+
+void argmax(const Tensor& x, Tensor& out) {
+  const int64_t R = out.numel(), V = x.numel() / std::max<int64_t>(R, 1);
+  for (int64_t r = 0; r < R; ++r) {
+    const float* row = x.ptr<float>() + r * V;
+    int32_t best = 0;
+    for (int64_t v = 1; v < V; ++v)
+      if (row[v] > row[best]) best = int32_t(v);
+    out.ptr<int32_t>()[r] = best;
+  }
+}
+
+}  // namespace revolta::ops::cpu

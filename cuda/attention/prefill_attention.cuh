@@ -1,0 +1,169 @@
+// Flash-style prefill attention on tensor cores (WMMA 16x16x16, fp16 inputs, fp32 accumulation:
+// the V100's HMMA). One block of 4 warps takes 64 query rows of one sequence and one head and
+// walks the sequence's context (cached prefix + this chunk, causal) in tiles of 32 keys: S = Q K^T
+// per warp on its 16 rows, an online softmax in fp32 in shared memory, O += P V on tensor cores
+// with O kept in shared memory (WMMA fragments hide their row layout, so the per-row rescale
+// happens there). head_dim 64 or 128; ~82 KB of shared memory at 128 (V100: 96 KB per SM).
+#pragma once
+
+#include <cuda_fp16.h>
+#include <mma.h>
+
+#include "core/cuda_check.h"
+#include "cuda_ops.h"
+
+namespace revolta::cuda {
+
+constexpr int kPrefillRows = 64, kPrefillKeys = 32;
+
+inline bool prefill_supported(int D) { return D == 64 || D == 128; }
+
+namespace prefill {
+
+using namespace nvcuda;
+
+__device__ __forceinline__ __half to_half(float v) { return __float2half_rn(v); }
+__device__ __forceinline__ __half to_half(__half v) { return v; }
+
+template <int D>
+struct Smem {
+  static constexpr int ldq = D + 8, lds = kPrefillKeys + 4, ldp = kPrefillKeys + 8, ldo = D + 4;
+  static constexpr size_t q = 0, k = q + size_t(kPrefillRows) * ldq * 2, v = k + size_t(kPrefillKeys) * ldq * 2,
+                          s = v + size_t(kPrefillKeys) * ldq * 2, p = s + size_t(kPrefillRows) * lds * 4,
+                          o = p + size_t(kPrefillRows) * ldp * 2, m = o + size_t(kPrefillRows) * ldo * 4,
+                          l = m + kPrefillRows * 4, bytes = l + kPrefillRows * 4;
+};
+
+template <typename C, int D>
+__global__ void __launch_bounds__(128) prefill_kernel(const float* __restrict__ q, const C* __restrict__ kc,
+                                                      const C* __restrict__ vc, const int32_t* __restrict__ query_start,
+                                                      const int32_t* __restrict__ seq_lens,
+                                                      const int32_t* __restrict__ block_tables,
+                                                      const int32_t* __restrict__ tiles, int max_blocks, int block_size,
+                                                      int H, int KVH, float scale, float* __restrict__ out) {
+  using L = Smem<D>;
+  extern __shared__ __align__(128) unsigned char smem[];
+  __half* Qs = reinterpret_cast<__half*>(smem + L::q);
+  __half* Ks = reinterpret_cast<__half*>(smem + L::k);
+  __half* Vs = reinterpret_cast<__half*>(smem + L::v);
+  float* Ss = reinterpret_cast<float*>(smem + L::s);
+  __half* Ps = reinterpret_cast<__half*>(smem + L::p);
+  float* Os = reinterpret_cast<float*>(smem + L::o);
+  float* row_m = reinterpret_cast<float*>(smem + L::m);
+  float* row_l = reinterpret_cast<float*>(smem + L::l);
+
+  const int s = tiles[2 * blockIdx.x], r0 = tiles[2 * blockIdx.x + 1], h = blockIdx.y, kvh = h / (H / KVH);
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int q_begin = query_start[s], q_len = query_start[s + 1] - q_begin;
+  const int rows = min(kPrefillRows, q_len - r0);
+  const int p0 = seq_lens[s] - q_len + r0;  // absolute position of this tile's first row
+  const int n_keys = p0 + rows;
+  const int32_t* table = block_tables + size_t(s) * max_blocks;
+
+  for (int i = threadIdx.x; i < kPrefillRows * D; i += blockDim.x) {
+    const int r = i / D, d = i % D;
+    Qs[r * L::ldq + d] = __float2half_rn(r < rows ? q[(size_t(q_begin + r0 + r) * H + h) * D + d] : 0.0f);
+    Os[r * L::ldo + d] = 0.0f;
+  }
+  for (int r = threadIdx.x; r < kPrefillRows; r += blockDim.x) row_m[r] = -INFINITY, row_l[r] = 0.0f;
+
+  const size_t kv_row = size_t(KVH) * D;
+  for (int k0 = 0; k0 < n_keys; k0 += kPrefillKeys) {
+    __syncthreads();  // the previous tile's K/V are no longer read
+    for (int i = threadIdx.x; i < kPrefillKeys * D; i += blockDim.x) {
+      const int r = i / D, d = i % D, j = k0 + r;
+      __half kv = __float2half_rn(0.0f), vv = kv;
+      if (j < n_keys) {
+        const size_t at = (size_t(table[j / block_size]) * block_size + j % block_size) * kv_row + size_t(kvh) * D + d;
+        kv = to_half(kc[at]);
+        vv = to_half(vc[at]);
+      }
+      Ks[r * L::ldq + d] = kv;
+      Vs[r * L::ldq + d] = vv;
+    }
+    __syncthreads();
+
+    // S[16 rows of this warp][32 keys] = Q K^T
+    for (int j = 0; j < kPrefillKeys / 16; ++j) {
+      wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc;
+      wmma::fill_fragment(acc, 0.0f);
+#pragma unroll
+      for (int kk = 0; kk < D / 16; ++kk) {
+        wmma::fragment<wmma::matrix_a, 16, 16, 16, __half, wmma::row_major> a;
+        wmma::fragment<wmma::matrix_b, 16, 16, 16, __half, wmma::col_major> b;
+        wmma::load_matrix_sync(a, Qs + 16 * warp * L::ldq + 16 * kk, L::ldq);
+        wmma::load_matrix_sync(b, Ks + 16 * j * L::ldq + 16 * kk, L::ldq);
+        wmma::mma_sync(acc, a, b, acc);
+      }
+      wmma::store_matrix_sync(Ss + 16 * warp * L::lds + 16 * j, acc, L::lds, wmma::mem_row_major);
+    }
+    __syncwarp();
+
+    // Online softmax, one row at a time, one key per lane.
+    for (int r = 0; r < 16; ++r) {
+      const int i = 16 * warp + r, j = k0 + lane;
+      const bool valid = i < rows && j <= p0 + i;
+      const float sc = valid ? Ss[i * L::lds + lane] * scale : -INFINITY;
+      float mx = sc;
+      for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+      const float m_old = row_m[i], m_new = fmaxf(m_old, mx);
+      const float p = valid ? __expf(sc - m_new) : 0.0f;
+      const float corr = m_new == -INFINITY ? 1.0f : __expf(m_old - m_new);
+      float sum = p;
+      for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+      Ps[i * L::ldp + lane] = __float2half_rn(p);
+      for (int d = lane; d < D; d += 32) Os[i * L::ldo + d] *= corr;
+      __syncwarp();
+      if (lane == 0) row_m[i] = m_new, row_l[i] = row_l[i] * corr + sum;
+    }
+    __syncwarp();
+
+    // O[16 rows][D] += P[16][32] V[32][D]
+    for (int c = 0; c < D / 16; ++c) {
+      wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc;
+      wmma::load_matrix_sync(acc, Os + 16 * warp * L::ldo + 16 * c, L::ldo, wmma::mem_row_major);
+#pragma unroll
+      for (int kk = 0; kk < kPrefillKeys / 16; ++kk) {
+        wmma::fragment<wmma::matrix_a, 16, 16, 16, __half, wmma::row_major> a;
+        wmma::fragment<wmma::matrix_b, 16, 16, 16, __half, wmma::row_major> b;
+        wmma::load_matrix_sync(a, Ps + 16 * warp * L::ldp + 16 * kk, L::ldp);
+        wmma::load_matrix_sync(b, Vs + 16 * kk * L::ldq + 16 * c, L::ldq);
+        wmma::mma_sync(acc, a, b, acc);
+      }
+      wmma::store_matrix_sync(Os + 16 * warp * L::ldo + 16 * c, acc, L::ldo, wmma::mem_row_major);
+    }
+  }
+  __syncthreads();
+  for (int i = threadIdx.x; i < rows * D; i += blockDim.x) {
+    const int r = i / D, d = i % D;
+    out[(size_t(q_begin + r0 + r) * H + h) * D + d] = Os[r * L::ldo + d] / row_l[r];
+  }
+}
+
+template <typename C, int D>
+void launch(const float* q, const C* kc, const C* vc, const int32_t* qs, const int32_t* lens, const int32_t* tables,
+            const int32_t* tiles, int n_tiles, int max_blocks, int block_size, int H, int KVH, float scale, float* out) {
+  constexpr size_t bytes = Smem<D>::bytes;
+  static const bool configured = [] {
+    RV_CUDA_CHECK(cudaFuncSetAttribute(prefill_kernel<C, D>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes)));
+    return true;
+  }();
+  (void)configured;
+  prefill_kernel<C, D><<<dim3(unsigned(n_tiles), unsigned(H)), 128, bytes, stream()>>>(
+      q, kc, vc, qs, lens, tables, tiles, max_blocks, block_size, H, KVH, scale, out);
+  RV_CUDA_CHECK(cudaGetLastError());
+}
+
+}  // namespace prefill
+
+template <typename C>
+void launch_prefill(const float* q, const C* kc, const C* vc, const int32_t* qs, const int32_t* lens,
+                    const int32_t* tables, const int32_t* tiles, int n_tiles, int max_blocks, int block_size, int H,
+                    int KVH, int D, float scale, float* out) {
+  if (D == 64)
+    prefill::launch<C, 64>(q, kc, vc, qs, lens, tables, tiles, n_tiles, max_blocks, block_size, H, KVH, scale, out);
+  else
+    prefill::launch<C, 128>(q, kc, vc, qs, lens, tables, tiles, n_tiles, max_blocks, block_size, H, KVH, scale, out);
+}
+
+}  // namespace revolta::cuda

@@ -1,0 +1,68 @@
+// Row gathers, column copies and random fills (the CPU op's contracts).
+#include <cuda_fp16.h>
+
+#include "core/cuda_check.h"
+#include "cuda_ops.h"
+
+namespace revolta::cuda {
+namespace {
+
+__global__ void gather_rows_kernel(const float* __restrict__ x, const int32_t* __restrict__ rows, int64_t C,
+                                   float* __restrict__ out) {
+  const float* src = x + int64_t(rows[blockIdx.x]) * C;
+  for (int64_t c = threadIdx.x; c < C; c += blockDim.x) out[blockIdx.x * C + c] = src[c];
+}
+
+__global__ void copy_columns_kernel(const float* __restrict__ src, int64_t SC, int64_t first, int64_t DC,
+                                    float* __restrict__ dst) {
+  const float* row = src + blockIdx.x * SC + first;
+  for (int64_t c = threadIdx.x; c < DC; c += blockDim.x) dst[blockIdx.x * DC + c] = row[c];
+}
+
+__device__ __forceinline__ void put(float* p, float v) { *p = v; }
+__device__ __forceinline__ void put(__half* p, float v) { *p = __float2half_rn(v); }
+__device__ __forceinline__ void put(uint16_t* p, float v) {  // bfloat16, round to nearest even
+  uint32_t bits = __float_as_uint(v);
+  bits += 0x7fffu + ((bits >> 16) & 1u);
+  *p = uint16_t(bits >> 16);
+}
+
+template <typename T>
+__global__ void fill_kernel(T* __restrict__ p, int64_t n, uint64_t seed, float lo, float hi) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
+    put(p + i, lo + (hi - lo) * ops::uniform_at(seed, uint64_t(i)));
+}
+
+}  // namespace
+
+void gather_rows(const Tensor& x, const Tensor& rows, Tensor& out) {
+  const int64_t R = rows.numel();
+  if (R == 0) return;
+  gather_rows_kernel<<<unsigned(R), 256, 0, stream()>>>(x.ptr<float>(), rows.ptr<int32_t>(), out.numel() / R,
+                                                        out.ptr<float>());
+  RV_CUDA_CHECK(cudaGetLastError());
+}
+
+void copy_columns(const Tensor& src, int64_t first, Tensor& dst) {
+  const int64_t T = src.size(0);
+  if (T == 0) return;
+  const int64_t SC = src.numel() / T, DC = dst.numel() / T;
+  RV_CHECK(first + DC <= SC, "copy_columns: columns [", first, ", ", first + DC, ") of ", SC);
+  copy_columns_kernel<<<unsigned(T), 256, 0, stream()>>>(src.ptr<float>(), SC, first, DC, dst.ptr<float>());
+  RV_CUDA_CHECK(cudaGetLastError());
+}
+
+void fill_uniform(Tensor& t, uint64_t seed, float lo, float hi) {
+  const int64_t n = t.numel();
+  if (n == 0) return;
+  const unsigned blocks = unsigned(std::min<int64_t>((n + 255) / 256, 65535));
+  switch (t.dtype()) {
+    case DType::kF32: fill_kernel<<<blocks, 256, 0, stream()>>>(t.ptr<float>(), n, seed, lo, hi); break;
+    case DType::kF16: fill_kernel<<<blocks, 256, 0, stream()>>>(t.ptr<__half>(), n, seed, lo, hi); break;
+    case DType::kBF16: fill_kernel<<<blocks, 256, 0, stream()>>>(t.ptr<uint16_t>(), n, seed, lo, hi); break;
+    default: throw std::invalid_argument("CUDA fill_uniform: float tensors only");
+  }
+  RV_CUDA_CHECK(cudaGetLastError());
+}
+
+}  // namespace revolta::cuda
