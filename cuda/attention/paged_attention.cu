@@ -132,10 +132,12 @@ void launch_decode(const Tensor& q, const C* kc, const C* vc, const ops::Attenti
                    const int32_t* qs, const int32_t* lens, const int32_t* tables, const int32_t* seq_of,
                    const int32_t* token_list, int64_t n, int max_ctx, float scale, Tensor& out) {
   if (n == 0) return;
-  // Split the context when (tokens x heads) blocks would leave SMs idle and contexts are long.
+  // Split the context so that about 8 blocks per SM are in flight (each block's warps walk their
+  // positions one after another: latency, not bandwidth, bounds a long walk), down to 64
+  // positions per split.
   const int64_t work = n * sh.H, sms = sm_count();
   int splits = 1;
-  if (work < 2 * sms) splits = int(std::max<int64_t>(1, std::min<int64_t>((2 * sms + work - 1) / work, max_ctx / 256)));
+  if (work < 8 * sms) splits = int(std::max<int64_t>(1, std::min<int64_t>((8 * sms + work - 1) / work, max_ctx / 64)));
   Tensor part;
   if (splits > 1) part = Tensor::uninitialized({n, sh.H, splits, sh.D + 2}, DType::kF32, Device::kCUDA);
   decode_attention_kernel<C><<<dim3(unsigned(n), unsigned(sh.H), unsigned(splits)), 32 * kWarps, 0, stream()>>>(

@@ -99,11 +99,11 @@ ModelRunner::DecodeGraph* ModelRunner::graph_for(const SchedulerOutput& step) {
   for (int32_t b : opts_.graph_batch_sizes)
     if (b >= S && (size == 0 || b < size)) size = b;
   if (size == 0) return nullptr;
-  auto& g = graphs_[size];
-  if (g) return g.get();
+  if (auto it = graphs_.find(size); it != graphs_.end()) return it->second.get();
 
-  // Record it: static inputs sized for the padded batch and the longest block table.
-  g = std::make_unique<DecodeGraph>();
+  // Record it: static inputs sized for the padded batch and the longest block table. It joins
+  // the map only once recorded, so a failed recording is retried rather than replayed.
+  auto g = std::make_unique<DecodeGraph>();
   g->batch = size;
   g->max_blocks = (opts_.max_model_len + cache_.block_size - 1) / cache_.block_size;
   StepLogits unused;
@@ -130,7 +130,11 @@ ModelRunner::DecodeGraph* ModelRunner::graph_for(const SchedulerOutput& step) {
   b.attention.decode_only = true;
   ModelCaches caches{&cache_, states_};
   DecodeGraph* raw = g.get();
-  raw->graph = device_runtime(model_.device()).capture([&] { raw->logits = model_.forward(raw->batch_desc, caches); });
+  raw->graph = device_runtime(model_.device()).capture([&] {
+    raw->logits = Tensor();  // the sizing run's logits go back to the pool before the recorded run
+    raw->logits = model_.forward(raw->batch_desc, caches);
+  });
+  graphs_[size] = std::move(g);
   return raw;
 }
 
