@@ -6,7 +6,7 @@ NEAR_TIE (fp16 weights, fp16 KV and tensor-core tiles move logits by ~1e-3 on th
 
 from __future__ import annotations
 
-import json
+import gc
 
 import numpy as np
 import pytest
@@ -74,7 +74,12 @@ def assert_greedy_match(cpu_out, gpu_out, cpu_logits):
 
 @pytest.fixture(scope="module")
 def pair(model_dir):
-    return engines(model_dir, max_num_batched_tokens=128, max_num_seqs=16)
+    cpu, gpu = engines(model_dir, max_num_batched_tokens=128, max_num_seqs=16)
+    yield cpu, gpu
+    cpu.engine.shutdown()
+    gpu.engine.shutdown()
+    del cpu, gpu
+    gc.collect()  # engines end here, not at some later allocation
 
 
 def test_greedy_matches_cpu_single_requests(pair):
@@ -129,16 +134,26 @@ def test_sampling_with_seed_on_gpu_is_reproducible(pair):
     assert all(len(lp) >= 1 for lp in a.logprobs)
 
 
-def test_dummy_weights_and_startup_errors(tmp_path):
+def test_dummy_weights(tmp_path):
     import revolta
     from revolta import _core
 
     d = tmp_path / "m"
-    make_hf_model("llama", d, hidden_size=256)
+    make_hf_model("llama", d, hidden_size=256, max_position_embeddings=1024)
     llm = revolta.LLM(str(d), device="cuda", load_format="dummy", max_model_len=512, gpu_memory_utilization=0.5)
     out = llm.generate([{"prompt_token_ids": [5, 6, 7]}], revolta.SamplingParams(temperature=0.0, max_tokens=4,
                                                                                   ignore_eos=True))[0]
     assert len(out.outputs[0].token_ids) == 4
+
+
+
+def test_startup_errors_name_the_option(tmp_path):
+    """Known problem (2026-11-29): on the H200 this test crashed the process (SIGSEGV) at the
+    gpu_memory_utilization error while another GPU engine was alive; not yet diagnosed."""
+    import revolta
+
+    d = tmp_path / "m"
+    make_hf_model("llama", d, hidden_size=256, max_position_embeddings=1024)
     with pytest.raises(ValueError, match="gpu_memory_utilization"):
         revolta.LLM(str(d), device="cuda", max_model_len=1024, gpu_memory_utilization=0.0001)
     with pytest.raises(ValueError, match="bfloat16"):

@@ -1,0 +1,37 @@
+"""Device-related options on a CPU-only build: dummy weights, clear startup errors."""
+
+from __future__ import annotations
+
+import pytest
+
+from conftest import make_hf_model
+
+
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory):
+    d = tmp_path_factory.mktemp("llama")
+    make_hf_model("llama", d)
+    return str(d)
+
+
+def test_dummy_weights_are_deterministic_and_not_the_checkpoint(tiny_dir):
+    import revolta
+
+    sp = revolta.SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
+    p = [{"prompt_token_ids": [5, 17, 33, 9]}]
+    a = revolta.LLM(tiny_dir, load_format="dummy").generate(p, sp)[0].outputs[0].token_ids
+    b = revolta.LLM(tiny_dir, load_format="dummy").generate(p, sp)[0].outputs[0].token_ids
+    real = revolta.LLM(tiny_dir).generate(p, sp)[0].outputs[0].token_ids
+    assert a == b and len(a) == 8
+    assert a != real
+
+
+def test_cuda_requests_fail_at_startup_naming_the_option(tiny_dir):
+    import revolta
+
+    with pytest.raises(ValueError, match="device 'cuda'"):
+        revolta.LLM(tiny_dir, device="cuda")
+    with pytest.raises(ValueError, match="kv_cache_dtype"):
+        revolta.LLM(tiny_dir, kv_cache_dtype="float16")
+    with pytest.raises(ValueError, match="load_format"):
+        revolta.LLM(tiny_dir, load_format="pt")
