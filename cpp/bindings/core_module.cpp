@@ -7,6 +7,12 @@
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
 
+#include <execinfo.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <cstdlib>
+
 #include "revolta/engine.h"
 
 namespace nb = nanobind;
@@ -15,8 +21,25 @@ using namespace revolta;
 
 void bind_ops(nb::module_& m);
 
+namespace {
+// REVOLTA_BACKTRACE=1: a crash prints the native stack to stderr (machines without a debugger).
+void print_backtrace(int sig) {
+  void* frames[64];
+  const int n = backtrace(frames, 64);
+  const char msg[] = "revolta: fatal signal, native stack:\n";
+  (void)!write(2, msg, sizeof(msg) - 1);
+  backtrace_symbols_fd(frames, n, 2);
+  signal(sig, SIG_DFL);
+  raise(sig);
+}
+}  // namespace
+
 NB_MODULE(_core, m) {
   m.doc() = "ReVolta C++ engine";
+  if (const char* v = std::getenv("REVOLTA_BACKTRACE"); v && *v == '1') {
+    signal(SIGSEGV, print_backtrace);
+    signal(SIGABRT, print_backtrace);
+  }
   bind_ops(m);
 
   nb::class_<SamplingParams>(m, "SamplingParams")
