@@ -39,5 +39,9 @@ void gather_rows(const Tensor& x, const Tensor& rows, Tensor& out);
 void copy_columns(const Tensor& src, int64_t first_column, Tensor& dst);
 void fill_uniform(Tensor& t, uint64_t seed, float lo, float hi);
 void argmax(const Tensor& x, Tensor& out);
+void sample(const Tensor& logits, const std::vector<ops::SampleRow>& rows, const std::vector<ops::SampleAdjust>& adjust,
+            std::vector<ops::SampleResult>& out);
+void qkv_rope_cache(const Tensor& qkv, const ops::QkNorm& norm, const Tensor& positions, const ops::RopeTables& rope,
+                    const Tensor& slot_mapping, Tensor& q, Tensor& k_cache, Tensor& v_cache);
 
 }  // namespace revolta::cuda

@@ -245,6 +245,8 @@ const ops::OpTable* table() {
     o.copy_columns = &copy_columns;
     o.fill_uniform = &fill_uniform;
     o.argmax = &argmax;
+    o.qkv_rope_cache = &qkv_rope_cache;
+    o.sample = &sample;
     return o;
   }();
   return &t;

@@ -34,60 +34,82 @@ __device__ __forceinline__ void load8(const __half* p, float (&w)[8]) {
 __device__ __forceinline__ float to_float(float v) { return v; }
 __device__ __forceinline__ float to_float(__half v) { return __half2float(v); }
 
-template <typename W, int M>
+// R weight rows per warp share each activation load (the activations of M rows would otherwise
+// be re-read per weight row: at M = 8 that traffic exceeds the weights'); U steps of 8 elements per
+// lane are loaded before any is used, so U x R 16-byte loads per lane are in flight.
+template <typename W, int M, int R, int U>
 __global__ void gemv_kernel(const float* __restrict__ x, const W* __restrict__ w, const float* __restrict__ bias,
                             float* __restrict__ out, int N, int K) {
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int n = blockIdx.x * kWarpsPerBlock + warp;
-  if (n >= N) return;
-  const W* row = w + size_t(n) * K;
-  float acc[M];
+  const int n0 = (blockIdx.x * kWarpsPerBlock + warp) * R;
+  if (n0 >= N) return;
+  float acc[R][M];
 #pragma unroll
-  for (int m = 0; m < M; ++m) acc[m] = 0.0f;
-  const bool vec = (K % 8 == 0) && (reinterpret_cast<uintptr_t>(row) % 16 == 0) &&
+  for (int r = 0; r < R; ++r)
+#pragma unroll
+    for (int m = 0; m < M; ++m) acc[r][m] = 0.0f;
+  const bool vec = (K % 8 == 0) && (reinterpret_cast<uintptr_t>(w) % 16 == 0) &&
                    (reinterpret_cast<uintptr_t>(x) % 16 == 0);
   int k = 0;
   if (vec) {
-    // Two 8-element loads per lane in flight per iteration: decode is bound by how many weight
-    // bytes are outstanding, not by arithmetic.
-    k = lane * 8;
-    for (; k + 32 * 8 + 8 <= K; k += 2 * 32 * 8) {
-      float wa[8], wb[8];
-      load8(row + k, wa);
-      load8(row + k + 32 * 8, wb);
+    constexpr int kStep = 32 * 8;
+    for (k = lane * 8; k + (U - 1) * kStep < K; k += U * kStep) {
+      float wv[R][U][8];
 #pragma unroll
-      for (int m = 0; m < M; ++m) {
-        float xa[8], xb[8];  // activations as 16-byte loads too (rows are 32-byte aligned: K % 8 == 0)
-        load8(x + size_t(m) * K + k, xa);
-        load8(x + size_t(m) * K + k + 32 * 8, xb);
+      for (int r = 0; r < R; ++r)
 #pragma unroll
-        for (int i = 0; i < 8; ++i) acc[m] += wa[i] * xa[i] + wb[i] * xb[i];
-      }
+        for (int u = 0; u < U; ++u) {
+          if (n0 + r < N) load8(w + size_t(n0 + r) * K + k + u * kStep, wv[r][u]);
+          else
+#pragma unroll
+            for (int i = 0; i < 8; ++i) wv[r][u][i] = 0.0f;
+        }
+#pragma unroll
+      for (int m = 0; m < M; ++m)
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+          float xv[8];
+          load8(x + size_t(m) * K + k + u * kStep, xv);
+#pragma unroll
+          for (int r = 0; r < R; ++r)
+#pragma unroll
+            for (int i = 0; i < 8; ++i) acc[r][m] += wv[r][u][i] * xv[i];
+        }
     }
-    for (; k + 8 <= K; k += 32 * 8) {
-      float wv[8];
-      load8(row + k, wv);
+    for (; k < K; k += kStep) {  // the last steps, one at a time
+      float xv[8];
 #pragma unroll
-      for (int m = 0; m < M; ++m) {
-        float xv[8];
-        load8(x + size_t(m) * K + k, xv);
+      for (int r = 0; r < R; ++r) {
+        if (n0 + r >= N) break;
+        float wv[8];
+        load8(w + size_t(n0 + r) * K + k, wv);
 #pragma unroll
-        for (int i = 0; i < 8; ++i) acc[m] += wv[i] * xv[i];
+        for (int m = 0; m < M; ++m) {
+          load8(x + size_t(m) * K + k, xv);
+#pragma unroll
+          for (int i = 0; i < 8; ++i) acc[r][m] += wv[i] * xv[i];
+        }
       }
     }
     k = K;  // every element was covered by some lane
   }
   for (int kk = k + lane; kk < K; kk += 32) {
-    const float wv = to_float(row[kk]);
 #pragma unroll
-    for (int m = 0; m < M; ++m) acc[m] += wv * x[size_t(m) * K + kk];
+    for (int r = 0; r < R; ++r) {
+      if (n0 + r >= N) break;
+      const float wv = to_float(w[size_t(n0 + r) * K + kk]);
+#pragma unroll
+      for (int m = 0; m < M; ++m) acc[r][m] += wv * x[size_t(m) * K + kk];
+    }
   }
 #pragma unroll
-  for (int m = 0; m < M; ++m) {
-    float v = acc[m];
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-    if (lane == 0) out[size_t(m) * N + n] = v + (bias ? bias[n] : 0.0f);
-  }
+  for (int r = 0; r < R; ++r)
+#pragma unroll
+    for (int m = 0; m < M; ++m) {
+      float v = acc[r][m];
+      for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+      if (lane == 0 && n0 + r < N) out[size_t(m) * N + n0 + r] = v + (bias ? bias[n0 + r] : 0.0f);
+    }
 }
 
 constexpr int kTile = 64, kTileK = 16;
@@ -131,15 +153,21 @@ __global__ void gemm_kernel(const float* __restrict__ x, const W* __restrict__ w
 template <typename W>
 void run(const Tensor& x, const W* w, const float* bias, Tensor& out, int M, int N, int K) {
   if (M <= 8) {
-    const unsigned blocks = unsigned((N + kWarpsPerBlock - 1) / kWarpsPerBlock), threads = 32 * kWarpsPerBlock;
     const float* xp = x.ptr<float>();
     float* op = out.ptr<float>();
+    auto launch = [&](auto kernel, int rows_per_warp) {
+      const int per_block = kWarpsPerBlock * rows_per_warp;
+      kernel<<<unsigned((N + per_block - 1) / per_block), 32 * kWarpsPerBlock, 0, stream()>>>(xp, w, bias, op, N, K);
+    };
     switch (M) {
-#define RV_GEMV_CASE(m) \
-  case m: gemv_kernel<W, m><<<blocks, threads, 0, stream()>>>(xp, w, bias, op, N, K); break;
-      RV_GEMV_CASE(1) RV_GEMV_CASE(2) RV_GEMV_CASE(3) RV_GEMV_CASE(4)
-      RV_GEMV_CASE(5) RV_GEMV_CASE(6) RV_GEMV_CASE(7) RV_GEMV_CASE(8)
-#undef RV_GEMV_CASE
+      case 1: launch(gemv_kernel<W, 1, 1, 4>, 1); break;
+      case 2: launch(gemv_kernel<W, 2, 2, 2>, 2); break;
+      case 3: launch(gemv_kernel<W, 3, 2, 2>, 2); break;
+      case 4: launch(gemv_kernel<W, 4, 4, 1>, 4); break;
+      case 5: launch(gemv_kernel<W, 5, 4, 1>, 4); break;
+      case 6: launch(gemv_kernel<W, 6, 4, 1>, 4); break;
+      case 7: launch(gemv_kernel<W, 7, 4, 1>, 4); break;
+      default: launch(gemv_kernel<W, 8, 4, 1>, 4); break;
     }
   } else if (!tensor_core_gemm(x.ptr<float>(), w, bias, out.ptr<float>(), M, N, K)) {
     dim3 grid(unsigned((N + kTile - 1) / kTile), unsigned((M + kTile - 1) / kTile));

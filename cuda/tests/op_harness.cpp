@@ -263,6 +263,86 @@ void test_data_movement() {
   }
 }
 
+void test_qkv_rope_cache(int64_t T, int64_t H, int64_t KVH, int64_t D, double partial, bool qk_norm, DType kv_dtype) {
+  RopeConfig rc;
+  rc.type = "default";
+  rc.partial_rotary_factor = partial;
+  ops::RopeTables host_tables = build_rope_tables(rc, int32_t(D), 2048);
+  ops::RopeTables dev_tables = host_tables;
+  dev_tables.cos = cuda::to_device(host_tables.cos);
+  dev_tables.sin = cuda::to_device(host_tables.sin);
+  const int64_t blocks = 8, bs = 16;
+  Tensor qkv = random_tensor({T, (H + 2 * KVH) * D}), pos = Tensor::empty({T}, DType::kI32), slots = Tensor::empty({T}, DType::kI32);
+  for (int64_t i = 0; i < T; ++i) {
+    pos.ptr<int32_t>()[i] = int32_t((i * 97) % 2048);
+    slots.ptr<int32_t>()[i] = i == 1 ? -1 : int32_t((i * 37 + 5) % (blocks * bs));  // row 1 is padding
+  }
+  Tensor qn = random_tensor({D}), kn = random_tensor({D});
+  ops::QkNorm host_norm, dev_norm;
+  Tensor dqn = cuda::to_device(qn), dkn = cuda::to_device(kn);
+  if (qk_norm) host_norm = {&qn, &kn, 1e-6f}, dev_norm = {&dqn, &dkn, 1e-6f};
+  Tensor kc = Tensor::empty({blocks, bs, KVH, D}, DType::kF32), vc = Tensor::empty({blocks, bs, KVH, D}, DType::kF32);
+  Tensor q = Tensor::empty({T, H, D}, DType::kF32);
+  ops::cpu::qkv_rope_cache(qkv, host_norm, pos, host_tables, slots, q, kc, vc);
+  Tensor dq = Tensor::empty({T, H, D}, DType::kF32, Device::kCUDA);
+  Tensor dkc = Tensor::empty({blocks, bs, KVH, D}, kv_dtype, Device::kCUDA), dvc = Tensor::empty({blocks, bs, KVH, D}, kv_dtype, Device::kCUDA);
+  ops::qkv_rope_cache(cuda::to_device(qkv), dev_norm, cuda::to_device(pos), dev_tables, cuda::to_device(slots), dq, dkc, dvc);
+  auto as_f32 = [](const Tensor& t) {
+    Tensor h = cuda::to_host(t), f = Tensor::empty(h.shape(), DType::kF32);
+    convert_to_f32(h.data(), h.dtype(), f.ptr<float>(), size_t(h.numel()));
+    return f;
+  };
+  const float tol = kv_dtype == DType::kF16 ? 4e-3f : 1e-5f;  // f16 cache: its rounding
+  const float err = std::max({max_abs_diff(cuda::to_host(dq), q), max_abs_diff(as_f32(dkc), kc), max_abs_diff(as_f32(dvc), vc)});
+  report("qkv_rope_cache T" + std::to_string(T) + " H" + std::to_string(H) + "/KV" + std::to_string(KVH) + " D" +
+             std::to_string(D) + (partial < 1.0 ? " partial" : "") + (qk_norm ? " qk-norm " : " ") + dtype_name(kv_dtype),
+         err, tol);
+}
+
+// Device sampling against the CPU op at the same uniforms: tokens (a rare flip where float and
+// double sums straddle a boundary is tolerated: at most 1 row in 16), logprobs, top alternatives.
+void test_sample(int64_t V, ops::SampleRow base, const std::string& name) {
+  const int64_t R = 48;
+  Tensor logits = random_tensor({R, V}, DType::kF32, 3.0f);
+  std::vector<ops::SampleRow> rows;
+  std::vector<ops::SampleAdjust> adjust;
+  std::uniform_real_distribution<float> ud(0.0f, 1.0f);
+  for (int64_t r = 0; r < R; ++r) {
+    ops::SampleRow row = base;
+    row.uniform = ud(g_rng);
+    row.adjust_begin = int32_t(adjust.size());
+    for (int j = 0; j < 6; ++j) {  // penalised / masked tokens, the row's best among them
+      ops::SampleAdjust a;
+      a.token = int32_t((r * 131 + j * 977) % V);
+      a.masked = j == 0;
+      a.seen = 1;
+      a.out_count = j % 3;
+      adjust.push_back(a);
+    }
+    row.adjust_end = int32_t(adjust.size());
+    rows.push_back(row);
+  }
+  std::vector<ops::SampleResult> ref, got;
+  ops::cpu::sample(logits, rows, adjust, ref);
+  Tensor dl = cuda::to_device(logits);
+  ops::sample(dl, rows, adjust, got);
+  int flips = 0;
+  float lp_err = 0.0f;
+  for (int64_t r = 0; r < R; ++r) {
+    flips += got[size_t(r)].token != ref[size_t(r)].token;
+    if (base.num_logprobs >= 0 && got[size_t(r)].token == ref[size_t(r)].token) {
+      lp_err = std::max(lp_err, std::fabs(got[size_t(r)].logprob - ref[size_t(r)].logprob));
+      for (int j = 0; j < base.num_logprobs; ++j) {
+        if (got[size_t(r)].top_ids[j] != ref[size_t(r)].top_ids[j]) lp_err = 1.0f;
+        lp_err = std::max(lp_err, std::fabs(got[size_t(r)].top_logprobs[j] - ref[size_t(r)].top_logprobs[j]));
+      }
+    }
+  }
+  report("sample " + name + " " + std::to_string(R) + "x" + std::to_string(V) + " token flips", float(flips), float(R / 16));
+  if (base.num_logprobs >= 0) report("sample " + name + " logprobs", lp_err, 1e-3f);
+  perf("sample " + name + " " + std::to_string(R) + " rows", double(R * V * 4), [&] { ops::sample(dl, rows, adjust, got); });
+}
+
 void test_argmax(int64_t R, int64_t V) {
   Tensor x = random_tensor({R, V}), ref = Tensor::empty({R}, DType::kI32);
   for (int64_t r = 0; r < R; ++r) {  // plant a tie for the maximum: the lower index must win
@@ -306,6 +386,8 @@ int main(int argc, char** argv) {
       test_linear(16, 4096, 4096, dt, false);   // small tensor-core tiles
       test_linear(33, 1000, 200, dt, true);     // K % 8 != 0: the SIMT path
       test_linear(130, 1000, 1024, dt, true);   // ragged 128-row tiles
+      for (int64_t m : {2, 3, 5})                 // GEMV with several rows per warp, ragged N
+        test_linear(m, 1003, 1032, dt, m == 3);
     }
     test_linear(2048, 4096, 4096, DType::kF16, false);  // prefill-sized (TFLOP/s in --perf)
     test_paged_attention({{0, 1}}, 4, 4, 64, 16);                           // first decode token
@@ -322,6 +404,27 @@ int main(int argc, char** argv) {
     }
     test_paged_attention({{0, 2048}}, 32, 8, 128, 16, DType::kF16);  // a 2K prompt (TFLOP/s in --perf)
     test_data_movement();
+    for (DType kv : {DType::kF32, DType::kF16}) {
+      test_qkv_rope_cache(5, 32, 8, 128, 1.0, false, kv);
+      test_qkv_rope_cache(9, 16, 2, 256, 0.25, true, kv);  // Qwen3-Next: partial rotary, QK norm
+      test_qkv_rope_cache(3, 4, 2, 16, 1.0, true, kv);     // rotate-half pairs across lanes
+    }
+    {
+      ops::SampleRow greedy, plain, topk, topp, minp, all;
+      greedy.num_logprobs = 5;
+      plain.temperature = 1.0f;
+      plain.num_logprobs = 0;
+      topk.temperature = 0.7f, topk.top_k = 40;
+      topp.temperature = 1.3f, topp.top_p = 0.8f, topp.repetition_penalty = 1.3f;
+      minp.temperature = 1.0f, minp.min_p = 0.05f, minp.presence_penalty = 0.5f, minp.frequency_penalty = 0.3f;
+      all.temperature = 0.9f, all.top_k = 100, all.top_p = 0.9f, all.min_p = 0.02f, all.num_logprobs = 20;
+      test_sample(1000, greedy, "greedy");
+      test_sample(151936, plain, "temperature");
+      test_sample(32000, topk, "top-k");
+      test_sample(128256, topp, "top-p + repetition");
+      test_sample(49152, minp, "min-p + presence/frequency");
+      test_sample(128256, all, "top-k + top-p + min-p");
+    }
     test_argmax(3, 49152);
     test_argmax(32, 151936);
     test_kv_cache_write(1, 8, 16, 3, 64);

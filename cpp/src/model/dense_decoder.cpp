@@ -65,8 +65,6 @@ class DenseDecoderLM final : public DecoderBase {
     Tensor x = Tensor::uninitialized({T, H}, DType::kF32, device_);
     Tensor qkv = Tensor::uninitialized({T, QO + 2 * KVO}, DType::kF32, device_);
     Tensor q = Tensor::uninitialized({T, NH, D}, DType::kF32, device_);
-    Tensor k = Tensor::uninitialized({T, KVH, D}, DType::kF32, device_);
-    Tensor v = Tensor::uninitialized({T, KVH, D}, DType::kF32, device_);
     Tensor attn = Tensor::uninitialized({T, NH, D}, DType::kF32, device_);
     Tensor proj = Tensor::uninitialized({T, H}, DType::kF32, device_);
     Tensor gate_up = Tensor::uninitialized({T, 2 * I}, DType::kF32, device_);
@@ -77,14 +75,9 @@ class DenseDecoderLM final : public DecoderBase {
     for (size_t l = 0; l < layers_.size(); ++l) {
       const DenseLayer& L = layers_[l];
       ops::linear(x, L.qkv, L.qkv_bias.defined() ? &L.qkv_bias : nullptr, qkv);
-      split_qkv(qkv, q, k, v);
-      if (opts_.qk_norm) {
-        ops::rms_norm(q, L.q_norm, eps, q);
-        ops::rms_norm(k, L.k_norm, eps, k);
-      }
-      ops::rope(q, b.positions, rope_);
-      ops::rope(k, b.positions, rope_);
-      ops::kv_cache_write(k, v, b.slot_mapping, cache.k[l], cache.v[l]);
+      ops::QkNorm norm;
+      if (opts_.qk_norm) norm = {&L.q_norm, &L.k_norm, eps};
+      ops::qkv_rope_cache(qkv, norm, b.positions, rope_, b.slot_mapping, q, cache.k[l], cache.v[l]);
       ops::paged_attention(q, cache.k[l], cache.v[l], b.attention, scale, attn);
       ops::linear(attn.view({T, QO}), L.o, L.o_bias.defined() ? &L.o_bias : nullptr, proj);
       ops::add_rms_norm(residual, proj, L.post_attn_norm, eps, x);
@@ -98,14 +91,6 @@ class DenseDecoderLM final : public DecoderBase {
   }
 
  private:
-  static void split_qkv(const Tensor& qkv, Tensor& q, Tensor& k, Tensor& v) {
-    const int64_t T = qkv.size(0), QO = q.numel() / std::max<int64_t>(T, 1), KVO = k.numel() / std::max<int64_t>(T, 1);
-    Tensor q2 = q.view({T, QO}), k2 = k.view({T, KVO}), v2 = v.view({T, KVO});
-    ops::copy_columns(qkv, 0, q2);
-    ops::copy_columns(qkv, QO, k2);
-    ops::copy_columns(qkv, QO + KVO, v2);
-  }
-
   DenseDecoderOptions opts_;
   EmbeddingAndHead head_;
   Tensor final_norm_;

@@ -24,7 +24,7 @@ const OpTable& table_for(Device d, Op op) {
 const char* op_name(Op op) {
   static const char* names[] = {"embedding", "rms_norm",       "add_rms_norm",   "linear",
                                 "rope",      "silu_mul",       "kv_cache_write", "paged_attention",
-                                "gather_rows", "copy_columns", "fill_uniform",   "argmax"};
+                                "gather_rows", "copy_columns", "fill_uniform",   "argmax", "qkv_rope_cache", "sample"};
   return names[int(op)];
 }
 
@@ -46,6 +46,8 @@ bool supports_op(Device device, Op op) {
     case Op::kCopyColumns: return t->copy_columns != nullptr;
     case Op::kFillUniform: return t->fill_uniform != nullptr;
     case Op::kArgmax: return t->argmax != nullptr;
+    case Op::kQkvRopeCache: return t->qkv_rope_cache != nullptr;
+    case Op::kSample: return t->sample != nullptr;
     case Op::kCount: break;
   }
   return false;
@@ -92,5 +94,14 @@ void fill_uniform(Tensor& t, uint64_t seed, float lo, float hi) {
   table_for(t.device(), Op::kFillUniform).fill_uniform(t, seed, lo, hi);
 }
 void argmax(const Tensor& x, Tensor& out) { table_for(x.device(), Op::kArgmax).argmax(x, out); }
+void qkv_rope_cache(const Tensor& qkv, const QkNorm& norm, const Tensor& positions, const RopeTables& rope,
+                    const Tensor& slot_mapping, Tensor& q, Tensor& k_cache, Tensor& v_cache) {
+  table_for(qkv.device(), Op::kQkvRopeCache).qkv_rope_cache(qkv, norm, positions, rope, slot_mapping, q, k_cache, v_cache);
+}
+
+void sample(const Tensor& logits, const std::vector<SampleRow>& rows, const std::vector<SampleAdjust>& adjust,
+            std::vector<SampleResult>& out) {
+  table_for(logits.device(), Op::kSample).sample(logits, rows, adjust, out);
+}
 
 }  // namespace revolta::ops

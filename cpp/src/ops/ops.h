@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 #include "core/tensor.h"
 
@@ -45,6 +46,39 @@ struct RopeTables {
   int32_t rotary_dim = 0;
 };
 
+// Optional per-head RMSNorm of q and k (Qwen3's QK norm), weights [head_dim]; null: none.
+struct QkNorm {
+  const Tensor* q = nullptr;
+  const Tensor* k = nullptr;
+  float eps = 1e-6f;
+};
+
+// One row of a batched sampling step (the sampler's semantics, see sample/sampler.h): adjustments
+// first (min_tokens masks, repetition / presence / frequency penalties, listed per token in
+// adjust[adjust_begin, adjust_end)), then temperature, top-k, top-p, min-p and a draw at
+// `uniform` of the kept mass. temperature 0 takes the argmax. Logprobs are of the raw logits.
+struct SampleRow {
+  float temperature = 0.0f, top_p = 1.0f, min_p = 0.0f;
+  float repetition_penalty = 1.0f, presence_penalty = 0.0f, frequency_penalty = 0.0f;
+  float uniform = 0.0f;  // in [0, 1)
+  int32_t top_k = 0;
+  int32_t num_logprobs = -1;  // -1: none; N: the chosen token's and N top alternatives
+  int32_t adjust_begin = 0, adjust_end = 0;
+};
+struct SampleAdjust {
+  int32_t token = 0;
+  int32_t masked = 0;     // min_tokens not reached: this EOS / stop token cannot be drawn
+  int32_t seen = 0;       // in prompt or output: repetition penalty applies
+  int32_t out_count = 0;  // occurrences in the output: presence / frequency penalties apply
+};
+constexpr int kMaxTopLogprobs = 20;
+struct SampleResult {
+  int32_t token = 0;
+  float logprob = 0.0f;
+  int32_t top_ids[kMaxTopLogprobs] = {};
+  float top_logprobs[kMaxTopLogprobs] = {};
+};
+
 enum class Op {
   kEmbedding,
   kRmsNorm,
@@ -58,6 +92,8 @@ enum class Op {
   kCopyColumns,
   kFillUniform,
   kArgmax,
+  kQkvRopeCache,
+  kSample,
   kCount
 };
 const char* op_name(Op op);
@@ -78,6 +114,10 @@ struct OpTable {
   void (*copy_columns)(const Tensor& src, int64_t first_column, Tensor& dst) = nullptr;
   void (*fill_uniform)(Tensor& t, uint64_t seed, float lo, float hi) = nullptr;
   void (*argmax)(const Tensor& x, Tensor& out) = nullptr;
+  void (*qkv_rope_cache)(const Tensor& qkv, const QkNorm& norm, const Tensor& positions, const RopeTables& rope,
+                         const Tensor& slot_mapping, Tensor& q, Tensor& k_cache, Tensor& v_cache) = nullptr;
+  void (*sample)(const Tensor& logits, const std::vector<SampleRow>& rows, const std::vector<SampleAdjust>& adjust,
+                 std::vector<SampleResult>& out) = nullptr;
 };
 
 void register_backend(Device device, const OpTable* table);
@@ -116,6 +156,17 @@ void copy_columns(const Tensor& src, int64_t first_column, Tensor& dst);
 void fill_uniform(Tensor& t, uint64_t seed, float lo, float hi);
 // out[r] = index of the largest x[r, :] (f32), lowest index on ties; out int32 [R].
 void argmax(const Tensor& x, Tensor& out);
+// Attention inputs from the fused projection qkv [T, (heads + 2 * kv_heads) * head_dim]: q
+// [T, heads, head_dim] normed (optional) and rotated; k normed and rotated and v written to their
+// cache slots (kv_cache_write's rules). One pass instead of split + norms + rope + cache write.
+void qkv_rope_cache(const Tensor& qkv, const QkNorm& norm, const Tensor& positions, const RopeTables& rope,
+                    const Tensor& slot_mapping, Tensor& q, Tensor& k_cache, Tensor& v_cache);
+// Samples one token per row of logits [R, vocab] (on any device; results on the host). Kept sets
+// are thresholds on the adjusted logits (ties at a top-k / top-p boundary broken by lower index),
+// and the draw walks the kept tokens in index order: the same distribution as the host sampler,
+// not the same token for the same uniform.
+void sample(const Tensor& logits, const std::vector<SampleRow>& rows, const std::vector<SampleAdjust>& adjust,
+            std::vector<SampleResult>& out);
 
 #if defined(__CUDACC__)
 #define RV_HOST_DEVICE __host__ __device__

@@ -21,6 +21,10 @@ void gather_rows(const Tensor& x, const Tensor& rows, Tensor& out);
 void copy_columns(const Tensor& src, int64_t first_column, Tensor& dst);
 void fill_uniform(Tensor& t, uint64_t seed, float lo, float hi);
 void argmax(const Tensor& x, Tensor& out);
+void sample(const Tensor& logits, const std::vector<SampleRow>& rows, const std::vector<SampleAdjust>& adjust,
+            std::vector<SampleResult>& out);
+void qkv_rope_cache(const Tensor& qkv, const QkNorm& norm, const Tensor& positions, const RopeTables& rope,
+                    const Tensor& slot_mapping, Tensor& q, Tensor& k_cache, Tensor& v_cache);
 
 // Gated DeltaNet pieces (see gated_delta_rule.cpp). chunk_size <= 1 selects the recurrent form.
 void gated_delta_rule(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& g, const Tensor& beta,

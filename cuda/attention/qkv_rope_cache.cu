@@ -1,0 +1,86 @@
+// From the fused projection qkv [T, (H + 2 KVH) * D]: q normed (optional) and rotated into q
+// [T, H, D]; k normed and rotated and v written straight to their cache slots (f32 or f16). One
+// block per token, one warp per head at a time through a shared-memory row (rotate-half pairs
+// can sit in different lanes). Replaces split + two norms + two ropes + a cache write: six
+// launches per layer in a decode step.
+#include <cuda_fp16.h>
+
+#include "core/cuda_check.h"
+#include "cuda_ops.h"
+
+namespace revolta::cuda {
+namespace {
+
+constexpr int kWarps = 4, kMaxD = 256;
+
+__device__ __forceinline__ void store(float* p, float v) { *p = v; }
+__device__ __forceinline__ void store(__half* p, float v) { *p = __float2half_rn(v); }
+
+template <typename C>
+__global__ void qkv_rope_cache_kernel(const float* __restrict__ qkv, const float* __restrict__ q_norm,
+                                      const float* __restrict__ k_norm, float eps, const int32_t* __restrict__ pos,
+                                      const float* __restrict__ cos_t, const float* __restrict__ sin_t, int half,
+                                      const int32_t* __restrict__ slots, float* __restrict__ q, C* __restrict__ kc,
+                                      C* __restrict__ vc, int H, int KVH, int D) {
+  __shared__ float buf[kWarps][kMaxD];
+  const int t = blockIdx.x, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int64_t slot = slots[t];
+  const float* row = qkv + int64_t(t) * (H + 2 * KVH) * D;
+  const float* c = cos_t + int64_t(pos[t]) * half;
+  const float* s = sin_t + int64_t(pos[t]) * half;
+  float* b = buf[warp];
+  for (int h = warp; h < H + 2 * KVH; h += kWarps) {
+    const bool is_q = h < H, is_k = !is_q && h < H + KVH;
+    if (!is_q && slot < 0) continue;  // a padding row writes no cache slot
+    for (int d = lane; d < D; d += 32) b[d] = row[int64_t(h) * D + d];
+    const float* w = is_q ? q_norm : is_k ? k_norm : nullptr;
+    if (w) {
+      float ss = 0.0f;
+      for (int d = lane; d < D; d += 32) ss += b[d] * b[d];
+      for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
+      const float r = rsqrtf(ss / float(D) + eps);
+      for (int d = lane; d < D; d += 32) b[d] = b[d] * r * w[d];
+    }
+    __syncwarp();
+    if (is_q || is_k) {
+      for (int i = lane; i < half; i += 32) {
+        const float x1 = b[i], x2 = b[i + half];
+        b[i] = x1 * c[i] - x2 * s[i];
+        b[i + half] = x2 * c[i] + x1 * s[i];
+      }
+      __syncwarp();
+    }
+    if (is_q) {
+      for (int d = lane; d < D; d += 32) q[(int64_t(t) * H + h) * D + d] = b[d];
+    } else {
+      C* dst = (is_k ? kc : vc) + (slot * KVH + (is_k ? h - H : h - H - KVH)) * D;
+      for (int d = lane; d < D; d += 32) store(dst + d, b[d]);
+    }
+    __syncwarp();
+  }
+}
+
+}  // namespace
+
+void qkv_rope_cache(const Tensor& qkv, const ops::QkNorm& norm, const Tensor& positions, const ops::RopeTables& rope,
+                    const Tensor& slot_mapping, Tensor& q, Tensor& k_cache, Tensor& v_cache) {
+  const int64_t T = q.size(0), H = q.size(1), D = q.size(2), KVH = k_cache.size(2);
+  RV_CHECK(D <= kMaxD, "CUDA qkv_rope_cache: head_dim ", D, " > ", kMaxD);
+  if (T == 0) return;
+  const float* qn = norm.q ? norm.q->ptr<float>() : nullptr;
+  const float* kn = norm.k ? norm.k->ptr<float>() : nullptr;
+  const int half = rope.rotary_dim / 2;
+  if (k_cache.dtype() == DType::kF32)
+    qkv_rope_cache_kernel<<<unsigned(T), 32 * kWarps, 0, stream()>>>(
+        qkv.ptr<float>(), qn, kn, norm.eps, positions.ptr<int32_t>(), rope.cos.ptr<float>(), rope.sin.ptr<float>(), half,
+        slot_mapping.ptr<int32_t>(), q.ptr<float>(), k_cache.ptr<float>(), v_cache.ptr<float>(), int(H), int(KVH), int(D));
+  else if (k_cache.dtype() == DType::kF16)
+    qkv_rope_cache_kernel<<<unsigned(T), 32 * kWarps, 0, stream()>>>(
+        qkv.ptr<float>(), qn, kn, norm.eps, positions.ptr<int32_t>(), rope.cos.ptr<float>(), rope.sin.ptr<float>(), half,
+        slot_mapping.ptr<int32_t>(), q.ptr<float>(), k_cache.ptr<__half>(), v_cache.ptr<__half>(), int(H), int(KVH), int(D));
+  else
+    throw std::invalid_argument("CUDA qkv_rope_cache: the cache must be float32 or float16");
+  RV_CUDA_CHECK(cudaGetLastError());
+}
+
+}  // namespace revolta::cuda
