@@ -6,6 +6,8 @@
 //  - larger M with f32 weights: a shared-memory tiled SIMT GEMM (64 x 64 tiles).
 #include <cuda_fp16.h>
 
+#include <algorithm>
+
 #include "gemm/gemm_tensor_core.cuh"
 
 #include "core/cuda_check.h"
@@ -34,6 +36,11 @@ __device__ __forceinline__ void load8(const __half* p, float (&w)[8]) {
 __device__ __forceinline__ float to_float(float v) { return v; }
 __device__ __forceinline__ float to_float(__half v) { return __half2float(v); }
 
+template <typename W, int M, int R, int U>
+__device__ __forceinline__ void gemv_rows(const float* __restrict__ x, const W* __restrict__ w,
+                                          const float* __restrict__ bias, float* __restrict__ out, int N, int K, int n0,
+                                          int lane);
+
 // R weight rows per warp share each activation load (the activations of M rows would otherwise
 // be re-read per weight row: at M = 8 that traffic exceeds the weights'); U steps of 8 elements per
 // lane are loaded before any is used, so U x R 16-byte loads per lane are in flight.
@@ -41,8 +48,16 @@ template <typename W, int M, int R, int U>
 __global__ void gemv_kernel(const float* __restrict__ x, const W* __restrict__ w, const float* __restrict__ bias,
                             float* __restrict__ out, int N, int K) {
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int n0 = (blockIdx.x * kWarpsPerBlock + warp) * R;
-  if (n0 >= N) return;
+  // Persistent warps: a grid of a few blocks per SM strides over the row groups, so no partial
+  // last wave leaves SMs idle at the end of a short kernel.
+  for (int n0 = (blockIdx.x * kWarpsPerBlock + warp) * R; n0 < N; n0 += gridDim.x * kWarpsPerBlock * R)
+    gemv_rows<W, M, R, U>(x, w, bias, out, N, K, n0, lane);
+}
+
+template <typename W, int M, int R, int U>
+__device__ __forceinline__ void gemv_rows(const float* __restrict__ x, const W* __restrict__ w,
+                                          const float* __restrict__ bias, float* __restrict__ out, int N, int K, int n0,
+                                          int lane) {
   float acc[R][M];
 #pragma unroll
   for (int r = 0; r < R; ++r)
@@ -157,7 +172,8 @@ void run(const Tensor& x, const W* w, const float* bias, Tensor& out, int M, int
     float* op = out.ptr<float>();
     auto launch = [&](auto kernel, int rows_per_warp) {
       const int per_block = kWarpsPerBlock * rows_per_warp;
-      kernel<<<unsigned((N + per_block - 1) / per_block), 32 * kWarpsPerBlock, 0, stream()>>>(xp, w, bias, op, N, K);
+      const int blocks = std::min((N + per_block - 1) / per_block, sm_count() * 8);
+      kernel<<<unsigned(blocks), 32 * kWarpsPerBlock, 0, stream()>>>(xp, w, bias, op, N, K);
     };
     switch (M) {
       case 1: launch(gemv_kernel<W, 1, 1, 4>, 1); break;
