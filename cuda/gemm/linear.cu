@@ -48,8 +48,7 @@ template <typename W, int M, int R, int U>
 __global__ void gemv_kernel(const float* __restrict__ x, const W* __restrict__ w, const float* __restrict__ bias,
                             float* __restrict__ out, int N, int K) {
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  // Persistent warps: a grid of a few blocks per SM strides over the row groups, so no partial
-  // last wave leaves SMs idle at the end of a short kernel.
+  // One row group per warp (a persistent grid striding over them measured slower at M = 1).
   for (int n0 = (blockIdx.x * kWarpsPerBlock + warp) * R; n0 < N; n0 += gridDim.x * kWarpsPerBlock * R)
     gemv_rows<W, M, R, U>(x, w, bias, out, N, K, n0, lane);
 }
@@ -172,8 +171,7 @@ void run(const Tensor& x, const W* w, const float* bias, Tensor& out, int M, int
     float* op = out.ptr<float>();
     auto launch = [&](auto kernel, int rows_per_warp) {
       const int per_block = kWarpsPerBlock * rows_per_warp;
-      const int blocks = std::min((N + per_block - 1) / per_block, sm_count() * 8);
-      kernel<<<unsigned(blocks), 32 * kWarpsPerBlock, 0, stream()>>>(xp, w, bias, op, N, K);
+      kernel<<<unsigned((N + per_block - 1) / per_block), 32 * kWarpsPerBlock, 0, stream()>>>(xp, w, bias, op, N, K);
     };
     switch (M) {
       case 1: launch(gemv_kernel<W, 1, 1, 4>, 1); break;
