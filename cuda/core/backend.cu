@@ -247,6 +247,7 @@ const ops::OpTable* table() {
     o.argmax = &argmax;
     o.qkv_rope_cache = &qkv_rope_cache;
     o.sample = &sample;
+    o.linear_silu = &linear_silu;
     return o;
   }();
   return &t;

@@ -143,7 +143,7 @@ void test_linear(int64_t M, int64_t N, int64_t K, DType dt, bool with_bias) {
   const std::string tag = std::string(dtype_name(dt)) + " " + std::to_string(M) + "x" + std::to_string(N) + "x" +
                           std::to_string(K) + (with_bias ? " +bias" : "");
   // Tensor-core tiles (f16 weights, M > 8) round x to f16 as they stage it: a wider tolerance.
-  const bool tensor_cores = dt == DType::kF16 && M > 8 && K % 8 == 0;
+  const bool tensor_cores = dt == DType::kF16 && M > 8 && K % 8 == 0;  // incl. the split-K fragments
   const float tol = tensor_cores ? 4e-4f * std::sqrt(float(K)) : 2e-4f * std::sqrt(float(K)) / 8.0f + 1e-4f;
   report("linear " + tag, max_abs_diff(cuda::to_host(dout), ref), tol);
   perf("linear " + tag, double(N * K) * double(dtype_size(dt)) + double(M * K + M * N) * 4,
@@ -343,6 +343,17 @@ void test_sample(int64_t V, ops::SampleRow base, const std::string& name) {
   perf("sample " + name + " " + std::to_string(R) + " rows", double(R * V * 4), [&] { ops::sample(dl, rows, adjust, got); });
 }
 
+void test_linear_silu(int64_t M, int64_t N, int64_t K) {
+  Tensor gu = random_tensor({M, 2 * K}, DType::kF32, 2.0f), w = random_tensor({N, K}, DType::kF16, 0.05f);
+  Tensor ref = Tensor::empty({M, N}, DType::kF32);
+  ops::cpu::linear_silu(gu, w, ref);
+  Tensor dgu = cuda::to_device(gu), dw = cuda::to_device(w), dout = Tensor::empty({M, N}, DType::kF32, Device::kCUDA);
+  ops::linear_silu(dgu, dw, dout);
+  const std::string tag = std::to_string(M) + "x" + std::to_string(N) + "x" + std::to_string(K);
+  report("linear_silu " + tag, max_abs_diff(cuda::to_host(dout), ref), M > 8 ? 4e-4f * std::sqrt(float(K)) : 2e-4f * std::sqrt(float(K)) / 8.0f + 1e-4f);
+  perf("linear_silu " + tag, double(N * K * 2 + M * K * 8), [&] { ops::linear_silu(dgu, dw, dout); });
+}
+
 void test_argmax(int64_t R, int64_t V) {
   Tensor x = random_tensor({R, V}), ref = Tensor::empty({R}, DType::kI32);
   for (int64_t r = 0; r < R; ++r) {  // plant a tie for the maximum: the lower index must win
@@ -383,7 +394,11 @@ int main(int argc, char** argv) {
       test_linear(1, 14336, 4096, dt, false);
       test_linear(77, 1536, 576, dt, true);  // tiled path, ragged tiles
       test_linear(512, 4096, 4096, dt, false);
-      test_linear(16, 4096, 4096, dt, false);   // small tensor-core tiles
+      test_linear(16, 4096, 4096, dt, false);   // split-K tensor-core fragments (decode batches)
+      test_linear(32, 4096, 4096, dt, true);
+      test_linear(64, 6144, 4096, dt, false);
+      test_linear(13, 1024, 14336, dt, false);
+      test_linear(40, 1000, 1024, dt, false);   // N % 16 != 0: small tiles
       test_linear(33, 1000, 200, dt, true);     // K % 8 != 0: the SIMT path
       test_linear(130, 1000, 1024, dt, true);   // ragged 128-row tiles
       for (int64_t m : {2, 3, 5})                 // GEMV with several rows per warp, ragged N
@@ -425,6 +440,10 @@ int main(int argc, char** argv) {
       test_sample(49152, minp, "min-p + presence/frequency");
       test_sample(128256, all, "top-k + top-p + min-p");
     }
+    test_linear_silu(1, 4096, 14336);
+    test_linear_silu(1, 1000, 1000);   // K % 8 == 0 but ragged rows
+    test_linear_silu(1, 300, 203);     // K % 8 != 0: unfused
+    test_linear_silu(5, 576, 1536);    // unfused: silu_mul then linear
     test_argmax(3, 49152);
     test_argmax(32, 151936);
     test_kv_cache_write(1, 8, 16, 3, 64);

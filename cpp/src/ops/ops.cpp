@@ -24,7 +24,7 @@ const OpTable& table_for(Device d, Op op) {
 const char* op_name(Op op) {
   static const char* names[] = {"embedding", "rms_norm",       "add_rms_norm",   "linear",
                                 "rope",      "silu_mul",       "kv_cache_write", "paged_attention",
-                                "gather_rows", "copy_columns", "fill_uniform",   "argmax", "qkv_rope_cache", "sample"};
+                                "gather_rows", "copy_columns", "fill_uniform",   "argmax", "qkv_rope_cache", "sample", "linear_silu"};
   return names[int(op)];
 }
 
@@ -48,6 +48,7 @@ bool supports_op(Device device, Op op) {
     case Op::kArgmax: return t->argmax != nullptr;
     case Op::kQkvRopeCache: return t->qkv_rope_cache != nullptr;
     case Op::kSample: return t->sample != nullptr;
+    case Op::kLinearSilu: return t->linear_silu != nullptr;
     case Op::kCount: break;
   }
   return false;
@@ -99,6 +100,9 @@ void qkv_rope_cache(const Tensor& qkv, const QkNorm& norm, const Tensor& positio
   table_for(qkv.device(), Op::kQkvRopeCache).qkv_rope_cache(qkv, norm, positions, rope, slot_mapping, q, k_cache, v_cache);
 }
 
+void linear_silu(const Tensor& gate_up, const Tensor& weight, Tensor& out) {
+  table_for(gate_up.device(), Op::kLinearSilu).linear_silu(gate_up, weight, out);
+}
 void sample(const Tensor& logits, const std::vector<SampleRow>& rows, const std::vector<SampleAdjust>& adjust,
             std::vector<SampleResult>& out) {
   table_for(logits.device(), Op::kSample).sample(logits, rows, adjust, out);

@@ -94,6 +94,7 @@ enum class Op {
   kArgmax,
   kQkvRopeCache,
   kSample,
+  kLinearSilu,
   kCount
 };
 const char* op_name(Op op);
@@ -116,6 +117,7 @@ struct OpTable {
   void (*argmax)(const Tensor& x, Tensor& out) = nullptr;
   void (*qkv_rope_cache)(const Tensor& qkv, const QkNorm& norm, const Tensor& positions, const RopeTables& rope,
                          const Tensor& slot_mapping, Tensor& q, Tensor& k_cache, Tensor& v_cache) = nullptr;
+  void (*linear_silu)(const Tensor& gate_up, const Tensor& weight, Tensor& out) = nullptr;
   void (*sample)(const Tensor& logits, const std::vector<SampleRow>& rows, const std::vector<SampleAdjust>& adjust,
                  std::vector<SampleResult>& out) = nullptr;
 };
@@ -161,6 +163,9 @@ void argmax(const Tensor& x, Tensor& out);
 // cache slots (kv_cache_write's rules). One pass instead of split + norms + rope + cache write.
 void qkv_rope_cache(const Tensor& qkv, const QkNorm& norm, const Tensor& positions, const RopeTables& rope,
                     const Tensor& slot_mapping, Tensor& q, Tensor& k_cache, Tensor& v_cache);
+// out[M, N] = silu_mul(gate_up)[M, K] . weight[N, K]^T: the MLP's down projection reading the
+// fused gate_up rows [M, 2K] directly (one pass for decode instead of silu_mul + linear).
+void linear_silu(const Tensor& gate_up, const Tensor& weight, Tensor& out);
 // Samples one token per row of logits [R, vocab] (on any device; results on the host). Kept sets
 // are thresholds on the adjusted logits (ties at a top-k / top-p boundary broken by lower index),
 // and the draw walks the kept tokens in index order: the same distribution as the host sampler,

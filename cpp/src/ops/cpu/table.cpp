@@ -31,6 +31,7 @@ const OpTable* table() {
     o.argmax = &argmax;
     o.qkv_rope_cache = &qkv_rope_cache;
     o.sample = &sample;
+    o.linear_silu = &linear_silu;
     return o;
   }();
   return &t;
