@@ -61,7 +61,7 @@ cmake -S "$ROOT" -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=Release \
   -DREVOLTA_CUDA=ON -DREVOLTA_PYTHON=OFF -DREVOLTA_NATIVE=OFF -DREVOLTA_TESTS=OFF -DREVOLTA_EXAMPLES=OFF \
   -DCMAKE_CXX_FLAGS="-mavx2 -mfma -mf16c" -DCMAKE_EXE_LINKER_FLAGS="-L$TK/lib64" -DCMAKE_SHARED_LINKER_FLAGS="-L$TK/lib64" \
   -DCMAKE_CUDA_COMPILER=clang++-19 -DCMAKE_CUDA_ARCHITECTURES=70 -DCUDAToolkit_ROOT="$TK" \
-  -DCMAKE_CUDA_FLAGS="-Wno-unknown-cuda-version --cuda-include-ptx=sm_70" -DCMAKE_CUDA_RUNTIME_LIBRARY=Shared \
+  -DCMAKE_CUDA_FLAGS="-Wno-unknown-cuda-version --cuda-include-ptx=sm_70" -DCMAKE_CUDA_RUNTIME_LIBRARY=None \
   -DCMAKE_CUDA_FLAGS_RELEASE="-O3 -DNDEBUG"  # CMake 3.25 leaves these empty for clang: device code would be -O0
 cmake --build "$BUILD_DIR" --target revolta_op_tests revolta_bench
 cp -a "$TK/lib64/libcudart.so"* "$BUILD_DIR/"
