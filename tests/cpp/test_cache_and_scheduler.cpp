@@ -1,4 +1,5 @@
-// Unit tests of the block pool, the cache manager and the scheduler (run by tests/test_cpp.py).
+// Unit tests of the block pool, the cache manager, the scheduler and the sampling forms (run by
+// tests/test_cpp.py).
 // Prints "N passed, M failed" and exits non-zero on any failure.
 #include <cmath>
 #include <cstdio>
@@ -10,19 +11,12 @@
 #include "cache/cache_manager.h"
 #include "model/moe_router.h"
 #include "sched/scheduler.h"
+#include "expect.h"
 
 using namespace revolta;
 
-static int g_passed = 0, g_failed = 0;
-#define EXPECT(cond)                                                    \
-  do {                                                                  \
-    if (cond) {                                                         \
-      ++g_passed;                                                       \
-    } else {                                                            \
-      ++g_failed;                                                       \
-      std::printf("FAILED %s:%d: %s\n", __FILE__, __LINE__, #cond);     \
-    }                                                                   \
-  } while (0)
+int g_passed = 0, g_failed = 0;
+void run_sampling_tests();  // test_sampling.cpp
 
 static std::unique_ptr<Request> make_request(uint64_t id, int n_tokens, int first = 100) {
   auto r = std::make_unique<Request>();
@@ -163,6 +157,7 @@ int main() {
   test_prefix_match_leaves_one_token();
   test_budget_and_seq_limit();
   test_preemption_recomputes_later();
+  run_sampling_tests();
   std::printf("%d passed, %d failed\n", g_passed, g_failed);
   return g_failed == 0 ? 0 : 1;
 }

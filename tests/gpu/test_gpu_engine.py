@@ -148,8 +148,9 @@ def test_dummy_weights(tmp_path):
 
 
 def test_startup_errors_name_the_option(tmp_path):
-    """Known problem (2026-11-29): on the H200 this test crashed the process (SIGSEGV) at the
-    gpu_memory_utilization error while another GPU engine was alive; not yet diagnosed."""
+    """Startup errors of a CUDA engine: the memory budget, bf16, an architecture without kernels.
+    (Formatting the first message once crashed a build that had a second, static libstdc++
+    linked in through nvcc's host compiler; CMakeLists.txt now keeps it out.)"""
     import revolta
 
     d = tmp_path / "m"
