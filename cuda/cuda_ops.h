@@ -40,6 +40,11 @@ void copy_columns(const Tensor& src, int64_t first_column, Tensor& dst);
 void fill_uniform(Tensor& t, uint64_t seed, float lo, float hi);
 void argmax(const Tensor& x, Tensor& out);
 void linear_silu(const Tensor& gate_up, const Tensor& weight, Tensor& out);
+void gated_delta_rule(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& g, const Tensor& beta,
+                      Tensor& state, Tensor& out, int32_t chunk_size);
+void causal_conv1d(const Tensor& x, const Tensor& weight, Tensor& conv_state, Tensor& out, bool silu);
+void l2_norm(Tensor& x, int64_t dim, float eps);
+void gated_rms_norm(const Tensor& x, const Tensor& gate, const Tensor& weight, float eps, Tensor& out);
 void sample(const Tensor& logits, const std::vector<ops::SampleRow>& rows, const std::vector<ops::SampleAdjust>& adjust,
             std::vector<ops::SampleResult>& out);
 void qkv_rope_cache(const Tensor& qkv, const ops::QkNorm& norm, const Tensor& positions, const ops::RopeTables& rope,

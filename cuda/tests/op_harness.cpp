@@ -354,6 +354,60 @@ void test_linear_silu(int64_t M, int64_t N, int64_t K) {
   perf("linear_silu " + tag, double(N * K * 2 + M * K * 8), [&] { ops::linear_silu(dgu, dw, dout); });
 }
 
+// The delta rule over T tokens: q and k L2-normalised and the gates in range as the model makes
+// them (decay exp(g) in (0, 1), beta in (0, 1)); state random. Checked against the CPU recurrent
+// form (and its chunked form: both must agree with the device).
+void test_gated_delta_rule(int64_t T, int64_t Hk, int64_t Hv, int64_t Dk, int64_t Dv) {
+  Tensor q = random_tensor({T, Hk, Dk}), k = random_tensor({T, Hk, Dk}), v = random_tensor({T, Hv, Dv});
+  ops::cpu::l2_norm(q, Dk, 1e-6f);
+  ops::cpu::l2_norm(k, Dk, 1e-6f);
+  Tensor g = Tensor::empty({T, Hv}, DType::kF32), beta = Tensor::empty({T, Hv}, DType::kF32);
+  std::uniform_real_distribution<float> ud(0.0f, 1.0f);
+  for (int64_t i = 0; i < T * Hv; ++i) g.ptr<float>()[i] = -ud(g_rng), beta.ptr<float>()[i] = ud(g_rng);
+  Tensor s0 = random_tensor({Hv, Dk, Dv}, DType::kF32, 0.1f);
+  Tensor s_ref = Tensor::empty(s0.shape(), DType::kF32), s_chunk = Tensor::empty(s0.shape(), DType::kF32);
+  std::memcpy(s_ref.data(), s0.data(), s0.nbytes());
+  std::memcpy(s_chunk.data(), s0.data(), s0.nbytes());
+  Tensor ref = Tensor::empty({T, Hv, Dv}, DType::kF32), ref_chunk = Tensor::empty({T, Hv, Dv}, DType::kF32);
+  ops::cpu::gated_delta_rule(q, k, v, g, beta, s_ref, ref, 0);
+  ops::cpu::gated_delta_rule(q, k, v, g, beta, s_chunk, ref_chunk, 64);
+  Tensor ds = cuda::to_device(s0), dout = Tensor::empty({T, Hv, Dv}, DType::kF32, Device::kCUDA);
+  Tensor dq = cuda::to_device(q), dk = cuda::to_device(k), dv = cuda::to_device(v), dg = cuda::to_device(g),
+         db = cuda::to_device(beta);
+  ops::gated_delta_rule(dq, dk, dv, dg, db, ds, dout, 64);
+  Tensor out = cuda::to_host(dout), st = cuda::to_host(ds);
+  const std::string tag = "T" + std::to_string(T) + " Hk" + std::to_string(Hk) + "/Hv" + std::to_string(Hv) + " Dk" +
+                          std::to_string(Dk) + " Dv" + std::to_string(Dv);
+  report("gated_delta_rule " + tag + " vs recurrent", std::max(max_abs_diff(out, ref), max_abs_diff(st, s_ref)), 1e-4f);
+  report("gated_delta_rule " + tag + " vs chunked", std::max(max_abs_diff(out, ref_chunk), max_abs_diff(st, s_chunk)), 1e-3f);
+  perf("gated_delta_rule " + tag, double(Hv * Dk * Dv * 8 + T * (2 * Hk * Dk + 2 * Hv * Dv) * 4),
+       [&] { ops::gated_delta_rule(dq, dk, dv, dg, db, ds, dout, 64); });
+}
+
+void test_conv_and_norms(int64_t T, int64_t C, int64_t W, bool silu) {
+  Tensor x = random_tensor({T, C}), w = random_tensor({C, W}), st = random_tensor({C, W - 1});
+  Tensor st_ref = Tensor::empty(st.shape(), DType::kF32), ref = Tensor::empty({T, C}, DType::kF32);
+  std::memcpy(st_ref.data(), st.data(), st.nbytes());
+  ops::cpu::causal_conv1d(x, w, st_ref, ref, silu);
+  Tensor dst = cuda::to_device(st), dout = Tensor::empty({T, C}, DType::kF32, Device::kCUDA);
+  ops::causal_conv1d(cuda::to_device(x), cuda::to_device(w), dst, dout, silu);
+  report("causal_conv1d T" + std::to_string(T) + " C" + std::to_string(C) + " W" + std::to_string(W) + (silu ? " silu" : ""),
+         std::max(max_abs_diff(cuda::to_host(dout), ref), max_abs_diff(cuda::to_host(dst), st_ref)), 1e-5f);
+
+  const int64_t n = 128, rows = T * 3;
+  Tensor a = random_tensor({rows, n}), gate = random_tensor({rows, n}), nw = random_tensor({n});
+  Tensor a_ref = Tensor::empty(a.shape(), DType::kF32);
+  std::memcpy(a_ref.data(), a.data(), a.nbytes());
+  ops::cpu::l2_norm(a_ref, n, 1e-6f);
+  Tensor da = cuda::to_device(a);
+  ops::l2_norm(da, n, 1e-6f);
+  report("l2_norm " + std::to_string(rows) + "x" + std::to_string(n), max_abs_diff(cuda::to_host(da), a_ref), 1e-6f);
+  Tensor gref = Tensor::empty(a.shape(), DType::kF32), dg = Tensor::empty(a.shape(), DType::kF32, Device::kCUDA);
+  ops::cpu::gated_rms_norm(a, gate, nw, 1e-6f, gref);
+  ops::gated_rms_norm(cuda::to_device(a), cuda::to_device(gate), cuda::to_device(nw), 1e-6f, dg);
+  report("gated_rms_norm " + std::to_string(rows) + "x" + std::to_string(n), max_abs_diff(cuda::to_host(dg), gref), 1e-5f);
+}
+
 void test_argmax(int64_t R, int64_t V) {
   Tensor x = random_tensor({R, V}), ref = Tensor::empty({R}, DType::kI32);
   for (int64_t r = 0; r < R; ++r) {  // plant a tie for the maximum: the lower index must win
@@ -444,6 +498,13 @@ int main(int argc, char** argv) {
     test_linear_silu(1, 1000, 1000);   // K % 8 == 0 but ragged rows
     test_linear_silu(1, 300, 203);     // K % 8 != 0: unfused
     test_linear_silu(5, 576, 1536);    // unfused: silu_mul then linear
+    test_gated_delta_rule(1, 2, 4, 128, 128);     // decode, Qwen3-Next head dims
+    test_gated_delta_rule(37, 1, 2, 16, 16);      // tiny test configs
+    test_gated_delta_rule(150, 2, 4, 128, 128);   // a prefill chunk
+    test_gated_delta_rule(20, 2, 2, 32, 48);      // Dv not a multiple of 32
+    test_conv_and_norms(1, 300, 4, true);
+    test_conv_and_norms(50, 8192, 4, true);
+    test_conv_and_norms(7, 33, 2, false);
     test_argmax(3, 49152);
     test_argmax(32, 151936);
     test_kv_cache_write(1, 8, 16, 3, 64);

@@ -24,7 +24,8 @@ const OpTable& table_for(Device d, Op op) {
 const char* op_name(Op op) {
   static const char* names[] = {"embedding", "rms_norm",       "add_rms_norm",   "linear",
                                 "rope",      "silu_mul",       "kv_cache_write", "paged_attention",
-                                "gather_rows", "copy_columns", "fill_uniform",   "argmax", "qkv_rope_cache", "sample", "linear_silu"};
+                                "gather_rows", "copy_columns", "fill_uniform",   "argmax", "qkv_rope_cache", "sample", "linear_silu",
+                                "gated_delta_rule", "causal_conv1d", "l2_norm", "gated_rms_norm"};
   return names[int(op)];
 }
 
@@ -49,6 +50,10 @@ bool supports_op(Device device, Op op) {
     case Op::kQkvRopeCache: return t->qkv_rope_cache != nullptr;
     case Op::kSample: return t->sample != nullptr;
     case Op::kLinearSilu: return t->linear_silu != nullptr;
+    case Op::kGatedDeltaRule: return t->gated_delta_rule != nullptr;
+    case Op::kCausalConv1d: return t->causal_conv1d != nullptr;
+    case Op::kL2Norm: return t->l2_norm != nullptr;
+    case Op::kGatedRmsNorm: return t->gated_rms_norm != nullptr;
     case Op::kCount: break;
   }
   return false;
@@ -102,6 +107,17 @@ void qkv_rope_cache(const Tensor& qkv, const QkNorm& norm, const Tensor& positio
 
 void linear_silu(const Tensor& gate_up, const Tensor& weight, Tensor& out) {
   table_for(gate_up.device(), Op::kLinearSilu).linear_silu(gate_up, weight, out);
+}
+void gated_delta_rule(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& g, const Tensor& beta,
+                      Tensor& state, Tensor& out, int32_t chunk_size) {
+  table_for(q.device(), Op::kGatedDeltaRule).gated_delta_rule(q, k, v, g, beta, state, out, chunk_size);
+}
+void causal_conv1d(const Tensor& x, const Tensor& weight, Tensor& conv_state, Tensor& out, bool silu) {
+  table_for(x.device(), Op::kCausalConv1d).causal_conv1d(x, weight, conv_state, out, silu);
+}
+void l2_norm(Tensor& x, int64_t dim, float eps) { table_for(x.device(), Op::kL2Norm).l2_norm(x, dim, eps); }
+void gated_rms_norm(const Tensor& x, const Tensor& gate, const Tensor& weight, float eps, Tensor& out) {
+  table_for(x.device(), Op::kGatedRmsNorm).gated_rms_norm(x, gate, weight, eps, out);
 }
 void sample(const Tensor& logits, const std::vector<SampleRow>& rows, const std::vector<SampleAdjust>& adjust,
             std::vector<SampleResult>& out) {

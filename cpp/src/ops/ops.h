@@ -95,6 +95,10 @@ enum class Op {
   kQkvRopeCache,
   kSample,
   kLinearSilu,
+  kGatedDeltaRule,
+  kCausalConv1d,
+  kL2Norm,
+  kGatedRmsNorm,
   kCount
 };
 const char* op_name(Op op);
@@ -118,6 +122,11 @@ struct OpTable {
   void (*qkv_rope_cache)(const Tensor& qkv, const QkNorm& norm, const Tensor& positions, const RopeTables& rope,
                          const Tensor& slot_mapping, Tensor& q, Tensor& k_cache, Tensor& v_cache) = nullptr;
   void (*linear_silu)(const Tensor& gate_up, const Tensor& weight, Tensor& out) = nullptr;
+  void (*gated_delta_rule)(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& g, const Tensor& beta,
+                           Tensor& state, Tensor& out, int32_t chunk_size) = nullptr;
+  void (*causal_conv1d)(const Tensor& x, const Tensor& weight, Tensor& conv_state, Tensor& out, bool silu) = nullptr;
+  void (*l2_norm)(Tensor& x, int64_t dim, float eps) = nullptr;
+  void (*gated_rms_norm)(const Tensor& x, const Tensor& gate, const Tensor& weight, float eps, Tensor& out) = nullptr;
   void (*sample)(const Tensor& logits, const std::vector<SampleRow>& rows, const std::vector<SampleAdjust>& adjust,
                  std::vector<SampleResult>& out) = nullptr;
 };
@@ -166,6 +175,15 @@ void qkv_rope_cache(const Tensor& qkv, const QkNorm& norm, const Tensor& positio
 // out[M, N] = silu_mul(gate_up)[M, K] . weight[N, K]^T: the MLP's down projection reading the
 // fused gate_up rows [M, 2K] directly (one pass for decode instead of silu_mul + linear).
 void linear_silu(const Tensor& gate_up, const Tensor& weight, Tensor& out);
+// Gated DeltaNet pieces for one sequence (contracts in ops/cpu/gated_delta_rule.cpp): the delta
+// rule over T tokens with the fp32 state [Hv, Dk, Dv] updated in place (chunk_size <= 1: the
+// recurrent form; backends may pick their form), the causal depthwise conv with its state,
+// row-wise L2 norm, and rmsnorm(x) * w * silu(gate).
+void gated_delta_rule(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& g, const Tensor& beta,
+                      Tensor& state, Tensor& out, int32_t chunk_size);
+void causal_conv1d(const Tensor& x, const Tensor& weight, Tensor& conv_state, Tensor& out, bool silu);
+void l2_norm(Tensor& x, int64_t dim, float eps);
+void gated_rms_norm(const Tensor& x, const Tensor& gate, const Tensor& weight, float eps, Tensor& out);
 // Samples one token per row of logits [R, vocab] (on any device; results on the host). Kept sets
 // are thresholds on the adjusted logits (ties at a top-k / top-p boundary broken by lower index),
 // and the draw walks the kept tokens in index order: the same distribution as the host sampler,

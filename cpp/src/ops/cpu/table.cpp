@@ -32,6 +32,10 @@ const OpTable* table() {
     o.qkv_rope_cache = &qkv_rope_cache;
     o.sample = &sample;
     o.linear_silu = &linear_silu;
+    o.gated_delta_rule = &gated_delta_rule;
+    o.causal_conv1d = &causal_conv1d;
+    o.l2_norm = &l2_norm;
+    o.gated_rms_norm = &gated_rms_norm;
     return o;
   }();
   return &t;

@@ -1,0 +1,171 @@
+// Gated DeltaNet pieces on the device (the CPU ops' contracts, ops/cpu/gated_delta_rule.cpp).
+//
+// gated_delta_rule, recurrent form, for one sequence: a block per (value head, 32 state
+// columns); lane j owns column j, the block's 4 warps split the Dk rows, so the fp32 state slice
+// S[:, j] lives in registers (Dk / 4 values per thread) for the whole sequence and goes back to
+// memory once. Per token: decay, S^T k (column sums: per thread over its rows, then over the warps
+// through shared memory), the delta, the rank-1 update, S^T q. The chunked tensor-core form for
+// long prefills is still to come; this form is exact for both.
+#include "core/cuda_check.h"
+#include "cuda_ops.h"
+
+namespace revolta::cuda {
+namespace {
+
+constexpr int kWarps = 4;
+
+template <int RPT>  // state rows per thread: Dk / kWarps
+__global__ void __launch_bounds__(kWarps * 32) gdn_recurrent_kernel(const float* __restrict__ q, const float* __restrict__ k,
+                                                                    const float* __restrict__ v, const float* __restrict__ g,
+                                                                    const float* __restrict__ beta, float* __restrict__ state,
+                                                                    float* __restrict__ out, int T, int Hk, int Hv, int Dv) {
+  constexpr int Dk = RPT * kWarps;
+  __shared__ float ks[Dk], qs[Dk], red[kWarps][32];
+  const int h = blockIdx.x, hk = h / (Hv / Hk), warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int j = blockIdx.y * 32 + lane;
+  const bool col = j < Dv;
+  float* S = state + size_t(h) * Dk * Dv;
+  float s[RPT];
+#pragma unroll
+  for (int r = 0; r < RPT; ++r) s[r] = col ? S[size_t(warp * RPT + r) * Dv + j] : 0.0f;
+  const float scale = rsqrtf(float(Dk));
+  for (int t = 0; t < T; ++t) {
+    __syncthreads();  // the previous token's k / q are no longer read
+    for (int i = threadIdx.x; i < Dk; i += blockDim.x) {
+      ks[i] = k[(size_t(t) * Hk + hk) * Dk + i];
+      qs[i] = q[(size_t(t) * Hk + hk) * Dk + i] * scale;
+    }
+    __syncthreads();
+    const float decay = __expf(g[size_t(t) * Hv + h]), b = beta[size_t(t) * Hv + h];
+    float part = 0.0f;
+#pragma unroll
+    for (int r = 0; r < RPT; ++r) {
+      s[r] *= decay;
+      part += ks[warp * RPT + r] * s[r];
+    }
+    red[warp][lane] = part;
+    __syncthreads();
+    float kv = 0.0f;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) kv += red[w][lane];
+    const float delta = col ? (v[(size_t(t) * Hv + h) * Dv + j] - kv) * b : 0.0f;
+    float o = 0.0f;
+#pragma unroll
+    for (int r = 0; r < RPT; ++r) {
+      s[r] += ks[warp * RPT + r] * delta;
+      o += qs[warp * RPT + r] * s[r];
+    }
+    __syncthreads();  // everyone has read red
+    red[warp][lane] = o;
+    __syncthreads();
+    if (warp == 0 && col) {
+      float sum = 0.0f;
+#pragma unroll
+      for (int w = 0; w < kWarps; ++w) sum += red[w][lane];
+      out[(size_t(t) * Hv + h) * Dv + j] = sum;
+    }
+  }
+#pragma unroll
+  for (int r = 0; r < RPT; ++r)
+    if (col) S[size_t(warp * RPT + r) * Dv + j] = s[r];
+}
+
+__global__ void causal_conv1d_kernel(const float* __restrict__ x, const float* __restrict__ w, float* __restrict__ st,
+                                     float* __restrict__ out, int T, int C, int W, bool silu) {
+  const int c = blockIdx.x * blockDim.x + threadIdx.x;
+  if (c >= C) return;
+  float win[8];  // the last W - 1 inputs, oldest first (W <= 8)
+  float wc[8];
+  for (int i = 0; i < W; ++i) wc[i] = w[size_t(c) * W + i];
+  for (int i = 0; i < W - 1; ++i) win[i] = st[size_t(c) * (W - 1) + i];
+  for (int t = 0; t < T; ++t) {
+    const float xt = x[size_t(t) * C + c];
+    float acc = wc[W - 1] * xt;
+    for (int i = 0; i < W - 1; ++i) acc += wc[i] * win[i];
+    for (int i = 0; i + 1 < W - 1; ++i) win[i] = win[i + 1];
+    if (W > 1) win[W - 2] = xt;
+    out[size_t(t) * C + c] = silu ? acc / (1.0f + __expf(-acc)) : acc;
+  }
+  for (int i = 0; i < W - 1; ++i) st[size_t(c) * (W - 1) + i] = win[i];
+}
+
+__global__ void l2_norm_kernel(float* __restrict__ x, int64_t rows, int dim, float eps) {
+  const int64_t r = int64_t(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
+  if (r >= rows) return;
+  float* p = x + r * dim;
+  float ss = 0.0f;
+  for (int i = threadIdx.x % 32; i < dim; i += 32) ss += p[i] * p[i];
+  for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
+  const float inv = 1.0f / sqrtf(ss + eps);
+  for (int i = threadIdx.x % 32; i < dim; i += 32) p[i] *= inv;
+}
+
+__global__ void gated_rms_norm_kernel(const float* __restrict__ x, const float* __restrict__ gate,
+                                      const float* __restrict__ w, float eps, int64_t rows, int n, float* __restrict__ out) {
+  const int64_t r = int64_t(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
+  if (r >= rows) return;
+  const float* xr = x + r * n;
+  float ss = 0.0f;
+  for (int i = threadIdx.x % 32; i < n; i += 32) ss += xr[i] * xr[i];
+  for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
+  const float inv = 1.0f / sqrtf(ss / float(n) + eps);
+  for (int i = threadIdx.x % 32; i < n; i += 32) {
+    const float z = gate[r * n + i];
+    out[r * n + i] = w[i] * (xr[i] * inv) * (z / (1.0f + __expf(-z)));
+  }
+}
+
+}  // namespace
+
+void gated_delta_rule(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& g, const Tensor& beta,
+                      Tensor& state, Tensor& out, int32_t /*chunk_size: the recurrent form serves all lengths*/) {
+  const int64_t T = q.size(0), Hk = q.size(1), Dk = q.size(2), Hv = v.size(1), Dv = v.size(2);
+  RV_CHECK(Hv % Hk == 0 && state.numel() == Hv * Dk * Dv, "CUDA gated_delta_rule: q ", q.shape_str(), " v ",
+           v.shape_str(), " state ", state.shape_str());
+  if (T == 0) return;
+  const dim3 grid{unsigned(Hv), unsigned((Dv + 31) / 32), 1u};
+  auto launch = [&](auto kernel) {
+    kernel<<<grid, kWarps * 32, 0, stream()>>>(q.ptr<float>(), k.ptr<float>(), v.ptr<float>(), g.ptr<float>(),
+                                               beta.ptr<float>(), state.ptr<float>(), out.ptr<float>(), int(T), int(Hk),
+                                               int(Hv), int(Dv));
+  };
+  switch (Dk) {
+    case 16: launch(gdn_recurrent_kernel<4>); break;
+    case 32: launch(gdn_recurrent_kernel<8>); break;
+    case 64: launch(gdn_recurrent_kernel<16>); break;
+    case 128: launch(gdn_recurrent_kernel<32>); break;
+    case 256: launch(gdn_recurrent_kernel<64>); break;
+    default: throw std::invalid_argument("CUDA gated_delta_rule: key head dim must be 16, 32, 64, 128 or 256");
+  }
+  RV_CUDA_CHECK(cudaGetLastError());
+}
+
+void causal_conv1d(const Tensor& x, const Tensor& weight, Tensor& conv_state, Tensor& out, bool silu) {
+  const int64_t T = x.size(0), C = x.size(1), W = weight.size(1);
+  RV_CHECK(W >= 1 && W <= 8 && weight.size(0) == C && conv_state.numel() == C * (W - 1),
+           "CUDA causal_conv1d: x ", x.shape_str(), " weight ", weight.shape_str(), " (kernel width <= 8)");
+  if (T == 0) return;
+  causal_conv1d_kernel<<<unsigned((C + 127) / 128), 128, 0, stream()>>>(x.ptr<float>(), weight.ptr<float>(),
+                                                                         conv_state.ptr<float>(), out.ptr<float>(),
+                                                                         int(T), int(C), int(W), silu);
+  RV_CUDA_CHECK(cudaGetLastError());
+}
+
+void l2_norm(Tensor& x, int64_t dim, float eps) {
+  const int64_t rows = x.numel() / dim;
+  if (rows == 0) return;
+  l2_norm_kernel<<<unsigned((rows + 3) / 4), 128, 0, stream()>>>(x.ptr<float>(), rows, int(dim), eps);
+  RV_CUDA_CHECK(cudaGetLastError());
+}
+
+void gated_rms_norm(const Tensor& x, const Tensor& gate, const Tensor& weight, float eps, Tensor& out) {
+  RV_CHECK(weight.dtype() == DType::kF32, "CUDA gated_rms_norm: float32 weight");
+  const int64_t n = weight.numel(), rows = x.numel() / n;
+  if (rows == 0) return;
+  gated_rms_norm_kernel<<<unsigned((rows + 3) / 4), 128, 0, stream()>>>(x.ptr<float>(), gate.ptr<float>(),
+                                                                          weight.ptr<float>(), eps, rows, int(n),
+                                                                          out.ptr<float>());
+  RV_CUDA_CHECK(cudaGetLastError());
+}
+
+}  // namespace revolta::cuda
