@@ -313,7 +313,7 @@ class HybridDecoderLM final : public DecoderBase {
       const int64_t t0 = b.attention.query_start[s], t1 = b.attention.query_start[s + 1];
       Tensor conv_state = states.conv_slot(layer, b.state_slots[size_t(s)]);
       Tensor seq_out = conv_out.slice_rows(t0, t1);
-      ops::cpu::causal_conv1d(mixed.slice_rows(t0, t1), L.gdn.conv, conv_state, seq_out, true);
+      ops::causal_conv1d(mixed.slice_rows(t0, t1), L.gdn.conv, conv_state, seq_out, true);
     }
     for (int64_t t = 0; t < T; ++t) {
       const float* row = conv_out.ptr<float>() + t * conv_dim;
@@ -321,18 +321,18 @@ class HybridDecoderLM final : public DecoderBase {
       std::memcpy(k.ptr<float>() + t * key_dim, row + key_dim, size_t(key_dim) * 4);
       std::memcpy(v.ptr<float>() + t * value_dim, row + 2 * key_dim, size_t(value_dim) * 4);
     }
-    ops::cpu::l2_norm(q, Dk, 1e-6f);
-    ops::cpu::l2_norm(k, Dk, 1e-6f);
+    ops::l2_norm(q, Dk, 1e-6f);
+    ops::l2_norm(k, Dk, 1e-6f);
     for (int32_t s = 0; s < b.attention.num_seqs; ++s) {
       const int64_t t0 = b.attention.query_start[s], t1 = b.attention.query_start[s + 1];
       Tensor state = states.ssm_slot(layer, b.state_slots[size_t(s)]);
       Tensor seq_core = core.slice_rows(t0, t1);
-      ops::cpu::gated_delta_rule(q.slice_rows(t0, t1), k.slice_rows(t0, t1), v.slice_rows(t0, t1),
+      ops::gated_delta_rule(q.slice_rows(t0, t1), k.slice_rows(t0, t1), v.slice_rows(t0, t1),
                                  g.slice_rows(t0, t1), beta.slice_rows(t0, t1), state, seq_core,
                                  t1 - t0 > 1 ? kChunk : 1);
     }
     Tensor normed = Tensor::empty({T, value_dim}, DType::kF32);
-    ops::cpu::gated_rms_norm(core, z, L.gdn.norm, cfg_.rms_norm_eps, normed);
+    ops::gated_rms_norm(core, z, L.gdn.norm, cfg_.rms_norm_eps, normed);
     ops::linear(normed, L.gdn.out, nullptr, out);
   }
 
