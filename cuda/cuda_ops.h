@@ -45,6 +45,11 @@ void gated_delta_rule(const Tensor& q, const Tensor& k, const Tensor& v, const T
 void causal_conv1d(const Tensor& x, const Tensor& weight, Tensor& conv_state, Tensor& out, bool silu);
 void l2_norm(Tensor& x, int64_t dim, float eps);
 void gated_rms_norm(const Tensor& x, const Tensor& gate, const Tensor& weight, float eps, Tensor& out);
+void sigmoid_mul(Tensor& x, const Tensor& gate);
+void gdn_gates(const Tensor& fused, int64_t first_column, const Tensor& neg_a, const Tensor& dt_bias, Tensor& beta,
+               Tensor& g);
+void scatter_add_rows(Tensor& out, const Tensor& rows, const Tensor& weights, const Tensor& y);
+void add_gated_rows(Tensor& out, const Tensor& y, const Tensor& gate);
 void sample(const Tensor& logits, const std::vector<ops::SampleRow>& rows, const std::vector<ops::SampleAdjust>& adjust,
             std::vector<ops::SampleResult>& out);
 void qkv_rope_cache(const Tensor& qkv, const ops::QkNorm& norm, const Tensor& positions, const ops::RopeTables& rope,

@@ -408,6 +408,33 @@ void test_conv_and_norms(int64_t T, int64_t C, int64_t W, bool silu) {
   report("gated_rms_norm " + std::to_string(rows) + "x" + std::to_string(n), max_abs_diff(cuda::to_host(dg), gref), 1e-5f);
 }
 
+void test_gates_and_combine() {
+  const int64_t T = 13, Hv = 32, width = 200 + 2 * Hv, H = 96;
+  Tensor fused = random_tensor({T, width}, DType::kF32, 3.0f), neg_a = random_tensor({Hv}), dtb = random_tensor({Hv});
+  Tensor beta = Tensor::empty({T, Hv}, DType::kF32), g = Tensor::empty({T, Hv}, DType::kF32);
+  ops::cpu::gdn_gates(fused, 200, neg_a, dtb, beta, g);
+  Tensor db = Tensor::empty({T, Hv}, DType::kF32, Device::kCUDA), dg = Tensor::empty({T, Hv}, DType::kF32, Device::kCUDA);
+  ops::gdn_gates(cuda::to_device(fused), 200, cuda::to_device(neg_a), cuda::to_device(dtb), db, dg);
+  report("gdn_gates", std::max(max_abs_diff(cuda::to_host(db), beta), max_abs_diff(cuda::to_host(dg), g)), 1e-5f);
+
+  Tensor x = random_tensor({T, H}), gate = random_tensor({T, H}, DType::kF32, 3.0f);
+  Tensor dx = cuda::to_device(x);
+  ops::cpu::sigmoid_mul(x, gate);
+  ops::sigmoid_mul(dx, cuda::to_device(gate));
+  report("sigmoid_mul", max_abs_diff(cuda::to_host(dx), x), 1e-6f);
+
+  Tensor out = random_tensor({T, H}), y = random_tensor({5, H}), rows = Tensor::empty({5}, DType::kI32), w = random_tensor({5});
+  const int32_t picks[5] = {0, 12, 3, 7, 5};
+  std::copy(picks, picks + 5, rows.ptr<int32_t>());
+  Tensor dout = cuda::to_device(out);
+  ops::cpu::scatter_add_rows(out, rows, w, y);
+  ops::scatter_add_rows(dout, cuda::to_device(rows), cuda::to_device(w), cuda::to_device(y));
+  Tensor ys = random_tensor({T, H}), sg = random_tensor({T, 1});
+  ops::cpu::add_gated_rows(out, ys, sg);
+  ops::add_gated_rows(dout, cuda::to_device(ys), cuda::to_device(sg));
+  report("scatter_add_rows + add_gated_rows", max_abs_diff(cuda::to_host(dout), out), 1e-5f);
+}
+
 void test_argmax(int64_t R, int64_t V) {
   Tensor x = random_tensor({R, V}), ref = Tensor::empty({R}, DType::kI32);
   for (int64_t r = 0; r < R; ++r) {  // plant a tie for the maximum: the lower index must win
@@ -505,6 +532,7 @@ int main(int argc, char** argv) {
     test_conv_and_norms(1, 300, 4, true);
     test_conv_and_norms(50, 8192, 4, true);
     test_conv_and_norms(7, 33, 2, false);
+    test_gates_and_combine();
     test_argmax(3, 49152);
     test_argmax(32, 151936);
     test_kv_cache_write(1, 8, 16, 3, 64);

@@ -56,8 +56,6 @@ struct Layer {
   FeedForwardWeights ffn;
 };
 
-float silu(float x) { return x / (1.0f + std::exp(-x)); }
-float softplus(float x) { return x > 20.0f ? x : std::log1p(std::exp(x)); }  // torch's threshold
 
 // Rows of `src` (f32 [R, C]) in the given order, converted to dt.
 Tensor gather_rows(const Tensor& src, const std::vector<int64_t>& order, DType dt) {
@@ -259,16 +257,15 @@ class HybridDecoderLM final : public DecoderBase {
     const int64_t T = x.size(0), D = cfg_.head_dim, NH = cfg_.num_heads, KVH = cfg_.num_kv_heads;
     const int64_t QO = NH * D, KVO = KVH * D, width = L.attn.proj.size(0);
     const float eps = cfg_.rms_norm_eps;
-    Tensor fused = Tensor::empty({T, width}, DType::kF32);
+    const Device dev = x.device();
+    Tensor fused = Tensor::uninitialized({T, width}, DType::kF32, dev);
     ops::linear(x, L.attn.proj, nullptr, fused);
-    Tensor q = Tensor::empty({T, NH, D}, DType::kF32), k = Tensor::empty({T, KVH, D}, DType::kF32);
-    Tensor v = Tensor::empty({T, KVH, D}, DType::kF32), attn = Tensor::empty({T, NH, D}, DType::kF32);
-    for (int64_t t = 0; t < T; ++t) {
-      const float* row = fused.ptr<float>() + t * width;
-      std::memcpy(q.ptr<float>() + t * QO, row, size_t(QO) * 4);
-      std::memcpy(k.ptr<float>() + t * KVO, row + QO, size_t(KVO) * 4);
-      std::memcpy(v.ptr<float>() + t * KVO, row + QO + KVO, size_t(KVO) * 4);
-    }
+    Tensor q = Tensor::uninitialized({T, NH, D}, DType::kF32, dev), k = Tensor::uninitialized({T, KVH, D}, DType::kF32, dev);
+    Tensor v = Tensor::uninitialized({T, KVH, D}, DType::kF32, dev), attn = Tensor::uninitialized({T, NH, D}, DType::kF32, dev);
+    Tensor q2 = q.view({T, QO}), k2 = k.view({T, KVO}), v2 = v.view({T, KVO});
+    ops::copy_columns(fused, 0, q2);
+    ops::copy_columns(fused, QO, k2);
+    ops::copy_columns(fused, QO + KVO, v2);
     ops::rms_norm(q, L.attn.q_norm, eps, q);
     ops::rms_norm(k, L.attn.k_norm, eps, k);
     ops::rope(q, b.positions, rope_);
@@ -276,12 +273,11 @@ class HybridDecoderLM final : public DecoderBase {
     ops::kv_cache_write(k, v, b.slot_mapping, kv.k[size_t(L.cache_index)], kv.v[size_t(L.cache_index)]);
     ops::paged_attention(q, kv.k[size_t(L.cache_index)], kv.v[size_t(L.cache_index)], b.attention,
                          1.0f / std::sqrt(float(D)), attn);
-    if (opts_.gated_attention)
-      for (int64_t t = 0; t < T; ++t) {
-        const float* gate = fused.ptr<float>() + t * width + QO + 2 * KVO;
-        float* a = attn.ptr<float>() + t * QO;
-        for (int64_t i = 0; i < QO; ++i) a[i] *= 1.0f / (1.0f + std::exp(-gate[i]));
-      }
+    if (opts_.gated_attention) {
+      Tensor gate = Tensor::uninitialized({T, QO}, DType::kF32, dev), a2 = attn.view({T, QO});
+      ops::copy_columns(fused, QO + 2 * KVO, gate);
+      ops::sigmoid_mul(a2, gate);
+    }
     ops::linear(attn.view({T, QO}), L.attn.o, nullptr, out);
   }
 
@@ -291,23 +287,18 @@ class HybridDecoderLM final : public DecoderBase {
     const int64_t Dk = c.linear_key_head_dim, Dv = c.linear_value_head_dim;
     const int64_t key_dim = Hk * Dk, value_dim = Hv * Dv, conv_dim = 2 * key_dim + value_dim;
     const int64_t width = L.gdn.proj.size(0);
-    Tensor fused = Tensor::empty({T, width}, DType::kF32);
+    const Device dev = x.device();
+    Tensor fused = Tensor::uninitialized({T, width}, DType::kF32, dev);
     ops::linear(x, L.gdn.proj, nullptr, fused);
-    Tensor mixed = Tensor::empty({T, conv_dim}, DType::kF32), conv_out = Tensor::empty({T, conv_dim}, DType::kF32);
-    Tensor z = Tensor::empty({T, Hv, Dv}, DType::kF32), g = Tensor::empty({T, Hv}, DType::kF32);
-    Tensor beta = Tensor::empty({T, Hv}, DType::kF32);
-    for (int64_t t = 0; t < T; ++t) {
-      const float* row = fused.ptr<float>() + t * width;
-      std::memcpy(mixed.ptr<float>() + t * conv_dim, row, size_t(conv_dim) * 4);
-      std::memcpy(z.ptr<float>() + t * value_dim, row + conv_dim, size_t(value_dim) * 4);
-      for (int64_t h = 0; h < Hv; ++h) {
-        const float bv = row[conv_dim + value_dim + h], av = row[conv_dim + value_dim + Hv + h];
-        beta.ptr<float>()[t * Hv + h] = 1.0f / (1.0f + std::exp(-bv));
-        g.ptr<float>()[t * Hv + h] = L.gdn.neg_a.ptr<float>()[h] * softplus(av + L.gdn.dt_bias.ptr<float>()[h]);
-      }
-    }
-    Tensor q = Tensor::empty({T, Hk, Dk}, DType::kF32), k = Tensor::empty({T, Hk, Dk}, DType::kF32);
-    Tensor v = Tensor::empty({T, Hv, Dv}, DType::kF32), core = Tensor::empty({T, Hv, Dv}, DType::kF32);
+    Tensor mixed = Tensor::uninitialized({T, conv_dim}, DType::kF32, dev);
+    Tensor conv_out = Tensor::uninitialized({T, conv_dim}, DType::kF32, dev);
+    Tensor z = Tensor::uninitialized({T, Hv, Dv}, DType::kF32, dev), g = Tensor::uninitialized({T, Hv}, DType::kF32, dev);
+    Tensor beta = Tensor::uninitialized({T, Hv}, DType::kF32, dev), z2 = z.view({T, value_dim});
+    ops::copy_columns(fused, 0, mixed);
+    ops::copy_columns(fused, conv_dim, z2);
+    ops::gdn_gates(fused, conv_dim + value_dim, L.gdn.neg_a, L.gdn.dt_bias, beta, g);
+    Tensor q = Tensor::uninitialized({T, Hk, Dk}, DType::kF32, dev), k = Tensor::uninitialized({T, Hk, Dk}, DType::kF32, dev);
+    Tensor v = Tensor::uninitialized({T, Hv, Dv}, DType::kF32, dev), core = Tensor::uninitialized({T, Hv, Dv}, DType::kF32, dev);
     const size_t layer = size_t(L.cache_index);
     for (int32_t s = 0; s < b.attention.num_seqs; ++s) {
       const int64_t t0 = b.attention.query_start[s], t1 = b.attention.query_start[s + 1];
@@ -315,12 +306,10 @@ class HybridDecoderLM final : public DecoderBase {
       Tensor seq_out = conv_out.slice_rows(t0, t1);
       ops::causal_conv1d(mixed.slice_rows(t0, t1), L.gdn.conv, conv_state, seq_out, true);
     }
-    for (int64_t t = 0; t < T; ++t) {
-      const float* row = conv_out.ptr<float>() + t * conv_dim;
-      std::memcpy(q.ptr<float>() + t * key_dim, row, size_t(key_dim) * 4);
-      std::memcpy(k.ptr<float>() + t * key_dim, row + key_dim, size_t(key_dim) * 4);
-      std::memcpy(v.ptr<float>() + t * value_dim, row + 2 * key_dim, size_t(value_dim) * 4);
-    }
+    Tensor q2 = q.view({T, key_dim}), k2 = k.view({T, key_dim}), v2 = v.view({T, value_dim});
+    ops::copy_columns(conv_out, 0, q2);
+    ops::copy_columns(conv_out, key_dim, k2);
+    ops::copy_columns(conv_out, 2 * key_dim, v2);
     ops::l2_norm(q, Dk, 1e-6f);
     ops::l2_norm(k, Dk, 1e-6f);
     for (int32_t s = 0; s < b.attention.num_seqs; ++s) {
@@ -331,7 +320,7 @@ class HybridDecoderLM final : public DecoderBase {
                                  g.slice_rows(t0, t1), beta.slice_rows(t0, t1), state, seq_core,
                                  t1 - t0 > 1 ? kChunk : 1);
     }
-    Tensor normed = Tensor::empty({T, value_dim}, DType::kF32);
+    Tensor normed = Tensor::uninitialized({T, value_dim}, DType::kF32, dev);
     ops::gated_rms_norm(core, z, L.gdn.norm, cfg_.rms_norm_eps, normed);
     ops::linear(normed, L.gdn.out, nullptr, out);
   }
@@ -343,39 +332,37 @@ class HybridDecoderLM final : public DecoderBase {
       return;
     }
     const int64_t E = cfg_.num_experts, K = cfg_.num_experts_per_tok;
-    Tensor logits = Tensor::empty({T, E}, DType::kF32);
+    const Device dev = x.device();
+    Tensor logits = Tensor::uninitialized({T, E}, DType::kF32, dev);
     ops::linear(x, f.router, nullptr, logits);
-    const auto routed = route_tokens(logits.ptr<float>(), T, E, K, cfg_.norm_topk_prob);
-    std::memset(out.data(), 0, out.nbytes());
+    // Routing is decided on the host (T x E floats); the experts' rows move by gather / scatter ops.
+    const Tensor host_logits = logits.to(Device::kCPU);
+    const auto routed = route_tokens(host_logits.ptr<float>(), T, E, K, cfg_.norm_topk_prob);
+    Tensor acc = Tensor::empty({T, H}, DType::kF32, dev);  // zeroed
     for (int64_t e = 0; e < E; ++e) {  // grouped by expert: one batched GEMM pair per expert
       const auto& list = routed[size_t(e)];
       if (list.empty()) continue;
       const int64_t n = int64_t(list.size());
-      Tensor xe = Tensor::empty({n, H}, DType::kF32), ye = Tensor::empty({n, H}, DType::kF32);
-      for (int64_t i = 0; i < n; ++i)
-        std::memcpy(xe.ptr<float>() + i * H, x.ptr<float>() + list[size_t(i)].first * H, size_t(H) * 4);
+      Tensor rows = Tensor::uninitialized({n}, DType::kI32), wgt = Tensor::uninitialized({n}, DType::kF32);
+      for (int64_t i = 0; i < n; ++i) rows.ptr<int32_t>()[i] = int32_t(list[size_t(i)].first), wgt.ptr<float>()[i] = list[size_t(i)].second;
+      const Tensor drows = rows.to(dev), dwgt = wgt.to(dev);
+      Tensor xe = Tensor::uninitialized({n, H}, DType::kF32, dev), ye = Tensor::uninitialized({n, H}, DType::kF32, dev);
+      ops::gather_rows(x, drows, xe);
       mlp(f.experts[size_t(e)].gate_up, f.experts[size_t(e)].down, xe, ye);
-      for (int64_t i = 0; i < n; ++i) {
-        float* o = out.ptr<float>() + list[size_t(i)].first * H;
-        const float* y = ye.ptr<float>() + i * H;
-        const float wgt = list[size_t(i)].second;
-        for (int64_t d = 0; d < H; ++d) o[d] += wgt * y[d];
-      }
+      ops::scatter_add_rows(acc, drows, dwgt, ye);
     }
     if (f.shared_gate.defined()) {
-      Tensor ys = Tensor::empty({T, H}, DType::kF32), gate = Tensor::empty({T, 1}, DType::kF32);
+      Tensor ys = Tensor::uninitialized({T, H}, DType::kF32, dev), gate = Tensor::uninitialized({T, 1}, DType::kF32, dev);
       mlp(f.shared.gate_up, f.shared.down, x, ys);
       ops::linear(x, f.shared_gate, nullptr, gate);
-      for (int64_t t = 0; t < T; ++t) {
-        const float s = 1.0f / (1.0f + std::exp(-gate.ptr<float>()[t]));
-        for (int64_t d = 0; d < H; ++d) out.ptr<float>()[t * H + d] += s * ys.ptr<float>()[t * H + d];
-      }
+      ops::add_gated_rows(acc, ys, gate);
     }
+    ops::copy_columns(acc, 0, out);
   }
 
   static void mlp(const Tensor& gate_up, const Tensor& down, const Tensor& x, Tensor& out) {
     const int64_t T = x.size(0), I = down.size(1);
-    Tensor gu = Tensor::empty({T, 2 * I}, DType::kF32), act = Tensor::empty({T, I}, DType::kF32);
+    Tensor gu = Tensor::uninitialized({T, 2 * I}, DType::kF32, x.device()), act = Tensor::uninitialized({T, I}, DType::kF32, x.device());
     ops::linear(x, gate_up, nullptr, gu);
     ops::silu_mul(gu, act);
     ops::linear(act, down, nullptr, out);

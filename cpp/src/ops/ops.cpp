@@ -25,7 +25,8 @@ const char* op_name(Op op) {
   static const char* names[] = {"embedding", "rms_norm",       "add_rms_norm",   "linear",
                                 "rope",      "silu_mul",       "kv_cache_write", "paged_attention",
                                 "gather_rows", "copy_columns", "fill_uniform",   "argmax", "qkv_rope_cache", "sample", "linear_silu",
-                                "gated_delta_rule", "causal_conv1d", "l2_norm", "gated_rms_norm"};
+                                "gated_delta_rule", "causal_conv1d", "l2_norm", "gated_rms_norm",
+                                "sigmoid_mul", "gdn_gates", "scatter_add_rows", "add_gated_rows"};
   return names[int(op)];
 }
 
@@ -54,6 +55,10 @@ bool supports_op(Device device, Op op) {
     case Op::kCausalConv1d: return t->causal_conv1d != nullptr;
     case Op::kL2Norm: return t->l2_norm != nullptr;
     case Op::kGatedRmsNorm: return t->gated_rms_norm != nullptr;
+    case Op::kSigmoidMul: return t->sigmoid_mul != nullptr;
+    case Op::kGdnGates: return t->gdn_gates != nullptr;
+    case Op::kScatterAddRows: return t->scatter_add_rows != nullptr;
+    case Op::kAddGatedRows: return t->add_gated_rows != nullptr;
     case Op::kCount: break;
   }
   return false;
@@ -118,6 +123,17 @@ void causal_conv1d(const Tensor& x, const Tensor& weight, Tensor& conv_state, Te
 void l2_norm(Tensor& x, int64_t dim, float eps) { table_for(x.device(), Op::kL2Norm).l2_norm(x, dim, eps); }
 void gated_rms_norm(const Tensor& x, const Tensor& gate, const Tensor& weight, float eps, Tensor& out) {
   table_for(x.device(), Op::kGatedRmsNorm).gated_rms_norm(x, gate, weight, eps, out);
+}
+void sigmoid_mul(Tensor& x, const Tensor& gate) { table_for(x.device(), Op::kSigmoidMul).sigmoid_mul(x, gate); }
+void gdn_gates(const Tensor& fused, int64_t first_column, const Tensor& neg_a, const Tensor& dt_bias, Tensor& beta,
+               Tensor& g) {
+  table_for(fused.device(), Op::kGdnGates).gdn_gates(fused, first_column, neg_a, dt_bias, beta, g);
+}
+void scatter_add_rows(Tensor& out, const Tensor& rows, const Tensor& weights, const Tensor& y) {
+  table_for(out.device(), Op::kScatterAddRows).scatter_add_rows(out, rows, weights, y);
+}
+void add_gated_rows(Tensor& out, const Tensor& y, const Tensor& gate) {
+  table_for(out.device(), Op::kAddGatedRows).add_gated_rows(out, y, gate);
 }
 void sample(const Tensor& logits, const std::vector<SampleRow>& rows, const std::vector<SampleAdjust>& adjust,
             std::vector<SampleResult>& out) {

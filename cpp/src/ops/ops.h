@@ -99,6 +99,10 @@ enum class Op {
   kCausalConv1d,
   kL2Norm,
   kGatedRmsNorm,
+  kSigmoidMul,
+  kGdnGates,
+  kScatterAddRows,
+  kAddGatedRows,
   kCount
 };
 const char* op_name(Op op);
@@ -127,6 +131,11 @@ struct OpTable {
   void (*causal_conv1d)(const Tensor& x, const Tensor& weight, Tensor& conv_state, Tensor& out, bool silu) = nullptr;
   void (*l2_norm)(Tensor& x, int64_t dim, float eps) = nullptr;
   void (*gated_rms_norm)(const Tensor& x, const Tensor& gate, const Tensor& weight, float eps, Tensor& out) = nullptr;
+  void (*sigmoid_mul)(Tensor& x, const Tensor& gate) = nullptr;
+  void (*gdn_gates)(const Tensor& fused, int64_t first_column, const Tensor& neg_a, const Tensor& dt_bias, Tensor& beta,
+                    Tensor& g) = nullptr;
+  void (*scatter_add_rows)(Tensor& out, const Tensor& rows, const Tensor& weights, const Tensor& y) = nullptr;
+  void (*add_gated_rows)(Tensor& out, const Tensor& y, const Tensor& gate) = nullptr;
   void (*sample)(const Tensor& logits, const std::vector<SampleRow>& rows, const std::vector<SampleAdjust>& adjust,
                  std::vector<SampleResult>& out) = nullptr;
 };
@@ -184,6 +193,16 @@ void gated_delta_rule(const Tensor& q, const Tensor& k, const Tensor& v, const T
 void causal_conv1d(const Tensor& x, const Tensor& weight, Tensor& conv_state, Tensor& out, bool silu);
 void l2_norm(Tensor& x, int64_t dim, float eps);
 void gated_rms_norm(const Tensor& x, const Tensor& gate, const Tensor& weight, float eps, Tensor& out);
+// x *= sigmoid(gate), elementwise (gated attention's output gate).
+void sigmoid_mul(Tensor& x, const Tensor& gate);
+// DeltaNet gates from the fused projection [T, width]: with b = columns [first, first + Hv) and
+// a = the next Hv columns, beta = sigmoid(b) and g = neg_a * softplus(a + dt_bias), both [T, Hv].
+void gdn_gates(const Tensor& fused, int64_t first_column, const Tensor& neg_a, const Tensor& dt_bias, Tensor& beta,
+               Tensor& g);
+// out[rows[i], :] += weights[i] * y[i, :] (MoE combine; rows int32, weights f32, on out's device).
+void scatter_add_rows(Tensor& out, const Tensor& rows, const Tensor& weights, const Tensor& y);
+// out[t, :] += sigmoid(gate[t]) * y[t, :] (the shared expert's gate; gate [T, 1]).
+void add_gated_rows(Tensor& out, const Tensor& y, const Tensor& gate);
 // Samples one token per row of logits [R, vocab] (on any device; results on the host). Kept sets
 // are thresholds on the adjusted logits (ties at a top-k / top-p boundary broken by lower index),
 // and the draw walks the kept tokens in index order: the same distribution as the host sampler,

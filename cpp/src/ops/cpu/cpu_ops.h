@@ -22,6 +22,11 @@ void copy_columns(const Tensor& src, int64_t first_column, Tensor& dst);
 void fill_uniform(Tensor& t, uint64_t seed, float lo, float hi);
 void argmax(const Tensor& x, Tensor& out);
 void linear_silu(const Tensor& gate_up, const Tensor& weight, Tensor& out);
+void sigmoid_mul(Tensor& x, const Tensor& gate);
+void gdn_gates(const Tensor& fused, int64_t first_column, const Tensor& neg_a, const Tensor& dt_bias, Tensor& beta,
+               Tensor& g);
+void scatter_add_rows(Tensor& out, const Tensor& rows, const Tensor& weights, const Tensor& y);
+void add_gated_rows(Tensor& out, const Tensor& y, const Tensor& gate);
 void sample(const Tensor& logits, const std::vector<SampleRow>& rows, const std::vector<SampleAdjust>& adjust,
             std::vector<SampleResult>& out);
 void qkv_rope_cache(const Tensor& qkv, const QkNorm& norm, const Tensor& positions, const RopeTables& rope,

@@ -36,6 +36,10 @@ const OpTable* table() {
     o.causal_conv1d = &causal_conv1d;
     o.l2_norm = &l2_norm;
     o.gated_rms_norm = &gated_rms_norm;
+    o.sigmoid_mul = &sigmoid_mul;
+    o.gdn_gates = &gdn_gates;
+    o.scatter_add_rows = &scatter_add_rows;
+    o.add_gated_rows = &add_gated_rows;
     return o;
   }();
   return &t;

@@ -1,0 +1,47 @@
+// Elementwise gates and the MoE combine (contracts in ops/ops.h).
+#include <cmath>
+
+#include "ops/cpu/cpu_ops.h"
+
+namespace revolta::ops::cpu {
+namespace {
+inline float sigmoid(float x) { return 1.0f / (1.0f + std::exp(-x)); }
+inline float softplus(float x) { return x > 20.0f ? x : std::log1p(std::exp(x)); }
+}  // namespace
+
+void sigmoid_mul(Tensor& x, const Tensor& gate) {
+  float* p = x.ptr<float>();
+  const float* g = gate.ptr<float>();
+  for (int64_t i = 0; i < x.numel(); ++i) p[i] *= sigmoid(g[i]);
+}
+
+void gdn_gates(const Tensor& fused, int64_t first, const Tensor& neg_a, const Tensor& dt_bias, Tensor& beta, Tensor& g) {
+  const int64_t T = fused.size(0), width = fused.numel() / std::max<int64_t>(T, 1), Hv = neg_a.numel();
+  for (int64_t t = 0; t < T; ++t) {
+    const float* row = fused.ptr<float>() + t * width + first;
+    for (int64_t h = 0; h < Hv; ++h) {
+      beta.ptr<float>()[t * Hv + h] = sigmoid(row[h]);
+      g.ptr<float>()[t * Hv + h] = neg_a.ptr<float>()[h] * softplus(row[Hv + h] + dt_bias.ptr<float>()[h]);
+    }
+  }
+}
+
+void scatter_add_rows(Tensor& out, const Tensor& rows, const Tensor& weights, const Tensor& y) {
+  const int64_t n = rows.numel(), H = y.numel() / std::max<int64_t>(n, 1);
+  for (int64_t i = 0; i < n; ++i) {
+    float* o = out.ptr<float>() + int64_t(rows.ptr<int32_t>()[i]) * H;
+    const float* yi = y.ptr<float>() + i * H;
+    const float w = weights.ptr<float>()[i];
+    for (int64_t d = 0; d < H; ++d) o[d] += w * yi[d];
+  }
+}
+
+void add_gated_rows(Tensor& out, const Tensor& y, const Tensor& gate) {
+  const int64_t T = gate.numel(), H = out.numel() / std::max<int64_t>(T, 1);
+  for (int64_t t = 0; t < T; ++t) {
+    const float s = sigmoid(gate.ptr<float>()[t]);
+    for (int64_t d = 0; d < H; ++d) out.ptr<float>()[t * H + d] += s * y.ptr<float>()[t * H + d];
+  }
+}
+
+}  // namespace revolta::ops::cpu
