@@ -35,3 +35,15 @@ def test_cuda_requests_fail_at_startup_naming_the_option(tiny_dir):
         revolta.LLM(tiny_dir, kv_cache_dtype="float16")
     with pytest.raises(ValueError, match="load_format"):
         revolta.LLM(tiny_dir, load_format="pt")
+
+
+def test_dummy_weights_for_a_hybrid_model(tmp_path):
+    import revolta
+
+    d = tmp_path / "next"
+    make_hf_model("qwen3_next", d)
+    sp = revolta.SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
+    p = [{"prompt_token_ids": [5, 17, 33, 9, 2, 40]}]
+    a = revolta.LLM(str(d), load_format="dummy").generate(p, sp)[0].outputs[0].token_ids
+    b = revolta.LLM(str(d), load_format="dummy").generate(p, sp)[0].outputs[0].token_ids
+    assert a == b and len(a) == 6

@@ -2,14 +2,27 @@
 
 #include <cstring>
 
+#include "core/device_runtime.h"
+
 namespace revolta {
 
-StateCache::StateCache(const StateSpec& s, int32_t n) : num_slots(n) {
+StateCache::StateCache(const StateSpec& s, int32_t n, Device d) : num_slots(n), device(d) {
   for (int32_t l = 0; l < s.num_layers; ++l) {
-    conv.push_back(Tensor::empty({n, s.conv_dim, s.conv_history}, DType::kF32));
-    ssm.push_back(Tensor::empty({n, s.num_heads, s.k_dim, s.v_dim}, DType::kF32));
+    conv.push_back(Tensor::empty({n, s.conv_dim, s.conv_history}, DType::kF32, d));
+    ssm.push_back(Tensor::empty({n, s.num_heads, s.k_dim, s.v_dim}, DType::kF32, d));
   }
 }
+
+namespace {
+void zero_bytes(Device d, void* p, size_t n) {
+  if (d == Device::kCPU) std::memset(p, 0, n);
+  else device_runtime(d).fill_zero(p, n);
+}
+void copy_bytes(Device d, void* dst, const void* src, size_t n) {
+  if (d == Device::kCPU) std::memcpy(dst, src, n);
+  else device_runtime(d).copy_on_device(dst, src, n);
+}
+}  // namespace
 
 Tensor StateCache::conv_slot(size_t layer, int32_t slot) const {
   const Tensor& t = conv[layer];
@@ -24,15 +37,15 @@ Tensor StateCache::ssm_slot(size_t layer, int32_t slot) const {
 void StateCache::zero(int32_t slot) {
   for (size_t l = 0; l < conv.size(); ++l) {
     Tensor c = conv_slot(l, slot), s = ssm_slot(l, slot);
-    std::memset(c.data(), 0, c.nbytes());
-    std::memset(s.data(), 0, s.nbytes());
+    zero_bytes(device, c.data(), c.nbytes());
+    zero_bytes(device, s.data(), s.nbytes());
   }
 }
 
 void StateCache::copy(int32_t from, int32_t to) {
   for (size_t l = 0; l < conv.size(); ++l) {
-    std::memcpy(conv_slot(l, to).data(), conv_slot(l, from).data(), conv_slot(l, from).nbytes());
-    std::memcpy(ssm_slot(l, to).data(), ssm_slot(l, from).data(), ssm_slot(l, from).nbytes());
+    copy_bytes(device, conv_slot(l, to).data(), conv_slot(l, from).data(), conv_slot(l, from).nbytes());
+    copy_bytes(device, ssm_slot(l, to).data(), ssm_slot(l, from).data(), ssm_slot(l, from).nbytes());
   }
 }
 

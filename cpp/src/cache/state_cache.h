@@ -19,9 +19,10 @@ struct StateSpec {
 };
 
 struct StateCache {
-  StateCache(const StateSpec& spec, int32_t num_slots);
+  StateCache(const StateSpec& spec, int32_t num_slots, Device device = Device::kCPU);
   std::vector<Tensor> conv, ssm;  // one per recurrent layer
   int32_t num_slots;
+  Device device;
   Tensor conv_slot(size_t layer, int32_t slot) const;
   Tensor ssm_slot(size_t layer, int32_t slot) const;
   void zero(int32_t slot);

@@ -8,6 +8,7 @@
 #include <condition_variable>
 #include <deque>
 #include <filesystem>
+#include <limits>
 #include <map>
 #include <mutex>
 #include <thread>
@@ -144,8 +145,12 @@ Engine::Impl::Impl(const EngineConfig& c) : cfg(c), seed_source(c.seed) {
                          activation_bytes - state_bytes;
     num_blocks = std::max<int64_t>(need_blocks, std::min<int64_t>(num_blocks, left / block_bytes));
   }
+  // Blocks also index prefix-cache hashes and state snapshots, so a model without attention
+  // layers (KV bytes 0) still gets a pool: enough for every sequence at full length, twice.
+  if (spec.bytes_per_token() == 0) num_blocks = std::min(num_blocks, int64_t(2) * cfg.max_num_seqs * need_blocks);
+  num_blocks = std::min<int64_t>(num_blocks, std::numeric_limits<int32_t>::max() / cfg.block_size);
   kv = std::make_unique<KvCache>(spec, int32_t(num_blocks), cfg.block_size, device);
-  if (state_slots) states = std::make_unique<StateCache>(state_spec, state_slots + snapshot_slots);
+  if (state_slots) states = std::make_unique<StateCache>(state_spec, state_slots + snapshot_slots, device);
   kv_manager = std::make_unique<KvCacheManager>(int32_t(num_blocks), cfg.block_size,
                                                 cfg.enable_prefix_caching, state_slots, snapshot_slots);
   scheduler = std::make_unique<Scheduler>(

@@ -23,6 +23,10 @@ EmbeddingAndHead load_embedding_and_head(const WeightLoader& w, const std::strin
   return e;
 }
 
+void DecoderBase::place(Device device) {
+  RV_CHECK(device == device_, cfg_.architecture, ": weights are loaded onto their device directly");
+}
+
 Tensor final_logits(const Tensor& x, const Tensor& rows, const Tensor& lm_head) {
   const int64_t H = x.size(1), R = rows.numel();
   Tensor picked = Tensor::uninitialized({R, H}, DType::kF32, x.device());

@@ -29,6 +29,7 @@ class DecoderBase : public CausalLM {
   int64_t weight_bytes() const override { return bytes_; }
   DType weight_dtype() const override { return dtype_; }
   Device device() const override { return device_; }
+  void place(Device device) override;
 
  protected:
   ModelConfig cfg_;

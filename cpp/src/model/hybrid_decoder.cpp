@@ -130,9 +130,9 @@ class HybridDecoderLM final : public DecoderBase {
   Tensor forward(const ForwardBatch& b, ModelCaches& caches) override {
     const int64_t T = b.token_ids.numel(), H = cfg_.hidden_size;
     const float eps = cfg_.rms_norm_eps;
-    Tensor residual = Tensor::empty({T, H}, DType::kF32);
-    Tensor x = Tensor::empty({T, H}, DType::kF32);
-    Tensor mixed = Tensor::empty({T, H}, DType::kF32);
+    Tensor residual = Tensor::uninitialized({T, H}, DType::kF32, device_);
+    Tensor x = Tensor::uninitialized({T, H}, DType::kF32, device_);
+    Tensor mixed = Tensor::uninitialized({T, H}, DType::kF32, device_);
     ops::embedding(b.token_ids, head_.embed, residual);
     ops::rms_norm(residual, layers_[0].input_norm, eps, x);
     for (size_t l = 0; l < layers_.size(); ++l) {
@@ -145,6 +145,31 @@ class HybridDecoderLM final : public DecoderBase {
       ops::add_rms_norm(residual, mixed, next, eps, x);
     }
     return final_logits(x, b.logits_row_ids, head_.lm_head);
+  }
+
+  // Weights are prepared on the host (reordered, stacked, (1 + w) norms), then moved here.
+  void place(Device device) override {
+    if (device == device_) return;
+    auto move = [&](Tensor& t) {
+      if (t.defined()) t = t.to(device);
+    };
+    const bool tied = head_.lm_head.data() == head_.embed.data();
+    move(head_.embed);
+    if (tied) head_.lm_head = head_.embed;
+    else move(head_.lm_head);
+    move(final_norm_);
+    move(rope_.cos);
+    move(rope_.sin);
+    for (Layer& L : layers_) {
+      for (Tensor* t : {&L.input_norm, &L.post_norm, &L.attn.proj, &L.attn.o, &L.attn.q_norm, &L.attn.k_norm,
+                        &L.gdn.proj, &L.gdn.conv, &L.gdn.neg_a, &L.gdn.dt_bias, &L.gdn.norm, &L.gdn.out,
+                        &L.ffn.gate_up, &L.ffn.down, &L.ffn.router, &L.ffn.shared.gate_up, &L.ffn.shared.down,
+                        &L.ffn.shared_gate})
+        move(*t);
+      for (ExpertWeights& e : L.ffn.experts) move(e.gate_up), move(e.down);
+    }
+    for (auto& [name, t] : mtp_) move(t);
+    device_ = device;
   }
 
  private:

@@ -36,6 +36,8 @@ class CausalLM {
   virtual int64_t weight_bytes() const = 0;
   virtual DType weight_dtype() const = 0;
   virtual Device device() const = 0;  // where its weights live and its forward runs
+  // Moves the weights to `device` (models whose loading happens on the host first).
+  virtual void place(Device device) = 0;
   // Writes the batch's K/V (and recurrent states) into the caches and returns f32 logits
   // [logits_rows.size(), vocab].
   virtual Tensor forward(const ForwardBatch& batch, ModelCaches& caches) = 0;

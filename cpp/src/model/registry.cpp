@@ -62,8 +62,13 @@ bool architecture_runs_on(const ModelConfig& config, Device device) {
 std::unique_ptr<CausalLM> load_model(const std::string& dir, const ModelConfig& config, DType weight_dtype,
                                      Device device, bool dummy) {
   check_architecture(config, dir);
-  WeightLoader weights(dir, device, dummy);
-  return registry().at(config.architecture)(weights, config, weight_dtype);
+  // The hybrid family prepares its weights on the host (reordering, stacking, (1 + w) norms) and
+  // places them afterwards; the dense decoders load straight onto the device.
+  const bool dense = config.architecture == "LlamaForCausalLM" || config.architecture == "Qwen3ForCausalLM";
+  WeightLoader weights(dir, dense ? device : Device::kCPU, dummy);
+  auto model = registry().at(config.architecture)(weights, config, weight_dtype);
+  model->place(device);
+  return model;
 }
 
 }  // namespace revolta
