@@ -39,7 +39,7 @@ void gather_rows(const Tensor& x, const Tensor& rows, Tensor& out);
 void copy_columns(const Tensor& src, int64_t first_column, Tensor& dst);
 void fill_uniform(Tensor& t, uint64_t seed, float lo, float hi);
 void argmax(const Tensor& x, Tensor& out);
-void linear_silu(const Tensor& gate_up, const Tensor& weight, Tensor& out);
+void linear_swiglu(const Tensor& x, const Tensor& gate_up_weight, Tensor& act);
 void gated_delta_rule(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& g, const Tensor& beta,
                       Tensor& state, Tensor& out, int32_t chunk_size);
 void causal_conv1d(const Tensor& x, const Tensor& weight, Tensor& conv_state, Tensor& out, bool silu);

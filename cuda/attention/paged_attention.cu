@@ -21,6 +21,12 @@ namespace {
 constexpr int kWarps = 4, kMaxPerLane = 8;
 
 __device__ __forceinline__ float ld(const float* p) { return *p; }
+// A load that skips L1: other blocks' partial results are read right after they were written.
+__device__ __forceinline__ float load_l2(const float* p) {
+  float v;
+  asm volatile("ld.global.cg.f32 %0, [%1];" : "=f"(v) : "l"(p));
+  return v;
+}
 __device__ __forceinline__ float ld(const __half* p) { return __half2float(*p); }
 
 template <typename C>
@@ -28,7 +34,8 @@ __global__ void decode_attention_kernel(const float* __restrict__ q, const C* __
                                         const int32_t* __restrict__ query_start, const int32_t* __restrict__ seq_lens,
                                         const int32_t* __restrict__ block_tables, const int32_t* __restrict__ seq_of,
                                         const int32_t* __restrict__ token_list, int max_blocks, int block_size, int H,
-                                        int KVH, int D, float scale, float* __restrict__ out, float* __restrict__ part) {
+                                        int KVH, int D, float scale, float* __restrict__ out, float* __restrict__ part,
+                                        int* __restrict__ counters) {
   const int t = token_list ? token_list[blockIdx.x] : int(blockIdx.x);
   const int h = blockIdx.y, kvh = h / (H / KVH), split = blockIdx.z, splits = gridDim.z;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -100,6 +107,31 @@ __global__ void decode_attention_kernel(const float* __restrict__ q, const C* __
       const int d = lane + 32 * i;
       if (i < per_lane && d < D) p[2 + d] = res[i];
     }
+    if (!counters) return;  // a separate merge kernel follows
+    // The split that finishes last merges them all (and re-arms the counter for the next step),
+    // saving a launch per layer in a decode step.
+    __threadfence();
+    __syncwarp();
+    int prev = 0;
+    if (lane == 0) prev = atomicAdd(counters + size_t(blockIdx.x) * H + h, 1);
+    prev = __shfl_sync(0xffffffffu, prev, 0);
+    if (prev != splits - 1) return;
+    __threadfence();
+    const float* base = part + (size_t(blockIdx.x) * H + h) * splits * (D + 2);
+    float gmx = -INFINITY;
+    for (int s2 = 0; s2 < splits; ++s2) gmx = fmaxf(gmx, load_l2(base + s2 * (D + 2)));
+    for (int d = lane; d < D; d += 32) {
+      float sum = 0.0f, acc2 = 0.0f;
+      for (int s2 = 0; s2 < splits; ++s2) {
+        const float ms = load_l2(base + s2 * (D + 2));
+        if (ms == -INFINITY) continue;  // an empty split
+        const float c = __expf(ms - gmx);
+        sum += c * load_l2(base + s2 * (D + 2) + 1);
+        acc2 += c * load_l2(base + s2 * (D + 2) + 2 + d);
+      }
+      out[(size_t(t) * H + h) * D + d] = acc2 / sum;
+    }
+    if (lane == 0) counters[size_t(blockIdx.x) * H + h] = 0;
   }
 }
 
@@ -122,6 +154,22 @@ __global__ void merge_splits_kernel(const float* __restrict__ part, const int32_
   }
 }
 
+// Arrival counters for the split merge: zeroed once, re-armed by the merging block, so captured
+// graphs can use them on every replay. Allocated outside the memory pools (a graph's private pool
+// would take them away with it); the first call always comes before any recording (the sizing
+// run of a capture), so no allocation happens during one. Null when more are needed than exist:
+// the caller then merges with a separate kernel.
+int* merge_counters(int64_t n) {
+  constexpr int64_t kCapacity = int64_t(1) << 16;
+  static int* buf = [] {
+    int* p = nullptr;
+    RV_CUDA_CHECK(cudaMalloc(&p, kCapacity * sizeof(int)));
+    RV_CUDA_CHECK(cudaMemset(p, 0, kCapacity * sizeof(int)));
+    return p;
+  }();
+  return n <= kCapacity ? buf : nullptr;
+}
+
 struct Shape {
   int64_t H, KVH, D;
 };
@@ -140,11 +188,12 @@ void launch_decode(const Tensor& q, const C* kc, const C* vc, const ops::Attenti
   if (work < 8 * sms) splits = int(std::max<int64_t>(1, std::min<int64_t>((8 * sms + work - 1) / work, max_ctx / 64)));
   Tensor part;
   if (splits > 1) part = Tensor::uninitialized({n, sh.H, splits, sh.D + 2}, DType::kF32, Device::kCUDA);
+  int* counters = splits > 1 ? merge_counters(n * sh.H) : nullptr;
   decode_attention_kernel<C><<<dim3(unsigned(n), unsigned(sh.H), unsigned(splits)), 32 * kWarps, 0, stream()>>>(
       q.ptr<float>(), kc, vc, qs, lens, tables, seq_of, token_list, b.max_blocks_per_seq, b.block_size, int(sh.H),
-      int(sh.KVH), int(sh.D), scale, out.ptr<float>(), splits > 1 ? part.ptr<float>() : nullptr);
+      int(sh.KVH), int(sh.D), scale, out.ptr<float>(), splits > 1 ? part.ptr<float>() : nullptr, counters);
   RV_CUDA_CHECK(cudaGetLastError());
-  if (splits > 1) {
+  if (splits > 1 && !counters) {
     merge_splits_kernel<<<dim3(unsigned(n), unsigned(sh.H)), 128, 0, stream()>>>(part.ptr<float>(), token_list, splits,
                                                                                    int(sh.H), int(sh.D), out.ptr<float>());
     RV_CUDA_CHECK(cudaGetLastError());

@@ -247,7 +247,7 @@ const ops::OpTable* table() {
     o.argmax = &argmax;
     o.qkv_rope_cache = &qkv_rope_cache;
     o.sample = &sample;
-    o.linear_silu = &linear_silu;
+    o.linear_swiglu = &linear_swiglu;
     o.gated_delta_rule = &gated_delta_rule;
     o.causal_conv1d = &causal_conv1d;
     o.l2_norm = &l2_norm;

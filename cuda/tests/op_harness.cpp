@@ -343,15 +343,16 @@ void test_sample(int64_t V, ops::SampleRow base, const std::string& name) {
   perf("sample " + name + " " + std::to_string(R) + " rows", double(R * V * 4), [&] { ops::sample(dl, rows, adjust, got); });
 }
 
-void test_linear_silu(int64_t M, int64_t N, int64_t K) {
-  Tensor gu = random_tensor({M, 2 * K}, DType::kF32, 2.0f), w = random_tensor({N, K}, DType::kF16, 0.05f);
-  Tensor ref = Tensor::empty({M, N}, DType::kF32);
-  ops::cpu::linear_silu(gu, w, ref);
-  Tensor dgu = cuda::to_device(gu), dw = cuda::to_device(w), dout = Tensor::empty({M, N}, DType::kF32, Device::kCUDA);
-  ops::linear_silu(dgu, dw, dout);
-  const std::string tag = std::to_string(M) + "x" + std::to_string(N) + "x" + std::to_string(K);
-  report("linear_silu " + tag, max_abs_diff(cuda::to_host(dout), ref), M > 8 ? 4e-4f * std::sqrt(float(K)) : 2e-4f * std::sqrt(float(K)) / 8.0f + 1e-4f);
-  perf("linear_silu " + tag, double(N * K * 2 + M * K * 8), [&] { ops::linear_silu(dgu, dw, dout); });
+void test_linear_swiglu(int64_t M, int64_t I, int64_t K) {
+  Tensor x = random_tensor({M, K}), w = random_tensor({2 * I, K}, DType::kF16, 0.05f);
+  Tensor ref = Tensor::empty({M, I}, DType::kF32);
+  ops::cpu::linear_swiglu(x, w, ref);
+  Tensor dx = cuda::to_device(x), dw = cuda::to_device(w), dout = Tensor::empty({M, I}, DType::kF32, Device::kCUDA);
+  ops::linear_swiglu(dx, dw, dout);
+  const std::string tag = std::to_string(M) + "x" + std::to_string(I) + "x" + std::to_string(K);
+  const float tol = M > 8 ? 4e-4f * std::sqrt(float(K)) : 4e-4f * std::sqrt(float(K)) / 8.0f + 1e-4f;
+  report("linear_swiglu " + tag, max_abs_diff(cuda::to_host(dout), ref), tol);
+  perf("linear_swiglu " + tag, double(2 * I * K * 2 + M * K * 4 + M * I * 4), [&] { ops::linear_swiglu(dx, dw, dout); });
 }
 
 // The delta rule over T tokens: q and k L2-normalised and the gates in range as the model makes
@@ -521,10 +522,10 @@ int main(int argc, char** argv) {
       test_sample(49152, minp, "min-p + presence/frequency");
       test_sample(128256, all, "top-k + top-p + min-p");
     }
-    test_linear_silu(1, 4096, 14336);
-    test_linear_silu(1, 1000, 1000);   // K % 8 == 0 but ragged rows
-    test_linear_silu(1, 300, 203);     // K % 8 != 0: unfused
-    test_linear_silu(5, 576, 1536);    // unfused: silu_mul then linear
+    test_linear_swiglu(1, 14336, 4096);   // Llama-8B decode
+    test_linear_swiglu(8, 1537, 1024);    // a ragged last pair
+    test_linear_swiglu(3, 300, 203);      // K % 8 != 0: GEMV + silu_mul
+    test_linear_swiglu(40, 1536, 576);    // prefill-sized: GEMM + silu_mul
     test_gated_delta_rule(1, 2, 4, 128, 128);     // decode, Qwen3-Next head dims
     test_gated_delta_rule(37, 1, 2, 16, 16);      // tiny test configs
     test_gated_delta_rule(150, 2, 4, 128, 128);   // a prefill chunk

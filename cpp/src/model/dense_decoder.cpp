@@ -67,7 +67,7 @@ class DenseDecoderLM final : public DecoderBase {
     Tensor q = Tensor::uninitialized({T, NH, D}, DType::kF32, device_);
     Tensor attn = Tensor::uninitialized({T, NH, D}, DType::kF32, device_);
     Tensor proj = Tensor::uninitialized({T, H}, DType::kF32, device_);
-    Tensor gate_up = Tensor::uninitialized({T, 2 * I}, DType::kF32, device_);
+    Tensor act = Tensor::uninitialized({T, I}, DType::kF32, device_);
 
     ops::embedding(b.token_ids, head_.embed, residual);
     ops::rms_norm(residual, layers_[0].input_norm, eps, x);
@@ -80,8 +80,8 @@ class DenseDecoderLM final : public DecoderBase {
       ops::paged_attention(q, cache.k[l], cache.v[l], b.attention, scale, attn);
       ops::linear(attn.view({T, QO}), L.o, L.o_bias.defined() ? &L.o_bias : nullptr, proj);
       ops::add_rms_norm(residual, proj, L.post_attn_norm, eps, x);
-      ops::linear(x, L.gate_up, nullptr, gate_up);
-      ops::linear_silu(gate_up, L.down, proj);
+      ops::linear_swiglu(x, L.gate_up, act);
+      ops::linear(act, L.down, nullptr, proj);
       const Tensor& next_norm = l + 1 < layers_.size() ? layers_[l + 1].input_norm : final_norm_;
       ops::add_rms_norm(residual, proj, next_norm, eps, x);
     }

@@ -24,7 +24,7 @@ const OpTable& table_for(Device d, Op op) {
 const char* op_name(Op op) {
   static const char* names[] = {"embedding", "rms_norm",       "add_rms_norm",   "linear",
                                 "rope",      "silu_mul",       "kv_cache_write", "paged_attention",
-                                "gather_rows", "copy_columns", "fill_uniform",   "argmax", "qkv_rope_cache", "sample", "linear_silu",
+                                "gather_rows", "copy_columns", "fill_uniform",   "argmax", "qkv_rope_cache", "sample", "linear_swiglu",
                                 "gated_delta_rule", "causal_conv1d", "l2_norm", "gated_rms_norm",
                                 "sigmoid_mul", "gdn_gates", "scatter_add_rows", "add_gated_rows"};
   return names[int(op)];
@@ -50,7 +50,7 @@ bool supports_op(Device device, Op op) {
     case Op::kArgmax: return t->argmax != nullptr;
     case Op::kQkvRopeCache: return t->qkv_rope_cache != nullptr;
     case Op::kSample: return t->sample != nullptr;
-    case Op::kLinearSilu: return t->linear_silu != nullptr;
+    case Op::kLinearSwiglu: return t->linear_swiglu != nullptr;
     case Op::kGatedDeltaRule: return t->gated_delta_rule != nullptr;
     case Op::kCausalConv1d: return t->causal_conv1d != nullptr;
     case Op::kL2Norm: return t->l2_norm != nullptr;
@@ -110,8 +110,8 @@ void qkv_rope_cache(const Tensor& qkv, const QkNorm& norm, const Tensor& positio
   table_for(qkv.device(), Op::kQkvRopeCache).qkv_rope_cache(qkv, norm, positions, rope, slot_mapping, q, k_cache, v_cache);
 }
 
-void linear_silu(const Tensor& gate_up, const Tensor& weight, Tensor& out) {
-  table_for(gate_up.device(), Op::kLinearSilu).linear_silu(gate_up, weight, out);
+void linear_swiglu(const Tensor& x, const Tensor& gate_up_weight, Tensor& act) {
+  table_for(x.device(), Op::kLinearSwiglu).linear_swiglu(x, gate_up_weight, act);
 }
 void gated_delta_rule(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& g, const Tensor& beta,
                       Tensor& state, Tensor& out, int32_t chunk_size) {

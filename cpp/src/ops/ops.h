@@ -94,7 +94,7 @@ enum class Op {
   kArgmax,
   kQkvRopeCache,
   kSample,
-  kLinearSilu,
+  kLinearSwiglu,
   kGatedDeltaRule,
   kCausalConv1d,
   kL2Norm,
@@ -125,7 +125,7 @@ struct OpTable {
   void (*argmax)(const Tensor& x, Tensor& out) = nullptr;
   void (*qkv_rope_cache)(const Tensor& qkv, const QkNorm& norm, const Tensor& positions, const RopeTables& rope,
                          const Tensor& slot_mapping, Tensor& q, Tensor& k_cache, Tensor& v_cache) = nullptr;
-  void (*linear_silu)(const Tensor& gate_up, const Tensor& weight, Tensor& out) = nullptr;
+  void (*linear_swiglu)(const Tensor& x, const Tensor& gate_up_weight, Tensor& act) = nullptr;
   void (*gated_delta_rule)(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& g, const Tensor& beta,
                            Tensor& state, Tensor& out, int32_t chunk_size) = nullptr;
   void (*causal_conv1d)(const Tensor& x, const Tensor& weight, Tensor& conv_state, Tensor& out, bool silu) = nullptr;
@@ -181,9 +181,9 @@ void argmax(const Tensor& x, Tensor& out);
 // cache slots (kv_cache_write's rules). One pass instead of split + norms + rope + cache write.
 void qkv_rope_cache(const Tensor& qkv, const QkNorm& norm, const Tensor& positions, const RopeTables& rope,
                     const Tensor& slot_mapping, Tensor& q, Tensor& k_cache, Tensor& v_cache);
-// out[M, N] = silu_mul(gate_up)[M, K] . weight[N, K]^T: the MLP's down projection reading the
-// fused gate_up rows [M, 2K] directly (one pass for decode instead of silu_mul + linear).
-void linear_silu(const Tensor& gate_up, const Tensor& weight, Tensor& out);
+// act[M, I] = silu(x . W[:I]^T) * (x . W[I:]^T) for the stacked gate_up weight [2I, K]: the MLP's
+// first half (decode-sized M: one pass that writes the activation instead of gate_up + silu_mul).
+void linear_swiglu(const Tensor& x, const Tensor& gate_up_weight, Tensor& act);
 // Gated DeltaNet pieces for one sequence (contracts in ops/cpu/gated_delta_rule.cpp): the delta
 // rule over T tokens with the fp32 state [Hv, Dk, Dv] updated in place (chunk_size <= 1: the
 // recurrent form; backends may pick their form), the causal depthwise conv with its state,

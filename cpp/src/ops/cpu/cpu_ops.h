@@ -21,7 +21,7 @@ void gather_rows(const Tensor& x, const Tensor& rows, Tensor& out);
 void copy_columns(const Tensor& src, int64_t first_column, Tensor& dst);
 void fill_uniform(Tensor& t, uint64_t seed, float lo, float hi);
 void argmax(const Tensor& x, Tensor& out);
-void linear_silu(const Tensor& gate_up, const Tensor& weight, Tensor& out);
+void linear_swiglu(const Tensor& x, const Tensor& gate_up_weight, Tensor& act);
 void sigmoid_mul(Tensor& x, const Tensor& gate);
 void gdn_gates(const Tensor& fused, int64_t first_column, const Tensor& neg_a, const Tensor& dt_bias, Tensor& beta,
                Tensor& g);

@@ -63,11 +63,11 @@ void qkv_rope_cache(const Tensor& qkv, const QkNorm& norm, const Tensor& positio
   cpu::kv_cache_write(k, v, slot_mapping, k_cache, v_cache);
 }
 
-void linear_silu(const Tensor& gate_up, const Tensor& weight, Tensor& out) {
-  const int64_t K = weight.size(1), M = gate_up.numel() / (2 * K);
-  Tensor act = Tensor::uninitialized({M, K}, DType::kF32);
-  cpu::silu_mul(gate_up, act);
-  cpu::linear(act, weight, nullptr, out);
+void linear_swiglu(const Tensor& x, const Tensor& gate_up_weight, Tensor& act) {
+  const int64_t K = gate_up_weight.size(1), M = x.numel() / K;
+  Tensor gu = Tensor::uninitialized({M, gate_up_weight.size(0)}, DType::kF32);
+  cpu::linear(x, gate_up_weight, nullptr, gu);
+  cpu::silu_mul(gu, act);
 }
 
 }  // namespace revolta::ops::cpu
