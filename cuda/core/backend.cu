@@ -256,6 +256,7 @@ const ops::OpTable* table() {
     o.gdn_gates = &gdn_gates;
     o.scatter_add_rows = &scatter_add_rows;
     o.add_gated_rows = &add_gated_rows;
+    o.moe_topk = &moe_topk;
     return o;
   }();
   return &t;

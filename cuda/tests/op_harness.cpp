@@ -436,6 +436,21 @@ void test_gates_and_combine() {
   report("scatter_add_rows + add_gated_rows", max_abs_diff(cuda::to_host(dout), out), 1e-5f);
 }
 
+void test_moe_topk(int64_t T, int64_t E, int64_t K, bool renorm) {
+  Tensor logits = random_tensor({T, E}, DType::kF32, 2.0f);
+  logits.ptr<float>()[3] = logits.ptr<float>()[5] = 9.0f;  // a tie at the top of token 0
+  Tensor ids = Tensor::empty({T, K}, DType::kI32), w = Tensor::empty({T, K}, DType::kF32);
+  ops::cpu::moe_topk(logits, renorm, ids, w);
+  Tensor dids = Tensor::empty({T, K}, DType::kI32, Device::kCUDA), dw = Tensor::empty({T, K}, DType::kF32, Device::kCUDA);
+  ops::moe_topk(cuda::to_device(logits), renorm, dids, dw);
+  Tensor gi = cuda::to_host(dids);
+  int wrong = 0;
+  for (int64_t i = 0; i < T * K; ++i) wrong += gi.ptr<int32_t>()[i] != ids.ptr<int32_t>()[i];
+  const std::string tag = std::to_string(T) + "x" + std::to_string(E) + " top" + std::to_string(K) + (renorm ? " renorm" : "");
+  report("moe_topk ids " + tag, float(wrong), 0.0f);
+  report("moe_topk weights " + tag, max_abs_diff(cuda::to_host(dw), w), 1e-5f);
+}
+
 void test_argmax(int64_t R, int64_t V) {
   Tensor x = random_tensor({R, V}), ref = Tensor::empty({R}, DType::kI32);
   for (int64_t r = 0; r < R; ++r) {  // plant a tie for the maximum: the lower index must win
@@ -534,6 +549,8 @@ int main(int argc, char** argv) {
     test_conv_and_norms(50, 8192, 4, true);
     test_conv_and_norms(7, 33, 2, false);
     test_gates_and_combine();
+    test_moe_topk(37, 512, 10, true);   // Qwen3-Next routing
+    test_moe_topk(5, 64, 8, false);
     test_argmax(3, 49152);
     test_argmax(32, 151936);
     test_kv_cache_write(1, 8, 16, 3, 64);

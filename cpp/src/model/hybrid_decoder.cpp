@@ -360,9 +360,12 @@ class HybridDecoderLM final : public DecoderBase {
     const Device dev = x.device();
     Tensor logits = Tensor::uninitialized({T, E}, DType::kF32, dev);
     ops::linear(x, f.router, nullptr, logits);
-    // Routing is decided on the host (T x E floats); the experts' rows move by gather / scatter ops.
-    const Tensor host_logits = logits.to(Device::kCPU);
-    const auto routed = route_tokens(host_logits.ptr<float>(), T, E, K, cfg_.norm_topk_prob);
+    // Routing is computed where the logits are; the grouping by expert (T x K ids) on the host,
+    // and the experts' rows move by gather / scatter ops.
+    Tensor ids = Tensor::uninitialized({T, K}, DType::kI32, dev), weights = Tensor::uninitialized({T, K}, DType::kF32, dev);
+    ops::moe_topk(logits, cfg_.norm_topk_prob, ids, weights);
+    const Tensor hids = ids.to(Device::kCPU), hw = weights.to(Device::kCPU);
+    const auto routed = group_by_expert(hids.ptr<int32_t>(), hw.ptr<float>(), T, E, K);
     Tensor acc = Tensor::empty({T, H}, DType::kF32, dev);  // zeroed
     for (int64_t e = 0; e < E; ++e) {  // grouped by expert: one batched GEMM pair per expert
       const auto& list = routed[size_t(e)];

@@ -12,5 +12,8 @@ namespace revolta {
 // token order: experts are then computed as one batched GEMM each.
 std::vector<std::vector<std::pair<int64_t, float>>> route_tokens(const float* logits, int64_t tokens,
                                                                  int64_t experts, int64_t top_k, bool renormalize);
+// The same grouping from a routing already made (ops::moe_topk's ids and weights, [tokens, top_k]).
+std::vector<std::vector<std::pair<int64_t, float>>> group_by_expert(const int32_t* ids, const float* weights,
+                                                                    int64_t tokens, int64_t experts, int64_t top_k);
 
 }  // namespace revolta

@@ -26,7 +26,7 @@ const char* op_name(Op op) {
                                 "rope",      "silu_mul",       "kv_cache_write", "paged_attention",
                                 "gather_rows", "copy_columns", "fill_uniform",   "argmax", "qkv_rope_cache", "sample", "linear_swiglu",
                                 "gated_delta_rule", "causal_conv1d", "l2_norm", "gated_rms_norm",
-                                "sigmoid_mul", "gdn_gates", "scatter_add_rows", "add_gated_rows"};
+                                "sigmoid_mul", "gdn_gates", "scatter_add_rows", "add_gated_rows", "moe_topk"};
   return names[int(op)];
 }
 
@@ -59,6 +59,7 @@ bool supports_op(Device device, Op op) {
     case Op::kGdnGates: return t->gdn_gates != nullptr;
     case Op::kScatterAddRows: return t->scatter_add_rows != nullptr;
     case Op::kAddGatedRows: return t->add_gated_rows != nullptr;
+    case Op::kMoeTopk: return t->moe_topk != nullptr;
     case Op::kCount: break;
   }
   return false;
@@ -134,6 +135,9 @@ void scatter_add_rows(Tensor& out, const Tensor& rows, const Tensor& weights, co
 }
 void add_gated_rows(Tensor& out, const Tensor& y, const Tensor& gate) {
   table_for(out.device(), Op::kAddGatedRows).add_gated_rows(out, y, gate);
+}
+void moe_topk(const Tensor& logits, bool renormalize, Tensor& ids, Tensor& weights) {
+  table_for(logits.device(), Op::kMoeTopk).moe_topk(logits, renormalize, ids, weights);
 }
 void sample(const Tensor& logits, const std::vector<SampleRow>& rows, const std::vector<SampleAdjust>& adjust,
             std::vector<SampleResult>& out) {

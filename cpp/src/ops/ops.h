@@ -103,6 +103,7 @@ enum class Op {
   kGdnGates,
   kScatterAddRows,
   kAddGatedRows,
+  kMoeTopk,
   kCount
 };
 const char* op_name(Op op);
@@ -136,6 +137,7 @@ struct OpTable {
                     Tensor& g) = nullptr;
   void (*scatter_add_rows)(Tensor& out, const Tensor& rows, const Tensor& weights, const Tensor& y) = nullptr;
   void (*add_gated_rows)(Tensor& out, const Tensor& y, const Tensor& gate) = nullptr;
+  void (*moe_topk)(const Tensor& logits, bool renormalize, Tensor& ids, Tensor& weights) = nullptr;
   void (*sample)(const Tensor& logits, const std::vector<SampleRow>& rows, const std::vector<SampleAdjust>& adjust,
                  std::vector<SampleResult>& out) = nullptr;
 };
@@ -203,6 +205,10 @@ void gdn_gates(const Tensor& fused, int64_t first_column, const Tensor& neg_a, c
 void scatter_add_rows(Tensor& out, const Tensor& rows, const Tensor& weights, const Tensor& y);
 // out[t, :] += sigmoid(gate[t]) * y[t, :] (the shared expert's gate; gate [T, 1]).
 void add_gated_rows(Tensor& out, const Tensor& y, const Tensor& gate);
+// MoE routing: softmax over the router logits [T, E] (f32), the K = ids.size(1) best experts per
+// token (ties to the lower id), their probabilities renormalised to sum to one when asked.
+// ids int32 [T, K], weights f32 [T, K].
+void moe_topk(const Tensor& logits, bool renormalize, Tensor& ids, Tensor& weights);
 // Samples one token per row of logits [R, vocab] (on any device; results on the host). Kept sets
 // are thresholds on the adjusted logits (ties at a top-k / top-p boundary broken by lower index),
 // and the draw walks the kept tokens in index order: the same distribution as the host sampler,

@@ -1,5 +1,8 @@
 // Elementwise gates and the MoE combine (contracts in ops/ops.h).
+#include <algorithm>
 #include <cmath>
+#include <numeric>
+#include <vector>
 
 #include "ops/cpu/cpu_ops.h"
 
@@ -41,6 +44,29 @@ void add_gated_rows(Tensor& out, const Tensor& y, const Tensor& gate) {
   for (int64_t t = 0; t < T; ++t) {
     const float s = sigmoid(gate.ptr<float>()[t]);
     for (int64_t d = 0; d < H; ++d) out.ptr<float>()[t * H + d] += s * y.ptr<float>()[t * H + d];
+  }
+}
+
+void moe_topk(const Tensor& logits, bool renormalize, Tensor& ids, Tensor& weights) {
+  const int64_t T = logits.size(0), E = logits.size(1), K = ids.size(1);
+  std::vector<float> p(static_cast<size_t>(E));
+  std::vector<int32_t> idx(static_cast<size_t>(E));
+  for (int64_t t = 0; t < T; ++t) {
+    const float* l = logits.ptr<float>() + t * E;
+    const float mx = *std::max_element(l, l + E);
+    float sum = 0.0f;
+    for (int64_t e = 0; e < E; ++e) sum += p[size_t(e)] = std::exp(l[e] - mx);
+    for (auto& v : p) v /= sum;
+    std::iota(idx.begin(), idx.end(), 0);
+    std::partial_sort(idx.begin(), idx.begin() + K, idx.end(), [&](int32_t a, int32_t b) {
+      return p[size_t(a)] > p[size_t(b)] || (p[size_t(a)] == p[size_t(b)] && a < b);
+    });
+    float top = 0.0f;
+    for (int64_t k = 0; k < K; ++k) top += p[size_t(idx[size_t(k)])];
+    for (int64_t k = 0; k < K; ++k) {
+      ids.ptr<int32_t>()[t * K + k] = idx[size_t(k)];
+      weights.ptr<float>()[t * K + k] = renormalize ? p[size_t(idx[size_t(k)])] / top : p[size_t(idx[size_t(k)])];
+    }
   }
 }
 
