@@ -1,10 +1,18 @@
-// GPU benchmark of the engine through its public API, with random weights of a real model shape
+// Benchmark of the engine through its public API, with random weights of a real model shape
 // (load_format=dummy): decode tok/s at several concurrencies, prefill tok/s at long prompts, the
 // bytes one decode step must read and the fraction of the measured read bandwidth achieved.
 //
-//   revolta_bench --shape llama-8b|llama-1b [--concurrency 1,2,4,8,16,32] [--prefill 2048,8192]
-//                 [--prompt 128] [--decode 128] [--eager] [--json FILE]
+//   revolta_bench --shape llama-8b|llama-1b|qwen3-next-80b [--layers N] [--device cuda|cpu]
+//                 [--concurrency 1,2,4,8,16,32] [--prefill 2048,8192] [--prompt 128] [--decode 128]
+//                 [--eager] [--json FILE]
+//
+// qwen3-next-80b is Qwen3-Next-80B-A3B's shape (hidden 2048, 512 experts top-10, its attention and
+// Gated DeltaNet dimensions); its 48 layers in fp16 do not fit one 141 GB GPU, so it runs 32 unless
+// --layers says otherwise (printed). Bytes per decode step count what a token touches: the
+// non-expert weights, the router, the top-k and shared experts, the head, the recurrent state
+// (read and written) and the KV of its context.
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -15,8 +23,10 @@
 #include <string>
 #include <vector>
 
-#include "cuda_ops.h"
 #include "revolta/engine.h"
+#if REVOLTA_WITH_CUDA
+#include "cuda_ops.h"
+#endif
 
 using namespace revolta;
 using Clock = std::chrono::steady_clock;
@@ -26,11 +36,16 @@ namespace {
 struct Shape {
   int hidden, intermediate, layers, heads, kv_heads, vocab;
   bool tied;
+  // Qwen3-Next: head_dim, experts, GDN dims (0 for the Llama shapes)
+  int head_dim = 0, experts = 0, top_k = 0, moe_inter = 0, shared_inter = 0;
+  int lin_k_heads = 0, lin_v_heads = 0, lin_k_dim = 0, lin_v_dim = 0, attn_every = 0;
+  bool hybrid() const { return experts > 0; }
 };
 
 const std::map<std::string, Shape> kShapes = {
     {"llama-1b", {2048, 8192, 16, 32, 8, 128256, true}},    // Llama-3.2-1B
     {"llama-8b", {4096, 14336, 32, 32, 8, 128256, false}},  // Llama-3.1-8B
+    {"qwen3-next-80b", {2048, 5120, 48, 16, 2, 151936, false, 256, 512, 10, 512, 512, 16, 32, 128, 128, 4}},
 };
 
 std::vector<int> parse_list(const std::string& s) {
@@ -42,18 +57,61 @@ std::vector<int> parse_list(const std::string& s) {
 }
 
 std::string write_config(const std::string& name, const Shape& s) {
-  const auto dir = std::filesystem::temp_directory_path() / ("revolta-bench-" + name);
+  const auto dir = std::filesystem::temp_directory_path() / ("revolta-bench-" + name + "-" + std::to_string(s.layers));
   std::filesystem::create_directories(dir);
   std::ofstream f(dir / "config.json");
-  f << "{\"architectures\": [\"LlamaForCausalLM\"], \"model_type\": \"llama\", \"hidden_size\": " << s.hidden
-    << ", \"intermediate_size\": " << s.intermediate << ", \"num_hidden_layers\": " << s.layers
-    << ", \"num_attention_heads\": " << s.heads << ", \"num_key_value_heads\": " << s.kv_heads
-    << ", \"vocab_size\": " << s.vocab << ", \"tie_word_embeddings\": " << (s.tied ? "true" : "false")
-    << ", \"max_position_embeddings\": 131072, \"rms_norm_eps\": 1e-5, \"rope_theta\": 500000.0,"
-    << " \"rope_scaling\": {\"rope_type\": \"llama3\", \"factor\": 32.0, \"low_freq_factor\": 1.0,"
-    << " \"high_freq_factor\": 4.0, \"original_max_position_embeddings\": 8192},"
-    << " \"torch_dtype\": \"bfloat16\", \"bos_token_id\": 128000, \"eos_token_id\": 128001}\n";
+  f << "{\"hidden_size\": " << s.hidden << ", \"intermediate_size\": " << s.intermediate
+    << ", \"num_hidden_layers\": " << s.layers << ", \"num_attention_heads\": " << s.heads
+    << ", \"num_key_value_heads\": " << s.kv_heads << ", \"vocab_size\": " << s.vocab
+    << ", \"tie_word_embeddings\": " << (s.tied ? "true" : "false") << ", \"torch_dtype\": \"bfloat16\", ";
+  if (s.hybrid()) {
+    f << "\"architectures\": [\"Qwen3NextForCausalLM\"], \"model_type\": \"qwen3_next\", \"head_dim\": " << s.head_dim
+      << ", \"max_position_embeddings\": 262144, \"rms_norm_eps\": 1e-6, \"rope_theta\": 10000000.0,"
+      << " \"partial_rotary_factor\": 0.25, \"num_experts\": " << s.experts << ", \"num_experts_per_tok\": " << s.top_k
+      << ", \"moe_intermediate_size\": " << s.moe_inter << ", \"shared_expert_intermediate_size\": " << s.shared_inter
+      << ", \"norm_topk_prob\": true, \"decoder_sparse_step\": 1, \"mlp_only_layers\": [],"
+      << " \"linear_num_key_heads\": " << s.lin_k_heads << ", \"linear_num_value_heads\": " << s.lin_v_heads
+      << ", \"linear_key_head_dim\": " << s.lin_k_dim << ", \"linear_value_head_dim\": " << s.lin_v_dim
+      << ", \"linear_conv_kernel_dim\": 4, \"full_attention_interval\": " << s.attn_every
+      << ", \"bos_token_id\": 151643, \"eos_token_id\": 151645}\n";
+  } else {
+    f << "\"architectures\": [\"LlamaForCausalLM\"], \"model_type\": \"llama\", \"max_position_embeddings\": 131072,"
+      << " \"rms_norm_eps\": 1e-5, \"rope_theta\": 500000.0, \"rope_scaling\": {\"rope_type\": \"llama3\", \"factor\": 32.0,"
+      << " \"low_freq_factor\": 1.0, \"high_freq_factor\": 4.0, \"original_max_position_embeddings\": 8192},"
+      << " \"bos_token_id\": 128000, \"eos_token_id\": 128001}\n";
+  }
   return dir.string();
+}
+
+// Bytes one decoded token reads (weights it touches in fp16, the router in f32, recurrent state
+// read + written in f32) and KV bytes per context token (fp16).
+struct TokenBytes {
+  double weights = 0;      // read once per step whatever the batch
+  double per_expert = 0;   // one routed expert, summed over the layers
+  double state = 0, kv_per_ctx = 0;
+};
+
+TokenBytes token_bytes(const Shape& s) {
+  TokenBytes b;
+  const double H = s.hidden;
+  if (!s.hybrid()) {
+    const double D = H / s.heads;
+    b.weights = s.layers * (H * D * (2.0 * s.heads + 2.0 * s.kv_heads) + 3.0 * H * s.intermediate) * 2 +
+                double(s.vocab) * H * 2;
+    b.kv_per_ctx = 2.0 * s.layers * s.kv_heads * D * 2;
+    return b;
+  }
+  const int attn_layers = s.layers / s.attn_every, lin_layers = s.layers - attn_layers;
+  const double key_dim = double(s.lin_k_heads) * s.lin_k_dim, value_dim = double(s.lin_v_heads) * s.lin_v_dim;
+  const double gdn = (2 * key_dim + 2 * value_dim + 2.0 * s.lin_v_heads) * H + H * value_dim;
+  const double attn = (2.0 * s.heads * s.head_dim + 2.0 * s.kv_heads * s.head_dim) * H + H * s.heads * s.head_dim;
+  const double shared = 3.0 * s.shared_inter * H + H;
+  b.weights = (lin_layers * gdn + attn_layers * attn + s.layers * shared) * 2 + s.layers * double(s.experts) * H * 4 +
+              double(s.vocab) * H * 2;
+  b.per_expert = s.layers * 3.0 * s.moe_inter * H * 2;
+  b.state = 2.0 * lin_layers * s.lin_v_heads * s.lin_k_dim * s.lin_v_dim * 4;
+  b.kv_per_ctx = 2.0 * attn_layers * s.kv_heads * s.head_dim * 2;
+  return b;
 }
 
 std::vector<int32_t> random_prompt(int n, int vocab, std::mt19937& rng) {
@@ -90,7 +148,8 @@ std::pair<double, int64_t> run_decode(Engine& e, const std::vector<std::vector<i
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::string shape_name = "llama-8b", json_path;
+  std::string shape_name = "llama-8b", json_path, device = "cuda";
+  int layers = 0;
   std::vector<int> conc = {1, 2, 4, 8, 16, 32}, prefill = {2048, 8192};
   int prompt = 128, decode = 128;
   bool eager = false;
@@ -103,6 +162,8 @@ int main(int argc, char** argv) {
     else if (a == "--prompt") prompt = std::stoi(next());
     else if (a == "--decode") decode = std::stoi(next());
     else if (a == "--eager") eager = true;
+    else if (a == "--layers") layers = std::stoi(next());
+    else if (a == "--device") device = next();
     else if (a == "--json") json_path = next();
     else {
       std::fprintf(stderr, "unknown argument %s\n", a.c_str());
@@ -110,16 +171,24 @@ int main(int argc, char** argv) {
     }
   }
   if (!kShapes.count(shape_name)) {
-    std::fprintf(stderr, "--shape must be llama-1b or llama-8b\n");
+    std::fprintf(stderr, "--shape must be llama-1b, llama-8b or qwen3-next-80b\n");
     return 2;
   }
-  const Shape s = kShapes.at(shape_name);
-  const double read_bw = cuda::measure_read_bandwidth(size_t(4) << 30);
-  std::printf("device: %s\nmeasured streaming-read bandwidth: %.0f GB/s\n", cuda::device_name().c_str(), read_bw / 1e9);
+  Shape s = kShapes.at(shape_name);
+  if (layers > 0) s.layers = layers;
+  else if (s.hybrid()) s.layers = 32;  // 48 layers of fp16 experts exceed one 141 GB GPU
+  double read_bw = 0;
+#if REVOLTA_WITH_CUDA
+  if (device == "cuda") {
+    read_bw = cuda::measure_read_bandwidth(size_t(4) << 30);
+    std::printf("device: %s\nmeasured streaming-read bandwidth: %.0f GB/s\n", cuda::device_name().c_str(), read_bw / 1e9);
+  }
+#endif
+  if (s.hybrid()) std::printf("%s with %d of its layers\n", shape_name.c_str(), s.layers);
 
   EngineConfig cfg;
   cfg.model = write_config(shape_name, s);
-  cfg.device = "cuda";
+  cfg.device = device;
   cfg.load_format = "dummy";
   int max_prefill = 0;
   for (int p : prefill) max_prefill = std::max(max_prefill, p);
@@ -133,15 +202,11 @@ int main(int argc, char** argv) {
   cfg.enable_prefix_caching = false;  // every prefill is measured in full
   Engine engine(cfg);
   const ModelInfo& info = engine.model_info();
-  const int64_t head_dim = s.hidden / s.heads;
-  const int64_t kv_token_bytes = int64_t(2) * s.layers * s.kv_heads * head_dim * 2;  // f16 KV
-  // One decode step reads every weight except the embedding table (only its B rows), unless tied.
-  const int64_t embed_bytes = int64_t(s.vocab) * s.hidden * 2;
-  const int64_t step_weights = info.weight_bytes - (s.tied ? 0 : embed_bytes);
-  std::printf("shape %s: %.2f GB of fp16 weights, %.2f GB read per decode step + KV; KV pool %.1f GB; %s\n",
-              shape_name.c_str(), info.weight_bytes / 1e9, step_weights / 1e9, info.kv_cache_bytes / 1e9,
-              eager ? "eager" : "decode graphs");
-
+  const TokenBytes tb = token_bytes(s);
+  std::printf("shape %s: %.2f GB of weights; a decoded token reads %.3f GB of them + %.1f MB of state + KV; "
+              "KV pool %.1f GB; %s\n",
+              shape_name.c_str(), info.weight_bytes / 1e9, (tb.weights + s.top_k * tb.per_expert) / 1e9, tb.state / 1e6,
+              info.kv_cache_bytes / 1e9, eager || device != "cuda" ? "eager" : "decode graphs");
   std::mt19937 rng(1);
   std::ostringstream js;
   js << "{\"shape\": \"" << shape_name << "\", \"device\": \"" << info.device << "\", \"read_bw_gbs\": " << read_bw / 1e9
@@ -154,8 +219,11 @@ int main(int argc, char** argv) {
     for (int j = 0; j < c; ++j) ps.push_back(random_prompt(prompt, s.vocab, rng));
     auto [secs, toks] = run_decode(engine, ps, decode);
     const double tps = toks / secs, step_s = c / tps;
-    const double bytes = double(step_weights) + double(c) * (prompt + decode / 2.0) * kv_token_bytes;
-    const double frac = bytes / step_s / read_bw;
+    // A step reads the shared weights once, the experts its tokens picked (for random routing
+    // E (1 - (1 - K/E)^c) distinct ones per layer), each sequence's state and KV.
+    const double experts = s.hybrid() ? s.experts * (1.0 - std::pow(1.0 - double(s.top_k) / s.experts, c)) : 0.0;
+    const double bytes = tb.weights + experts * tb.per_expert + c * tb.state + double(c) * (prompt + decode / 2.0) * tb.kv_per_ctx;
+    const double frac = read_bw > 0 ? bytes / step_s / read_bw : 0.0;
     std::printf("%-12d %12.1f %12.2f %16.3f %9.1f%%\n", c, tps, step_s * 1e3, bytes / 1e9, 100 * frac);
     js << (i ? ", " : "") << "{\"concurrency\": " << c << ", \"tok_s\": " << tps << ", \"step_ms\": " << step_s * 1e3
        << ", \"bytes_per_step\": " << bytes << ", \"bw_fraction\": " << frac << "}";
