@@ -5,11 +5,26 @@
 namespace revolta {
 
 int64_t estimate_weight_bytes(const ModelConfig& c, size_t bpe) {
-  const int64_t H = c.hidden_size, D = c.head_dim, I = c.intermediate_size;
-  const int64_t qkvo = H * D * (2 * int64_t(c.num_heads) + 2 * int64_t(c.num_kv_heads));
-  const int64_t per_layer = (qkvo + 3 * H * I) * int64_t(bpe) + 2 * H * 4;
-  const int64_t embed = int64_t(c.vocab_size) * H * int64_t(bpe);
-  return int64_t(c.num_layers) * per_layer + embed * (c.tie_word_embeddings ? 1 : 2) + H * 4;
+  const int64_t H = c.hidden_size, D = c.head_dim, b = int64_t(bpe);
+  // Qwen3-Next and Qwen3.5 attention projects a gate beside q.
+  const bool gated = c.architecture.rfind("Qwen3Next", 0) == 0 || c.architecture.rfind("Qwen3_5", 0) == 0;
+  const int64_t attn = H * D * (int64_t(c.num_heads) * (gated ? 3 : 2) + 2 * int64_t(c.num_kv_heads));
+  const int64_t key_dim = int64_t(c.linear_num_key_heads) * c.linear_key_head_dim;
+  const int64_t value_dim = int64_t(c.linear_num_value_heads) * c.linear_value_head_dim;
+  const int64_t gdn = (2 * key_dim + 2 * value_dim + 2 * int64_t(c.linear_num_value_heads)) * H + H * value_dim;
+  int64_t total = 0;
+  for (int32_t l = 0; l < c.num_layers; ++l) {
+    const bool linear = !c.linear_layers.empty() && c.linear_layers[size_t(l)];
+    total += (linear ? gdn : attn) * b + 2 * H * 4;  // projections + the two norms (f32)
+    if (c.num_experts > 0 && c.is_moe_layer(l)) {
+      total += int64_t(c.num_experts) * 3 * c.moe_intermediate_size * H * b + int64_t(c.num_experts) * H * 4;
+      if (c.shared_expert_intermediate_size > 0) total += 3 * int64_t(c.shared_expert_intermediate_size) * H * b + H * 4;
+    } else {
+      total += 3 * int64_t(c.intermediate_size) * H * b;
+    }
+  }
+  const int64_t embed = int64_t(c.vocab_size) * H * b;
+  return total + embed * (c.tie_word_embeddings ? 1 : 2) + H * 4;
 }
 
 int64_t estimate_activation_bytes(const ModelConfig& c, const EngineConfig& e) {

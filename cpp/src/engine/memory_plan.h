@@ -8,7 +8,8 @@
 
 namespace revolta {
 
-// Bytes of the weights at `bytes_per_element` (norms and biases counted as float32).
+// Bytes of the weights at `bytes_per_element` (norms, router and biases counted as float32), for
+// dense, MoE and hybrid (Gated DeltaNet) layers.
 int64_t estimate_weight_bytes(const ModelConfig& c, size_t bytes_per_element);
 // Peak bytes of one forward's activations (max_num_batched_tokens rows, logits of max_num_seqs
 // rows), doubled for the decode graphs' private buffers and allocator rounding.
