@@ -1,7 +1,7 @@
 // Gated DeltaNet pieces on the device (the CPU ops' contracts, ops/cpu/gated_delta_rule.cpp).
 //
-// gated_delta_rule, recurrent form, for one sequence: a block per (value head, 32 state
-// columns); lane j owns column j, the block's 4 warps split the Dk rows, so the fp32 state slice
+// gated_delta_rule, recurrent form: a block per (value head, 32 state columns, sequence); lane j
+// owns column j, the block's 4 warps split the Dk rows, so the fp32 state slice
 // S[:, j] lives in registers (Dk / 4 values per thread) for the whole sequence and goes back to
 // memory once. Per token: decay, S^T k (column sums: per thread over its rows, then over the warps
 // through shared memory), the delta, the rank-1 update, S^T q. The chunked tensor-core form for
@@ -17,19 +17,22 @@ constexpr int kWarps = 4;
 template <int RPT>  // state rows per thread: Dk / kWarps
 __global__ void __launch_bounds__(kWarps * 32) gdn_recurrent_kernel(const float* __restrict__ q, const float* __restrict__ k,
                                                                     const float* __restrict__ v, const float* __restrict__ g,
-                                                                    const float* __restrict__ beta, float* __restrict__ state,
-                                                                    float* __restrict__ out, int T, int Hk, int Hv, int Dv) {
+                                                                    const float* __restrict__ beta, float* __restrict__ states,
+                                                                    const int32_t* __restrict__ starts,
+                                                                    const int32_t* __restrict__ slots, float* __restrict__ out,
+                                                                    int Hk, int Hv, int Dv) {
   constexpr int Dk = RPT * kWarps;
   __shared__ float ks[Dk], qs[Dk], red[kWarps][32];
   const int h = blockIdx.x, hk = h / (Hv / Hk), warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int j = blockIdx.y * 32 + lane;
   const bool col = j < Dv;
-  float* S = state + size_t(h) * Dk * Dv;
+  const int t0 = starts[blockIdx.z], t1 = starts[blockIdx.z + 1];
+  float* S = states + (size_t(slots[blockIdx.z]) * Hv + h) * Dk * Dv;
   float s[RPT];
 #pragma unroll
   for (int r = 0; r < RPT; ++r) s[r] = col ? S[size_t(warp * RPT + r) * Dv + j] : 0.0f;
   const float scale = rsqrtf(float(Dk));
-  for (int t = 0; t < T; ++t) {
+  for (int t = t0; t < t1; ++t) {
     __syncthreads();  // the previous token's k / q are no longer read
     for (int i = threadIdx.x; i < Dk; i += blockDim.x) {
       ks[i] = k[(size_t(t) * Hk + hk) * Dk + i];
@@ -70,15 +73,18 @@ __global__ void __launch_bounds__(kWarps * 32) gdn_recurrent_kernel(const float*
     if (col) S[size_t(warp * RPT + r) * Dv + j] = s[r];
 }
 
-__global__ void causal_conv1d_kernel(const float* __restrict__ x, const float* __restrict__ w, float* __restrict__ st,
-                                     float* __restrict__ out, int T, int C, int W, bool silu) {
+__global__ void causal_conv1d_kernel(const float* __restrict__ x, const float* __restrict__ w, float* __restrict__ states,
+                                     const int32_t* __restrict__ starts, const int32_t* __restrict__ slots,
+                                     float* __restrict__ out, int C, int W, bool silu) {
   const int c = blockIdx.x * blockDim.x + threadIdx.x;
   if (c >= C) return;
+  const int t0 = starts[blockIdx.y], t1 = starts[blockIdx.y + 1];
+  float* st = states + size_t(slots[blockIdx.y]) * C * (W - 1);
   float win[8];  // the last W - 1 inputs, oldest first (W <= 8)
   float wc[8];
   for (int i = 0; i < W; ++i) wc[i] = w[size_t(c) * W + i];
   for (int i = 0; i < W - 1; ++i) win[i] = st[size_t(c) * (W - 1) + i];
-  for (int t = 0; t < T; ++t) {
+  for (int t = t0; t < t1; ++t) {
     const float xt = x[size_t(t) * C + c];
     float acc = wc[W - 1] * xt;
     for (int i = 0; i < W - 1; ++i) acc += wc[i] * win[i];
@@ -118,16 +124,17 @@ __global__ void gated_rms_norm_kernel(const float* __restrict__ x, const float* 
 }  // namespace
 
 void gated_delta_rule(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& g, const Tensor& beta,
-                      Tensor& state, Tensor& out, int32_t /*chunk_size: the recurrent form serves all lengths*/) {
-  const int64_t T = q.size(0), Hk = q.size(1), Dk = q.size(2), Hv = v.size(1), Dv = v.size(2);
-  RV_CHECK(Hv % Hk == 0 && state.numel() == Hv * Dk * Dv, "CUDA gated_delta_rule: q ", q.shape_str(), " v ",
-           v.shape_str(), " state ", state.shape_str());
-  if (T == 0) return;
-  const dim3 grid{unsigned(Hv), unsigned((Dv + 31) / 32), 1u};
+                      Tensor& states, const Tensor& seq_starts, const Tensor& seq_slots, Tensor& out,
+                      int32_t /*chunk_size: the recurrent form serves all lengths*/) {
+  const int64_t T = q.size(0), Hk = q.size(1), Dk = q.size(2), Hv = v.size(1), Dv = v.size(2), S = seq_slots.numel();
+  RV_CHECK(Hv % Hk == 0 && states.numel() % (Hv * Dk * Dv) == 0, "CUDA gated_delta_rule: q ", q.shape_str(), " v ",
+           v.shape_str(), " states ", states.shape_str());
+  if (T == 0 || S == 0) return;
+  const dim3 grid{unsigned(Hv), unsigned((Dv + 31) / 32), unsigned(S)};
   auto launch = [&](auto kernel) {
     kernel<<<grid, kWarps * 32, 0, stream()>>>(q.ptr<float>(), k.ptr<float>(), v.ptr<float>(), g.ptr<float>(),
-                                               beta.ptr<float>(), state.ptr<float>(), out.ptr<float>(), int(T), int(Hk),
-                                               int(Hv), int(Dv));
+                                               beta.ptr<float>(), states.ptr<float>(), seq_starts.ptr<int32_t>(),
+                                               seq_slots.ptr<int32_t>(), out.ptr<float>(), int(Hk), int(Hv), int(Dv));
   };
   switch (Dk) {
     case 16: launch(gdn_recurrent_kernel<4>); break;
@@ -140,14 +147,16 @@ void gated_delta_rule(const Tensor& q, const Tensor& k, const Tensor& v, const T
   RV_CUDA_CHECK(cudaGetLastError());
 }
 
-void causal_conv1d(const Tensor& x, const Tensor& weight, Tensor& conv_state, Tensor& out, bool silu) {
-  const int64_t T = x.size(0), C = x.size(1), W = weight.size(1);
-  RV_CHECK(W >= 1 && W <= 8 && weight.size(0) == C && conv_state.numel() == C * (W - 1),
+void causal_conv1d(const Tensor& x, const Tensor& weight, Tensor& conv_states, const Tensor& seq_starts,
+                   const Tensor& seq_slots, Tensor& out, bool silu) {
+  const int64_t T = x.size(0), C = x.size(1), W = weight.size(1), S = seq_slots.numel();
+  RV_CHECK(W >= 1 && W <= 8 && weight.size(0) == C && conv_states.numel() % (C * (W - 1)) == 0,
            "CUDA causal_conv1d: x ", x.shape_str(), " weight ", weight.shape_str(), " (kernel width <= 8)");
-  if (T == 0) return;
-  causal_conv1d_kernel<<<unsigned((C + 127) / 128), 128, 0, stream()>>>(x.ptr<float>(), weight.ptr<float>(),
-                                                                         conv_state.ptr<float>(), out.ptr<float>(),
-                                                                         int(T), int(C), int(W), silu);
+  if (T == 0 || S == 0) return;
+  const dim3 grid{unsigned((C + 127) / 128), unsigned(S), 1u};
+  causal_conv1d_kernel<<<grid, 128, 0, stream()>>>(x.ptr<float>(), weight.ptr<float>(), conv_states.ptr<float>(),
+                                                   seq_starts.ptr<int32_t>(), seq_slots.ptr<int32_t>(), out.ptr<float>(),
+                                                   int(C), int(W), silu);
   RV_CUDA_CHECK(cudaGetLastError());
 }
 

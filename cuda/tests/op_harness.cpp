@@ -355,44 +355,55 @@ void test_linear_swiglu(int64_t M, int64_t I, int64_t K) {
   perf("linear_swiglu " + tag, double(2 * I * K * 2 + M * K * 4 + M * I * 4), [&] { ops::linear_swiglu(dx, dw, dout); });
 }
 
-// The delta rule over T tokens: q and k L2-normalised and the gates in range as the model makes
-// them (decay exp(g) in (0, 1), beta in (0, 1)); state random. Checked against the CPU recurrent
-// form (and its chunked form: both must agree with the device).
-void test_gated_delta_rule(int64_t T, int64_t Hk, int64_t Hv, int64_t Dk, int64_t Dv) {
+// The delta rule over a batch of sequences (lengths `lens`, state slots in reverse order): q and k
+// L2-normalised and the gates in range as the model makes them (decay exp(g) in (0, 1), beta in
+// (0, 1)); states random. Checked against the CPU recurrent form and its chunked form.
+void test_gated_delta_rule(std::vector<int32_t> lens, int64_t Hk, int64_t Hv, int64_t Dk, int64_t Dv) {
+  const int64_t S = int64_t(lens.size()), slots = S + 2;
+  Tensor starts = Tensor::empty({S + 1}, DType::kI32), sl = Tensor::empty({S}, DType::kI32);
+  for (int64_t i = 0; i < S; ++i) {
+    starts.ptr<int32_t>()[i + 1] = starts.ptr<int32_t>()[i] + lens[size_t(i)];
+    sl.ptr<int32_t>()[i] = int32_t(slots - 1 - i);
+  }
+  const int64_t T = starts.ptr<int32_t>()[S];
   Tensor q = random_tensor({T, Hk, Dk}), k = random_tensor({T, Hk, Dk}), v = random_tensor({T, Hv, Dv});
   ops::cpu::l2_norm(q, Dk, 1e-6f);
   ops::cpu::l2_norm(k, Dk, 1e-6f);
   Tensor g = Tensor::empty({T, Hv}, DType::kF32), beta = Tensor::empty({T, Hv}, DType::kF32);
   std::uniform_real_distribution<float> ud(0.0f, 1.0f);
   for (int64_t i = 0; i < T * Hv; ++i) g.ptr<float>()[i] = -ud(g_rng), beta.ptr<float>()[i] = ud(g_rng);
-  Tensor s0 = random_tensor({Hv, Dk, Dv}, DType::kF32, 0.1f);
+  Tensor s0 = random_tensor({slots, Hv, Dk, Dv}, DType::kF32, 0.1f);
   Tensor s_ref = Tensor::empty(s0.shape(), DType::kF32), s_chunk = Tensor::empty(s0.shape(), DType::kF32);
   std::memcpy(s_ref.data(), s0.data(), s0.nbytes());
   std::memcpy(s_chunk.data(), s0.data(), s0.nbytes());
   Tensor ref = Tensor::empty({T, Hv, Dv}, DType::kF32), ref_chunk = Tensor::empty({T, Hv, Dv}, DType::kF32);
-  ops::cpu::gated_delta_rule(q, k, v, g, beta, s_ref, ref, 0);
-  ops::cpu::gated_delta_rule(q, k, v, g, beta, s_chunk, ref_chunk, 64);
+  ops::cpu::gated_delta_rule_seqs(q, k, v, g, beta, s_ref, starts, sl, ref, 0);
+  ops::cpu::gated_delta_rule_seqs(q, k, v, g, beta, s_chunk, starts, sl, ref_chunk, 64);
   Tensor ds = cuda::to_device(s0), dout = Tensor::empty({T, Hv, Dv}, DType::kF32, Device::kCUDA);
   Tensor dq = cuda::to_device(q), dk = cuda::to_device(k), dv = cuda::to_device(v), dg = cuda::to_device(g),
-         db = cuda::to_device(beta);
-  ops::gated_delta_rule(dq, dk, dv, dg, db, ds, dout, 64);
+         db = cuda::to_device(beta), dst = cuda::to_device(starts), dsl = cuda::to_device(sl);
+  ops::gated_delta_rule(dq, dk, dv, dg, db, ds, dst, dsl, dout, 64);
   Tensor out = cuda::to_host(dout), st = cuda::to_host(ds);
-  const std::string tag = "T" + std::to_string(T) + " Hk" + std::to_string(Hk) + "/Hv" + std::to_string(Hv) + " Dk" +
-                          std::to_string(Dk) + " Dv" + std::to_string(Dv);
+  std::string tag = std::to_string(S) + " seqs T" + std::to_string(T) + " Hk" + std::to_string(Hk) + "/Hv" +
+                    std::to_string(Hv) + " Dk" + std::to_string(Dk) + " Dv" + std::to_string(Dv);
   report("gated_delta_rule " + tag + " vs recurrent", std::max(max_abs_diff(out, ref), max_abs_diff(st, s_ref)), 1e-4f);
   report("gated_delta_rule " + tag + " vs chunked", std::max(max_abs_diff(out, ref_chunk), max_abs_diff(st, s_chunk)), 1e-3f);
-  perf("gated_delta_rule " + tag, double(Hv * Dk * Dv * 8 + T * (2 * Hk * Dk + 2 * Hv * Dv) * 4),
-       [&] { ops::gated_delta_rule(dq, dk, dv, dg, db, ds, dout, 64); });
+  perf("gated_delta_rule " + tag, double(S * Hv * Dk * Dv * 8 + T * (2 * Hk * Dk + 2 * Hv * Dv) * 4),
+       [&] { ops::gated_delta_rule(dq, dk, dv, dg, db, ds, dst, dsl, dout, 64); });
 }
 
 void test_conv_and_norms(int64_t T, int64_t C, int64_t W, bool silu) {
-  Tensor x = random_tensor({T, C}), w = random_tensor({C, W}), st = random_tensor({C, W - 1});
-  Tensor st_ref = Tensor::empty(st.shape(), DType::kF32), ref = Tensor::empty({T, C}, DType::kF32);
+  // Two sequences (T and 1 tokens) in slots 2 and 0 of three.
+  Tensor starts = Tensor::empty({3}, DType::kI32), sl = Tensor::empty({2}, DType::kI32);
+  starts.ptr<int32_t>()[1] = int32_t(T), starts.ptr<int32_t>()[2] = int32_t(T + 1);
+  sl.ptr<int32_t>()[0] = 2, sl.ptr<int32_t>()[1] = 0;
+  Tensor x = random_tensor({T + 1, C}), w = random_tensor({C, W}), st = random_tensor({3, C, W - 1});
+  Tensor st_ref = Tensor::empty(st.shape(), DType::kF32), ref = Tensor::empty({T + 1, C}, DType::kF32);
   std::memcpy(st_ref.data(), st.data(), st.nbytes());
-  ops::cpu::causal_conv1d(x, w, st_ref, ref, silu);
-  Tensor dst = cuda::to_device(st), dout = Tensor::empty({T, C}, DType::kF32, Device::kCUDA);
-  ops::causal_conv1d(cuda::to_device(x), cuda::to_device(w), dst, dout, silu);
-  report("causal_conv1d T" + std::to_string(T) + " C" + std::to_string(C) + " W" + std::to_string(W) + (silu ? " silu" : ""),
+  ops::cpu::causal_conv1d_seqs(x, w, st_ref, starts, sl, ref, silu);
+  Tensor dst = cuda::to_device(st), dout = Tensor::empty({T + 1, C}, DType::kF32, Device::kCUDA);
+  ops::causal_conv1d(cuda::to_device(x), cuda::to_device(w), dst, cuda::to_device(starts), cuda::to_device(sl), dout, silu);
+  report("causal_conv1d T" + std::to_string(T) + "+1 C" + std::to_string(C) + " W" + std::to_string(W) + (silu ? " silu" : ""),
          std::max(max_abs_diff(cuda::to_host(dout), ref), max_abs_diff(cuda::to_host(dst), st_ref)), 1e-5f);
 
   const int64_t n = 128, rows = T * 3;
@@ -541,10 +552,10 @@ int main(int argc, char** argv) {
     test_linear_swiglu(8, 1537, 1024);    // a ragged last pair
     test_linear_swiglu(3, 300, 203);      // K % 8 != 0: GEMV + silu_mul
     test_linear_swiglu(40, 1536, 576);    // prefill-sized: GEMM + silu_mul
-    test_gated_delta_rule(1, 2, 4, 128, 128);     // decode, Qwen3-Next head dims
-    test_gated_delta_rule(37, 1, 2, 16, 16);      // tiny test configs
-    test_gated_delta_rule(150, 2, 4, 128, 128);   // a prefill chunk
-    test_gated_delta_rule(20, 2, 2, 32, 48);      // Dv not a multiple of 32
+    test_gated_delta_rule({1, 1, 1, 1}, 2, 4, 128, 128);  // a decode batch, Qwen3-Next head dims
+    test_gated_delta_rule({37}, 1, 2, 16, 16);            // tiny test configs
+    test_gated_delta_rule({150, 1, 64}, 2, 4, 128, 128);  // prefill chunks beside a decode token
+    test_gated_delta_rule({20, 3}, 2, 2, 32, 48);         // Dv not a multiple of 32
     test_conv_and_norms(1, 300, 4, true);
     test_conv_and_norms(50, 8192, 4, true);
     test_conv_and_norms(7, 33, 2, false);

@@ -325,26 +325,14 @@ class HybridDecoderLM final : public DecoderBase {
     Tensor q = Tensor::uninitialized({T, Hk, Dk}, DType::kF32, dev), k = Tensor::uninitialized({T, Hk, Dk}, DType::kF32, dev);
     Tensor v = Tensor::uninitialized({T, Hv, Dv}, DType::kF32, dev), core = Tensor::uninitialized({T, Hv, Dv}, DType::kF32, dev);
     const size_t layer = size_t(L.cache_index);
-    for (int32_t s = 0; s < b.attention.num_seqs; ++s) {
-      const int64_t t0 = b.attention.query_start[s], t1 = b.attention.query_start[s + 1];
-      Tensor conv_state = states.conv_slot(layer, b.state_slots[size_t(s)]);
-      Tensor seq_out = conv_out.slice_rows(t0, t1);
-      ops::causal_conv1d(mixed.slice_rows(t0, t1), L.gdn.conv, conv_state, seq_out, true);
-    }
+    ops::causal_conv1d(mixed, L.gdn.conv, states.conv[layer], b.seq_starts, b.seq_state_slots, conv_out, true);
     Tensor q2 = q.view({T, key_dim}), k2 = k.view({T, key_dim}), v2 = v.view({T, value_dim});
     ops::copy_columns(conv_out, 0, q2);
     ops::copy_columns(conv_out, key_dim, k2);
     ops::copy_columns(conv_out, 2 * key_dim, v2);
     ops::l2_norm(q, Dk, 1e-6f);
     ops::l2_norm(k, Dk, 1e-6f);
-    for (int32_t s = 0; s < b.attention.num_seqs; ++s) {
-      const int64_t t0 = b.attention.query_start[s], t1 = b.attention.query_start[s + 1];
-      Tensor state = states.ssm_slot(layer, b.state_slots[size_t(s)]);
-      Tensor seq_core = core.slice_rows(t0, t1);
-      ops::gated_delta_rule(q.slice_rows(t0, t1), k.slice_rows(t0, t1), v.slice_rows(t0, t1),
-                                 g.slice_rows(t0, t1), beta.slice_rows(t0, t1), state, seq_core,
-                                 t1 - t0 > 1 ? kChunk : 1);
-    }
+    ops::gated_delta_rule(q, k, v, g, beta, states.ssm[layer], b.seq_starts, b.seq_state_slots, core, kChunk);
     Tensor normed = Tensor::uninitialized({T, value_dim}, DType::kF32, dev);
     ops::gated_rms_norm(core, z, L.gdn.norm, cfg_.rms_norm_eps, normed);
     ops::linear(normed, L.gdn.out, nullptr, out);

@@ -115,11 +115,13 @@ void linear_swiglu(const Tensor& x, const Tensor& gate_up_weight, Tensor& act) {
   table_for(x.device(), Op::kLinearSwiglu).linear_swiglu(x, gate_up_weight, act);
 }
 void gated_delta_rule(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& g, const Tensor& beta,
-                      Tensor& state, Tensor& out, int32_t chunk_size) {
-  table_for(q.device(), Op::kGatedDeltaRule).gated_delta_rule(q, k, v, g, beta, state, out, chunk_size);
+                      Tensor& states, const Tensor& seq_starts, const Tensor& seq_slots, Tensor& out, int32_t chunk_size) {
+  table_for(q.device(), Op::kGatedDeltaRule)
+      .gated_delta_rule(q, k, v, g, beta, states, seq_starts, seq_slots, out, chunk_size);
 }
-void causal_conv1d(const Tensor& x, const Tensor& weight, Tensor& conv_state, Tensor& out, bool silu) {
-  table_for(x.device(), Op::kCausalConv1d).causal_conv1d(x, weight, conv_state, out, silu);
+void causal_conv1d(const Tensor& x, const Tensor& weight, Tensor& conv_states, const Tensor& seq_starts,
+                   const Tensor& seq_slots, Tensor& out, bool silu) {
+  table_for(x.device(), Op::kCausalConv1d).causal_conv1d(x, weight, conv_states, seq_starts, seq_slots, out, silu);
 }
 void l2_norm(Tensor& x, int64_t dim, float eps) { table_for(x.device(), Op::kL2Norm).l2_norm(x, dim, eps); }
 void gated_rms_norm(const Tensor& x, const Tensor& gate, const Tensor& weight, float eps, Tensor& out) {

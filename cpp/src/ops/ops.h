@@ -128,8 +128,10 @@ struct OpTable {
                          const Tensor& slot_mapping, Tensor& q, Tensor& k_cache, Tensor& v_cache) = nullptr;
   void (*linear_swiglu)(const Tensor& x, const Tensor& gate_up_weight, Tensor& act) = nullptr;
   void (*gated_delta_rule)(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& g, const Tensor& beta,
-                           Tensor& state, Tensor& out, int32_t chunk_size) = nullptr;
-  void (*causal_conv1d)(const Tensor& x, const Tensor& weight, Tensor& conv_state, Tensor& out, bool silu) = nullptr;
+                           Tensor& states, const Tensor& seq_starts, const Tensor& seq_slots, Tensor& out,
+                           int32_t chunk_size) = nullptr;
+  void (*causal_conv1d)(const Tensor& x, const Tensor& weight, Tensor& conv_states, const Tensor& seq_starts,
+                        const Tensor& seq_slots, Tensor& out, bool silu) = nullptr;
   void (*l2_norm)(Tensor& x, int64_t dim, float eps) = nullptr;
   void (*gated_rms_norm)(const Tensor& x, const Tensor& gate, const Tensor& weight, float eps, Tensor& out) = nullptr;
   void (*sigmoid_mul)(Tensor& x, const Tensor& gate) = nullptr;
@@ -186,13 +188,16 @@ void qkv_rope_cache(const Tensor& qkv, const QkNorm& norm, const Tensor& positio
 // act[M, I] = silu(x . W[:I]^T) * (x . W[I:]^T) for the stacked gate_up weight [2I, K]: the MLP's
 // first half (decode-sized M: one pass that writes the activation instead of gate_up + silu_mul).
 void linear_swiglu(const Tensor& x, const Tensor& gate_up_weight, Tensor& act);
-// Gated DeltaNet pieces for one sequence (contracts in ops/cpu/gated_delta_rule.cpp): the delta
-// rule over T tokens with the fp32 state [Hv, Dk, Dv] updated in place (chunk_size <= 1: the
-// recurrent form; backends may pick their form), the causal depthwise conv with its state,
-// row-wise L2 norm, and rmsnorm(x) * w * silu(gate).
+// Gated DeltaNet pieces (per-sequence contracts in ops/cpu/gated_delta_rule.cpp), for a batch of
+// sequences: rows [seq_starts[s], seq_starts[s + 1]) belong to sequence s, whose recurrent state
+// is slot seq_slots[s] of `states` ([slots, Hv, Dk, Dv] fp32, updated in place) or `conv_states`
+// ([slots, C, W - 1]); seq_starts / seq_slots are int32 on the op's device. chunk_size <= 1
+// selects the recurrent form (backends may pick their form). Also row-wise L2 norm and
+// rmsnorm(x) * w * silu(gate).
 void gated_delta_rule(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& g, const Tensor& beta,
-                      Tensor& state, Tensor& out, int32_t chunk_size);
-void causal_conv1d(const Tensor& x, const Tensor& weight, Tensor& conv_state, Tensor& out, bool silu);
+                      Tensor& states, const Tensor& seq_starts, const Tensor& seq_slots, Tensor& out, int32_t chunk_size);
+void causal_conv1d(const Tensor& x, const Tensor& weight, Tensor& conv_states, const Tensor& seq_starts,
+                   const Tensor& seq_slots, Tensor& out, bool silu);
 void l2_norm(Tensor& x, int64_t dim, float eps);
 void gated_rms_norm(const Tensor& x, const Tensor& gate, const Tensor& weight, float eps, Tensor& out);
 // x *= sigmoid(gate), elementwise (gated attention's output gate).

@@ -68,6 +68,7 @@ ModelRunner::Metadata ModelRunner::build(const SchedulerOutput& step, StepLogits
     m.seq_lens[size_t(s)] = start + n;
     m.max_seq_len = std::max(m.max_seq_len, start + n);
     std::copy(r.block_table.begin(), r.block_table.end(), m.tables.begin() + size_t(s) * size_t(m.max_blocks));
+    m.state_slots.push_back(r.state_slot);
     if (states_) {
       if (r.state_restore >= 0) states_->copy(r.state_restore, r.state_slot);  // prefix-cache hit
       else if (r.state_fresh) states_->zero(r.state_slot);
@@ -80,6 +81,7 @@ ModelRunner::Metadata ModelRunner::build(const SchedulerOutput& step, StepLogits
     }
   }
   for (int32_t s = S; s < rows; ++s, ++t) {  // padding: one token per row, no cache write
+    m.state_slots.push_back(0);
     m.ids.push_back(0);
     m.positions.push_back(0);
     m.slots.push_back(-1);
@@ -108,7 +110,7 @@ ModelRunner::DecodeGraph* ModelRunner::graph_for(const SchedulerOutput& step) {
   g->max_blocks = (opts_.max_model_len + cache_.block_size - 1) / cache_.block_size;
   StepLogits unused;
   Metadata m = build(SchedulerOutput{}, unused, size, g->max_blocks);
-  Packed p = pack({&m.ids, &m.positions, &m.slots, &m.rows, &m.query_start, &m.seq_lens, &m.tables, &m.token_seq});
+  Packed p = pack({&m.ids, &m.positions, &m.slots, &m.rows, &m.query_start, &m.seq_lens, &m.tables, &m.token_seq, &m.state_slots});
   g->at = p.at;
   g->meta = Tensor::empty({int64_t(p.host.size())}, DType::kI32, model_.device());
   device_runtime(model_.device()).copy_to_device(g->meta.data(), p.host.data(), p.host.size() * 4);
@@ -142,7 +144,7 @@ StepLogits ModelRunner::run_graph(DecodeGraph& g, const SchedulerOutput& step) {
   StepLogits out;
   Metadata m = build(step, out, g.batch, g.max_blocks);
   RV_CHECK(m.max_blocks == g.max_blocks, "decode graph: block table longer than max_model_len allows");
-  Packed p = pack({&m.ids, &m.positions, &m.slots, &m.rows, &m.query_start, &m.seq_lens, &m.tables, &m.token_seq});
+  Packed p = pack({&m.ids, &m.positions, &m.slots, &m.rows, &m.query_start, &m.seq_lens, &m.tables, &m.token_seq, &m.state_slots});
   device_runtime(model_.device()).copy_to_device(g.meta.data(), p.host.data(), p.host.size() * 4);
   g.graph->replay();
   ++graph_replays_;
@@ -157,7 +159,7 @@ StepLogits ModelRunner::execute(const SchedulerOutput& step) {
   const int32_t T = int32_t(m.ids.size()), S = int32_t(step.scheduled.size()), R = int32_t(m.rows.size());
   const Device dev = model_.device();
   ForwardBatch b;
-  Packed p = pack({&m.ids, &m.positions, &m.slots, &m.rows, &m.query_start, &m.seq_lens, &m.tables, &m.token_seq});
+  Packed p = pack({&m.ids, &m.positions, &m.slots, &m.rows, &m.query_start, &m.seq_lens, &m.tables, &m.token_seq, &m.state_slots});
   Tensor meta = Tensor::uninitialized({int64_t(std::max<size_t>(1, p.host.size()))}, DType::kI32, dev);
   if (dev == Device::kCPU) std::copy(p.host.begin(), p.host.end(), meta.ptr<int32_t>());
   else device_runtime(dev).copy_to_device(meta.data(), p.host.data(), p.host.size() * 4);
@@ -168,6 +170,8 @@ StepLogits ModelRunner::execute(const SchedulerOutput& step) {
   b.logits_rows = m.rows;
   for (const auto& s : step.scheduled)
     if (states_) b.state_slots.push_back(s.request->state_slot);
+  b.seq_starts = meta.slice_rows(int64_t(p.at[4]), int64_t(p.at[4]) + S + 1);
+  b.seq_state_slots = meta.slice_rows(int64_t(p.at[8]), int64_t(p.at[8]) + S);
   // The host arrays stay valid through the forward (backends plan on them); device mirrors too.
   b.attention.query_start = m.query_start.data();
   b.attention.seq_lens = m.seq_lens.data();

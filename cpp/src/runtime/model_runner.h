@@ -39,7 +39,7 @@ class ModelRunner {
   struct DecodeGraph;
   // Host-side metadata of one step, laid out as the device copy is.
   struct Metadata {
-    std::vector<int32_t> ids, positions, slots, rows, query_start, seq_lens, tables, token_seq;
+    std::vector<int32_t> ids, positions, slots, rows, query_start, seq_lens, tables, token_seq, state_slots;
     int32_t max_blocks = 1, max_seq_len = 0;
   };
   Metadata build(const SchedulerOutput& step, StepLogits& out, int32_t pad_to, int32_t max_blocks);

@@ -37,6 +37,12 @@ void qkv_rope_cache(const Tensor& qkv, const QkNorm& norm, const Tensor& positio
 void gated_delta_rule(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& g, const Tensor& beta,
                       Tensor& state, Tensor& out, int32_t chunk_size);
 void causal_conv1d(const Tensor& x, const Tensor& weight, Tensor& conv_state, Tensor& out, bool silu);
+// The batched forms of the op table (ops.h): the per-sequence functions above over each sequence.
+void gated_delta_rule_seqs(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& g, const Tensor& beta,
+                           Tensor& states, const Tensor& seq_starts, const Tensor& seq_slots, Tensor& out,
+                           int32_t chunk_size);
+void causal_conv1d_seqs(const Tensor& x, const Tensor& weight, Tensor& conv_states, const Tensor& seq_starts,
+                        const Tensor& seq_slots, Tensor& out, bool silu);
 void l2_norm(Tensor& x, int64_t dim, float eps);
 void gated_rms_norm(const Tensor& x, const Tensor& gate, const Tensor& weight, float eps, Tensor& out);
 

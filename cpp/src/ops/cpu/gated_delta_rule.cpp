@@ -183,4 +183,36 @@ void gated_rms_norm(const Tensor& x, const Tensor& gate, const Tensor& weight, f
   }
 }
 
+namespace {
+// Slot `slot` of a [slots, ...] state tensor as a tensor of the remaining dimensions.
+Tensor slot_of(const Tensor& states, int32_t slot) {
+  std::vector<int64_t> shape(states.shape().begin() + 1, states.shape().end());
+  return states.slice_rows(slot, slot + 1).view(shape);
+}
+}  // namespace
+
+void gated_delta_rule_seqs(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& g, const Tensor& beta,
+                           Tensor& states, const Tensor& seq_starts, const Tensor& seq_slots, Tensor& out,
+                           int32_t chunk_size) {
+  const int32_t* st = seq_starts.ptr<int32_t>();
+  for (int64_t s = 0; s < seq_slots.numel(); ++s) {
+    const int64_t t0 = st[s], t1 = st[s + 1];
+    if (t1 == t0) continue;
+    Tensor state = slot_of(states, seq_slots.ptr<int32_t>()[s]), o = out.slice_rows(t0, t1);
+    gated_delta_rule(q.slice_rows(t0, t1), k.slice_rows(t0, t1), v.slice_rows(t0, t1), g.slice_rows(t0, t1),
+                     beta.slice_rows(t0, t1), state, o, t1 - t0 > 1 ? chunk_size : 1);
+  }
+}
+
+void causal_conv1d_seqs(const Tensor& x, const Tensor& weight, Tensor& conv_states, const Tensor& seq_starts,
+                        const Tensor& seq_slots, Tensor& out, bool silu) {
+  const int32_t* st = seq_starts.ptr<int32_t>();
+  for (int64_t s = 0; s < seq_slots.numel(); ++s) {
+    const int64_t t0 = st[s], t1 = st[s + 1];
+    if (t1 == t0) continue;
+    Tensor state = slot_of(conv_states, seq_slots.ptr<int32_t>()[s]), o = out.slice_rows(t0, t1);
+    causal_conv1d(x.slice_rows(t0, t1), weight, state, o, silu);
+  }
+}
+
 }  // namespace revolta::ops::cpu

@@ -32,8 +32,8 @@ const OpTable* table() {
     o.qkv_rope_cache = &qkv_rope_cache;
     o.sample = &sample;
     o.linear_swiglu = &linear_swiglu;
-    o.gated_delta_rule = &gated_delta_rule;
-    o.causal_conv1d = &causal_conv1d;
+    o.gated_delta_rule = &gated_delta_rule_seqs;
+    o.causal_conv1d = &causal_conv1d_seqs;
     o.l2_norm = &l2_norm;
     o.gated_rms_norm = &gated_rms_norm;
     o.sigmoid_mul = &sigmoid_mul;
