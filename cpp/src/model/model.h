@@ -20,7 +20,6 @@ struct ForwardBatch {
   ops::AttentionBatch attention;
   std::vector<int32_t> logits_rows;  // token rows whose next-token logits are wanted
   Tensor logits_row_ids;             // the same rows, int32 on the model's device
-  std::vector<int32_t> state_slots;  // per sequence: its recurrent-state slot (hybrid models)
   Tensor seq_starts;                 // int32 [S + 1] query starts, on the model's device
   Tensor seq_state_slots;            // int32 [S] state slots, on the model's device
 };

@@ -8,20 +8,12 @@ namespace revolta {
 namespace {
 
 // The metadata vectors in one int32 buffer, in a fixed order; `at` gives each one's offset.
+enum Part { kIds, kPositions, kSlots, kRows, kQueryStart, kSeqLens, kTables, kTokenSeq, kStateSlots };
+
 struct Packed {
   std::vector<int32_t> host;
   std::vector<size_t> at;
-  void add(const std::vector<int32_t>& v) {
-    at.push_back(host.size());
-    host.insert(host.end(), v.begin(), v.end());
-  }
 };
-
-Packed pack(const std::vector<const std::vector<int32_t>*>& parts) {
-  Packed p;
-  for (const auto* v : parts) p.add(*v);
-  return p;
-}
 
 }  // namespace
 
@@ -33,8 +25,50 @@ struct ModelRunner::DecodeGraph {
   ForwardBatch batch_desc;
   Tensor logits;
   std::unique_ptr<DeviceGraph> graph;
-  std::vector<size_t> at;
 };
+
+namespace {
+
+template <typename M>
+Packed pack(const M& m) {
+  Packed p;
+  for (const auto* v : {&m.ids, &m.positions, &m.slots, &m.rows, &m.query_start, &m.seq_lens, &m.tables, &m.token_seq,
+                        &m.state_slots}) {
+    p.at.push_back(p.host.size());
+    p.host.insert(p.host.end(), v->begin(), v->end());
+  }
+  return p;
+}
+
+// Points the batch at the packed metadata `meta` (on the model's device): T token rows, S
+// sequences; the attention's host arrays at m (valid through the forward), device mirrors too.
+template <typename M>
+void bind(ForwardBatch& b, const Tensor& meta, const Packed& p, const M& m, int32_t T, int32_t S, int32_t block_size) {
+  auto part = [&](Part k, int64_t n) { return meta.slice_rows(int64_t(p.at[k]), int64_t(p.at[k]) + n); };
+  b.token_ids = part(kIds, T);
+  b.positions = part(kPositions, T);
+  b.slot_mapping = part(kSlots, T);
+  b.logits_row_ids = part(kRows, int64_t(m.rows.size()));
+  b.logits_rows = m.rows;
+  b.seq_starts = part(kQueryStart, S + 1);
+  b.seq_state_slots = part(kStateSlots, S);
+  b.attention.query_start = m.query_start.data();
+  b.attention.seq_lens = m.seq_lens.data();
+  b.attention.block_tables = m.tables.data();
+  b.attention.num_seqs = S;
+  b.attention.max_blocks_per_seq = m.max_blocks;
+  b.attention.block_size = block_size;
+  b.attention.max_seq_len = m.max_seq_len;
+  if (meta.device() != Device::kCPU) {
+    const int32_t* d = meta.ptr<int32_t>();
+    b.attention.dev_query_start = d + p.at[kQueryStart];
+    b.attention.dev_seq_lens = d + p.at[kSeqLens];
+    b.attention.dev_block_tables = d + p.at[kTables];
+    b.attention.dev_token_seq = d + p.at[kTokenSeq];
+  }
+}
+
+}  // namespace
 
 ModelRunner::ModelRunner(CausalLM& model, KvCache& cache, StateCache* states, RunnerOptions options)
     : model_(model), cache_(cache), states_(states), opts_(std::move(options)) {}
@@ -110,24 +144,13 @@ ModelRunner::DecodeGraph* ModelRunner::graph_for(const SchedulerOutput& step) {
   g->max_blocks = (opts_.max_model_len + cache_.block_size - 1) / cache_.block_size;
   StepLogits unused;
   Metadata m = build(SchedulerOutput{}, unused, size, g->max_blocks);
-  Packed p = pack({&m.ids, &m.positions, &m.slots, &m.rows, &m.query_start, &m.seq_lens, &m.tables, &m.token_seq, &m.state_slots});
-  g->at = p.at;
+  const Packed p = pack(m);
   g->meta = Tensor::empty({int64_t(p.host.size())}, DType::kI32, model_.device());
   device_runtime(model_.device()).copy_to_device(g->meta.data(), p.host.data(), p.host.size() * 4);
   ForwardBatch& b = g->batch_desc;
-  const int32_t* d = g->meta.ptr<int32_t>();
-  b.token_ids = g->meta.slice_rows(int64_t(p.at[0]), int64_t(p.at[0]) + size);
-  b.positions = g->meta.slice_rows(int64_t(p.at[1]), int64_t(p.at[1]) + size);
-  b.slot_mapping = g->meta.slice_rows(int64_t(p.at[2]), int64_t(p.at[2]) + size);
-  b.logits_row_ids = g->meta.slice_rows(int64_t(p.at[3]), int64_t(p.at[3]) + size);
-  b.logits_rows = m.rows;
-  b.attention.num_seqs = size;
-  b.attention.max_blocks_per_seq = g->max_blocks;
-  b.attention.block_size = cache_.block_size;
-  b.attention.dev_query_start = d + p.at[4];
-  b.attention.dev_seq_lens = d + p.at[5];
-  b.attention.dev_block_tables = d + p.at[6];
-  b.attention.dev_token_seq = d + p.at[7];
+  bind(b, g->meta, p, m, size, size, cache_.block_size);
+  // Replays see other steps' metadata: nothing may be planned from these host arrays.
+  b.attention.query_start = b.attention.seq_lens = b.attention.block_tables = nullptr;
   b.attention.max_seq_len = opts_.max_model_len;
   b.attention.decode_only = true;
   ModelCaches caches{&cache_, states_};
@@ -144,7 +167,7 @@ StepLogits ModelRunner::run_graph(DecodeGraph& g, const SchedulerOutput& step) {
   StepLogits out;
   Metadata m = build(step, out, g.batch, g.max_blocks);
   RV_CHECK(m.max_blocks == g.max_blocks, "decode graph: block table longer than max_model_len allows");
-  Packed p = pack({&m.ids, &m.positions, &m.slots, &m.rows, &m.query_start, &m.seq_lens, &m.tables, &m.token_seq, &m.state_slots});
+  const Packed p = pack(m);
   device_runtime(model_.device()).copy_to_device(g.meta.data(), p.host.data(), p.host.size() * 4);
   g.graph->replay();
   ++graph_replays_;
@@ -156,37 +179,14 @@ StepLogits ModelRunner::execute(const SchedulerOutput& step) {
   if (DecodeGraph* g = graph_for(step)) return run_graph(*g, step);
   StepLogits out;
   Metadata m = build(step, out, 0, 1);
-  const int32_t T = int32_t(m.ids.size()), S = int32_t(step.scheduled.size()), R = int32_t(m.rows.size());
+  const int32_t T = int32_t(m.ids.size()), S = int32_t(step.scheduled.size());
   const Device dev = model_.device();
-  ForwardBatch b;
-  Packed p = pack({&m.ids, &m.positions, &m.slots, &m.rows, &m.query_start, &m.seq_lens, &m.tables, &m.token_seq, &m.state_slots});
+  const Packed p = pack(m);
   Tensor meta = Tensor::uninitialized({int64_t(std::max<size_t>(1, p.host.size()))}, DType::kI32, dev);
   if (dev == Device::kCPU) std::copy(p.host.begin(), p.host.end(), meta.ptr<int32_t>());
   else device_runtime(dev).copy_to_device(meta.data(), p.host.data(), p.host.size() * 4);
-  b.token_ids = meta.slice_rows(int64_t(p.at[0]), int64_t(p.at[0]) + T);
-  b.positions = meta.slice_rows(int64_t(p.at[1]), int64_t(p.at[1]) + T);
-  b.slot_mapping = meta.slice_rows(int64_t(p.at[2]), int64_t(p.at[2]) + T);
-  b.logits_row_ids = meta.slice_rows(int64_t(p.at[3]), int64_t(p.at[3]) + R);
-  b.logits_rows = m.rows;
-  for (const auto& s : step.scheduled)
-    if (states_) b.state_slots.push_back(s.request->state_slot);
-  b.seq_starts = meta.slice_rows(int64_t(p.at[4]), int64_t(p.at[4]) + S + 1);
-  b.seq_state_slots = meta.slice_rows(int64_t(p.at[8]), int64_t(p.at[8]) + S);
-  // The host arrays stay valid through the forward (backends plan on them); device mirrors too.
-  b.attention.query_start = m.query_start.data();
-  b.attention.seq_lens = m.seq_lens.data();
-  b.attention.block_tables = m.tables.data();
-  b.attention.num_seqs = S;
-  b.attention.max_blocks_per_seq = m.max_blocks;
-  b.attention.block_size = cache_.block_size;
-  b.attention.max_seq_len = m.max_seq_len;
-  if (dev != Device::kCPU) {
-    const int32_t* d = meta.ptr<int32_t>();
-    b.attention.dev_query_start = d + p.at[4];
-    b.attention.dev_seq_lens = d + p.at[5];
-    b.attention.dev_block_tables = d + p.at[6];
-    b.attention.dev_token_seq = d + p.at[7];
-  }
+  ForwardBatch b;
+  bind(b, meta, p, m, T, S, cache_.block_size);
   ModelCaches caches{&cache_, states_};
   out.logits = model_.forward(b, caches);
   return out;
