@@ -4,13 +4,11 @@
 #include <cuda_fp16.h>
 
 #include "core/cuda_check.h"
+#include "core/element.cuh"
 #include "cuda_ops.h"
 
 namespace revolta::cuda {
 namespace {
-
-__device__ __forceinline__ void store(float* p, float v) { *p = v; }
-__device__ __forceinline__ void store(__half* p, float v) { *p = __float2half_rn(v); }
 
 template <typename C>
 __global__ void kv_write_kernel(const float* __restrict__ k, const float* __restrict__ v, const int32_t* __restrict__ slots,

@@ -13,6 +13,7 @@
 
 #include "attention/prefill_attention.cuh"
 #include "core/cuda_check.h"
+#include "core/element.cuh"
 #include "cuda_ops.h"
 
 namespace revolta::cuda {
@@ -20,14 +21,12 @@ namespace {
 
 constexpr int kWarps = 4, kMaxPerLane = 8;
 
-__device__ __forceinline__ float ld(const float* p) { return *p; }
 // A load that skips L1: other blocks' partial results are read right after they were written.
 __device__ __forceinline__ float load_l2(const float* p) {
   float v;
   asm volatile("ld.global.cg.f32 %0, [%1];" : "=f"(v) : "l"(p));
   return v;
 }
-__device__ __forceinline__ float ld(const __half* p) { return __half2float(*p); }
 
 template <typename C>
 __global__ void decode_attention_kernel(const float* __restrict__ q, const C* __restrict__ kc, const C* __restrict__ vc,
@@ -60,7 +59,7 @@ __global__ void decode_attention_kernel(const float* __restrict__ q, const C* __
 #pragma unroll
     for (int i = 0; i < kMaxPerLane; ++i) {
       const int d = lane + 32 * i;
-      if (i < per_lane && d < D) dot += qv[i] * ld(kc + base + d);
+      if (i < per_lane && d < D) dot += qv[i] * to_float(kc[base + d]);
     }
     for (int o = 16; o > 0; o >>= 1) dot += __shfl_xor_sync(0xffffffffu, dot, o);
     const float m_new = fmaxf(m, dot);
@@ -69,7 +68,7 @@ __global__ void decode_attention_kernel(const float* __restrict__ q, const C* __
 #pragma unroll
     for (int i = 0; i < kMaxPerLane; ++i) {
       const int d = lane + 32 * i;
-      if (i < per_lane) acc[i] = acc[i] * corr + (d < D ? p * ld(vc + base + d) : 0.0f);
+      if (i < per_lane) acc[i] = acc[i] * corr + (d < D ? p * to_float(vc[base + d]) : 0.0f);
     }
     m = m_new;
   }

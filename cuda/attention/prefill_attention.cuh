@@ -10,6 +10,7 @@
 #include <mma.h>
 
 #include "core/cuda_check.h"
+#include "core/element.cuh"
 #include "cuda_ops.h"
 
 namespace revolta::cuda {
@@ -22,8 +23,6 @@ namespace prefill {
 
 using namespace nvcuda;
 
-__device__ __forceinline__ __half to_half(float v) { return __float2half_rn(v); }
-__device__ __forceinline__ __half to_half(__half v) { return v; }
 
 template <int D>
 struct Smem {

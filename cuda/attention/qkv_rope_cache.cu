@@ -6,15 +6,13 @@
 #include <cuda_fp16.h>
 
 #include "core/cuda_check.h"
+#include "core/element.cuh"
 #include "cuda_ops.h"
 
 namespace revolta::cuda {
 namespace {
 
 constexpr int kWarps = 4, kMaxD = 256;
-
-__device__ __forceinline__ void store(float* p, float v) { *p = v; }
-__device__ __forceinline__ void store(__half* p, float v) { *p = __float2half_rn(v); }
 
 template <typename C>
 __global__ void qkv_rope_cache_kernel(const float* __restrict__ qkv, const float* __restrict__ q_norm,

@@ -13,6 +13,7 @@
 #include "gemm/gemm_tensor_core.cuh"
 
 #include "core/cuda_check.h"
+#include "core/element.cuh"
 #include "cuda_ops.h"
 
 namespace revolta::cuda {
@@ -35,30 +36,17 @@ __device__ __forceinline__ void load8(const __half* p, float (&w)[8]) {
   }
 }
 
-__device__ __forceinline__ float to_float(float v) { return v; }
-__device__ __forceinline__ float to_float(__half v) { return __half2float(v); }
-
-template <typename W, int M, int R, int U>
-__device__ __forceinline__ void gemv_rows(const float* __restrict__ x, const W* __restrict__ w,
-                                          const float* __restrict__ bias, float* __restrict__ out, int N, int K, int n0,
-                                          int lane);
 
 // R weight rows per warp share each activation load (the activations of M rows would otherwise
 // be re-read per weight row: at M = 8 that traffic exceeds the weights'); U steps of 8 elements per
-// lane are loaded before any is used, so U x R 16-byte loads per lane are in flight.
+// lane are loaded before any is used, so U x R 16-byte loads per lane are in flight. One row
+// group per warp (a persistent grid striding over them measured slower at M = 1).
 template <typename W, int M, int R, int U>
 __global__ void gemv_kernel(const float* __restrict__ x, const W* __restrict__ w, const float* __restrict__ bias,
                             float* __restrict__ out, int N, int K) {
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  // One row group per warp (a persistent grid striding over them measured slower at M = 1).
-  for (int n0 = (blockIdx.x * kWarpsPerBlock + warp) * R; n0 < N; n0 += gridDim.x * kWarpsPerBlock * R)
-    gemv_rows<W, M, R, U>(x, w, bias, out, N, K, n0, lane);
-}
-
-template <typename W, int M, int R, int U>
-__device__ __forceinline__ void gemv_rows(const float* __restrict__ x, const W* __restrict__ w,
-                                          const float* __restrict__ bias, float* __restrict__ out, int N, int K, int n0,
-                                          int lane) {
+  const int n0 = (blockIdx.x * kWarpsPerBlock + warp) * R;
+  if (n0 >= N) return;
   float acc[R][M];
 #pragma unroll
   for (int r = 0; r < R; ++r)

@@ -47,27 +47,4 @@ void argmax(const Tensor& x, Tensor& out) {
   }
 }
 
-void qkv_rope_cache(const Tensor& qkv, const QkNorm& norm, const Tensor& positions, const RopeTables& tables,
-                    const Tensor& slot_mapping, Tensor& q, Tensor& k_cache, Tensor& v_cache) {
-  const int64_t T = q.size(0), H = q.size(1), D = q.size(2), KVH = k_cache.size(2);
-  Tensor q2 = q.view({T, H * D});
-  Tensor k = Tensor::uninitialized({T, KVH, D}, DType::kF32), v = Tensor::uninitialized({T, KVH, D}, DType::kF32);
-  Tensor k2 = k.view({T, KVH * D}), v2 = v.view({T, KVH * D});
-  cpu::copy_columns(qkv, 0, q2);
-  cpu::copy_columns(qkv, H * D, k2);
-  cpu::copy_columns(qkv, (H + KVH) * D, v2);
-  if (norm.q) cpu::rms_norm(q, *norm.q, norm.eps, q);
-  if (norm.k) cpu::rms_norm(k, *norm.k, norm.eps, k);
-  cpu::rope(q, positions, tables);
-  cpu::rope(k, positions, tables);
-  cpu::kv_cache_write(k, v, slot_mapping, k_cache, v_cache);
-}
-
-void linear_swiglu(const Tensor& x, const Tensor& gate_up_weight, Tensor& act) {
-  const int64_t K = gate_up_weight.size(1), M = x.numel() / K;
-  Tensor gu = Tensor::uninitialized({M, gate_up_weight.size(0)}, DType::kF32);
-  cpu::linear(x, gate_up_weight, nullptr, gu);
-  cpu::silu_mul(gu, act);
-}
-
 }  // namespace revolta::ops::cpu

@@ -92,4 +92,11 @@ void rope(Tensor& x, const Tensor& positions, const RopeTables& tables) {
   }
 }
 
+void linear_swiglu(const Tensor& x, const Tensor& gate_up_weight, Tensor& act) {
+  const int64_t K = gate_up_weight.size(1), M = x.numel() / K;
+  Tensor gu = Tensor::uninitialized({M, gate_up_weight.size(0)}, DType::kF32);
+  cpu::linear(x, gate_up_weight, nullptr, gu);
+  cpu::silu_mul(gu, act);
+}
+
 }  // namespace revolta::ops::cpu
