@@ -1,9 +1,10 @@
 // Paged attention for batches that mix prefill chunks and decode tokens (the CPU op's contract),
 // over float32 or float16 KV caches.
-//  - Sequences with one query token (decode) use a per-(token, head) kernel: its warps stride
-//    over the context with an online softmax each, merged in shared memory; when few blocks would
-//    leave SMs idle the context is split across blocks and a second kernel merges the partial
-//    softmaxes (split-K). head_dim <= 256. It reads only device metadata, so it can be captured.
+//  - Sequences with one query token (decode) use a per-(token, head) kernel: groups of lanes
+//    take context positions side by side with an online softmax each, merged in shared memory;
+//    when few blocks would leave SMs idle the context is split across blocks and the split that
+//    finishes last merges the partial softmaxes (split-K). head_dim <= 256. It reads only device
+//    metadata, so it can be captured.
 //  - Sequences with several query tokens (prefill chunks, on top of any cached prefix) use
 //    flash-style tiles on tensor cores (prefill_attention.cuh) when head_dim is 64 or 128.
 #include <cuda_fp16.h>
@@ -19,7 +20,12 @@
 namespace revolta::cuda {
 namespace {
 
-constexpr int kWarps = 4, kMaxPerLane = 8;
+// Decode kernel geometry: groups of 8 lanes each take one context position at a time (a lane
+// holds D/8 of the head), so a block works on 32 positions (64 with two per group) at once. The
+// context is short next to the latency of a dependent walk; many positions in flight is what
+// keeps a decode step from waiting on it.
+constexpr int kThreads = 256, kGroupLanes = 8, kGroups = kThreads / kGroupLanes, kWarps = kThreads / 32;
+constexpr int kMaxD = 256, kMinSplitLen = 64, kMaxSplits = 64;
 
 // A load that skips L1: other blocks' partial results are read right after they were written.
 __device__ __forceinline__ float load_l2(const float* p) {
@@ -28,150 +34,205 @@ __device__ __forceinline__ float load_l2(const float* p) {
   return v;
 }
 
-template <typename C>
-__global__ void decode_attention_kernel(const float* __restrict__ q, const C* __restrict__ kc, const C* __restrict__ vc,
-                                        const int32_t* __restrict__ query_start, const int32_t* __restrict__ seq_lens,
-                                        const int32_t* __restrict__ block_tables, const int32_t* __restrict__ seq_of,
-                                        const int32_t* __restrict__ token_list, int max_blocks, int block_size, int H,
-                                        int KVH, int D, float scale, float* __restrict__ out, float* __restrict__ part,
-                                        int* __restrict__ counters) {
-  const int t = token_list ? token_list[blockIdx.x] : int(blockIdx.x);
-  const int h = blockIdx.y, kvh = h / (H / KVH), split = blockIdx.z, splits = gridDim.z;
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int s = seq_of[t];
-  const int q_len = query_start[s + 1] - query_start[s];
-  const int ctx = seq_lens[s] - q_len + (t - query_start[s]) + 1;
-  const int32_t* table = block_tables + size_t(s) * max_blocks;
-  const int per_lane = (D + 31) / 32;
-  float qv[kMaxPerLane], acc[kMaxPerLane];
+// The EPL elements of a head row that this lane holds, from element `first` on, as floats.
+template <int EPL, bool kVec, typename C>
+__device__ __forceinline__ void load_slice(const C* __restrict__ p, int first, int D, float (&v)[EPL]) {
+  if constexpr (kVec) {
+    constexpr int kPerVec = 16 / sizeof(C);
 #pragma unroll
-  for (int i = 0; i < kMaxPerLane; ++i) {
-    const int d = lane + 32 * i;
-    qv[i] = (i < per_lane && d < D) ? q[(size_t(t) * H + h) * D + d] * scale : 0.0f;
-    acc[i] = 0.0f;
-  }
-  float m = -INFINITY, l = 0.0f;
-  const size_t row = size_t(KVH) * D;
-  const int seg = (ctx + splits - 1) / splits, j0 = split * seg, j1 = min(ctx, j0 + seg);
-  for (int j = j0 + warp; j < j1; j += kWarps) {
-    const size_t base = (size_t(table[j / block_size]) * block_size + j % block_size) * row + size_t(kvh) * D;
-    float dot = 0.0f;
+    for (int i = 0; i < EPL; i += kPerVec) {
+      const uint4 raw = *reinterpret_cast<const uint4*>(p + first + i);
+      const C* e = reinterpret_cast<const C*>(&raw);
 #pragma unroll
-    for (int i = 0; i < kMaxPerLane; ++i) {
-      const int d = lane + 32 * i;
-      if (i < per_lane && d < D) dot += qv[i] * to_float(kc[base + d]);
+      for (int k = 0; k < kPerVec; ++k) v[i + k] = to_float(e[k]);
     }
-    for (int o = 16; o > 0; o >>= 1) dot += __shfl_xor_sync(0xffffffffu, dot, o);
-    const float m_new = fmaxf(m, dot);
-    const float corr = __expf(m - m_new), p = __expf(dot - m_new);
-    l = l * corr + p;
+  } else {
 #pragma unroll
-    for (int i = 0; i < kMaxPerLane; ++i) {
-      const int d = lane + 32 * i;
-      if (i < per_lane) acc[i] = acc[i] * corr + (d < D ? p * to_float(vc[base + d]) : 0.0f);
-    }
-    m = m_new;
-  }
-  __shared__ float sm[kWarps], sl[kWarps];
-  __shared__ float sacc[kWarps][kMaxPerLane * 32];
-  if (lane == 0) sm[warp] = m, sl[warp] = l;
-#pragma unroll
-  for (int i = 0; i < kMaxPerLane; ++i)
-    if (i < per_lane) sacc[warp][lane + 32 * i] = acc[i];
-  __syncthreads();
-  if (warp != 0) return;
-  float mx = -INFINITY;
-  for (int w = 0; w < kWarps; ++w) mx = fmaxf(mx, sm[w]);
-  float total = 0.0f;
-  float res[kMaxPerLane] = {};
-  for (int w = 0; w < kWarps; ++w) {
-    if (sm[w] == -INFINITY) continue;  // a warp that saw no position
-    const float c = __expf(sm[w] - mx);
-    total += c * sl[w];
-#pragma unroll
-    for (int i = 0; i < kMaxPerLane; ++i)
-      if (i < per_lane) res[i] += c * sacc[w][lane + 32 * i];
-  }
-  if (splits == 1) {
-#pragma unroll
-    for (int i = 0; i < kMaxPerLane; ++i) {
-      const int d = lane + 32 * i;
-      if (i < per_lane && d < D) out[(size_t(t) * H + h) * D + d] = res[i] / total;
-    }
-  } else {  // partial result of this split: [max, sum, D unnormalised outputs]
-    float* p = part + ((size_t(blockIdx.x) * H + h) * splits + split) * (D + 2);
-    if (lane == 0) p[0] = mx, p[1] = total;
-#pragma unroll
-    for (int i = 0; i < kMaxPerLane; ++i) {
-      const int d = lane + 32 * i;
-      if (i < per_lane && d < D) p[2 + d] = res[i];
-    }
-    if (!counters) return;  // a separate merge kernel follows
-    // The split that finishes last merges them all (and re-arms the counter for the next step),
-    // saving a launch per layer in a decode step.
-    __threadfence();
-    __syncwarp();
-    int prev = 0;
-    if (lane == 0) prev = atomicAdd(counters + size_t(blockIdx.x) * H + h, 1);
-    prev = __shfl_sync(0xffffffffu, prev, 0);
-    if (prev != splits - 1) return;
-    __threadfence();
-    const float* base = part + (size_t(blockIdx.x) * H + h) * splits * (D + 2);
-    float gmx = -INFINITY;
-    for (int s2 = 0; s2 < splits; ++s2) gmx = fmaxf(gmx, load_l2(base + s2 * (D + 2)));
-    for (int d = lane; d < D; d += 32) {
-      float sum = 0.0f, acc2 = 0.0f;
-      for (int s2 = 0; s2 < splits; ++s2) {
-        const float ms = load_l2(base + s2 * (D + 2));
-        if (ms == -INFINITY) continue;  // an empty split
-        const float c = __expf(ms - gmx);
-        sum += c * load_l2(base + s2 * (D + 2) + 1);
-        acc2 += c * load_l2(base + s2 * (D + 2) + 2 + d);
-      }
-      out[(size_t(t) * H + h) * D + d] = acc2 / sum;
-    }
-    if (lane == 0) counters[size_t(blockIdx.x) * H + h] = 0;
+    for (int i = 0; i < EPL; ++i) v[i] = first + i < D ? to_float(p[first + i]) : 0.0f;
   }
 }
 
-__global__ void merge_splits_kernel(const float* __restrict__ part, const int32_t* __restrict__ token_list, int splits,
-                                    int H, int D, float* __restrict__ out) {
-  const int t = token_list ? token_list[blockIdx.x] : int(blockIdx.x), h = blockIdx.y;
-  const float* p = part + (size_t(blockIdx.x) * H + h) * splits * (D + 2);
-  float mx = -INFINITY;
-  for (int s = 0; s < splits; ++s) mx = fmaxf(mx, p[s * (D + 2)]);
-  for (int d = threadIdx.x; d < D; d += blockDim.x) {
-    float total = 0.0f, acc = 0.0f;
-    for (int s = 0; s < splits; ++s) {
-      const float ms = p[s * (D + 2)];
-      if (ms == -INFINITY) continue;  // an empty split
-      const float c = __expf(ms - mx);
-      total += c * p[s * (D + 2) + 1];
-      acc += c * p[s * (D + 2) + 2 + d];
+__device__ __forceinline__ float group_sum(float v) {
+#pragma unroll
+  for (int o = kGroupLanes / 2; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+
+// Grid (rows, heads, splits). A split covers at least kMinSplitLen positions, so for a short
+// context the trailing splits have nothing to do: they return at once and nobody waits for them
+// (a captured graph sizes the grid for the longest context it may see). Each working split
+// writes [max, sum, D unnormalised outputs]; the one that finishes last merges them, saving a
+// launch per layer. With one working split the block writes the output itself.
+template <typename C, int EPL, bool kVec, int P>
+__global__ void __launch_bounds__(kThreads)
+    decode_attention_kernel(const float* __restrict__ q, const C* __restrict__ kc, const C* __restrict__ vc,
+                            const int32_t* __restrict__ query_start, const int32_t* __restrict__ seq_lens,
+                            const int32_t* __restrict__ block_tables, const int32_t* __restrict__ seq_of,
+                            const int32_t* __restrict__ token_list, int max_blocks, int block_size, int H, int KVH,
+                            int D, float scale, float* __restrict__ out, float* __restrict__ part,
+                            int* __restrict__ counters) {
+  const int t = token_list ? token_list[blockIdx.x] : int(blockIdx.x);
+  const int h = blockIdx.y, kvh = h / (H / KVH);
+  const int group = threadIdx.x / kGroupLanes, first = (threadIdx.x % kGroupLanes) * EPL;
+  const int s = seq_of[t];
+  const int q_len = query_start[s + 1] - query_start[s];
+  const int ctx = seq_lens[s] - q_len + (t - query_start[s]) + 1;
+  const int seg = max(kMinSplitLen, (ctx + int(gridDim.z) - 1) / int(gridDim.z));
+  const int splits = (ctx + seg - 1) / seg, split = blockIdx.z;
+  if (split >= splits) return;
+  const int j0 = split * seg, j1 = min(ctx, j0 + seg);
+  const int32_t* table = block_tables + size_t(s) * max_blocks;
+  const size_t row = size_t(KVH) * D, head_off = size_t(kvh) * D;
+
+  float qv[EPL], acc[EPL];
+  const float* qrow = q + (size_t(t) * H + h) * D;
+#pragma unroll
+  for (int i = 0; i < EPL; ++i) qv[i] = first + i < D ? qrow[first + i] * scale : 0.0f, acc[i] = 0.0f;
+  float m = -INFINITY, l = 0.0f;
+  // Rounds are the same for every lane (the group sums shuffle across the warp); a group whose
+  // position lies past the split's end loads a valid one and drops its score.
+  for (int jb = j0; jb < j1; jb += P * kGroups) {
+    float kv[P][EPL], vv[P][EPL], score[P];
+#pragma unroll
+    for (int p = 0; p < P; ++p) {  // all loads first: they do not depend on the softmax state
+      const int jp = min(jb + group + p * kGroups, j1 - 1);
+      const size_t base = (size_t(table[jp / block_size]) * block_size + jp % block_size) * row + head_off;
+      load_slice<EPL, kVec>(kc + base, first, D, kv[p]);
+      load_slice<EPL, kVec>(vc + base, first, D, vv[p]);
     }
-    out[(size_t(t) * H + h) * D + d] = acc / total;
+    float m_new = m;
+#pragma unroll
+    for (int p = 0; p < P; ++p) {
+      float dot = 0.0f;
+#pragma unroll
+      for (int i = 0; i < EPL; ++i) dot += qv[i] * kv[p][i];
+      dot = group_sum(dot);
+      score[p] = jb + group + p * kGroups < j1 ? dot : -INFINITY;
+      m_new = fmaxf(m_new, score[p]);
+    }
+    if (m_new == -INFINITY) continue;  // no position for this group yet
+    const float corr = __expf(m - m_new);
+    l *= corr;
+#pragma unroll
+    for (int i = 0; i < EPL; ++i) acc[i] *= corr;
+#pragma unroll
+    for (int p = 0; p < P; ++p) {
+      const float w = __expf(score[p] - m_new);
+      l += w;
+#pragma unroll
+      for (int i = 0; i < EPL; ++i) acc[i] += w * vv[p][i];
+    }
+    m = m_new;
   }
+  // The four groups of a warp, then the warps through shared memory.
+#pragma unroll
+  for (int o = kGroupLanes; o < 32; o <<= 1) {
+    const float mo = __shfl_xor_sync(0xffffffffu, m, o), lo = __shfl_xor_sync(0xffffffffu, l, o);
+    const float mn = fmaxf(m, mo);
+    const float ca = mn == -INFINITY ? 0.0f : __expf(m - mn), cb = mn == -INFINITY ? 0.0f : __expf(mo - mn);
+    l = l * ca + lo * cb;
+#pragma unroll
+    for (int i = 0; i < EPL; ++i) acc[i] = acc[i] * ca + __shfl_xor_sync(0xffffffffu, acc[i], o) * cb;
+    m = mn;
+  }
+  __shared__ float sm[kWarps], sl[kWarps], sacc[kWarps][kMaxD];
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  if (lane < kGroupLanes) {
+    if (lane == 0) sm[warp] = m, sl[warp] = l;
+#pragma unroll
+    for (int i = 0; i < EPL; ++i)
+      if (first + i < D) sacc[warp][first + i] = acc[i];
+  }
+  __syncthreads();
+  const int d = threadIdx.x;
+  float gm = -INFINITY;
+  for (int w = 0; w < kWarps; ++w) gm = fmaxf(gm, sm[w]);
+  float total = 0.0f, res = 0.0f;
+  for (int w = 0; w < kWarps; ++w) {
+    if (sm[w] == -INFINITY) continue;  // a warp that saw no position
+    const float c = __expf(sm[w] - gm);
+    total += c * sl[w];
+    if (d < D) res += c * sacc[w][d];
+  }
+  float* dst = out + (size_t(t) * H + h) * D;
+  if (splits == 1) {
+    if (d < D) dst[d] = res / total;
+    return;
+  }
+  float* const base = part + (size_t(blockIdx.x) * H + h) * gridDim.z * (D + 2);
+  float* mine = base + size_t(split) * (D + 2);
+  if (d == 0) mine[0] = gm, mine[1] = total;
+  if (d < D) mine[2 + d] = res;
+  __threadfence();
+  __syncthreads();
+  __shared__ bool last;
+  int* counter = counters + size_t(blockIdx.x) * H + h;
+  if (threadIdx.x == 0) last = atomicAdd(counter, 1) == splits - 1;
+  __syncthreads();
+  if (!last) return;
+  __threadfence();
+  __shared__ float wsplit[kMaxSplits], lsplit[kMaxSplits];
+  if (threadIdx.x < splits) {
+    wsplit[threadIdx.x] = load_l2(base + threadIdx.x * (D + 2));
+    lsplit[threadIdx.x] = load_l2(base + threadIdx.x * (D + 2) + 1);
+  }
+  __syncthreads();
+  float gmx = -INFINITY;  // every working split saw at least one position: all maxima are finite
+  for (int i = 0; i < splits; ++i) gmx = fmaxf(gmx, wsplit[i]);
+  __syncthreads();
+  if (threadIdx.x < splits) wsplit[threadIdx.x] = __expf(wsplit[threadIdx.x] - gmx);
+  __syncthreads();
+  float sum = 0.0f;
+  for (int i = 0; i < splits; ++i) sum += wsplit[i] * lsplit[i];
+  if (d < D) {
+    const float* col = base + 2 + d;
+    float a = 0.0f;
+    int i = 0;
+    for (; i + 4 <= splits; i += 4) {  // four loads in flight at a time
+      const float x0 = load_l2(col + i * (D + 2)), x1 = load_l2(col + (i + 1) * (D + 2));
+      const float x2 = load_l2(col + (i + 2) * (D + 2)), x3 = load_l2(col + (i + 3) * (D + 2));
+      a += wsplit[i] * x0 + wsplit[i + 1] * x1 + wsplit[i + 2] * x2 + wsplit[i + 3] * x3;
+    }
+    for (; i < splits; ++i) a += wsplit[i] * load_l2(col + i * (D + 2));
+    dst[d] = a / sum;
+  }
+  if (threadIdx.x == 0) *counter = 0;  // re-armed for the next call (and graph replay)
 }
 
 // Arrival counters for the split merge: zeroed once, re-armed by the merging block, so captured
 // graphs can use them on every replay. Allocated outside the memory pools (a graph's private pool
 // would take them away with it); the first call always comes before any recording (the sizing
-// run of a capture), so no allocation happens during one. Null when more are needed than exist:
-// the caller then merges with a separate kernel.
-int* merge_counters(int64_t n) {
-  constexpr int64_t kCapacity = int64_t(1) << 16;
+// run of a capture), so no allocation happens during one.
+constexpr int64_t kCounterCapacity = int64_t(1) << 16;
+int* merge_counters() {
   static int* buf = [] {
     int* p = nullptr;
-    RV_CUDA_CHECK(cudaMalloc(&p, kCapacity * sizeof(int)));
-    RV_CUDA_CHECK(cudaMemset(p, 0, kCapacity * sizeof(int)));
+    RV_CUDA_CHECK(cudaMalloc(&p, kCounterCapacity * sizeof(int)));
+    RV_CUDA_CHECK(cudaMemset(p, 0, kCounterCapacity * sizeof(int)));
     return p;
   }();
-  return n <= kCapacity ? buf : nullptr;
+  return buf;
 }
 
 struct Shape {
   int64_t H, KVH, D;
 };
+
+template <typename C, int EPL>
+void launch_decode_kernel(dim3 grid, const Tensor& q, const C* kc, const C* vc, const ops::AttentionBatch& b,
+                          const Shape& sh, const int32_t* qs, const int32_t* lens, const int32_t* tables,
+                          const int32_t* seq_of, const int32_t* token_list, float scale, Tensor& out, float* part) {
+  constexpr int P = EPL <= 16 ? 2 : 1;  // two positions per group where registers allow
+  auto go = [&](auto kernel) {
+    kernel<<<grid, kThreads, 0, stream()>>>(q.ptr<float>(), kc, vc, qs, lens, tables, seq_of, token_list,
+                                            b.max_blocks_per_seq, b.block_size, int(sh.H), int(sh.KVH), int(sh.D),
+                                            scale, out.ptr<float>(), part, grid.z > 1 ? merge_counters() : nullptr);
+  };
+  constexpr bool kCanVec = (EPL * sizeof(C)) % 16 == 0;
+  if (kCanVec && sh.D == kGroupLanes * EPL) go(decode_attention_kernel<C, EPL, kCanVec, P>);
+  else go(decode_attention_kernel<C, EPL, false, P>);
+  RV_CUDA_CHECK(cudaGetLastError());
+}
 
 // Decode tokens: token_list (device, n rows) or, when null, every row 0..n-1.
 template <typename C>
@@ -179,24 +240,21 @@ void launch_decode(const Tensor& q, const C* kc, const C* vc, const ops::Attenti
                    const int32_t* qs, const int32_t* lens, const int32_t* tables, const int32_t* seq_of,
                    const int32_t* token_list, int64_t n, int max_ctx, float scale, Tensor& out) {
   if (n == 0) return;
-  // Split the context so that about 8 blocks per SM are in flight (each block's warps walk their
-  // positions one after another: latency, not bandwidth, bounds a long walk), down to 64
-  // positions per split.
+  // Split the context so that about 4 blocks per SM are in flight when the batch alone leaves
+  // SMs idle, at least kMinSplitLen positions per split.
   const int64_t work = n * sh.H, sms = sm_count();
   int splits = 1;
-  if (work < 8 * sms) splits = int(std::max<int64_t>(1, std::min<int64_t>((8 * sms + work - 1) / work, max_ctx / 64)));
+  if (work < 4 * sms && work <= kCounterCapacity)
+    splits = int(std::clamp<int64_t>((4 * sms + work - 1) / work, 1,
+                                     std::min<int64_t>(kMaxSplits, (max_ctx + kMinSplitLen - 1) / kMinSplitLen)));
   Tensor part;
   if (splits > 1) part = Tensor::uninitialized({n, sh.H, splits, sh.D + 2}, DType::kF32, Device::kCUDA);
-  int* counters = splits > 1 ? merge_counters(n * sh.H) : nullptr;
-  decode_attention_kernel<C><<<dim3(unsigned(n), unsigned(sh.H), unsigned(splits)), 32 * kWarps, 0, stream()>>>(
-      q.ptr<float>(), kc, vc, qs, lens, tables, seq_of, token_list, b.max_blocks_per_seq, b.block_size, int(sh.H),
-      int(sh.KVH), int(sh.D), scale, out.ptr<float>(), splits > 1 ? part.ptr<float>() : nullptr, counters);
-  RV_CUDA_CHECK(cudaGetLastError());
-  if (splits > 1 && !counters) {
-    merge_splits_kernel<<<dim3(unsigned(n), unsigned(sh.H)), 128, 0, stream()>>>(part.ptr<float>(), token_list, splits,
-                                                                                   int(sh.H), int(sh.D), out.ptr<float>());
-    RV_CUDA_CHECK(cudaGetLastError());
-  }
+  const dim3 grid{unsigned(n), unsigned(sh.H), unsigned(splits)};
+  float* p = splits > 1 ? part.ptr<float>() : nullptr;
+  if (sh.D <= 32) launch_decode_kernel<C, 4>(grid, q, kc, vc, b, sh, qs, lens, tables, seq_of, token_list, scale, out, p);
+  else if (sh.D <= 64) launch_decode_kernel<C, 8>(grid, q, kc, vc, b, sh, qs, lens, tables, seq_of, token_list, scale, out, p);
+  else if (sh.D <= 128) launch_decode_kernel<C, 16>(grid, q, kc, vc, b, sh, qs, lens, tables, seq_of, token_list, scale, out, p);
+  else launch_decode_kernel<C, 32>(grid, q, kc, vc, b, sh, qs, lens, tables, seq_of, token_list, scale, out, p);
 }
 
 template <typename C>
@@ -263,7 +321,7 @@ void run(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, const op
 void paged_attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, const ops::AttentionBatch& b,
                      float scale, Tensor& out) {
   const int64_t D = q.size(2);
-  RV_CHECK(D <= 32 * kMaxPerLane && q.size(1) % k_cache.size(2) == 0, "CUDA paged_attention: head_dim ", D,
+  RV_CHECK(D <= kMaxD && q.size(1) % k_cache.size(2) == 0, "CUDA paged_attention: head_dim ", D,
            " (<= 256) / heads ", q.size(1), "/", k_cache.size(2));
   if (q.size(0) == 0) return;
   if (k_cache.dtype() == DType::kF32) run<float>(q, k_cache, v_cache, b, scale, out);

@@ -1,6 +1,6 @@
 // From the fused projection qkv [T, (H + 2 KVH) * D]: q normed (optional) and rotated into q
 // [T, H, D]; k normed and rotated and v written straight to their cache slots (f32 or f16). One
-// block per token, one warp per head at a time through a shared-memory row (rotate-half pairs
+// block per token and four heads, one warp per head through a shared-memory row (rotate-half pairs
 // can sit in different lanes). Replaces split + two norms + two ropes + a cache write: six
 // launches per layer in a decode step.
 #include <cuda_fp16.h>
@@ -27,7 +27,7 @@ __global__ void qkv_rope_cache_kernel(const float* __restrict__ qkv, const float
   const float* c = cos_t + int64_t(pos[t]) * half;
   const float* s = sin_t + int64_t(pos[t]) * half;
   float* b = buf[warp];
-  for (int h = warp; h < H + 2 * KVH; h += kWarps) {
+  for (int h = blockIdx.y * kWarps + warp; h < H + 2 * KVH; h += gridDim.y * kWarps) {
     const bool is_q = h < H, is_k = !is_q && h < H + KVH;
     if (!is_q && slot < 0) continue;  // a padding row writes no cache slot
     for (int d = lane; d < D; d += 32) b[d] = row[int64_t(h) * D + d];
@@ -68,12 +68,13 @@ void qkv_rope_cache(const Tensor& qkv, const ops::QkNorm& norm, const Tensor& po
   const float* qn = norm.q ? norm.q->ptr<float>() : nullptr;
   const float* kn = norm.k ? norm.k->ptr<float>() : nullptr;
   const int half = rope.rotary_dim / 2;
+  const dim3 grid{unsigned(T), unsigned((H + 2 * KVH + kWarps - 1) / kWarps)};
   if (k_cache.dtype() == DType::kF32)
-    qkv_rope_cache_kernel<<<unsigned(T), 32 * kWarps, 0, stream()>>>(
+    qkv_rope_cache_kernel<<<grid, 32 * kWarps, 0, stream()>>>(
         qkv.ptr<float>(), qn, kn, norm.eps, positions.ptr<int32_t>(), rope.cos.ptr<float>(), rope.sin.ptr<float>(), half,
         slot_mapping.ptr<int32_t>(), q.ptr<float>(), k_cache.ptr<float>(), v_cache.ptr<float>(), int(H), int(KVH), int(D));
   else if (k_cache.dtype() == DType::kF16)
-    qkv_rope_cache_kernel<<<unsigned(T), 32 * kWarps, 0, stream()>>>(
+    qkv_rope_cache_kernel<<<grid, 32 * kWarps, 0, stream()>>>(
         qkv.ptr<float>(), qn, kn, norm.eps, positions.ptr<int32_t>(), rope.cos.ptr<float>(), rope.sin.ptr<float>(), half,
         slot_mapping.ptr<int32_t>(), q.ptr<float>(), k_cache.ptr<__half>(), v_cache.ptr<__half>(), int(H), int(KVH), int(D));
   else

@@ -153,7 +153,7 @@ void test_linear(int64_t M, int64_t N, int64_t K, DType dt, bool with_bias) {
 // A batch of sequences, each with a cached prefix and new query tokens (prefill chunks of several
 // tokens next to decode tokens), with block tables over a shuffled pool of blocks.
 void test_paged_attention(std::vector<std::pair<int, int>> seqs /* (cached, new) */, int H, int KVH, int D, int bs,
-                          DType kv_dtype = DType::kF32, bool device_metadata = false) {
+                          DType kv_dtype = DType::kF32, bool device_metadata = false, int graph_max_len = 0) {
   int total_blocks = 0, T = 0, max_blocks = 0;
   for (auto [cached, fresh] : seqs) {
     const int nb = (cached + fresh + bs - 1) / bs;
@@ -214,7 +214,8 @@ void test_paged_attention(std::vector<std::pair<int, int>> seqs /* (cached, new)
     b.dev_seq_lens = d + qs.size();
     b.dev_block_tables = d + qs.size() + lens.size();
     b.dev_token_seq = d + qs.size() + lens.size() + tables.size();
-    b.max_seq_len = *std::max_element(lens.begin(), lens.end());
+    // A captured graph sizes the split grid for the longest context it may meet (max_model_len).
+    b.max_seq_len = std::max(graph_max_len, *std::max_element(lens.begin(), lens.end()));
     b.decode_only = all_decode;
   }
   Tensor dout = Tensor::empty({T, H, D}, DType::kF32, Device::kCUDA);
@@ -474,7 +475,10 @@ void test_argmax(int64_t R, int64_t V) {
   Tensor got = cuda::to_host(dout);
   int wrong = 0;
   for (int64_t r = 0; r < R; ++r) wrong += got.ptr<int32_t>()[r] != ref.ptr<int32_t>()[r];
-  report("argmax " + std::to_string(R) + "x" + std::to_string(V) + " with ties", float(wrong), 0.0f);
+  const std::string tag = std::to_string(R) + "x" + std::to_string(V);
+  report("argmax " + tag + " with ties", float(wrong), 0.0f);
+  Tensor dx = cuda::to_device(x);
+  perf("argmax " + tag, double(R * V * 4), [&] { ops::argmax(dx, dout); });
 }
 
 }  // namespace
@@ -485,7 +489,7 @@ int main(int argc, char** argv) {
     std::printf("device: %s\n", cuda::device_name().c_str());
     if (g_perf) std::printf("device-to-device copy bandwidth: %.0f GB/s (read + write)\n", cuda::measure_copy_bandwidth(size_t(1) << 30) / 1e9);
     for (int64_t rows : {1, 7, 257})
-      for (int64_t n : {64, 576, 4096, 5120}) test_rms_norm(rows, n);
+      for (int64_t n : {64, 576, 4096, 5120, 8192, 20000}) test_rms_norm(rows, n);
     for (int64_t rows : {1, 33, 512})
       for (int64_t I : {96, 1536, 12288}) test_silu_mul(rows, I);
     for (DType dt : {DType::kF32, DType::kF16})
@@ -526,6 +530,11 @@ int main(int argc, char** argv) {
       test_paged_attention({{100, 1}, {20, 1}, {3000, 1}}, 32, 8, 128, 16, kv, true);  // the graph path
     }
     test_paged_attention({{0, 2048}}, 32, 8, 128, 16, DType::kF16);  // a 2K prompt (TFLOP/s in --perf)
+    // Decode steps as graphs replay them: the grid sized for max_model_len, most splits idle.
+    test_paged_attention({{600, 1}}, 32, 8, 128, 16, DType::kF16, true, 4096);   // Llama-8B, concurrency 1
+    test_paged_attention({{100, 1}, {7, 1}}, 8, 2, 32, 16, DType::kF16, true, 2048);  // head_dim 32
+    test_paged_attention({{5000, 1}}, 16, 2, 256, 16, DType::kF16, true, 8192);  // head_dim 256, split
+    test_paged_attention({{300, 1}, {0, 4}}, 6, 2, 80, 16);  // head_dim 80: no vector loads, no tiles
     test_data_movement();
     for (DType kv : {DType::kF32, DType::kF16}) {
       test_qkv_rope_cache(5, 32, 8, 128, 1.0, false, kv);
@@ -562,6 +571,7 @@ int main(int argc, char** argv) {
     test_gates_and_combine();
     test_moe_topk(37, 512, 10, true);   // Qwen3-Next routing
     test_moe_topk(5, 64, 8, false);
+    test_argmax(1, 128256);  // a Llama-3 decode step at concurrency 1
     test_argmax(3, 49152);
     test_argmax(32, 151936);
     test_kv_cache_write(1, 8, 16, 3, 64);
