@@ -89,8 +89,7 @@ Engine::Impl::Impl(const EngineConfig& c) : cfg(c), seed_source(c.seed) {
   model_cfg.max_positions = std::max(model_cfg.max_position_embeddings, cfg.max_model_len);
 
   const Device device = cfg.device == "cuda" ? Device::kCUDA : Device::kCPU;
-  RV_CHECK_ARG(architecture_runs_on(model_cfg, device), "device '", cfg.device, "': ", model_cfg.architecture,
-               " runs on the CPU only in this version (its recurrent and MoE ops have no CUDA kernels yet)");
+  check_device_limits(model_cfg, device);
   std::string dt = cfg.dtype;
   if (dt == "auto") {
     dt = model_cfg.torch_dtype;

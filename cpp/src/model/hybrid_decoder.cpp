@@ -26,6 +26,11 @@
 namespace revolta {
 namespace {
 
+// Weights that are rearranged at load (reordered rows, stacked projections, (1 + w) norms) are read
+// to the host first and placed afterwards; the rest, the experts above all, go straight to the
+// engine's device, so host memory never holds the whole model.
+constexpr Device kHost = Device::kCPU;
+
 struct AttentionWeights {
   Tensor proj, o, q_norm, k_norm;
 };
@@ -178,15 +183,15 @@ class HybridDecoderLM final : public DecoderBase {
   }
 
   Tensor norm_weight(const WeightLoader& w, const std::string& name, int64_t n) const {
-    Tensor t = w.get(name, {n}, DType::kF32);
+    Tensor t = w.get(name, {n}, DType::kF32, kHost);
     return opts_.one_plus_norm ? plus_one(t) : t;
   }
 
   void load_attention(const WeightLoader& w, const std::string& p, AttentionWeights& a) {
     const int64_t H = cfg_.hidden_size, D = cfg_.head_dim, NH = cfg_.num_heads, KVH = cfg_.num_kv_heads;
-    Tensor q = w.get(p + "q_proj.weight", {NH * D * (opts_.gated_attention ? 2 : 1), H}, DType::kF32);
-    Tensor k = w.get(p + "k_proj.weight", {KVH * D, H}, DType::kF32);
-    Tensor v = w.get(p + "v_proj.weight", {KVH * D, H}, DType::kF32);
+    Tensor q = w.get(p + "q_proj.weight", {NH * D * (opts_.gated_attention ? 2 : 1), H}, DType::kF32, kHost);
+    Tensor k = w.get(p + "k_proj.weight", {KVH * D, H}, DType::kF32, kHost);
+    Tensor v = w.get(p + "v_proj.weight", {KVH * D, H}, DType::kF32, kHost);
     std::vector<Tensor> parts;
     if (opts_.gated_attention) {  // q_proj rows per head are [query (D) | gate (D)]
       std::vector<int64_t> qrows, grows;
@@ -209,8 +214,8 @@ class HybridDecoderLM final : public DecoderBase {
     const int64_t key_dim = Hk * Dk, value_dim = Hv * Dv, conv_dim = 2 * key_dim + value_dim;
     RV_CHECK(Hk > 0 && Hv % Hk == 0, "linear_num_value_heads must be a multiple of linear_num_key_heads");
     if (w.has(p + "in_proj_qkvz.weight")) {  // Qwen3-Next: grouped per key head
-      Tensor qkvz = w.get(p + "in_proj_qkvz.weight", {2 * key_dim + 2 * value_dim, H}, DType::kF32);
-      Tensor ba = w.get(p + "in_proj_ba.weight", {2 * Hv, H}, DType::kF32);
+      Tensor qkvz = w.get(p + "in_proj_qkvz.weight", {2 * key_dim + 2 * value_dim, H}, DType::kF32, kHost);
+      Tensor ba = w.get(p + "in_proj_ba.weight", {2 * Hv, H}, DType::kF32, kHost);
       const int64_t group = 2 * Dk + 2 * r * Dv;
       std::vector<int64_t> order;
       auto add = [&](int64_t offset, int64_t len) {
@@ -227,13 +232,13 @@ class HybridDecoderLM final : public DecoderBase {
           for (int64_t i = 0; i < r; ++i) ba_order.push_back(gk * 2 * r + which * r + i);
       g.proj = stack({gather_rows(qkvz, order, dtype_), gather_rows(ba, ba_order, dtype_)}, dtype_);
     } else {  // Qwen3.5: separate projections, already in order
-      g.proj = stack({w.get(p + "in_proj_qkv.weight", {conv_dim, H}, dtype_), w.get(p + "in_proj_z.weight", {value_dim, H}, dtype_),
-                      w.get(p + "in_proj_b.weight", {Hv, H}, dtype_), w.get(p + "in_proj_a.weight", {Hv, H}, dtype_)},
-                     dtype_);
+      g.proj = w.get_stacked({p + "in_proj_qkv.weight", p + "in_proj_z.weight", p + "in_proj_b.weight",
+                              p + "in_proj_a.weight"},
+                             {{conv_dim, H}, {value_dim, H}, {Hv, H}, {Hv, H}}, dtype_);
     }
     g.conv = w.get(p + "conv1d.weight", {conv_dim, 1, c.linear_conv_kernel_dim}, DType::kF32)
                  .view({conv_dim, c.linear_conv_kernel_dim});
-    Tensor a_log = w.get(p + "A_log", {Hv}, DType::kF32);
+    Tensor a_log = w.get(p + "A_log", {Hv}, DType::kF32, kHost);
     g.neg_a = Tensor::empty({Hv}, DType::kF32);
     for (int64_t i = 0; i < Hv; ++i) g.neg_a.ptr<float>()[i] = -std::exp(a_log.ptr<float>()[i]);
     g.dt_bias = w.get(p + "dt_bias", {Hv}, DType::kF32);

@@ -49,8 +49,8 @@ class CausalLM {
 // missing tensor.
 std::unique_ptr<CausalLM> load_model(const std::string& dir, const ModelConfig& config, DType weight_dtype,
                                      Device device = Device::kCPU, bool dummy = false);
-// Whether this architecture's forward runs on the device (its ops exist there).
-bool architecture_runs_on(const ModelConfig& config, Device device);
+// Throws std::invalid_argument naming the config field when a shape is beyond the device's kernels.
+void check_device_limits(const ModelConfig& config, Device device);
 std::vector<std::string> supported_architectures();
 // Throws std::invalid_argument naming the architecture when no file implements it.
 void check_architecture(const ModelConfig& config, const std::string& dir);

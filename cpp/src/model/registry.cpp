@@ -53,19 +53,25 @@ StateSpec state_spec_for(const ModelConfig& c) {
   return s;
 }
 
-bool architecture_runs_on(const ModelConfig& config, Device device) {
-  if (device == Device::kCPU) return true;
-  // The hybrid family's recurrent, conv and MoE ops have CPU implementations only so far.
-  return config.architecture == "LlamaForCausalLM" || config.architecture == "Qwen3ForCausalLM";
+void check_device_limits(const ModelConfig& c, Device device) {
+  if (device == Device::kCPU) return;
+  // The CUDA kernels' shape limits, checked before any weight is read.
+  RV_CHECK_ARG(c.head_dim <= 256, "device 'cuda': head_dim ", c.head_dim, " > 256 (the attention kernels' limit)");
+  if (c.num_linear_layers() > 0) {
+    const int64_t dk = c.linear_key_head_dim;
+    RV_CHECK_ARG(dk == 16 || dk == 32 || dk == 64 || dk == 128 || dk == 256, "device 'cuda': linear_key_head_dim ",
+                 dk, " (the delta-rule kernel takes 16, 32, 64, 128 or 256)");
+    RV_CHECK_ARG(c.linear_conv_kernel_dim >= 1 && c.linear_conv_kernel_dim <= 8, "device 'cuda': linear_conv_kernel_dim ",
+                 c.linear_conv_kernel_dim, " (the conv kernel takes 1..8)");
+  }
 }
 
 std::unique_ptr<CausalLM> load_model(const std::string& dir, const ModelConfig& config, DType weight_dtype,
                                      Device device, bool dummy) {
   check_architecture(config, dir);
-  // The hybrid family prepares its weights on the host (reordering, stacking, (1 + w) norms) and
-  // places them afterwards; the dense decoders load straight onto the device.
-  const bool dense = config.architecture == "LlamaForCausalLM" || config.architecture == "Qwen3ForCausalLM";
-  WeightLoader weights(dir, dense ? device : Device::kCPU, dummy);
+  // Weights load onto the device; those a model rearranges first come through the host and are
+  // placed by place().
+  WeightLoader weights(dir, device, dummy);
   auto model = registry().at(config.architecture)(weights, config, weight_dtype);
   model->place(device);
   return model;

@@ -71,11 +71,15 @@ const SafetensorsEntry& WeightLoader::entry(const std::string& name) const {
 
 Tensor WeightLoader::get(const std::string& name, const std::vector<int64_t>& shape,
                          DType dtype) const {
-  return get_stacked({name}, {shape}, dtype).view(shape);
+  return get(name, shape, dtype, device_);
 }
 
-Tensor WeightLoader::make_dummy(const std::string& name, std::vector<int64_t> shape, DType dtype) const {
-  Tensor t = Tensor::uninitialized(shape, dtype, device_);
+Tensor WeightLoader::get(const std::string& name, const std::vector<int64_t>& shape, DType dtype, Device on) const {
+  return get_stacked({name}, {shape}, dtype, on).view(shape);
+}
+
+Tensor WeightLoader::make_dummy(const std::string& name, std::vector<int64_t> shape, DType dtype, Device on) const {
+  Tensor t = Tensor::uninitialized(shape, dtype, on);
   const uint64_t seed = std::hash<std::string>{}(name);
   if (shape.size() == 1) {
     ops::fill_uniform(t, seed, 0.9f, 1.1f);  // norm weights
@@ -89,6 +93,11 @@ Tensor WeightLoader::make_dummy(const std::string& name, std::vector<int64_t> sh
 Tensor WeightLoader::get_stacked(const std::vector<std::string>& names,
                                  const std::vector<std::vector<int64_t>>& shapes,
                                  DType dtype) const {
+  return get_stacked(names, shapes, dtype, device_);
+}
+
+Tensor WeightLoader::get_stacked(const std::vector<std::string>& names,
+                                 const std::vector<std::vector<int64_t>>& shapes, DType dtype, Device on) const {
   if (dummy_) {
     std::vector<int64_t> shape = shapes[0];
     std::string key;
@@ -96,7 +105,7 @@ Tensor WeightLoader::get_stacked(const std::vector<std::string>& names,
       key += names[i] + ";";
       if (i > 0 && !shape.empty()) shape[0] += shapes[i].empty() ? 1 : shapes[i][0];
     }
-    return make_dummy(key, shape, dtype);
+    return make_dummy(key, shape, dtype, on);
   }
   int64_t rows = 0, cols = -1;
   for (size_t i = 0; i < names.size(); ++i) {
@@ -129,7 +138,7 @@ Tensor WeightLoader::get_stacked(const std::vector<std::string>& names,
     }
     dst += n * dtype_size(dtype);
   }
-  return out.to(device_);
+  return out.to(on);
 }
 
 }  // namespace revolta

@@ -19,12 +19,16 @@ class WeightLoader {
   // Opens model.safetensors.index.json when present, otherwise every *.safetensors in dir.
   explicit WeightLoader(const std::string& dir, Device device = Device::kCPU, bool dummy = false);
   bool has(const std::string& name) const;
-  // The tensor converted to dtype, with its shape checked. Throws naming the tensor when it is
-  // missing or shaped differently.
+  // The tensor converted to dtype, with its shape checked, on the loader's device or on `on`
+  // (host copies for weights a model rearranges before placing them). Throws naming the tensor
+  // when it is missing or shaped differently.
   Tensor get(const std::string& name, const std::vector<int64_t>& shape, DType dtype) const;
+  Tensor get(const std::string& name, const std::vector<int64_t>& shape, DType dtype, Device on) const;
   // Several [rows_i, cols] tensors stacked along rows into one (fused projections).
   Tensor get_stacked(const std::vector<std::string>& names,
                      const std::vector<std::vector<int64_t>>& shapes, DType dtype) const;
+  Tensor get_stacked(const std::vector<std::string>& names, const std::vector<std::vector<int64_t>>& shapes,
+                     DType dtype, Device on) const;
   std::vector<std::string> names() const;
   std::vector<int64_t> shape(const std::string& name) const;
   const std::string& dir() const { return dir_; }
@@ -33,7 +37,7 @@ class WeightLoader {
 
  private:
   const SafetensorsEntry& entry(const std::string& name) const;
-  Tensor make_dummy(const std::string& name, std::vector<int64_t> shape, DType dtype) const;
+  Tensor make_dummy(const std::string& name, std::vector<int64_t> shape, DType dtype, Device on) const;
   std::string dir_;
   Device device_ = Device::kCPU;
   bool dummy_ = false;
