@@ -1,7 +1,8 @@
 """GPU benchmark: the engine (revolta_bench, random weights of Llama-1B/8B shapes) against HF
 transformers (torch, cuBLAS) on the same GPU in the same run; prints the ratios.
 
-    python benchmarks/bench_gpu.py --bench build/revolta_bench [--shapes llama-1b,llama-8b]
+    python benchmarks/bench_gpu.py --bench build/revolta_bench [--shapes llama-1b,llama-8b,qwen3-next-80b]
+                                   [--layers 32]
 """
 
 from __future__ import annotations
@@ -19,13 +20,36 @@ SHAPES = {
 }
 
 
-def hf_figures(shape: str, batches: list[int], prompt: int, decode: int, prefill: int) -> dict:
+# Qwen3-Next-80B-A3B (revolta_bench's qwen3-next-80b); num_hidden_layers comes from --layers.
+QWEN3_NEXT_80B = dict(vocab_size=151936, hidden_size=2048, intermediate_size=5120, num_attention_heads=16,
+                      num_key_value_heads=2, head_dim=256, partial_rotary_factor=0.25, linear_num_key_heads=16,
+                      linear_num_value_heads=32, linear_key_head_dim=128, linear_value_head_dim=128,
+                      linear_conv_kernel_dim=4, num_experts=512, num_experts_per_tok=10, moe_intermediate_size=512,
+                      shared_expert_intermediate_size=512, full_attention_interval=4, norm_topk_prob=True)
+
+
+def hf_model(shape: str, layers: int):
     import torch
     import transformers
 
-    cfg = transformers.LlamaConfig(**SHAPES[shape], max_position_embeddings=16384, rope_theta=500000.0)
-    with torch.device("cuda"):
-        model = transformers.LlamaForCausalLM(cfg).half().eval()
+    if shape == "qwen3-next-80b":
+        cfg = transformers.Qwen3NextConfig(**QWEN3_NEXT_80B, num_hidden_layers=layers, max_position_embeddings=16384)
+        cls = transformers.Qwen3NextForCausalLM
+    else:
+        cfg = transformers.LlamaConfig(**SHAPES[shape], max_position_embeddings=16384, rope_theta=500000.0)
+        cls = transformers.LlamaForCausalLM
+    torch.set_default_dtype(torch.float16)  # made in fp16 directly: an fp32 copy would not fit
+    try:
+        with torch.device("cuda"):
+            return cls(cfg).eval()
+    finally:
+        torch.set_default_dtype(torch.float32)
+
+
+def hf_figures(shape: str, batches: list[int], prompt: int, decode: int, prefill: int, layers: int = 0) -> dict:
+    import torch
+
+    model = hf_model(shape, layers)
     out = {"decode": {}, "prefill": {}}
 
     def gen(b: int, n: int) -> float:
@@ -59,14 +83,17 @@ def main() -> None:
     ap.add_argument("--shapes", default="llama-1b,llama-8b")
     ap.add_argument("--hf-batches", default="1,8,32")
     ap.add_argument("--decode", type=int, default=64)
+    ap.add_argument("--layers", type=int, default=32, help="qwen3-next-80b: layers of both models (48 do not fit)")
     args = ap.parse_args()
     batches = [int(b) for b in args.hf_batches.split(",")]
     for shape in args.shapes.split(","):
-        run = subprocess.run([args.bench, "--shape", shape, "--decode", str(args.decode)], check=True,
-                             capture_output=True, text=True)
+        cmd = [args.bench, "--shape", shape, "--decode", str(args.decode)]
+        if shape == "qwen3-next-80b":
+            cmd += ["--layers", str(args.layers), "--prefill", "2048,8192"]
+        run = subprocess.run(cmd, check=True, capture_output=True, text=True)
         print(run.stdout, end="")
         ours = json.loads(run.stdout.split("JSON ", 1)[1])
-        hf = hf_figures(shape, batches, 128, args.decode, 2048)
+        hf = hf_figures(shape, batches, 128, args.decode, 2048, args.layers)
         print(f"== {shape}: revolta vs HF transformers {__import__('transformers').__version__} (fp16, same GPU, same run)")
         for d in ours["decode"]:
             c = d["concurrency"]

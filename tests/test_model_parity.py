@@ -131,6 +131,13 @@ def test_greedy_concurrent_and_prefix_cache(case):
             assert (ours - hf_last_logits(case[0], prompt)).abs().max().item() < 1e-4
 
 
+def test_greedy_single_request(case):
+    """Decode steps of one token: MoE layers take the per-token expert path (ops::moe_experts)."""
+    _, path, prompts, expected = case
+    with LLM(path, kv_cache_memory_bytes=8 << 20) as llm:
+        assert run(llm, prompts[-1:]) == expected[-1:]
+
+
 def test_greedy_chunked_prefill(case):
     _, path, prompts, expected = case
     for budget in (7, 16, 40):  # 40: chunks that split a 64-token DeltaNet chunk off block boundaries

@@ -12,4 +12,20 @@ __device__ __forceinline__ __half to_half(__half v) { return v; }
 __device__ __forceinline__ void store(float* p, float v) { *p = v; }
 __device__ __forceinline__ void store(__half* p, float v) { *p = __float2half_rn(v); }
 
+// Eight consecutive elements as floats through one or two 16-byte read-only loads (p 16-byte aligned).
+__device__ __forceinline__ void load8(const float* p, float (&w)[8]) {
+  const float4 a = __ldg(reinterpret_cast<const float4*>(p)), b = __ldg(reinterpret_cast<const float4*>(p) + 1);
+  w[0] = a.x, w[1] = a.y, w[2] = a.z, w[3] = a.w, w[4] = b.x, w[5] = b.y, w[6] = b.z, w[7] = b.w;
+}
+
+__device__ __forceinline__ void load8(const __half* p, float (&w)[8]) {
+  const uint4 raw = __ldg(reinterpret_cast<const uint4*>(p));
+  const __half2* h = reinterpret_cast<const __half2*>(&raw);
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const float2 f = __half22float2(h[i]);
+    w[2 * i] = f.x, w[2 * i + 1] = f.y;
+  }
+}
+
 }  // namespace revolta::cuda

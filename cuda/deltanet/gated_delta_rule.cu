@@ -27,6 +27,11 @@ __global__ void __launch_bounds__(kWarps * 32) gdn_recurrent_kernel(const float*
   const int j = blockIdx.y * 32 + lane;
   const bool col = j < Dv;
   const int t0 = starts[blockIdx.z], t1 = starts[blockIdx.z + 1];
+  if (slots[blockIdx.z] < 0) {  // a padding row of a captured decode batch: no state, zero output
+    if (warp == 0 && col)
+      for (int t = t0; t < t1; ++t) out[(size_t(t) * Hv + h) * Dv + j] = 0.0f;
+    return;
+  }
   float* S = states + (size_t(slots[blockIdx.z]) * Hv + h) * Dk * Dv;
   float s[RPT];
 #pragma unroll
@@ -79,6 +84,10 @@ __global__ void causal_conv1d_kernel(const float* __restrict__ x, const float* _
   const int c = blockIdx.x * blockDim.x + threadIdx.x;
   if (c >= C) return;
   const int t0 = starts[blockIdx.y], t1 = starts[blockIdx.y + 1];
+  if (slots[blockIdx.y] < 0) {
+    for (int t = t0; t < t1; ++t) out[size_t(t) * C + c] = 0.0f;
+    return;
+  }
   float* st = states + size_t(slots[blockIdx.y]) * C * (W - 1);
   float win[8];  // the last W - 1 inputs, oldest first (W <= 8)
   float wc[8];

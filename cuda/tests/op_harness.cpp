@@ -463,6 +463,36 @@ void test_moe_topk(int64_t T, int64_t E, int64_t K, bool renorm) {
   report("moe_topk weights " + tag, max_abs_diff(cuda::to_host(dw), w), 1e-5f);
 }
 
+// Experts as separate f16 matrices (as the loader makes them), found through address tables.
+void test_moe_experts(int64_t T, int64_t E, int64_t K, int64_t H, int64_t I) {
+  std::vector<Tensor> gu, dn, dgu, ddn;
+  Tensor gu_at = Tensor::empty({E}, DType::kI64), dn_at = Tensor::empty({E}, DType::kI64);
+  Tensor dgu_at = Tensor::empty({E}, DType::kI64), ddn_at = Tensor::empty({E}, DType::kI64);
+  for (int64_t e = 0; e < E; ++e) {
+    gu.push_back(random_tensor({2 * I, H}, DType::kF16, 1.0f / std::sqrt(float(H))));
+    dn.push_back(random_tensor({H, I}, DType::kF16, 1.0f / std::sqrt(float(I))));
+    dgu.push_back(cuda::to_device(gu.back()));
+    ddn.push_back(cuda::to_device(dn.back()));
+    gu_at.ptr<int64_t>()[e] = int64_t(reinterpret_cast<intptr_t>(gu.back().data()));
+    dn_at.ptr<int64_t>()[e] = int64_t(reinterpret_cast<intptr_t>(dn.back().data()));
+    dgu_at.ptr<int64_t>()[e] = int64_t(reinterpret_cast<intptr_t>(dgu.back().data()));
+    ddn_at.ptr<int64_t>()[e] = int64_t(reinterpret_cast<intptr_t>(ddn.back().data()));
+  }
+  Tensor ids = Tensor::empty({T, K}, DType::kI32), w = random_tensor({T, K}, DType::kF32, 0.3f);
+  for (int64_t t = 0; t < T; ++t)  // K distinct experts per token
+    for (int64_t k = 0; k < K; ++k) ids.ptr<int32_t>()[t * K + k] = int32_t((t * 7 + k * 3 + (k * k) / 2) % E);
+  Tensor x = random_tensor({T, H}), ref = Tensor::empty({T, H}, DType::kF32);
+  ops::ExpertTable host{gu_at, dn_at, DType::kF16, H, I}, dev{cuda::to_device(dgu_at), cuda::to_device(ddn_at), DType::kF16, H, I};
+  ops::cpu::moe_experts(x, ids, w, host, ref);
+  Tensor dx = cuda::to_device(x), dids = cuda::to_device(ids), dw = cuda::to_device(w);
+  Tensor dout = Tensor::empty({T, H}, DType::kF32, Device::kCUDA);
+  ops::moe_experts(dx, dids, dw, dev, dout);
+  const std::string tag = std::to_string(T) + " tokens E" + std::to_string(E) + " top" + std::to_string(K) + " " +
+                          std::to_string(H) + "x" + std::to_string(I);
+  report("moe_experts " + tag, max_abs_diff(cuda::to_host(dout), ref), 1e-3f);
+  perf("moe_experts " + tag, double(T * K * 3 * H * I * 2), [&] { ops::moe_experts(dx, dids, dw, dev, dout); });
+}
+
 void test_argmax(int64_t R, int64_t V) {
   Tensor x = random_tensor({R, V}), ref = Tensor::empty({R}, DType::kI32);
   for (int64_t r = 0; r < R; ++r) {  // plant a tie for the maximum: the lower index must win
@@ -571,6 +601,9 @@ int main(int argc, char** argv) {
     test_gates_and_combine();
     test_moe_topk(37, 512, 10, true);   // Qwen3-Next routing
     test_moe_topk(5, 64, 8, false);
+    test_moe_experts(3, 16, 4, 256, 96);
+    test_moe_experts(1, 64, 10, 2048, 512);   // Qwen3-Next decode, concurrency 1 (GB/s in --perf)
+    test_moe_experts(8, 64, 10, 2048, 512);
     test_argmax(1, 128256);  // a Llama-3 decode step at concurrency 1
     test_argmax(3, 49152);
     test_argmax(32, 151936);

@@ -50,6 +50,7 @@ struct FeedForwardWeights {
   std::vector<ExpertWeights> experts;
   ExpertWeights shared;
   Tensor shared_gate;  // [1, hidden] or undefined
+  ops::ExpertTable table;  // the experts' addresses, on their device (the decode path)
 };
 
 struct Layer {
@@ -130,7 +131,12 @@ class HybridDecoderLM final : public DecoderBase {
                    skipped);
     rope_ = build_rope_tables(c.rope, c.head_dim, c.max_positions);
     bytes_ += head_.nbytes();
+    build_expert_tables();
   }
+
+  // Decode batches up to this many tokens take the device-side expert path, which needs no
+  // host round trip; on the CPU, grouping by expert pays from two tokens on.
+  int32_t max_captured_batch() const override { return has_moe_ ? fused_expert_tokens_ : CausalLM::max_captured_batch(); }
 
   Tensor forward(const ForwardBatch& b, ModelCaches& caches) override {
     const int64_t T = b.token_ids.numel(), H = cfg_.hidden_size;
@@ -175,6 +181,7 @@ class HybridDecoderLM final : public DecoderBase {
     }
     for (auto& [name, t] : mtp_) move(t);
     device_ = device;
+    build_expert_tables();
   }
 
  private:
@@ -276,6 +283,24 @@ class HybridDecoderLM final : public DecoderBase {
     }
   }
 
+  void build_expert_tables() {
+    fused_expert_tokens_ = device_ == Device::kCPU ? 1 : kFusedExpertTokensOnDevice;
+    for (Layer& L : layers_) {
+      FeedForwardWeights& f = L.ffn;
+      if (!f.moe) continue;
+      has_moe_ = true;
+      const int64_t E = int64_t(f.experts.size());
+      Tensor gu = Tensor::empty({E}, DType::kI64), dn = Tensor::empty({E}, DType::kI64);
+      for (int64_t e = 0; e < E; ++e) {
+        gu.ptr<int64_t>()[e] = int64_t(reinterpret_cast<intptr_t>(f.experts[size_t(e)].gate_up.data()));
+        dn.ptr<int64_t>()[e] = int64_t(reinterpret_cast<intptr_t>(f.experts[size_t(e)].down.data()));
+      }
+      f.table = {gu.to(device_), dn.to(device_), dtype_, cfg_.hidden_size, cfg_.moe_intermediate_size};
+      if (device_ != Device::kCPU && (dtype_ != DType::kF16 || cfg_.hidden_size % 8 || cfg_.moe_intermediate_size % 8))
+        fused_expert_tokens_ = 0;  // the device kernel's shape limits: grouped path only, no graphs
+    }
+  }
+
   static int64_t layer_bytes(const Layer& L) {
     int64_t n = int64_t(L.attn.proj.nbytes() + L.attn.o.nbytes() + L.gdn.proj.nbytes() + L.gdn.out.nbytes());
     n += int64_t(L.ffn.gate_up.nbytes() + L.ffn.down.nbytes() + L.ffn.shared.gate_up.nbytes() + L.ffn.shared.down.nbytes());
@@ -357,6 +382,11 @@ class HybridDecoderLM final : public DecoderBase {
     // and the experts' rows move by gather / scatter ops.
     Tensor ids = Tensor::uninitialized({T, K}, DType::kI32, dev), weights = Tensor::uninitialized({T, K}, DType::kF32, dev);
     ops::moe_topk(logits, cfg_.norm_topk_prob, ids, weights);
+    if (T <= fused_expert_tokens_) {
+      ops::moe_experts(x, ids, weights, f.table, out);
+      add_shared_expert(f, x, out);
+      return;
+    }
     const Tensor hids = ids.to(Device::kCPU), hw = weights.to(Device::kCPU);
     const auto routed = group_by_expert(hids.ptr<int32_t>(), hw.ptr<float>(), T, E, K);
     Tensor acc = Tensor::empty({T, H}, DType::kF32, dev);  // zeroed
@@ -372,13 +402,17 @@ class HybridDecoderLM final : public DecoderBase {
       mlp(f.experts[size_t(e)].gate_up, f.experts[size_t(e)].down, xe, ye);
       ops::scatter_add_rows(acc, drows, dwgt, ye);
     }
-    if (f.shared_gate.defined()) {
-      Tensor ys = Tensor::uninitialized({T, H}, DType::kF32, dev), gate = Tensor::uninitialized({T, 1}, DType::kF32, dev);
-      mlp(f.shared.gate_up, f.shared.down, x, ys);
-      ops::linear(x, f.shared_gate, nullptr, gate);
-      ops::add_gated_rows(acc, ys, gate);
-    }
+    add_shared_expert(f, x, acc);
     ops::copy_columns(acc, 0, out);
+  }
+
+  void add_shared_expert(const FeedForwardWeights& f, const Tensor& x, Tensor& acc) {
+    if (!f.shared_gate.defined()) return;
+    const int64_t T = x.size(0), H = cfg_.hidden_size;
+    Tensor ys = Tensor::uninitialized({T, H}, DType::kF32, x.device()), gate = Tensor::uninitialized({T, 1}, DType::kF32, x.device());
+    mlp(f.shared.gate_up, f.shared.down, x, ys);
+    ops::linear(x, f.shared_gate, nullptr, gate);
+    ops::add_gated_rows(acc, ys, gate);
   }
 
   static void mlp(const Tensor& gate_up, const Tensor& down, const Tensor& x, Tensor& out) {
@@ -390,6 +424,10 @@ class HybridDecoderLM final : public DecoderBase {
   }
 
   static constexpr int32_t kChunk = 64;
+  // Past this many tokens a batch reads more expert matrices per token than grouping costs.
+  static constexpr int32_t kFusedExpertTokensOnDevice = 64;
+  int32_t fused_expert_tokens_ = 1;
+  bool has_moe_ = false;
   HybridOptions opts_;
   std::string prefix_;
   EmbeddingAndHead head_;

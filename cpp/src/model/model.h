@@ -42,6 +42,9 @@ class CausalLM {
   // Writes the batch's K/V (and recurrent states) into the caches and returns f32 logits
   // [logits_rows.size(), vocab].
   virtual Tensor forward(const ForwardBatch& batch, ModelCaches& caches) = 0;
+  // The largest decode batch whose forward stays on the device (no host round trip), so that a
+  // graph can record it.
+  virtual int32_t max_captured_batch() const { return 1 << 30; }
 };
 
 // Reads config.json, picks the architecture and loads its weights converted to weight_dtype onto

@@ -26,7 +26,7 @@ const char* op_name(Op op) {
                                 "rope",      "silu_mul",       "kv_cache_write", "paged_attention",
                                 "gather_rows", "copy_columns", "fill_uniform",   "argmax", "qkv_rope_cache", "sample", "linear_swiglu",
                                 "gated_delta_rule", "causal_conv1d", "l2_norm", "gated_rms_norm",
-                                "sigmoid_mul", "gdn_gates", "scatter_add_rows", "add_gated_rows", "moe_topk"};
+                                "sigmoid_mul", "gdn_gates", "scatter_add_rows", "add_gated_rows", "moe_topk", "moe_experts"};
   return names[int(op)];
 }
 
@@ -60,6 +60,7 @@ bool supports_op(Device device, Op op) {
     case Op::kScatterAddRows: return t->scatter_add_rows != nullptr;
     case Op::kAddGatedRows: return t->add_gated_rows != nullptr;
     case Op::kMoeTopk: return t->moe_topk != nullptr;
+    case Op::kMoeExperts: return t->moe_experts != nullptr;
     case Op::kCount: break;
   }
   return false;
@@ -140,6 +141,10 @@ void add_gated_rows(Tensor& out, const Tensor& y, const Tensor& gate) {
 }
 void moe_topk(const Tensor& logits, bool renormalize, Tensor& ids, Tensor& weights) {
   table_for(logits.device(), Op::kMoeTopk).moe_topk(logits, renormalize, ids, weights);
+}
+
+void moe_experts(const Tensor& x, const Tensor& ids, const Tensor& weights, const ExpertTable& experts, Tensor& out) {
+  table_for(x.device(), Op::kMoeExperts).moe_experts(x, ids, weights, experts, out);
 }
 void sample(const Tensor& logits, const std::vector<SampleRow>& rows, const std::vector<SampleAdjust>& adjust,
             std::vector<SampleResult>& out) {

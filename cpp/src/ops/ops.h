@@ -53,6 +53,15 @@ struct QkNorm {
   float eps = 1e-6f;
 };
 
+// The experts of one MoE layer by address, so a kernel can pick them per token without the host:
+// gate_up[e] points at expert e's [2 * inter, hidden] matrix ([gate; up] rows), down[e] at its
+// [hidden, inter] matrix, all of `dtype`. The address tables are int64 [E] on the experts' device.
+struct ExpertTable {
+  Tensor gate_up, down;
+  DType dtype = DType::kF32;
+  int64_t hidden = 0, inter = 0;
+};
+
 // One row of a batched sampling step (the sampler's semantics, see sample/sampler.h): adjustments
 // first (min_tokens masks, repetition / presence / frequency penalties, listed per token in
 // adjust[adjust_begin, adjust_end)), then temperature, top-k, top-p, min-p and a draw at
@@ -104,6 +113,7 @@ enum class Op {
   kScatterAddRows,
   kAddGatedRows,
   kMoeTopk,
+  kMoeExperts,
   kCount
 };
 const char* op_name(Op op);
@@ -140,6 +150,8 @@ struct OpTable {
   void (*scatter_add_rows)(Tensor& out, const Tensor& rows, const Tensor& weights, const Tensor& y) = nullptr;
   void (*add_gated_rows)(Tensor& out, const Tensor& y, const Tensor& gate) = nullptr;
   void (*moe_topk)(const Tensor& logits, bool renormalize, Tensor& ids, Tensor& weights) = nullptr;
+  void (*moe_experts)(const Tensor& x, const Tensor& ids, const Tensor& weights, const ExpertTable& experts,
+                      Tensor& out) = nullptr;
   void (*sample)(const Tensor& logits, const std::vector<SampleRow>& rows, const std::vector<SampleAdjust>& adjust,
                  std::vector<SampleResult>& out) = nullptr;
 };
@@ -191,7 +203,8 @@ void linear_swiglu(const Tensor& x, const Tensor& gate_up_weight, Tensor& act);
 // Gated DeltaNet pieces (per-sequence contracts in ops/cpu/gated_delta_rule.cpp), for a batch of
 // sequences: rows [seq_starts[s], seq_starts[s + 1]) belong to sequence s, whose recurrent state
 // is slot seq_slots[s] of `states` ([slots, Hv, Dk, Dv] fp32, updated in place) or `conv_states`
-// ([slots, C, W - 1]); seq_starts / seq_slots are int32 on the op's device. chunk_size <= 1
+// ([slots, C, W - 1]); seq_starts / seq_slots are int32 on the op's device; a negative slot marks
+// a padding row (no state read or written, zero output). chunk_size <= 1
 // selects the recurrent form (backends may pick their form). Also row-wise L2 norm and
 // rmsnorm(x) * w * silu(gate).
 void gated_delta_rule(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& g, const Tensor& beta,
@@ -214,6 +227,10 @@ void add_gated_rows(Tensor& out, const Tensor& y, const Tensor& gate);
 // token (ties to the lower id), their probabilities renormalised to sum to one when asked.
 // ids int32 [T, K], weights f32 [T, K].
 void moe_topk(const Tensor& logits, bool renormalize, Tensor& ids, Tensor& weights);
+// The routed experts of a few tokens, without grouping them on the host: out[t] = sum over k of
+// weights[t, k] * down_e (silu(gate_e x_t) * up_e x_t), e = ids[t, k]. x, out f32 [T, hidden].
+// For decode-sized batches (every (token, expert) pair reads its expert's weights).
+void moe_experts(const Tensor& x, const Tensor& ids, const Tensor& weights, const ExpertTable& experts, Tensor& out);
 // Samples one token per row of logits [R, vocab] (on any device; results on the host). Kept sets
 // are thresholds on the adjusted logits (ties at a top-k / top-p boundary broken by lower index),
 // and the draw walks the kept tokens in index order: the same distribution as the host sampler,

@@ -114,8 +114,8 @@ ModelRunner::Metadata ModelRunner::build(const SchedulerOutput& step, StepLogits
       out.samplers.push_back(&r);
     }
   }
-  for (int32_t s = S; s < rows; ++s, ++t) {  // padding: one token per row, no cache write
-    m.state_slots.push_back(0);
+  for (int32_t s = S; s < rows; ++s, ++t) {  // padding: one token per row, no cache or state write
+    m.state_slots.push_back(-1);
     m.ids.push_back(0);
     m.positions.push_back(0);
     m.slots.push_back(-1);
@@ -127,14 +127,14 @@ ModelRunner::Metadata ModelRunner::build(const SchedulerOutput& step, StepLogits
 }
 
 ModelRunner::DecodeGraph* ModelRunner::graph_for(const SchedulerOutput& step) {
-  if (model_.device() == Device::kCPU || states_ || opts_.graph_batch_sizes.empty()) return nullptr;
+  if (model_.device() == Device::kCPU || opts_.graph_batch_sizes.empty()) return nullptr;
   const int32_t S = int32_t(step.scheduled.size());
   for (const auto& s : step.scheduled)
     if (s.num_new_tokens != 1 || s.request->num_computed_tokens + 1 != s.request->num_tokens()) return nullptr;
   int32_t size = 0;
   for (int32_t b : opts_.graph_batch_sizes)
     if (b >= S && (size == 0 || b < size)) size = b;
-  if (size == 0) return nullptr;
+  if (size == 0 || size > model_.max_captured_batch()) return nullptr;
   if (auto it = graphs_.find(size); it != graphs_.end()) return it->second.get();
 
   // Record it: static inputs sized for the padded batch and the longest block table. It joins

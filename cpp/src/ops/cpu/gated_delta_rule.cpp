@@ -7,6 +7,7 @@
 // chunked one (for prefill): within a chunk of C tokens the updates are folded into a unit lower
 // triangular system (the WY / UT representation), solved by forward substitution, so the state
 // is touched once per chunk instead of once per token. The state stays float32.
+#include <algorithm>
 #include <cmath>
 #include <vector>
 
@@ -198,7 +199,12 @@ void gated_delta_rule_seqs(const Tensor& q, const Tensor& k, const Tensor& v, co
   for (int64_t s = 0; s < seq_slots.numel(); ++s) {
     const int64_t t0 = st[s], t1 = st[s + 1];
     if (t1 == t0) continue;
-    Tensor state = slot_of(states, seq_slots.ptr<int32_t>()[s]), o = out.slice_rows(t0, t1);
+    Tensor o = out.slice_rows(t0, t1);
+    if (seq_slots.ptr<int32_t>()[s] < 0) {  // a padding row: no state, zero output
+      std::fill(o.ptr<float>(), o.ptr<float>() + o.numel(), 0.0f);
+      continue;
+    }
+    Tensor state = slot_of(states, seq_slots.ptr<int32_t>()[s]);
     gated_delta_rule(q.slice_rows(t0, t1), k.slice_rows(t0, t1), v.slice_rows(t0, t1), g.slice_rows(t0, t1),
                      beta.slice_rows(t0, t1), state, o, t1 - t0 > 1 ? chunk_size : 1);
   }
@@ -210,7 +216,12 @@ void causal_conv1d_seqs(const Tensor& x, const Tensor& weight, Tensor& conv_stat
   for (int64_t s = 0; s < seq_slots.numel(); ++s) {
     const int64_t t0 = st[s], t1 = st[s + 1];
     if (t1 == t0) continue;
-    Tensor state = slot_of(conv_states, seq_slots.ptr<int32_t>()[s]), o = out.slice_rows(t0, t1);
+    Tensor o = out.slice_rows(t0, t1);
+    if (seq_slots.ptr<int32_t>()[s] < 0) {
+      std::fill(o.ptr<float>(), o.ptr<float>() + o.numel(), 0.0f);
+      continue;
+    }
+    Tensor state = slot_of(conv_states, seq_slots.ptr<int32_t>()[s]);
     causal_conv1d(x.slice_rows(t0, t1), weight, state, o, silu);
   }
 }

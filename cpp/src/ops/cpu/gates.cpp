@@ -70,4 +70,29 @@ void moe_topk(const Tensor& logits, bool renormalize, Tensor& ids, Tensor& weigh
   }
 }
 
+// Each (token, slot) pair through its expert as 1-row linears on views of the expert's matrices.
+void moe_experts(const Tensor& x, const Tensor& ids, const Tensor& weights, const ExpertTable& ex, Tensor& out) {
+  const int64_t T = x.size(0), K = ids.size(1), H = ex.hidden, I = ex.inter;
+  const int64_t* gu_at = ex.gate_up.ptr<int64_t>();
+  const int64_t* dn_at = ex.down.ptr<int64_t>();
+  auto view = [&](int64_t address, std::vector<int64_t> shape) {
+    return Tensor::wrap(reinterpret_cast<void*>(address), std::move(shape), ex.dtype, nullptr);
+  };
+  Tensor gu = Tensor::uninitialized({1, 2 * I}, DType::kF32), act = Tensor::uninitialized({1, I}, DType::kF32);
+  Tensor y = Tensor::uninitialized({1, H}, DType::kF32);
+  std::fill(out.ptr<float>(), out.ptr<float>() + T * H, 0.0f);
+  for (int64_t t = 0; t < T; ++t) {
+    const Tensor xt = x.slice_rows(t, t + 1);
+    for (int64_t k = 0; k < K; ++k) {
+      const int32_t e = ids.ptr<int32_t>()[t * K + k];
+      cpu::linear(xt, view(gu_at[e], {2 * I, H}), nullptr, gu);
+      cpu::silu_mul(gu, act);
+      cpu::linear(act, view(dn_at[e], {H, I}), nullptr, y);
+      const float w = weights.ptr<float>()[t * K + k];
+      float* o = out.ptr<float>() + t * H;
+      for (int64_t d = 0; d < H; ++d) o[d] += w * y.ptr<float>()[d];
+    }
+  }
+}
+
 }  // namespace revolta::ops::cpu

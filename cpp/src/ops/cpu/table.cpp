@@ -41,6 +41,7 @@ const OpTable* table() {
     o.scatter_add_rows = &scatter_add_rows;
     o.add_gated_rows = &add_gated_rows;
     o.moe_topk = &moe_topk;
+    o.moe_experts = &moe_experts;
     return o;
   }();
   return &t;

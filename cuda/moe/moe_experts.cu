@@ -1,0 +1,130 @@
+// Decode-sized mixture of experts (ops::moe_experts): the routed ids stay on the device and each
+// (token, slot) pair finds its expert's matrices through the layer's address table, so a decode
+// step needs no copy to the host and can be captured in a graph.
+//  1. gate_up: a warp per intermediate row i of pair (t, k) writes silu(gate_i . x_t) * (up_i . x_t);
+//  2. down: a block per 8 hidden rows of token t sums weights[t, k] * (down_h . act[t, k]) over the
+//     token's K slots (its warps split the slots), so the combine needs no atomics and out is
+//     written once.
+// Weight rows stream with 16-byte loads; a pair reads its expert once, which is what a decode step
+// of a few tokens costs anyway (prefill batches group tokens by expert on the host instead).
+#include <cuda_fp16.h>
+
+#include "core/cuda_check.h"
+#include "core/element.cuh"
+#include "cuda_ops.h"
+
+namespace revolta::cuda {
+namespace {
+
+constexpr int kWarps = 8;
+
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+
+// U steps of 8 elements per lane are loaded before any is used: 2 x U 16-byte weight loads in
+// flight per lane (a decode step has few warps per expert row set, latency would bound it).
+template <int U>
+__global__ void __launch_bounds__(kWarps * 32)
+    moe_gate_up_kernel(const float* __restrict__ x, const int32_t* __restrict__ ids, const int64_t* __restrict__ gu_at,
+                       float* __restrict__ act, int K, int H, int I) {
+  constexpr int kStep = 32 * 8;
+  const int pair = blockIdx.y, t = pair / K, lane = threadIdx.x % 32;
+  const int i = blockIdx.x * kWarps + threadIdx.x / 32;
+  if (i >= I) return;
+  const __half* w = reinterpret_cast<const __half*>(gu_at[ids[pair]]);
+  const __half* wg = w + size_t(i) * H;
+  const __half* wu = w + size_t(I + i) * H;
+  const float* xt = x + size_t(t) * H;
+  float g = 0.0f, u = 0.0f;
+  int k = lane * 8;
+  for (; k + (U - 1) * kStep < H; k += U * kStep) {  // H % 8 == 0 (checked by the caller)
+    float a[U][8], b[U][8];
+#pragma unroll
+    for (int s = 0; s < U; ++s) load8(wg + k + s * kStep, a[s]), load8(wu + k + s * kStep, b[s]);
+#pragma unroll
+    for (int s = 0; s < U; ++s) {
+      float xv[8];
+      load8(xt + k + s * kStep, xv);
+#pragma unroll
+      for (int e = 0; e < 8; ++e) g += a[s][e] * xv[e], u += b[s][e] * xv[e];
+    }
+  }
+  for (; k < H; k += kStep) {
+    float a[8], b[8], xv[8];
+    load8(wg + k, a);
+    load8(wu + k, b);
+    load8(xt + k, xv);
+#pragma unroll
+    for (int e = 0; e < 8; ++e) g += a[e] * xv[e], u += b[e] * xv[e];
+  }
+  g = warp_sum(g);
+  u = warp_sum(u);
+  if (lane == 0) act[size_t(pair) * I + i] = g / (1.0f + __expf(-g)) * u;
+}
+
+// A block computes kDownRows output rows of one token; its warps take the token's slots in turn,
+// each reading kDownRows rows of its expert at once, and meet in shared memory.
+constexpr int kDownRows = 8;
+
+__global__ void __launch_bounds__(kWarps * 32)
+    moe_down_kernel(const float* __restrict__ act, const int32_t* __restrict__ ids, const float* __restrict__ weights,
+                    const int64_t* __restrict__ down_at, float* __restrict__ out, int K, int H, int I) {
+  const int t = blockIdx.y, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int h0 = blockIdx.x * kDownRows;
+  float acc[kDownRows] = {};
+  for (int k = warp; k < K; k += kWarps) {
+    const int pair = t * K + k;
+    const __half* w = reinterpret_cast<const __half*>(down_at[ids[pair]]);
+    const float* a = act + size_t(pair) * I;
+    float s[kDownRows] = {};
+    for (int j = lane * 8; j < I; j += 32 * 8) {  // I % 8 == 0
+      float wv[kDownRows][8], av[8];
+#pragma unroll
+      for (int r = 0; r < kDownRows; ++r) load8(w + size_t(min(h0 + r, H - 1)) * I + j, wv[r]);
+      load8(a + j, av);
+#pragma unroll
+      for (int r = 0; r < kDownRows; ++r)
+#pragma unroll
+        for (int e = 0; e < 8; ++e) s[r] += wv[r][e] * av[e];
+    }
+    const float wk = weights[pair];
+#pragma unroll
+    for (int r = 0; r < kDownRows; ++r) acc[r] += wk * s[r];
+  }
+  __shared__ float part[kWarps][kDownRows];
+#pragma unroll
+  for (int r = 0; r < kDownRows; ++r) {
+    const float v = warp_sum(acc[r]);
+    if (lane == 0) part[warp][r] = v;
+  }
+  __syncthreads();
+  if (threadIdx.x < kDownRows && h0 + int(threadIdx.x) < H) {
+    float sum = 0.0f;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) sum += part[w][threadIdx.x];
+    out[size_t(t) * H + h0 + threadIdx.x] = sum;
+  }
+}
+
+}  // namespace
+
+void moe_experts(const Tensor& x, const Tensor& ids, const Tensor& weights, const ops::ExpertTable& ex, Tensor& out) {
+  const int64_t T = x.size(0), K = ids.size(1), H = ex.hidden, I = ex.inter;
+  RV_CHECK(ex.dtype == DType::kF16 && H % 8 == 0 && I % 8 == 0 && x.size(1) == H,
+           "CUDA moe_experts: float16 experts with hidden and intermediate sizes divisible by 8 (got ",
+           dtype_name(ex.dtype), ", ", H, ", ", I, ")");
+  if (T == 0) return;
+  Tensor act = Tensor::uninitialized({T, K, I}, DType::kF32, Device::kCUDA);
+  moe_gate_up_kernel<4><<<dim3{unsigned((I + kWarps - 1) / kWarps), unsigned(T * K)}, kWarps * 32, 0, stream()>>>(
+      x.ptr<float>(), ids.ptr<int32_t>(), ex.gate_up.ptr<int64_t>(), act.ptr<float>(), int(K), int(H), int(I));
+  RV_CUDA_CHECK(cudaGetLastError());
+  moe_down_kernel<<<dim3{unsigned((H + kDownRows - 1) / kDownRows), unsigned(T)}, kWarps * 32, 0, stream()>>>(
+      act.ptr<float>(), ids.ptr<int32_t>(), weights.ptr<float>(), ex.down.ptr<int64_t>(), out.ptr<float>(), int(K),
+      int(H), int(I));
+  RV_CUDA_CHECK(cudaGetLastError());
+}
+
+}  // namespace revolta::cuda
