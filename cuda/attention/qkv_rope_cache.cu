@@ -19,11 +19,11 @@ __global__ void qkv_rope_cache_kernel(const float* __restrict__ qkv, const float
                                       const float* __restrict__ k_norm, float eps, const int32_t* __restrict__ pos,
                                       const float* __restrict__ cos_t, const float* __restrict__ sin_t, int half,
                                       const int32_t* __restrict__ slots, float* __restrict__ q, C* __restrict__ kc,
-                                      C* __restrict__ vc, int H, int KVH, int D) {
+                                      C* __restrict__ vc, int H, int KVH, int D, int64_t row_width) {
   __shared__ float buf[kWarps][kMaxD];
   const int t = blockIdx.x, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int64_t slot = slots[t];
-  const float* row = qkv + int64_t(t) * (H + 2 * KVH) * D;
+  const float* row = qkv + int64_t(t) * row_width;
   const float* c = cos_t + int64_t(pos[t]) * half;
   const float* s = sin_t + int64_t(pos[t]) * half;
   float* b = buf[warp];
@@ -63,7 +63,8 @@ __global__ void qkv_rope_cache_kernel(const float* __restrict__ qkv, const float
 void qkv_rope_cache(const Tensor& qkv, const ops::QkNorm& norm, const Tensor& positions, const ops::RopeTables& rope,
                     const Tensor& slot_mapping, Tensor& q, Tensor& k_cache, Tensor& v_cache) {
   const int64_t T = q.size(0), H = q.size(1), D = q.size(2), KVH = k_cache.size(2);
-  RV_CHECK(D <= kMaxD, "CUDA qkv_rope_cache: head_dim ", D, " > ", kMaxD);
+  RV_CHECK(D <= kMaxD && qkv.size(1) >= (H + 2 * KVH) * D, "CUDA qkv_rope_cache: head_dim ", D, " (<= ", kMaxD,
+           "), qkv ", qkv.shape_str());
   if (T == 0) return;
   const float* qn = norm.q ? norm.q->ptr<float>() : nullptr;
   const float* kn = norm.k ? norm.k->ptr<float>() : nullptr;
@@ -72,11 +73,11 @@ void qkv_rope_cache(const Tensor& qkv, const ops::QkNorm& norm, const Tensor& po
   if (k_cache.dtype() == DType::kF32)
     qkv_rope_cache_kernel<<<grid, 32 * kWarps, 0, stream()>>>(
         qkv.ptr<float>(), qn, kn, norm.eps, positions.ptr<int32_t>(), rope.cos.ptr<float>(), rope.sin.ptr<float>(), half,
-        slot_mapping.ptr<int32_t>(), q.ptr<float>(), k_cache.ptr<float>(), v_cache.ptr<float>(), int(H), int(KVH), int(D));
+        slot_mapping.ptr<int32_t>(), q.ptr<float>(), k_cache.ptr<float>(), v_cache.ptr<float>(), int(H), int(KVH), int(D), qkv.size(1));
   else if (k_cache.dtype() == DType::kF16)
     qkv_rope_cache_kernel<<<grid, 32 * kWarps, 0, stream()>>>(
         qkv.ptr<float>(), qn, kn, norm.eps, positions.ptr<int32_t>(), rope.cos.ptr<float>(), rope.sin.ptr<float>(), half,
-        slot_mapping.ptr<int32_t>(), q.ptr<float>(), k_cache.ptr<__half>(), v_cache.ptr<__half>(), int(H), int(KVH), int(D));
+        slot_mapping.ptr<int32_t>(), q.ptr<float>(), k_cache.ptr<__half>(), v_cache.ptr<__half>(), int(H), int(KVH), int(D), qkv.size(1));
   else
     throw std::invalid_argument("CUDA qkv_rope_cache: the cache must be float32 or float16");
   RV_CUDA_CHECK(cudaGetLastError());

@@ -258,6 +258,7 @@ const ops::OpTable* table() {
     o.add_gated_rows = &add_gated_rows;
     o.moe_topk = &moe_topk;
     o.moe_experts = &moe_experts;
+    o.gdn_split_qkv = &gdn_split_qkv;
     return o;
   }();
   return &t;

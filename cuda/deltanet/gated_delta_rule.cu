@@ -80,7 +80,7 @@ __global__ void __launch_bounds__(kWarps * 32) gdn_recurrent_kernel(const float*
 
 __global__ void causal_conv1d_kernel(const float* __restrict__ x, const float* __restrict__ w, float* __restrict__ states,
                                      const int32_t* __restrict__ starts, const int32_t* __restrict__ slots,
-                                     float* __restrict__ out, int C, int W, bool silu) {
+                                     float* __restrict__ out, int C, int X, int W, bool silu) {
   const int c = blockIdx.x * blockDim.x + threadIdx.x;
   if (c >= C) return;
   const int t0 = starts[blockIdx.y], t1 = starts[blockIdx.y + 1];
@@ -94,7 +94,7 @@ __global__ void causal_conv1d_kernel(const float* __restrict__ x, const float* _
   for (int i = 0; i < W; ++i) wc[i] = w[size_t(c) * W + i];
   for (int i = 0; i < W - 1; ++i) win[i] = st[size_t(c) * (W - 1) + i];
   for (int t = t0; t < t1; ++t) {
-    const float xt = x[size_t(t) * C + c];
+    const float xt = x[size_t(t) * X + c];
     float acc = wc[W - 1] * xt;
     for (int i = 0; i < W - 1; ++i) acc += wc[i] * win[i];
     for (int i = 0; i + 1 < W - 1; ++i) win[i] = win[i + 1];
@@ -113,6 +113,27 @@ __global__ void l2_norm_kernel(float* __restrict__ x, int64_t rows, int dim, flo
   for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
   const float inv = 1.0f / sqrtf(ss + eps);
   for (int i = threadIdx.x % 32; i < dim; i += 32) p[i] *= inv;
+}
+
+// One warp per head of a token: q and k heads L2-normalised, v heads copied (grid: tokens x head
+// groups of four).
+__global__ void split_qkv_kernel(const float* __restrict__ mixed, int Hk, int Dk, int Hv, int Dv, float eps,
+                                 float* __restrict__ q, float* __restrict__ k, float* __restrict__ v) {
+  const int t = blockIdx.x, h = blockIdx.y * kWarps + threadIdx.x / 32, lane = threadIdx.x % 32;
+  if (h >= 2 * Hk + Hv) return;
+  const float* row = mixed + size_t(t) * (2 * Hk * Dk + Hv * Dv);
+  if (h >= 2 * Hk) {
+    const int hv = h - 2 * Hk;
+    for (int i = lane; i < Dv; i += 32) v[(size_t(t) * Hv + hv) * Dv + i] = row[2 * Hk * Dk + hv * Dv + i];
+    return;
+  }
+  const float* src = row + h * Dk;
+  float ss = 0.0f;
+  for (int i = lane; i < Dk; i += 32) ss += src[i] * src[i];
+  for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
+  const float inv = 1.0f / sqrtf(ss + eps);
+  float* dst = (h < Hk ? q + (size_t(t) * Hk + h) * Dk : k + (size_t(t) * Hk + h - Hk) * Dk);
+  for (int i = lane; i < Dk; i += 32) dst[i] = src[i] * inv;
 }
 
 __global__ void gated_rms_norm_kernel(const float* __restrict__ x, const float* __restrict__ gate,
@@ -158,14 +179,14 @@ void gated_delta_rule(const Tensor& q, const Tensor& k, const Tensor& v, const T
 
 void causal_conv1d(const Tensor& x, const Tensor& weight, Tensor& conv_states, const Tensor& seq_starts,
                    const Tensor& seq_slots, Tensor& out, bool silu) {
-  const int64_t T = x.size(0), C = x.size(1), W = weight.size(1), S = seq_slots.numel();
-  RV_CHECK(W >= 1 && W <= 8 && weight.size(0) == C && conv_states.numel() % (C * (W - 1)) == 0,
+  const int64_t T = x.size(0), X = x.size(1), C = weight.size(0), W = weight.size(1), S = seq_slots.numel();
+  RV_CHECK(W >= 1 && W <= 8 && X >= C && conv_states.numel() % (C * (W - 1)) == 0,
            "CUDA causal_conv1d: x ", x.shape_str(), " weight ", weight.shape_str(), " (kernel width <= 8)");
   if (T == 0 || S == 0) return;
   const dim3 grid{unsigned((C + 127) / 128), unsigned(S), 1u};
   causal_conv1d_kernel<<<grid, 128, 0, stream()>>>(x.ptr<float>(), weight.ptr<float>(), conv_states.ptr<float>(),
                                                    seq_starts.ptr<int32_t>(), seq_slots.ptr<int32_t>(), out.ptr<float>(),
-                                                   int(C), int(W), silu);
+                                                   int(C), int(X), int(W), silu);
   RV_CUDA_CHECK(cudaGetLastError());
 }
 
@@ -173,6 +194,17 @@ void l2_norm(Tensor& x, int64_t dim, float eps) {
   const int64_t rows = x.numel() / dim;
   if (rows == 0) return;
   l2_norm_kernel<<<unsigned((rows + 3) / 4), 128, 0, stream()>>>(x.ptr<float>(), rows, int(dim), eps);
+  RV_CUDA_CHECK(cudaGetLastError());
+}
+
+void gdn_split_qkv(const Tensor& mixed, float eps, Tensor& q, Tensor& k, Tensor& v) {
+  const int64_t T = mixed.size(0), Hk = q.size(1), Dk = q.size(2), Hv = v.size(1), Dv = v.size(2);
+  RV_CHECK(mixed.size(1) == 2 * Hk * Dk + Hv * Dv, "CUDA gdn_split_qkv: mixed ", mixed.shape_str(), " q ",
+           q.shape_str(), " v ", v.shape_str());
+  if (T == 0) return;
+  const dim3 grid{unsigned(T), unsigned((2 * Hk + Hv + kWarps - 1) / kWarps)};
+  split_qkv_kernel<<<grid, kWarps * 32, 0, stream()>>>(mixed.ptr<float>(), int(Hk), int(Dk), int(Hv), int(Dv), eps,
+                                                       q.ptr<float>(), k.ptr<float>(), v.ptr<float>());
   RV_CUDA_CHECK(cudaGetLastError());
 }
 

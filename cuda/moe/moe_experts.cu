@@ -1,13 +1,14 @@
 // Decode-sized mixture of experts (ops::moe_experts): the routed ids stay on the device and each
 // (token, slot) pair finds its expert's matrices through the layer's address table, so a decode
 // step needs no copy to the host and can be captured in a graph.
-//  1. gate_up: a warp per intermediate row i of pair (t, k) writes silu(gate_i . x_t) * (up_i . x_t);
+//  1. gate_up: a warp per two intermediate rows i of pair (t, k) writes silu(gate_i . x_t) * (up_i . x_t);
 //  2. down: a block per 8 hidden rows of token t sums weights[t, k] * (down_h . act[t, k]) over the
-//     token's K slots (its warps split the slots), so the combine needs no atomics and out is
-//     written once.
+//     token's K slots (a warp per slot), so the combine needs no atomics and out is written once.
 // Weight rows stream with 16-byte loads; a pair reads its expert once, which is what a decode step
 // of a few tokens costs anyway (prefill batches group tokens by expert on the host instead).
 #include <cuda_fp16.h>
+
+#include <algorithm>
 
 #include "core/cuda_check.h"
 #include "core/element.cuh"
@@ -24,58 +25,76 @@ __device__ __forceinline__ float warp_sum(float v) {
   return v;
 }
 
-// U steps of 8 elements per lane are loaded before any is used: 2 x U 16-byte weight loads in
-// flight per lane (a decode step has few warps per expert row set, latency would bound it).
-template <int U>
+// A warp computes P intermediate rows of one (token, slot) pair; U steps of 8 elements per lane
+// are loaded before any is used, so 2 x P x U 16-byte weight loads are in flight per lane (a decode
+// step has few warps per expert, and latency would bound it) and the grid fits one wave.
+template <int P, int U>
 __global__ void __launch_bounds__(kWarps * 32)
     moe_gate_up_kernel(const float* __restrict__ x, const int32_t* __restrict__ ids, const int64_t* __restrict__ gu_at,
                        float* __restrict__ act, int K, int H, int I) {
   constexpr int kStep = 32 * 8;
   const int pair = blockIdx.y, t = pair / K, lane = threadIdx.x % 32;
-  const int i = blockIdx.x * kWarps + threadIdx.x / 32;
-  if (i >= I) return;
+  const int i0 = (blockIdx.x * kWarps + threadIdx.x / 32) * P;
+  if (i0 >= I) return;
   const __half* w = reinterpret_cast<const __half*>(gu_at[ids[pair]]);
-  const __half* wg = w + size_t(i) * H;
-  const __half* wu = w + size_t(I + i) * H;
   const float* xt = x + size_t(t) * H;
-  float g = 0.0f, u = 0.0f;
+  const __half* wg[P];
+  const __half* wu[P];
+#pragma unroll
+  for (int p = 0; p < P; ++p) {
+    const int i = min(i0 + p, I - 1);  // a ragged last group recomputes row I - 1; not written
+    wg[p] = w + size_t(i) * H, wu[p] = w + size_t(I + i) * H;
+  }
+  float g[P] = {}, u[P] = {};
   int k = lane * 8;
   for (; k + (U - 1) * kStep < H; k += U * kStep) {  // H % 8 == 0 (checked by the caller)
-    float a[U][8], b[U][8];
+    float a[P][U][8], b[P][U][8];
 #pragma unroll
-    for (int s = 0; s < U; ++s) load8(wg + k + s * kStep, a[s]), load8(wu + k + s * kStep, b[s]);
+    for (int p = 0; p < P; ++p)
+#pragma unroll
+      for (int s = 0; s < U; ++s) load8(wg[p] + k + s * kStep, a[p][s]), load8(wu[p] + k + s * kStep, b[p][s]);
 #pragma unroll
     for (int s = 0; s < U; ++s) {
       float xv[8];
       load8(xt + k + s * kStep, xv);
 #pragma unroll
-      for (int e = 0; e < 8; ++e) g += a[s][e] * xv[e], u += b[s][e] * xv[e];
+      for (int p = 0; p < P; ++p)
+#pragma unroll
+        for (int e = 0; e < 8; ++e) g[p] += a[p][s][e] * xv[e], u[p] += b[p][s][e] * xv[e];
     }
   }
   for (; k < H; k += kStep) {
-    float a[8], b[8], xv[8];
-    load8(wg + k, a);
-    load8(wu + k, b);
+    float xv[8];
     load8(xt + k, xv);
 #pragma unroll
-    for (int e = 0; e < 8; ++e) g += a[e] * xv[e], u += b[e] * xv[e];
+    for (int p = 0; p < P; ++p) {
+      float a[8], b[8];
+      load8(wg[p] + k, a);
+      load8(wu[p] + k, b);
+#pragma unroll
+      for (int e = 0; e < 8; ++e) g[p] += a[e] * xv[e], u[p] += b[e] * xv[e];
+    }
   }
-  g = warp_sum(g);
-  u = warp_sum(u);
-  if (lane == 0) act[size_t(pair) * I + i] = g / (1.0f + __expf(-g)) * u;
+#pragma unroll
+  for (int p = 0; p < P; ++p) {
+    const float gv = warp_sum(g[p]), uv = warp_sum(u[p]);
+    if (lane == 0 && i0 + p < I) act[size_t(pair) * I + i0 + p] = gv / (1.0f + __expf(-gv)) * uv;
+  }
 }
 
-// A block computes kDownRows output rows of one token; its warps take the token's slots in turn,
-// each reading kDownRows rows of its expert at once, and meet in shared memory.
-constexpr int kDownRows = 8;
+// A block computes kDownRows output rows of one token with a warp per slot (blockDim.x / 32 of
+// them, up to kMaxDownWarps; more slots are taken in turn), each reading kDownRows rows of its
+// expert at once; they meet in shared memory.
+constexpr int kDownRows = 8, kMaxDownWarps = 16;
 
-__global__ void __launch_bounds__(kWarps * 32)
+__global__ void __launch_bounds__(kMaxDownWarps * 32)
     moe_down_kernel(const float* __restrict__ act, const int32_t* __restrict__ ids, const float* __restrict__ weights,
                     const int64_t* __restrict__ down_at, float* __restrict__ out, int K, int H, int I) {
   const int t = blockIdx.y, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int h0 = blockIdx.x * kDownRows;
   float acc[kDownRows] = {};
-  for (int k = warp; k < K; k += kWarps) {
+  const int warps = blockDim.x / 32;
+  for (int k = warp; k < K; k += warps) {
     const int pair = t * K + k;
     const __half* w = reinterpret_cast<const __half*>(down_at[ids[pair]]);
     const float* a = act + size_t(pair) * I;
@@ -94,7 +113,7 @@ __global__ void __launch_bounds__(kWarps * 32)
 #pragma unroll
     for (int r = 0; r < kDownRows; ++r) acc[r] += wk * s[r];
   }
-  __shared__ float part[kWarps][kDownRows];
+  __shared__ float part[kMaxDownWarps][kDownRows];
 #pragma unroll
   for (int r = 0; r < kDownRows; ++r) {
     const float v = warp_sum(acc[r]);
@@ -104,7 +123,7 @@ __global__ void __launch_bounds__(kWarps * 32)
   if (threadIdx.x < kDownRows && h0 + int(threadIdx.x) < H) {
     float sum = 0.0f;
 #pragma unroll
-    for (int w = 0; w < kWarps; ++w) sum += part[w][threadIdx.x];
+    for (int w = 0; w < warps; ++w) sum += part[w][threadIdx.x];
     out[size_t(t) * H + h0 + threadIdx.x] = sum;
   }
 }
@@ -118,10 +137,12 @@ void moe_experts(const Tensor& x, const Tensor& ids, const Tensor& weights, cons
            dtype_name(ex.dtype), ", ", H, ", ", I, ")");
   if (T == 0) return;
   Tensor act = Tensor::uninitialized({T, K, I}, DType::kF32, Device::kCUDA);
-  moe_gate_up_kernel<4><<<dim3{unsigned((I + kWarps - 1) / kWarps), unsigned(T * K)}, kWarps * 32, 0, stream()>>>(
+  constexpr int P = 2;
+  moe_gate_up_kernel<P, 4><<<dim3{unsigned((I + kWarps * P - 1) / (kWarps * P)), unsigned(T * K)}, kWarps * 32, 0, stream()>>>(
       x.ptr<float>(), ids.ptr<int32_t>(), ex.gate_up.ptr<int64_t>(), act.ptr<float>(), int(K), int(H), int(I));
   RV_CUDA_CHECK(cudaGetLastError());
-  moe_down_kernel<<<dim3{unsigned((H + kDownRows - 1) / kDownRows), unsigned(T)}, kWarps * 32, 0, stream()>>>(
+  const unsigned down_warps = unsigned(std::min<int64_t>(K, kMaxDownWarps));
+  moe_down_kernel<<<dim3{unsigned((H + kDownRows - 1) / kDownRows), unsigned(T)}, down_warps * 32, 0, stream()>>>(
       act.ptr<float>(), ids.ptr<int32_t>(), weights.ptr<float>(), ex.down.ptr<int64_t>(), out.ptr<float>(), int(K),
       int(H), int(I));
   RV_CUDA_CHECK(cudaGetLastError());

@@ -273,7 +273,9 @@ void test_qkv_rope_cache(int64_t T, int64_t H, int64_t KVH, int64_t D, double pa
   dev_tables.cos = cuda::to_device(host_tables.cos);
   dev_tables.sin = cuda::to_device(host_tables.sin);
   const int64_t blocks = 8, bs = 16;
-  Tensor qkv = random_tensor({T, (H + 2 * KVH) * D}), pos = Tensor::empty({T}, DType::kI32), slots = Tensor::empty({T}, DType::kI32);
+  // Qwen3-Next's projection (the partial-rotary case) carries its output gate after v: wider rows.
+  const int64_t gate_columns = partial < 1.0 ? H * D : 0;
+  Tensor qkv = random_tensor({T, (H + 2 * KVH) * D + gate_columns}), pos = Tensor::empty({T}, DType::kI32), slots = Tensor::empty({T}, DType::kI32);
   for (int64_t i = 0; i < T; ++i) {
     pos.ptr<int32_t>()[i] = int32_t((i * 97) % 2048);
     slots.ptr<int32_t>()[i] = i == 1 ? -1 : int32_t((i * 37 + 5) % (blocks * bs));  // row 1 is padding
@@ -393,18 +395,20 @@ void test_gated_delta_rule(std::vector<int32_t> lens, int64_t Hk, int64_t Hv, in
        [&] { ops::gated_delta_rule(dq, dk, dv, dg, db, ds, dst, dsl, dout, 64); });
 }
 
-void test_conv_and_norms(int64_t T, int64_t C, int64_t W, bool silu) {
-  // Two sequences (T and 1 tokens) in slots 2 and 0 of three.
-  Tensor starts = Tensor::empty({3}, DType::kI32), sl = Tensor::empty({2}, DType::kI32);
-  starts.ptr<int32_t>()[1] = int32_t(T), starts.ptr<int32_t>()[2] = int32_t(T + 1);
-  sl.ptr<int32_t>()[0] = 2, sl.ptr<int32_t>()[1] = 0;
-  Tensor x = random_tensor({T + 1, C}), w = random_tensor({C, W}), st = random_tensor({3, C, W - 1});
-  Tensor st_ref = Tensor::empty(st.shape(), DType::kF32), ref = Tensor::empty({T + 1, C}, DType::kF32);
+void test_conv_and_norms(int64_t T, int64_t C, int64_t W, bool silu, int64_t extra_columns = 0) {
+  // Three sequences (T, 1 and 1 tokens) in slots 2, 0 and -1 (a padding row) of three; x may be
+  // wider than the channels (a fused projection).
+  Tensor starts = Tensor::empty({4}, DType::kI32), sl = Tensor::empty({3}, DType::kI32);
+  starts.ptr<int32_t>()[1] = int32_t(T), starts.ptr<int32_t>()[2] = int32_t(T + 1), starts.ptr<int32_t>()[3] = int32_t(T + 2);
+  sl.ptr<int32_t>()[0] = 2, sl.ptr<int32_t>()[1] = 0, sl.ptr<int32_t>()[2] = -1;
+  Tensor x = random_tensor({T + 2, C + extra_columns}), w = random_tensor({C, W}), st = random_tensor({3, C, W - 1});
+  Tensor st_ref = Tensor::empty(st.shape(), DType::kF32), ref = Tensor::empty({T + 2, C}, DType::kF32);
   std::memcpy(st_ref.data(), st.data(), st.nbytes());
   ops::cpu::causal_conv1d_seqs(x, w, st_ref, starts, sl, ref, silu);
-  Tensor dst = cuda::to_device(st), dout = Tensor::empty({T + 1, C}, DType::kF32, Device::kCUDA);
+  Tensor dst = cuda::to_device(st), dout = Tensor::empty({T + 2, C}, DType::kF32, Device::kCUDA);
   ops::causal_conv1d(cuda::to_device(x), cuda::to_device(w), dst, cuda::to_device(starts), cuda::to_device(sl), dout, silu);
-  report("causal_conv1d T" + std::to_string(T) + "+1 C" + std::to_string(C) + " W" + std::to_string(W) + (silu ? " silu" : ""),
+  report("causal_conv1d T" + std::to_string(T) + "+1+pad C" + std::to_string(C) + " of " + std::to_string(C + extra_columns) +
+             " W" + std::to_string(W) + (silu ? " silu" : ""),
          std::max(max_abs_diff(cuda::to_host(dout), ref), max_abs_diff(cuda::to_host(dst), st_ref)), 1e-5f);
 
   const int64_t n = 128, rows = T * 3;
@@ -419,6 +423,19 @@ void test_conv_and_norms(int64_t T, int64_t C, int64_t W, bool silu) {
   ops::cpu::gated_rms_norm(a, gate, nw, 1e-6f, gref);
   ops::gated_rms_norm(cuda::to_device(a), cuda::to_device(gate), cuda::to_device(nw), 1e-6f, dg);
   report("gated_rms_norm " + std::to_string(rows) + "x" + std::to_string(n), max_abs_diff(cuda::to_host(dg), gref), 1e-5f);
+}
+
+void test_gdn_split_qkv(int64_t T, int64_t Hk, int64_t Dk, int64_t Hv, int64_t Dv) {
+  Tensor mixed = random_tensor({T, 2 * Hk * Dk + Hv * Dv});
+  Tensor q = Tensor::empty({T, Hk, Dk}, DType::kF32), k = Tensor::empty({T, Hk, Dk}, DType::kF32), v = Tensor::empty({T, Hv, Dv}, DType::kF32);
+  ops::cpu::gdn_split_qkv(mixed, 1e-6f, q, k, v);
+  Tensor dq = Tensor::empty(q.shape(), DType::kF32, Device::kCUDA), dk = Tensor::empty(k.shape(), DType::kF32, Device::kCUDA);
+  Tensor dv = Tensor::empty(v.shape(), DType::kF32, Device::kCUDA);
+  ops::gdn_split_qkv(cuda::to_device(mixed), 1e-6f, dq, dk, dv);
+  report("gdn_split_qkv T" + std::to_string(T) + " Hk" + std::to_string(Hk) + " Dk" + std::to_string(Dk) + " Hv" +
+             std::to_string(Hv) + " Dv" + std::to_string(Dv),
+         std::max({max_abs_diff(cuda::to_host(dq), q), max_abs_diff(cuda::to_host(dk), k), max_abs_diff(cuda::to_host(dv), v)}),
+         1e-6f);
 }
 
 void test_gates_and_combine() {
@@ -597,10 +614,14 @@ int main(int argc, char** argv) {
     test_gated_delta_rule({20, 3}, 2, 2, 32, 48);         // Dv not a multiple of 32
     test_conv_and_norms(1, 300, 4, true);
     test_conv_and_norms(50, 8192, 4, true);
-    test_conv_and_norms(7, 33, 2, false);
+    test_conv_and_norms(7, 33, 2, false, 21);
+    test_conv_and_norms(3, 8192, 4, true, 4096 + 64);  // Qwen3-Next: conv over the fused projection
+    test_gdn_split_qkv(5, 16, 128, 32, 128);           // Qwen3-Next heads
+    test_gdn_split_qkv(3, 1, 32, 2, 16);
     test_gates_and_combine();
     test_moe_topk(37, 512, 10, true);   // Qwen3-Next routing
     test_moe_topk(5, 64, 8, false);
+    test_moe_topk(3, 700, 4, true);      // past the register-held form
     test_moe_experts(3, 16, 4, 256, 96);
     test_moe_experts(1, 64, 10, 2048, 512);   // Qwen3-Next decode, concurrency 1 (GB/s in --perf)
     test_moe_experts(8, 64, 10, 2048, 512);

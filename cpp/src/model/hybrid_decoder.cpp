@@ -315,17 +315,10 @@ class HybridDecoderLM final : public DecoderBase {
     const Device dev = x.device();
     Tensor fused = Tensor::uninitialized({T, width}, DType::kF32, dev);
     ops::linear(x, L.attn.proj, nullptr, fused);
-    Tensor q = Tensor::uninitialized({T, NH, D}, DType::kF32, dev), k = Tensor::uninitialized({T, KVH, D}, DType::kF32, dev);
-    Tensor v = Tensor::uninitialized({T, KVH, D}, DType::kF32, dev), attn = Tensor::uninitialized({T, NH, D}, DType::kF32, dev);
-    Tensor q2 = q.view({T, QO}), k2 = k.view({T, KVO}), v2 = v.view({T, KVO});
-    ops::copy_columns(fused, 0, q2);
-    ops::copy_columns(fused, QO, k2);
-    ops::copy_columns(fused, QO + KVO, v2);
-    ops::rms_norm(q, L.attn.q_norm, eps, q);
-    ops::rms_norm(k, L.attn.k_norm, eps, k);
-    ops::rope(q, b.positions, rope_);
-    ops::rope(k, b.positions, rope_);
-    ops::kv_cache_write(k, v, b.slot_mapping, kv.k[size_t(L.cache_index)], kv.v[size_t(L.cache_index)]);
+    Tensor q = Tensor::uninitialized({T, NH, D}, DType::kF32, dev), attn = Tensor::uninitialized({T, NH, D}, DType::kF32, dev);
+    const ops::QkNorm norm{&L.attn.q_norm, &L.attn.k_norm, eps};
+    ops::qkv_rope_cache(fused, norm, b.positions, rope_, b.slot_mapping, q, kv.k[size_t(L.cache_index)],
+                        kv.v[size_t(L.cache_index)]);
     ops::paged_attention(q, kv.k[size_t(L.cache_index)], kv.v[size_t(L.cache_index)], b.attention,
                          1.0f / std::sqrt(float(D)), attn);
     if (opts_.gated_attention) {
@@ -345,23 +338,17 @@ class HybridDecoderLM final : public DecoderBase {
     const Device dev = x.device();
     Tensor fused = Tensor::uninitialized({T, width}, DType::kF32, dev);
     ops::linear(x, L.gdn.proj, nullptr, fused);
-    Tensor mixed = Tensor::uninitialized({T, conv_dim}, DType::kF32, dev);
     Tensor conv_out = Tensor::uninitialized({T, conv_dim}, DType::kF32, dev);
     Tensor z = Tensor::uninitialized({T, Hv, Dv}, DType::kF32, dev), g = Tensor::uninitialized({T, Hv}, DType::kF32, dev);
     Tensor beta = Tensor::uninitialized({T, Hv}, DType::kF32, dev), z2 = z.view({T, value_dim});
-    ops::copy_columns(fused, 0, mixed);
     ops::copy_columns(fused, conv_dim, z2);
     ops::gdn_gates(fused, conv_dim + value_dim, L.gdn.neg_a, L.gdn.dt_bias, beta, g);
     Tensor q = Tensor::uninitialized({T, Hk, Dk}, DType::kF32, dev), k = Tensor::uninitialized({T, Hk, Dk}, DType::kF32, dev);
     Tensor v = Tensor::uninitialized({T, Hv, Dv}, DType::kF32, dev), core = Tensor::uninitialized({T, Hv, Dv}, DType::kF32, dev);
     const size_t layer = size_t(L.cache_index);
-    ops::causal_conv1d(mixed, L.gdn.conv, states.conv[layer], b.seq_starts, b.seq_state_slots, conv_out, true);
-    Tensor q2 = q.view({T, key_dim}), k2 = k.view({T, key_dim}), v2 = v.view({T, value_dim});
-    ops::copy_columns(conv_out, 0, q2);
-    ops::copy_columns(conv_out, key_dim, k2);
-    ops::copy_columns(conv_out, 2 * key_dim, v2);
-    ops::l2_norm(q, Dk, 1e-6f);
-    ops::l2_norm(k, Dk, 1e-6f);
+    // The conv reads [q | k | v] straight from the fused projection's first conv_dim columns.
+    ops::causal_conv1d(fused, L.gdn.conv, states.conv[layer], b.seq_starts, b.seq_state_slots, conv_out, true);
+    ops::gdn_split_qkv(conv_out, 1e-6f, q, k, v);
     ops::gated_delta_rule(q, k, v, g, beta, states.ssm[layer], b.seq_starts, b.seq_state_slots, core, kChunk);
     Tensor normed = Tensor::uninitialized({T, value_dim}, DType::kF32, dev);
     ops::gated_rms_norm(core, z, L.gdn.norm, cfg_.rms_norm_eps, normed);
@@ -417,9 +404,8 @@ class HybridDecoderLM final : public DecoderBase {
 
   static void mlp(const Tensor& gate_up, const Tensor& down, const Tensor& x, Tensor& out) {
     const int64_t T = x.size(0), I = down.size(1);
-    Tensor gu = Tensor::uninitialized({T, 2 * I}, DType::kF32, x.device()), act = Tensor::uninitialized({T, I}, DType::kF32, x.device());
-    ops::linear(x, gate_up, nullptr, gu);
-    ops::silu_mul(gu, act);
+    Tensor act = Tensor::uninitialized({T, I}, DType::kF32, x.device());
+    ops::linear_swiglu(x, gate_up, act);
     ops::linear(act, down, nullptr, out);
   }
 

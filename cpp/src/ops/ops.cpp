@@ -26,7 +26,7 @@ const char* op_name(Op op) {
                                 "rope",      "silu_mul",       "kv_cache_write", "paged_attention",
                                 "gather_rows", "copy_columns", "fill_uniform",   "argmax", "qkv_rope_cache", "sample", "linear_swiglu",
                                 "gated_delta_rule", "causal_conv1d", "l2_norm", "gated_rms_norm",
-                                "sigmoid_mul", "gdn_gates", "scatter_add_rows", "add_gated_rows", "moe_topk", "moe_experts"};
+                                "sigmoid_mul", "gdn_gates", "scatter_add_rows", "add_gated_rows", "moe_topk", "moe_experts", "gdn_split_qkv"};
   return names[int(op)];
 }
 
@@ -61,6 +61,7 @@ bool supports_op(Device device, Op op) {
     case Op::kAddGatedRows: return t->add_gated_rows != nullptr;
     case Op::kMoeTopk: return t->moe_topk != nullptr;
     case Op::kMoeExperts: return t->moe_experts != nullptr;
+    case Op::kGdnSplitQkv: return t->gdn_split_qkv != nullptr;
     case Op::kCount: break;
   }
   return false;
@@ -141,6 +142,10 @@ void add_gated_rows(Tensor& out, const Tensor& y, const Tensor& gate) {
 }
 void moe_topk(const Tensor& logits, bool renormalize, Tensor& ids, Tensor& weights) {
   table_for(logits.device(), Op::kMoeTopk).moe_topk(logits, renormalize, ids, weights);
+}
+
+void gdn_split_qkv(const Tensor& mixed, float eps, Tensor& q, Tensor& k, Tensor& v) {
+  table_for(mixed.device(), Op::kGdnSplitQkv).gdn_split_qkv(mixed, eps, q, k, v);
 }
 
 void moe_experts(const Tensor& x, const Tensor& ids, const Tensor& weights, const ExpertTable& experts, Tensor& out) {

@@ -114,6 +114,7 @@ enum class Op {
   kAddGatedRows,
   kMoeTopk,
   kMoeExperts,
+  kGdnSplitQkv,
   kCount
 };
 const char* op_name(Op op);
@@ -152,6 +153,7 @@ struct OpTable {
   void (*moe_topk)(const Tensor& logits, bool renormalize, Tensor& ids, Tensor& weights) = nullptr;
   void (*moe_experts)(const Tensor& x, const Tensor& ids, const Tensor& weights, const ExpertTable& experts,
                       Tensor& out) = nullptr;
+  void (*gdn_split_qkv)(const Tensor& mixed, float eps, Tensor& q, Tensor& k, Tensor& v) = nullptr;
   void (*sample)(const Tensor& logits, const std::vector<SampleRow>& rows, const std::vector<SampleAdjust>& adjust,
                  std::vector<SampleResult>& out) = nullptr;
 };
@@ -192,7 +194,8 @@ void copy_columns(const Tensor& src, int64_t first_column, Tensor& dst);
 void fill_uniform(Tensor& t, uint64_t seed, float lo, float hi);
 // out[r] = index of the largest x[r, :] (f32), lowest index on ties; out int32 [R].
 void argmax(const Tensor& x, Tensor& out);
-// Attention inputs from the fused projection qkv [T, (heads + 2 * kv_heads) * head_dim]: q
+// Attention inputs from the fused projection qkv [T, >= (heads + 2 * kv_heads) * head_dim] (columns
+// past those, such as an output gate, are left alone): q
 // [T, heads, head_dim] normed (optional) and rotated; k normed and rotated and v written to their
 // cache slots (kv_cache_write's rules). One pass instead of split + norms + rope + cache write.
 void qkv_rope_cache(const Tensor& qkv, const QkNorm& norm, const Tensor& positions, const RopeTables& rope,
@@ -203,7 +206,9 @@ void linear_swiglu(const Tensor& x, const Tensor& gate_up_weight, Tensor& act);
 // Gated DeltaNet pieces (per-sequence contracts in ops/cpu/gated_delta_rule.cpp), for a batch of
 // sequences: rows [seq_starts[s], seq_starts[s + 1]) belong to sequence s, whose recurrent state
 // is slot seq_slots[s] of `states` ([slots, Hv, Dk, Dv] fp32, updated in place) or `conv_states`
-// ([slots, C, W - 1]); seq_starts / seq_slots are int32 on the op's device; a negative slot marks
+// ([slots, C, W - 1]); causal_conv1d's x is [T, X >= C] with the channels in its first
+// C = weight.size(0) columns (a fused projection can feed it directly), out [T, C].
+// seq_starts / seq_slots are int32 on the op's device; a negative slot marks
 // a padding row (no state read or written, zero output). chunk_size <= 1
 // selects the recurrent form (backends may pick their form). Also row-wise L2 norm and
 // rmsnorm(x) * w * silu(gate).
@@ -212,6 +217,9 @@ void gated_delta_rule(const Tensor& q, const Tensor& k, const Tensor& v, const T
 void causal_conv1d(const Tensor& x, const Tensor& weight, Tensor& conv_states, const Tensor& seq_starts,
                    const Tensor& seq_slots, Tensor& out, bool silu);
 void l2_norm(Tensor& x, int64_t dim, float eps);
+// The conv output [T, q | k | v] of a DeltaNet block split into q, k [T, Hk, Dk] (each head
+// L2-normalised: x / sqrt(sum x^2 + eps)) and v [T, Hv, Dv].
+void gdn_split_qkv(const Tensor& mixed, float eps, Tensor& q, Tensor& k, Tensor& v);
 void gated_rms_norm(const Tensor& x, const Tensor& gate, const Tensor& weight, float eps, Tensor& out);
 // x *= sigmoid(gate), elementwise (gated attention's output gate).
 void sigmoid_mul(Tensor& x, const Tensor& gate);

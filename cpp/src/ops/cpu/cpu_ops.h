@@ -45,6 +45,7 @@ void gated_delta_rule_seqs(const Tensor& q, const Tensor& k, const Tensor& v, co
 void causal_conv1d_seqs(const Tensor& x, const Tensor& weight, Tensor& conv_states, const Tensor& seq_starts,
                         const Tensor& seq_slots, Tensor& out, bool silu);
 void l2_norm(Tensor& x, int64_t dim, float eps);
+void gdn_split_qkv(const Tensor& mixed, float eps, Tensor& q, Tensor& k, Tensor& v);
 void gated_rms_norm(const Tensor& x, const Tensor& gate, const Tensor& weight, float eps, Tensor& out);
 
 // Runs fn(task) for every task in [0, n) on the current CPU pool, or inline when there is none.

@@ -133,9 +133,10 @@ void gated_delta_rule(const Tensor& q, const Tensor& k, const Tensor& v, const T
 }
 
 void causal_conv1d(const Tensor& x, const Tensor& weight, Tensor& conv_state, Tensor& out, bool silu) {
-  // x: [T, C]; weight: [C, W]; conv_state: [C, W - 1] (the previous W - 1 inputs, oldest first).
-  const int64_t T = x.size(0), C = x.size(1), W = weight.size(1);
-  RV_CHECK(weight.size(0) == C && conv_state.numel() == C * (W - 1) && out.numel() == T * C,
+  // x: [T, X >= C], channels its first C columns; weight: [C, W]; conv_state: [C, W - 1] (the
+  // previous W - 1 inputs, oldest first).
+  const int64_t T = x.size(0), X = x.size(1), C = weight.size(0), W = weight.size(1);
+  RV_CHECK(X >= C && conv_state.numel() == C * (W - 1) && out.numel() == T * C,
            "causal_conv1d: x ", x.shape_str(), " weight ", weight.shape_str(), " state ", conv_state.shape_str());
   const float* xp = x.ptr<float>();
   const float* wp = weight.ptr<float>();
@@ -145,7 +146,7 @@ void causal_conv1d(const Tensor& x, const Tensor& weight, Tensor& conv_state, Te
     std::vector<float> window(size_t(W - 1 + T));
     for (int64_t c = c0; c < c1; ++c) {
       for (int64_t i = 0; i < W - 1; ++i) window[size_t(i)] = st[c * (W - 1) + i];
-      for (int64_t t = 0; t < T; ++t) window[size_t(W - 1 + t)] = xp[t * C + c];
+      for (int64_t t = 0; t < T; ++t) window[size_t(W - 1 + t)] = xp[t * X + c];
       for (int64_t t = 0; t < T; ++t) {
         float acc = 0.0f;
         for (int64_t j = 0; j < W; ++j) acc += wp[c * W + j] * window[size_t(t + j)];
@@ -154,6 +155,18 @@ void causal_conv1d(const Tensor& x, const Tensor& weight, Tensor& conv_state, Te
       for (int64_t i = 0; i < W - 1; ++i) st[c * (W - 1) + i] = window[size_t(T + i)];
     }
   });
+}
+
+void gdn_split_qkv(const Tensor& mixed, float eps, Tensor& q, Tensor& k, Tensor& v) {
+  const int64_t T = mixed.size(0), key_dim = q.numel() / std::max<int64_t>(T, 1), value_dim = v.numel() / std::max<int64_t>(T, 1);
+  RV_CHECK(mixed.size(1) == 2 * key_dim + value_dim, "gdn_split_qkv: mixed ", mixed.shape_str(), " q ", q.shape_str(),
+           " v ", v.shape_str());
+  Tensor q2 = q.view({T, key_dim}), k2 = k.view({T, key_dim}), v2 = v.view({T, value_dim});
+  copy_columns(mixed, 0, q2);
+  copy_columns(mixed, key_dim, k2);
+  copy_columns(mixed, 2 * key_dim, v2);
+  l2_norm(q, q.size(2), eps);
+  l2_norm(k, k.size(2), eps);
 }
 
 void l2_norm(Tensor& x, int64_t dim, float eps) {
