@@ -10,12 +10,13 @@ namespace {
 
 constexpr int kWarps = 4;
 
-__global__ void moe_topk_kernel(const float* __restrict__ logits, int64_t T, int E, int K, bool renorm,
+__global__ void moe_topk_kernel(const float* __restrict__ logits, int64_t T, int E, int K, int S, bool renorm,
                                 int32_t* __restrict__ ids, float* __restrict__ weights) {
   const int64_t t = int64_t(blockIdx.x) * kWarps + threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
   if (t >= T) return;
-  const float* l = logits + t * E;
+  const float* l = logits + t * (E + S);
+  const int KS = K + S;  // ids / weights row: K routed slots, then the shared expert
   float mx = -INFINITY;
   for (int e = lane; e < E; e += 32) mx = fmaxf(mx, l[e]);
   for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
@@ -40,23 +41,25 @@ __global__ void moe_topk_kernel(const float* __restrict__ logits, int64_t T, int
       if (ov > bv || (ov == bv && oi < bi)) bv = ov, bi = oi;
     }
     const float p = __expf(bv - mx) / sum;
-    if (lane == 0) ids[t * K + k] = bi, weights[t * K + k] = p;
+    if (lane == 0) ids[t * KS + k] = bi, weights[t * KS + k] = p;
     top += p;
     pv = bv, pi = bi;
   }
   if (renorm && lane == 0)
-    for (int k = 0; k < K; ++k) weights[t * K + k] /= top;
+    for (int k = 0; k < K; ++k) weights[t * KS + k] /= top;
+  if (S && lane == 0) ids[t * KS + K] = E, weights[t * KS + K] = 1.0f / (1.0f + __expf(-l[E]));
 }
 
 // Up to 32 x N experts: each lane keeps its logits in registers and a mask of what earlier rounds
 // took, so the K rounds do not re-read memory (at decode sizes the rounds are the cost).
 template <int N>
-__global__ void moe_topk_registers_kernel(const float* __restrict__ logits, int64_t T, int E, int K, bool renorm,
-                                          int32_t* __restrict__ ids, float* __restrict__ weights) {
+__global__ void moe_topk_registers_kernel(const float* __restrict__ logits, int64_t T, int E, int K, int S,
+                                          bool renorm, int32_t* __restrict__ ids, float* __restrict__ weights) {
   const int64_t t = int64_t(blockIdx.x) * kWarps + threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
   if (t >= T) return;
-  const float* l = logits + t * E;
+  const float* l = logits + t * (E + S);
+  const int KS = K + S;  // ids / weights row: K routed slots, then the shared expert
   float v[N];
   float mx = -INFINITY;
 #pragma unroll
@@ -91,21 +94,24 @@ __global__ void moe_topk_registers_kernel(const float* __restrict__ logits, int6
     for (int i = 0; i < N; ++i)
       if (lane + 32 * i == bi) taken |= 1u << i;
     const float p = __expf(bv - mx) / sum;
-    if (lane == 0) ids[t * K + k] = bi, weights[t * K + k] = p;
+    if (lane == 0) ids[t * KS + k] = bi, weights[t * KS + k] = p;
     top += p;
   }
   if (renorm && lane == 0)
-    for (int k = 0; k < K; ++k) weights[t * K + k] /= top;
+    for (int k = 0; k < K; ++k) weights[t * KS + k] /= top;
+  if (S && lane == 0) ids[t * KS + K] = E, weights[t * KS + K] = 1.0f / (1.0f + __expf(-l[E]));
 }
 
 }  // namespace
 
-void moe_topk(const Tensor& logits, bool renormalize, Tensor& ids, Tensor& weights) {
-  const int64_t T = logits.size(0), E = logits.size(1), K = ids.size(1);
+void moe_topk(const Tensor& logits, int64_t E, bool renormalize, Tensor& ids, Tensor& weights) {
+  const int64_t T = logits.size(0), S = logits.size(1) - E, K = ids.size(1) - S;
+  RV_CHECK((S == 0 || S == 1) && K >= 1 && K <= E, "CUDA moe_topk: logits ", logits.shape_str(), " for ", E,
+           " experts, ids ", ids.shape_str());
   if (T == 0) return;
   const unsigned blocks = unsigned((T + kWarps - 1) / kWarps);
   auto go = [&](auto kernel) {
-    kernel<<<blocks, 32 * kWarps, 0, stream()>>>(logits.ptr<float>(), T, int(E), int(K), renormalize,
+    kernel<<<blocks, 32 * kWarps, 0, stream()>>>(logits.ptr<float>(), T, int(E), int(K), int(S), renormalize,
                                                  ids.ptr<int32_t>(), weights.ptr<float>());
   };
   if (E <= 32 * 4) go(moe_topk_registers_kernel<4>);

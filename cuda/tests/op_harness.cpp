@@ -465,17 +465,20 @@ void test_gates_and_combine() {
   report("scatter_add_rows + add_gated_rows", max_abs_diff(cuda::to_host(dout), out), 1e-5f);
 }
 
-void test_moe_topk(int64_t T, int64_t E, int64_t K, bool renorm) {
-  Tensor logits = random_tensor({T, E}, DType::kF32, 2.0f);
+// shared: the logits carry the shared expert's gate column, ids / weights its slot.
+void test_moe_topk(int64_t T, int64_t E, int64_t K, bool renorm, bool shared = false) {
+  const int64_t S = shared ? 1 : 0;
+  Tensor logits = random_tensor({T, E + S}, DType::kF32, 2.0f);
   logits.ptr<float>()[3] = logits.ptr<float>()[5] = 9.0f;  // a tie at the top of token 0
-  Tensor ids = Tensor::empty({T, K}, DType::kI32), w = Tensor::empty({T, K}, DType::kF32);
-  ops::cpu::moe_topk(logits, renorm, ids, w);
-  Tensor dids = Tensor::empty({T, K}, DType::kI32, Device::kCUDA), dw = Tensor::empty({T, K}, DType::kF32, Device::kCUDA);
-  ops::moe_topk(cuda::to_device(logits), renorm, dids, dw);
+  Tensor ids = Tensor::empty({T, K + S}, DType::kI32), w = Tensor::empty({T, K + S}, DType::kF32);
+  ops::cpu::moe_topk(logits, E, renorm, ids, w);
+  Tensor dids = Tensor::empty({T, K + S}, DType::kI32, Device::kCUDA), dw = Tensor::empty({T, K + S}, DType::kF32, Device::kCUDA);
+  ops::moe_topk(cuda::to_device(logits), E, renorm, dids, dw);
   Tensor gi = cuda::to_host(dids);
   int wrong = 0;
-  for (int64_t i = 0; i < T * K; ++i) wrong += gi.ptr<int32_t>()[i] != ids.ptr<int32_t>()[i];
-  const std::string tag = std::to_string(T) + "x" + std::to_string(E) + " top" + std::to_string(K) + (renorm ? " renorm" : "");
+  for (int64_t i = 0; i < T * (K + S); ++i) wrong += gi.ptr<int32_t>()[i] != ids.ptr<int32_t>()[i];
+  const std::string tag = std::to_string(T) + "x" + std::to_string(E) + " top" + std::to_string(K) + (renorm ? " renorm" : "") +
+                          (shared ? " +shared" : "");
   report("moe_topk ids " + tag, float(wrong), 0.0f);
   report("moe_topk weights " + tag, max_abs_diff(cuda::to_host(dw), w), 1e-5f);
 }
@@ -620,8 +623,9 @@ int main(int argc, char** argv) {
     test_gdn_split_qkv(3, 1, 32, 2, 16);
     test_gates_and_combine();
     test_moe_topk(37, 512, 10, true);   // Qwen3-Next routing
+    test_moe_topk(9, 512, 10, true, true);  // + the shared expert's gate column
     test_moe_topk(5, 64, 8, false);
-    test_moe_topk(3, 700, 4, true);      // past the register-held form
+    test_moe_topk(3, 700, 4, true, true);  // past the register-held form
     test_moe_experts(3, 16, 4, 256, 96);
     test_moe_experts(1, 64, 10, 2048, 512);   // Qwen3-Next decode, concurrency 1 (GB/s in --perf)
     test_moe_experts(8, 64, 10, 2048, 512);

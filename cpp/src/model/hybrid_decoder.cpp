@@ -46,11 +46,12 @@ struct ExpertWeights {
 struct FeedForwardWeights {
   bool moe = false;
   Tensor gate_up, down;  // dense MLP
-  Tensor router;
+  Tensor router;  // [E (+ 1), hidden]: a shared expert of the experts' size adds its gate row
   std::vector<ExpertWeights> experts;
   ExpertWeights shared;
-  Tensor shared_gate;  // [1, hidden] or undefined
-  ops::ExpertTable table;  // the experts' addresses, on their device (the decode path)
+  bool shared_routed = false;  // that shared expert rides with the routed ones as expert E
+  Tensor shared_gate;          // [1, hidden]: a shared expert of another size, gated on its own
+  ops::ExpertTable table;      // the experts' addresses (+ the shared one), on their device
 };
 
 struct Layer {
@@ -267,7 +268,6 @@ class HybridDecoderLM final : public DecoderBase {
       return;
     }
     const int64_t E = cfg_.num_experts, I = cfg_.moe_intermediate_size;
-    f.router = w.get(p + "gate.weight", {E, H}, DType::kF32);
     if (w.has(p + "experts.gate_up_proj")) {  // transformers 5 fused layout
       Tensor gu = w.get(p + "experts.gate_up_proj", {E, 2 * I, H}, dtype_);
       Tensor dn = w.get(p + "experts.down_proj", {E, H, I}, dtype_);
@@ -277,10 +277,16 @@ class HybridDecoderLM final : public DecoderBase {
       f.experts.resize(size_t(E));
       for (int64_t e = 0; e < E; ++e) mlp(p + "experts." + std::to_string(e) + ".", I, f.experts[size_t(e)]);
     }
-    if (cfg_.shared_expert_intermediate_size > 0) {
-      mlp(p + "shared_expert.", cfg_.shared_expert_intermediate_size, f.shared);
-      f.shared_gate = w.get(p + "shared_expert_gate.weight", {1, H}, DType::kF32);
-    }
+    const int64_t SI = cfg_.shared_expert_intermediate_size;
+    if (SI > 0) mlp(p + "shared_expert.", SI, f.shared);
+    // A shared expert of the routed experts' size joins them: its gate logit comes out of the
+    // router's GEMV as one more column and its rows out of the same expert kernels.
+    f.shared_routed = SI == I;
+    if (f.shared_routed)
+      f.router = w.get_stacked({p + "gate.weight", p + "shared_expert_gate.weight"}, {{E, H}, {1, H}}, DType::kF32);
+    else
+      f.router = w.get(p + "gate.weight", {E, H}, DType::kF32);
+    if (SI > 0 && !f.shared_routed) f.shared_gate = w.get(p + "shared_expert_gate.weight", {1, H}, DType::kF32);
   }
 
   void build_expert_tables() {
@@ -289,11 +295,12 @@ class HybridDecoderLM final : public DecoderBase {
       FeedForwardWeights& f = L.ffn;
       if (!f.moe) continue;
       has_moe_ = true;
-      const int64_t E = int64_t(f.experts.size());
-      Tensor gu = Tensor::empty({E}, DType::kI64), dn = Tensor::empty({E}, DType::kI64);
-      for (int64_t e = 0; e < E; ++e) {
-        gu.ptr<int64_t>()[e] = int64_t(reinterpret_cast<intptr_t>(f.experts[size_t(e)].gate_up.data()));
-        dn.ptr<int64_t>()[e] = int64_t(reinterpret_cast<intptr_t>(f.experts[size_t(e)].down.data()));
+      const int64_t E = int64_t(f.experts.size()), n = E + (f.shared_routed ? 1 : 0);
+      Tensor gu = Tensor::empty({n}, DType::kI64), dn = Tensor::empty({n}, DType::kI64);
+      for (int64_t e = 0; e < n; ++e) {
+        const ExpertWeights& x = e < E ? f.experts[size_t(e)] : f.shared;
+        gu.ptr<int64_t>()[e] = int64_t(reinterpret_cast<intptr_t>(x.gate_up.data()));
+        dn.ptr<int64_t>()[e] = int64_t(reinterpret_cast<intptr_t>(x.down.data()));
       }
       f.table = {gu.to(device_), dn.to(device_), dtype_, cfg_.hidden_size, cfg_.moe_intermediate_size};
       if (device_ != Device::kCPU && (dtype_ != DType::kF16 || cfg_.hidden_size % 8 || cfg_.moe_intermediate_size % 8))
@@ -361,23 +368,23 @@ class HybridDecoderLM final : public DecoderBase {
       mlp(f.gate_up, f.down, x, out);
       return;
     }
-    const int64_t E = cfg_.num_experts, K = cfg_.num_experts_per_tok;
+    const int64_t E = cfg_.num_experts, S = f.shared_routed ? 1 : 0, K = cfg_.num_experts_per_tok + S;
     const Device dev = x.device();
-    Tensor logits = Tensor::uninitialized({T, E}, DType::kF32, dev);
+    Tensor logits = Tensor::uninitialized({T, E + S}, DType::kF32, dev);
     ops::linear(x, f.router, nullptr, logits);
     // Routing is computed where the logits are; the grouping by expert (T x K ids) on the host,
     // and the experts' rows move by gather / scatter ops.
     Tensor ids = Tensor::uninitialized({T, K}, DType::kI32, dev), weights = Tensor::uninitialized({T, K}, DType::kF32, dev);
-    ops::moe_topk(logits, cfg_.norm_topk_prob, ids, weights);
+    ops::moe_topk(logits, E, cfg_.norm_topk_prob, ids, weights);
     if (T <= fused_expert_tokens_) {
       ops::moe_experts(x, ids, weights, f.table, out);
       add_shared_expert(f, x, out);
       return;
     }
     const Tensor hids = ids.to(Device::kCPU), hw = weights.to(Device::kCPU);
-    const auto routed = group_by_expert(hids.ptr<int32_t>(), hw.ptr<float>(), T, E, K);
+    const auto routed = group_by_expert(hids.ptr<int32_t>(), hw.ptr<float>(), T, E + S, K);
     Tensor acc = Tensor::empty({T, H}, DType::kF32, dev);  // zeroed
-    for (int64_t e = 0; e < E; ++e) {  // grouped by expert: one batched GEMM pair per expert
+    for (int64_t e = 0; e < E + S; ++e) {  // grouped by expert: one batched GEMM pair per expert
       const auto& list = routed[size_t(e)];
       if (list.empty()) continue;
       const int64_t n = int64_t(list.size());
@@ -386,7 +393,8 @@ class HybridDecoderLM final : public DecoderBase {
       const Tensor drows = rows.to(dev), dwgt = wgt.to(dev);
       Tensor xe = Tensor::uninitialized({n, H}, DType::kF32, dev), ye = Tensor::uninitialized({n, H}, DType::kF32, dev);
       ops::gather_rows(x, drows, xe);
-      mlp(f.experts[size_t(e)].gate_up, f.experts[size_t(e)].down, xe, ye);
+      const ExpertWeights& ex = e < E ? f.experts[size_t(e)] : f.shared;
+      mlp(ex.gate_up, ex.down, xe, ye);
       ops::scatter_add_rows(acc, drows, dwgt, ye);
     }
     add_shared_expert(f, x, acc);

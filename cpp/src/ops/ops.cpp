@@ -140,8 +140,8 @@ void scatter_add_rows(Tensor& out, const Tensor& rows, const Tensor& weights, co
 void add_gated_rows(Tensor& out, const Tensor& y, const Tensor& gate) {
   table_for(out.device(), Op::kAddGatedRows).add_gated_rows(out, y, gate);
 }
-void moe_topk(const Tensor& logits, bool renormalize, Tensor& ids, Tensor& weights) {
-  table_for(logits.device(), Op::kMoeTopk).moe_topk(logits, renormalize, ids, weights);
+void moe_topk(const Tensor& logits, int64_t num_experts, bool renormalize, Tensor& ids, Tensor& weights) {
+  table_for(logits.device(), Op::kMoeTopk).moe_topk(logits, num_experts, renormalize, ids, weights);
 }
 
 void gdn_split_qkv(const Tensor& mixed, float eps, Tensor& q, Tensor& k, Tensor& v) {

@@ -150,7 +150,7 @@ struct OpTable {
                     Tensor& g) = nullptr;
   void (*scatter_add_rows)(Tensor& out, const Tensor& rows, const Tensor& weights, const Tensor& y) = nullptr;
   void (*add_gated_rows)(Tensor& out, const Tensor& y, const Tensor& gate) = nullptr;
-  void (*moe_topk)(const Tensor& logits, bool renormalize, Tensor& ids, Tensor& weights) = nullptr;
+  void (*moe_topk)(const Tensor& logits, int64_t num_experts, bool renormalize, Tensor& ids, Tensor& weights) = nullptr;
   void (*moe_experts)(const Tensor& x, const Tensor& ids, const Tensor& weights, const ExpertTable& experts,
                       Tensor& out) = nullptr;
   void (*gdn_split_qkv)(const Tensor& mixed, float eps, Tensor& q, Tensor& k, Tensor& v) = nullptr;
@@ -231,10 +231,12 @@ void gdn_gates(const Tensor& fused, int64_t first_column, const Tensor& neg_a, c
 void scatter_add_rows(Tensor& out, const Tensor& rows, const Tensor& weights, const Tensor& y);
 // out[t, :] += sigmoid(gate[t]) * y[t, :] (the shared expert's gate; gate [T, 1]).
 void add_gated_rows(Tensor& out, const Tensor& y, const Tensor& gate);
-// MoE routing: softmax over the router logits [T, E] (f32), the K = ids.size(1) best experts per
-// token (ties to the lower id), their probabilities renormalised to sum to one when asked.
-// ids int32 [T, K], weights f32 [T, K].
-void moe_topk(const Tensor& logits, bool renormalize, Tensor& ids, Tensor& weights);
+// MoE routing: softmax over the router logits [T, E] (f32, E = num_experts), the K best experts
+// per token (ties to the lower id), their probabilities renormalised to sum to one when asked.
+// logits may carry one more column, the shared expert's gate logit: then slot K of each token is
+// expert E (the shared expert) with weight sigmoid(gate), outside the renormalisation.
+// ids int32 [T, K (+ 1)], weights f32 [T, K (+ 1)].
+void moe_topk(const Tensor& logits, int64_t num_experts, bool renormalize, Tensor& ids, Tensor& weights);
 // The routed experts of a few tokens, without grouping them on the host: out[t] = sum over k of
 // weights[t, k] * down_e (silu(gate_e x_t) * up_e x_t), e = ids[t, k]. x, out f32 [T, hidden].
 // For decode-sized batches (every (token, expert) pair reads its expert's weights).

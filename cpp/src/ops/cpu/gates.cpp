@@ -4,6 +4,7 @@
 #include <numeric>
 #include <vector>
 
+#include "core/error.h"
 #include "ops/cpu/cpu_ops.h"
 
 namespace revolta::ops::cpu {
@@ -47,12 +48,14 @@ void add_gated_rows(Tensor& out, const Tensor& y, const Tensor& gate) {
   }
 }
 
-void moe_topk(const Tensor& logits, bool renormalize, Tensor& ids, Tensor& weights) {
-  const int64_t T = logits.size(0), E = logits.size(1), K = ids.size(1);
+void moe_topk(const Tensor& logits, int64_t E, bool renormalize, Tensor& ids, Tensor& weights) {
+  const int64_t T = logits.size(0), LS = logits.size(1), S = LS - E, KS = ids.size(1), K = KS - S;
+  RV_CHECK((S == 0 || S == 1) && K >= 1 && K <= E, "moe_topk: logits ", logits.shape_str(), " for ", E, " experts, ids ",
+           ids.shape_str());
   std::vector<float> p(static_cast<size_t>(E));
   std::vector<int32_t> idx(static_cast<size_t>(E));
   for (int64_t t = 0; t < T; ++t) {
-    const float* l = logits.ptr<float>() + t * E;
+    const float* l = logits.ptr<float>() + t * LS;
     const float mx = *std::max_element(l, l + E);
     float sum = 0.0f;
     for (int64_t e = 0; e < E; ++e) sum += p[size_t(e)] = std::exp(l[e] - mx);
@@ -64,9 +67,10 @@ void moe_topk(const Tensor& logits, bool renormalize, Tensor& ids, Tensor& weigh
     float top = 0.0f;
     for (int64_t k = 0; k < K; ++k) top += p[size_t(idx[size_t(k)])];
     for (int64_t k = 0; k < K; ++k) {
-      ids.ptr<int32_t>()[t * K + k] = idx[size_t(k)];
-      weights.ptr<float>()[t * K + k] = renormalize ? p[size_t(idx[size_t(k)])] / top : p[size_t(idx[size_t(k)])];
+      ids.ptr<int32_t>()[t * KS + k] = idx[size_t(k)];
+      weights.ptr<float>()[t * KS + k] = renormalize ? p[size_t(idx[size_t(k)])] / top : p[size_t(idx[size_t(k)])];
     }
+    if (S) ids.ptr<int32_t>()[t * KS + K] = int32_t(E), weights.ptr<float>()[t * KS + K] = sigmoid(l[E]);
   }
 }
 
