@@ -1,7 +1,7 @@
 // Decode-sized mixture of experts (ops::moe_experts): the routed ids stay on the device and each
 // (token, slot) pair finds its expert's matrices through the layer's address table, so a decode
 // step needs no copy to the host and can be captured in a graph.
-//  1. gate_up: a warp per intermediate row i of pair (t, k) writes silu(gate_i . x_t) * (up_i . x_t);
+//  1. gate_up: a warp per two intermediate rows i of pair (t, k) writes silu(gate_i . x_t) * (up_i . x_t);
 //  2. down: a block per 8 hidden rows of token t sums weights[t, k] * (down_h . act[t, k]) over the
 //     token's K slots (a warp per slot), so the combine needs no atomics and out is written once.
 // Weight rows stream with 16-byte loads; a pair reads its expert once, which is what a decode step
@@ -19,19 +19,6 @@ namespace {
 
 constexpr int kWarps = 8;
 
-// Eight halves from a 16-byte load, as floats. The kernels below keep the raw 16-byte words while
-// their loads are in flight (4 registers each instead of 8): that is what lets many be in flight.
-__device__ __forceinline__ void unpack8(const uint4& raw, float (&w)[8]) {
-  const __half2* h = reinterpret_cast<const __half2*>(&raw);
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const float2 f = __half22float2(h[i]);
-    w[2 * i] = f.x, w[2 * i + 1] = f.y;
-  }
-}
-
-__device__ __forceinline__ uint4 load16(const __half* p) { return __ldg(reinterpret_cast<const uint4*>(p)); }
-
 __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
@@ -39,8 +26,8 @@ __device__ __forceinline__ float warp_sum(float v) {
 }
 
 // A warp computes P intermediate rows of one (token, slot) pair; U steps of 8 elements per lane
-// are loaded before any is used, so 2 x P x U 16-byte weight loads are in flight per lane: a
-// decode step reads each expert row once, and latency, not bandwidth, would bound fewer.
+// are loaded before any is used, so 2 x P x U 16-byte weight loads are in flight per lane (a decode
+// step has few warps per expert, and latency would bound it) and the grid fits one wave.
 template <int P, int U>
 __global__ void __launch_bounds__(kWarps * 32)
     moe_gate_up_kernel(const float* __restrict__ x, const int32_t* __restrict__ ids, const int64_t* __restrict__ gu_at,
@@ -61,23 +48,19 @@ __global__ void __launch_bounds__(kWarps * 32)
   float g[P] = {}, u[P] = {};
   int k = lane * 8;
   for (; k + (U - 1) * kStep < H; k += U * kStep) {  // H % 8 == 0 (checked by the caller)
-    uint4 ra[P][U], rb[P][U];
+    float a[P][U][8], b[P][U][8];
 #pragma unroll
     for (int p = 0; p < P; ++p)
 #pragma unroll
-      for (int s = 0; s < U; ++s) ra[p][s] = load16(wg[p] + k + s * kStep), rb[p][s] = load16(wu[p] + k + s * kStep);
+      for (int s = 0; s < U; ++s) load8(wg[p] + k + s * kStep, a[p][s]), load8(wu[p] + k + s * kStep, b[p][s]);
 #pragma unroll
     for (int s = 0; s < U; ++s) {
       float xv[8];
       load8(xt + k + s * kStep, xv);
 #pragma unroll
-      for (int p = 0; p < P; ++p) {
-        float a[8], b[8];
-        unpack8(ra[p][s], a);
-        unpack8(rb[p][s], b);
+      for (int p = 0; p < P; ++p)
 #pragma unroll
-        for (int e = 0; e < 8; ++e) g[p] += a[e] * xv[e], u[p] += b[e] * xv[e];
-      }
+        for (int e = 0; e < 8; ++e) g[p] += a[p][s][e] * xv[e], u[p] += b[p][s][e] * xv[e];
     }
   }
   for (; k < H; k += kStep) {
@@ -102,7 +85,7 @@ __global__ void __launch_bounds__(kWarps * 32)
 // A block computes kDownRows output rows of one token with a warp per slot (blockDim.x / 32 of
 // them, up to kMaxDownWarps; more slots are taken in turn), each reading kDownRows rows of its
 // expert at once; they meet in shared memory.
-constexpr int kDownRows = 8, kMaxDownWarps = 12;
+constexpr int kDownRows = 8, kMaxDownWarps = 16;
 
 __global__ void __launch_bounds__(kMaxDownWarps * 32)
     moe_down_kernel(const float* __restrict__ act, const int32_t* __restrict__ ids, const float* __restrict__ weights,
@@ -116,40 +99,15 @@ __global__ void __launch_bounds__(kMaxDownWarps * 32)
     const __half* w = reinterpret_cast<const __half*>(down_at[ids[pair]]);
     const float* a = act + size_t(pair) * I;
     float s[kDownRows] = {};
-    constexpr int kStep = 32 * 8;
-    int j = lane * 8;
-    for (; j + kStep < I; j += 2 * kStep) {  // two steps' loads in flight (I = 512: the whole row)
-      uint4 raw[2][kDownRows];
+    for (int j = lane * 8; j < I; j += 32 * 8) {  // I % 8 == 0
+      float wv[kDownRows][8], av[8];
 #pragma unroll
-      for (int u = 0; u < 2; ++u)
-#pragma unroll
-        for (int r = 0; r < kDownRows; ++r) raw[u][r] = load16(w + size_t(min(h0 + r, H - 1)) * I + j + u * kStep);
-#pragma unroll
-      for (int u = 0; u < 2; ++u) {
-        float av[8];
-        load8(a + j + u * kStep, av);
-#pragma unroll
-        for (int r = 0; r < kDownRows; ++r) {
-          float wv[8];
-          unpack8(raw[u][r], wv);
-#pragma unroll
-          for (int e = 0; e < 8; ++e) s[r] += wv[e] * av[e];
-        }
-      }
-    }
-    for (; j < I; j += kStep) {  // I % 8 == 0
-      uint4 raw[kDownRows];
-      float av[8];
-#pragma unroll
-      for (int r = 0; r < kDownRows; ++r) raw[r] = load16(w + size_t(min(h0 + r, H - 1)) * I + j);
+      for (int r = 0; r < kDownRows; ++r) load8(w + size_t(min(h0 + r, H - 1)) * I + j, wv[r]);
       load8(a + j, av);
 #pragma unroll
-      for (int r = 0; r < kDownRows; ++r) {
-        float wv[8];
-        unpack8(raw[r], wv);
+      for (int r = 0; r < kDownRows; ++r)
 #pragma unroll
-        for (int e = 0; e < 8; ++e) s[r] += wv[e] * av[e];
-      }
+        for (int e = 0; e < 8; ++e) s[r] += wv[r][e] * av[e];
     }
     const float wk = weights[pair];
 #pragma unroll
@@ -179,8 +137,8 @@ void moe_experts(const Tensor& x, const Tensor& ids, const Tensor& weights, cons
            dtype_name(ex.dtype), ", ", H, ", ", I, ")");
   if (T == 0) return;
   Tensor act = Tensor::uninitialized({T, K, I}, DType::kF32, Device::kCUDA);
-  constexpr int P = 1;  // one row pair per warp, a whole 2048-wide row in flight: the most warps, one round
-  moe_gate_up_kernel<P, 8><<<dim3{unsigned((I + kWarps * P - 1) / (kWarps * P)), unsigned(T * K)}, kWarps * 32, 0, stream()>>>(
+  constexpr int P = 2;
+  moe_gate_up_kernel<P, 4><<<dim3{unsigned((I + kWarps * P - 1) / (kWarps * P)), unsigned(T * K)}, kWarps * 32, 0, stream()>>>(
       x.ptr<float>(), ids.ptr<int32_t>(), ex.gate_up.ptr<int64_t>(), act.ptr<float>(), int(K), int(H), int(I));
   RV_CUDA_CHECK(cudaGetLastError());
   const unsigned down_warps = unsigned(std::min<int64_t>(K, kMaxDownWarps));
