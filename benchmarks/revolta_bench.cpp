@@ -206,27 +206,32 @@ int main(int argc, char** argv) {
   std::printf("shape %s: %.2f GB of weights; a decoded token reads %.3f GB of them + %.1f MB of state + KV; "
               "KV pool %.1f GB; %s\n",
               shape_name.c_str(), info.weight_bytes / 1e9, (tb.weights + s.top_k * tb.per_expert) / 1e9, tb.state / 1e6,
-              info.kv_cache_bytes / 1e9, eager || device != "cuda" ? "eager" : "decode graphs");
+              info.kv_cache_bytes / 1e9, eager || device != "cuda" ? "eager" : "decode graphs allowed");
   std::mt19937 rng(1);
   std::ostringstream js;
   js << "{\"shape\": \"" << shape_name << "\", \"device\": \"" << info.device << "\", \"read_bw_gbs\": " << read_bw / 1e9
      << ", \"weight_bytes\": " << info.weight_bytes << ", \"decode\": [";
   run_decode(engine, {random_prompt(prompt, s.vocab, rng)}, 8);  // warm-up: graphs, allocator
-  std::printf("%-12s %12s %12s %16s %10s\n", "concurrency", "tok/s", "ms/step", "GB read/step", "of read bw");
+  std::printf("%-12s %12s %12s %16s %10s %8s\n", "concurrency", "tok/s", "ms/step", "GB read/step", "of read bw",
+              "graphs");
   for (size_t i = 0; i < conc.size(); ++i) {
     const int c = conc[i];
     std::vector<std::vector<int32_t>> ps;
     for (int j = 0; j < c; ++j) ps.push_back(random_prompt(prompt, s.vocab, rng));
+    const int64_t replays = engine.stats().graph_replays;
     auto [secs, toks] = run_decode(engine, ps, decode);
+    // Decode steps that replayed a captured graph (the timed steps exclude the prefill).
+    const double graphs = double(engine.stats().graph_replays - replays) / std::max(1, decode - 1);
     const double tps = toks / secs, step_s = c / tps;
     // A step reads the shared weights once, the experts its tokens picked (for random routing
     // E (1 - (1 - K/E)^c) distinct ones per layer), each sequence's state and KV.
     const double experts = s.hybrid() ? s.experts * (1.0 - std::pow(1.0 - double(s.top_k) / s.experts, c)) : 0.0;
     const double bytes = tb.weights + experts * tb.per_expert + c * tb.state + double(c) * (prompt + decode / 2.0) * tb.kv_per_ctx;
     const double frac = read_bw > 0 ? bytes / step_s / read_bw : 0.0;
-    std::printf("%-12d %12.1f %12.2f %16.3f %9.1f%%\n", c, tps, step_s * 1e3, bytes / 1e9, 100 * frac);
+    std::printf("%-12d %12.1f %12.2f %16.3f %9.1f%% %7.0f%%\n", c, tps, step_s * 1e3, bytes / 1e9, 100 * frac,
+                100 * std::min(1.0, graphs));
     js << (i ? ", " : "") << "{\"concurrency\": " << c << ", \"tok_s\": " << tps << ", \"step_ms\": " << step_s * 1e3
-       << ", \"bytes_per_step\": " << bytes << ", \"bw_fraction\": " << frac << "}";
+       << ", \"bytes_per_step\": " << bytes << ", \"bw_fraction\": " << frac << ", \"graph_steps\": " << graphs << "}";
   }
   js << "], \"prefill\": [";
   for (size_t i = 0; i < prefill.size(); ++i) {

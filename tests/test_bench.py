@@ -19,6 +19,7 @@ def test_revolta_bench_runs_and_reports():
     assert report["shape"] == "llama-1b" and report["device"] == "cpu"
     assert [d["concurrency"] for d in report["decode"]] == [1, 2]
     assert all(d["tok_s"] > 0 and d["bytes_per_step"] > 2e8 for d in report["decode"])
+    assert all(d["graph_steps"] == 0 for d in report["decode"])  # the CPU records no graphs
     assert report["prefill"][0]["tokens"] == 32 and report["prefill"][0]["tok_s"] > 0
 
 
