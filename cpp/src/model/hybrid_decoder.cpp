@@ -383,19 +383,14 @@ class HybridDecoderLM final : public DecoderBase {
     }
     const Tensor hids = ids.to(Device::kCPU), hw = weights.to(Device::kCPU);
     const auto routed = group_by_expert(hids.ptr<int32_t>(), hw.ptr<float>(), T, E + S, K);
-    // Every expert's token rows and weights, back to back, go to the device in one copy each.
-    Tensor rows = Tensor::uninitialized({T * K}, DType::kI32), wgt = Tensor::uninitialized({T * K}, DType::kF32);
-    std::vector<int64_t> first(size_t(E + S) + 1, 0);
-    for (int64_t e = 0, at = 0; e < E + S; ++e) {
-      for (const auto& [row, w] : routed[size_t(e)]) rows.ptr<int32_t>()[at] = int32_t(row), wgt.ptr<float>()[at++] = w;
-      first[size_t(e) + 1] = at;
-    }
-    const Tensor drows_all = rows.to(dev), dwgt_all = wgt.to(dev);
     Tensor acc = Tensor::empty({T, H}, DType::kF32, dev);  // zeroed
     for (int64_t e = 0; e < E + S; ++e) {  // grouped by expert: one batched GEMM pair per expert
-      const int64_t b0 = first[size_t(e)], n = first[size_t(e) + 1] - b0;
-      if (n == 0) continue;
-      const Tensor drows = drows_all.slice_rows(b0, b0 + n), dwgt = dwgt_all.slice_rows(b0, b0 + n);
+      const auto& list = routed[size_t(e)];
+      if (list.empty()) continue;
+      const int64_t n = int64_t(list.size());
+      Tensor rows = Tensor::uninitialized({n}, DType::kI32), wgt = Tensor::uninitialized({n}, DType::kF32);
+      for (int64_t i = 0; i < n; ++i) rows.ptr<int32_t>()[i] = int32_t(list[size_t(i)].first), wgt.ptr<float>()[i] = list[size_t(i)].second;
+      const Tensor drows = rows.to(dev), dwgt = wgt.to(dev);
       Tensor xe = Tensor::uninitialized({n, H}, DType::kF32, dev), ye = Tensor::uninitialized({n, H}, DType::kF32, dev);
       ops::gather_rows(x, drows, xe);
       const ExpertWeights& ex = e < E ? f.experts[size_t(e)] : f.shared;
