@@ -5,6 +5,8 @@
 #include <cuda_runtime.h>
 
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "core/tensor.h"
 #include "ops/ops.h"
@@ -15,6 +17,10 @@ const ops::OpTable* table();
 // The stream every kernel and copy of the backend runs on (graphs are recorded from it).
 cudaStream_t stream();
 int sm_count();
+// Weight bytes read into L2 on a side stream after the work issued so far (core/prefetch.cu);
+// join_prefetch() orders the work stream after it.
+void prefetch(const std::vector<std::pair<const void*, size_t>>& ranges);
+void join_prefetch();
 
 // Copies between host and device memory (to_host waits for the data).
 Tensor to_device(const Tensor& host);
@@ -45,8 +51,8 @@ void gated_delta_rule(const Tensor& q, const Tensor& k, const Tensor& v, const T
 void causal_conv1d(const Tensor& x, const Tensor& weight, Tensor& conv_states, const Tensor& seq_starts,
                    const Tensor& seq_slots, Tensor& out, bool silu);
 void l2_norm(Tensor& x, int64_t dim, float eps);
-void gated_rms_norm(const Tensor& x, const Tensor& gate, const Tensor& weight, float eps, Tensor& out);
-void sigmoid_mul(Tensor& x, const Tensor& gate);
+void gated_rms_norm(const Tensor& x, const Tensor& gate, int64_t gate_column, const Tensor& weight, float eps, Tensor& out);
+void sigmoid_mul(Tensor& x, const Tensor& gate, int64_t gate_column);
 void gdn_gates(const Tensor& fused, int64_t first_column, const Tensor& neg_a, const Tensor& dt_bias, Tensor& beta,
                Tensor& g);
 void scatter_add_rows(Tensor& out, const Tensor& rows, const Tensor& weights, const Tensor& y);

@@ -51,7 +51,7 @@ void bind_ops(nb::module_& m) {
       "gated_rms_norm",
       [](F32Array x, F32Array gate, F32Array weight, float eps, F32Array out) {
         Tensor o = wrap(out);
-        ops::cpu::gated_rms_norm(wrap(x), wrap(gate), wrap(weight), eps, o);
+        ops::cpu::gated_rms_norm(wrap(x), wrap(gate), 0, wrap(weight), eps, o);
       },
       "x"_a, "gate"_a, "weight"_a, "eps"_a, "out"_a);
 }

@@ -136,8 +136,9 @@ __global__ void split_qkv_kernel(const float* __restrict__ mixed, int Hk, int Dk
   for (int i = lane; i < Dk; i += 32) dst[i] = src[i] * inv;
 }
 
-__global__ void gated_rms_norm_kernel(const float* __restrict__ x, const float* __restrict__ gate,
-                                      const float* __restrict__ w, float eps, int64_t rows, int n, float* __restrict__ out) {
+__global__ void gated_rms_norm_kernel(const float* __restrict__ x, const float* __restrict__ gate, int64_t P, int64_t G,
+                                      int64_t column, const float* __restrict__ w, float eps, int64_t rows, int n,
+                                      float* __restrict__ out) {
   const int64_t r = int64_t(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
   if (r >= rows) return;
   const float* xr = x + r * n;
@@ -146,7 +147,7 @@ __global__ void gated_rms_norm_kernel(const float* __restrict__ x, const float* 
   for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
   const float inv = 1.0f / sqrtf(ss / float(n) + eps);
   for (int i = threadIdx.x % 32; i < n; i += 32) {
-    const float z = gate[r * n + i];
+    const float z = gate[(r * n / P) * G + column + (r * n) % P + i];
     out[r * n + i] = w[i] * (xr[i] * inv) * (z / (1.0f + __expf(-z)));
   }
 }
@@ -208,13 +209,16 @@ void gdn_split_qkv(const Tensor& mixed, float eps, Tensor& q, Tensor& k, Tensor&
   RV_CUDA_CHECK(cudaGetLastError());
 }
 
-void gated_rms_norm(const Tensor& x, const Tensor& gate, const Tensor& weight, float eps, Tensor& out) {
-  RV_CHECK(weight.dtype() == DType::kF32, "CUDA gated_rms_norm: float32 weight");
-  const int64_t n = weight.numel(), rows = x.numel() / n;
-  if (rows == 0) return;
-  gated_rms_norm_kernel<<<unsigned((rows + 3) / 4), 128, 0, stream()>>>(x.ptr<float>(), gate.ptr<float>(),
-                                                                          weight.ptr<float>(), eps, rows, int(n),
-                                                                          out.ptr<float>());
+void gated_rms_norm(const Tensor& x, const Tensor& gate, int64_t gate_column, const Tensor& weight, float eps, Tensor& out) {
+  const int64_t n = weight.numel(), rows = x.numel() / n, T = gate.size(0);
+  if (rows == 0 || T == 0) return;
+  const int64_t P = x.numel() / T, G = gate.numel() / T;
+  RV_CHECK(weight.dtype() == DType::kF32 && x.numel() == T * P && P % n == 0 && gate_column + P <= G,
+           "CUDA gated_rms_norm: float32 weight, x ", x.shape_str(), " gate ", gate.shape_str(), " from column ",
+           gate_column);
+  gated_rms_norm_kernel<<<unsigned((rows + 3) / 4), 128, 0, stream()>>>(x.ptr<float>(), gate.ptr<float>(), P, G,
+                                                                          gate_column, weight.ptr<float>(), eps, rows,
+                                                                          int(n), out.ptr<float>());
   RV_CUDA_CHECK(cudaGetLastError());
 }
 

@@ -8,9 +8,10 @@ namespace {
 __device__ __forceinline__ float sigmoid(float x) { return 1.0f / (1.0f + __expf(-x)); }
 __device__ __forceinline__ float softplus(float x) { return x > 20.0f ? x : log1pf(__expf(x)); }
 
-__global__ void sigmoid_mul_kernel(float* __restrict__ x, const float* __restrict__ g, int64_t n) {
+__global__ void sigmoid_mul_kernel(float* __restrict__ x, const float* __restrict__ g, int64_t n, int64_t P, int64_t G,
+                                   int64_t column) {
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
-    x[i] *= sigmoid(g[i]);
+    x[i] *= sigmoid(g[(i / P) * G + column + i % P]);
 }
 
 __global__ void gdn_gates_kernel(const float* __restrict__ fused, int64_t width, int64_t first, const float* __restrict__ neg_a,
@@ -39,11 +40,14 @@ __global__ void add_gated_kernel(float* __restrict__ out, const float* __restric
 
 }  // namespace
 
-void sigmoid_mul(Tensor& x, const Tensor& gate) {
-  const int64_t n = x.numel();
-  if (n == 0) return;
-  sigmoid_mul_kernel<<<unsigned(std::min<int64_t>((n + 255) / 256, 65535)), 256, 0, stream()>>>(x.ptr<float>(),
-                                                                                                 gate.ptr<float>(), n);
+void sigmoid_mul(Tensor& x, const Tensor& gate, int64_t gate_column) {
+  const int64_t n = x.numel(), T = gate.size(0);
+  if (n == 0 || T == 0) return;
+  const int64_t P = n / T, G = gate.numel() / T;
+  RV_CHECK(n == T * P && gate_column + P <= G, "CUDA sigmoid_mul: x ", x.shape_str(), " gate ", gate.shape_str(),
+           " from column ", gate_column);
+  sigmoid_mul_kernel<<<unsigned(std::min<int64_t>((n + 255) / 256, 65535)), 256, 0, stream()>>>(
+      x.ptr<float>(), gate.ptr<float>(), n, P, G, gate_column);
   RV_CUDA_CHECK(cudaGetLastError());
 }
 

@@ -420,9 +420,14 @@ void test_conv_and_norms(int64_t T, int64_t C, int64_t W, bool silu, int64_t ext
   ops::l2_norm(da, n, 1e-6f);
   report("l2_norm " + std::to_string(rows) + "x" + std::to_string(n), max_abs_diff(cuda::to_host(da), a_ref), 1e-6f);
   Tensor gref = Tensor::empty(a.shape(), DType::kF32), dg = Tensor::empty(a.shape(), DType::kF32, Device::kCUDA);
-  ops::cpu::gated_rms_norm(a, gate, nw, 1e-6f, gref);
-  ops::gated_rms_norm(cuda::to_device(a), cuda::to_device(gate), cuda::to_device(nw), 1e-6f, dg);
+  ops::cpu::gated_rms_norm(a, gate, 0, nw, 1e-6f, gref);
+  ops::gated_rms_norm(cuda::to_device(a), cuda::to_device(gate), 0, cuda::to_device(nw), 1e-6f, dg);
   report("gated_rms_norm " + std::to_string(rows) + "x" + std::to_string(n), max_abs_diff(cuda::to_host(dg), gref), 1e-5f);
+  // the gates as a column window of a wider per-token row (3 heads of n per token, 50 columns in)
+  Tensor wide = random_tensor({T, 3 * n + 70});
+  ops::cpu::gated_rms_norm(a, wide, 50, nw, 1e-6f, gref);
+  ops::gated_rms_norm(cuda::to_device(a), cuda::to_device(wide), 50, cuda::to_device(nw), 1e-6f, dg);
+  report("gated_rms_norm gates from columns", max_abs_diff(cuda::to_host(dg), gref), 1e-5f);
 }
 
 void test_gdn_split_qkv(int64_t T, int64_t Hk, int64_t Dk, int64_t Hv, int64_t Dv) {
@@ -449,9 +454,13 @@ void test_gates_and_combine() {
 
   Tensor x = random_tensor({T, H}), gate = random_tensor({T, H}, DType::kF32, 3.0f);
   Tensor dx = cuda::to_device(x);
-  ops::cpu::sigmoid_mul(x, gate);
-  ops::sigmoid_mul(dx, cuda::to_device(gate));
+  ops::cpu::sigmoid_mul(x, gate, 0);
+  ops::sigmoid_mul(dx, cuda::to_device(gate), 0);
   report("sigmoid_mul", max_abs_diff(cuda::to_host(dx), x), 1e-6f);
+  Tensor wide = random_tensor({T, H + 40}, DType::kF32, 3.0f), dx2 = cuda::to_device(x);
+  ops::cpu::sigmoid_mul(x, wide, 40);
+  ops::sigmoid_mul(dx2, cuda::to_device(wide), 40);
+  report("sigmoid_mul gates from columns", max_abs_diff(cuda::to_host(dx2), x), 1e-6f);
 
   Tensor out = random_tensor({T, H}), y = random_tensor({5, H}), rows = Tensor::empty({5}, DType::kI32), w = random_tensor({5});
   const int32_t picks[5] = {0, 12, 3, 7, 5};

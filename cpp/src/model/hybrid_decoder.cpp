@@ -16,6 +16,7 @@
 #include <map>
 #include <numeric>
 
+#include "core/device_runtime.h"
 #include "core/error.h"
 #include "model/architectures.h"
 #include "model/decoder_common.h"
@@ -156,6 +157,7 @@ class HybridDecoderLM final : public DecoderBase {
       const Tensor& next = l + 1 < layers_.size() ? layers_[l + 1].input_norm : final_norm_;
       ops::add_rms_norm(residual, mixed, next, eps, x);
     }
+    if (device_ != Device::kCPU) device_runtime(device_).join_prefetch();
     return final_logits(x, b.logits_row_ids, head_.lm_head);
   }
 
@@ -315,6 +317,21 @@ class HybridDecoderLM final : public DecoderBase {
     return n;
   }
 
+  // A decode step on a device: once the mixer's input projection has streamed, the weights of the
+  // layer's later GEMVs (the mixer's output projection, the router, a routed shared expert; ~27 MB
+  // at Qwen3-Next's shape, within L2) are read into L2 while the mixer's latency-bound kernels run.
+  void prefetch_rest_of_layer(const Layer& L, const Tensor& mixer_out, int64_t T) const {
+    if (device_ == Device::kCPU || T > fused_expert_tokens_) return;
+    std::vector<std::pair<const void*, size_t>> ranges{{mixer_out.data(), mixer_out.nbytes()}};
+    const FeedForwardWeights& f = L.ffn;
+    if (f.moe) {
+      ranges.emplace_back(f.router.data(), f.router.nbytes());
+      if (f.shared_routed)
+        for (const Tensor* t : {&f.shared.gate_up, &f.shared.down}) ranges.emplace_back(t->data(), t->nbytes());
+    }
+    device_runtime(device_).prefetch(ranges);
+  }
+
   void attention(const Layer& L, const ForwardBatch& b, KvCache& kv, const Tensor& x, Tensor& out) {
     const int64_t T = x.size(0), D = cfg_.head_dim, NH = cfg_.num_heads, KVH = cfg_.num_kv_heads;
     const int64_t QO = NH * D, KVO = KVH * D, width = L.attn.proj.size(0);
@@ -322,6 +339,7 @@ class HybridDecoderLM final : public DecoderBase {
     const Device dev = x.device();
     Tensor fused = Tensor::uninitialized({T, width}, DType::kF32, dev);
     ops::linear(x, L.attn.proj, nullptr, fused);
+    prefetch_rest_of_layer(L, L.attn.o, T);
     Tensor q = Tensor::uninitialized({T, NH, D}, DType::kF32, dev), attn = Tensor::uninitialized({T, NH, D}, DType::kF32, dev);
     const ops::QkNorm norm{&L.attn.q_norm, &L.attn.k_norm, eps};
     ops::qkv_rope_cache(fused, norm, b.positions, rope_, b.slot_mapping, q, kv.k[size_t(L.cache_index)],
@@ -329,9 +347,8 @@ class HybridDecoderLM final : public DecoderBase {
     ops::paged_attention(q, kv.k[size_t(L.cache_index)], kv.v[size_t(L.cache_index)], b.attention,
                          1.0f / std::sqrt(float(D)), attn);
     if (opts_.gated_attention) {
-      Tensor gate = Tensor::uninitialized({T, QO}, DType::kF32, dev), a2 = attn.view({T, QO});
-      ops::copy_columns(fused, QO + 2 * KVO, gate);
-      ops::sigmoid_mul(a2, gate);
+      Tensor a2 = attn.view({T, QO});
+      ops::sigmoid_mul(a2, fused, QO + 2 * KVO);
     }
     ops::linear(attn.view({T, QO}), L.attn.o, nullptr, out);
   }
@@ -345,10 +362,9 @@ class HybridDecoderLM final : public DecoderBase {
     const Device dev = x.device();
     Tensor fused = Tensor::uninitialized({T, width}, DType::kF32, dev);
     ops::linear(x, L.gdn.proj, nullptr, fused);
+    prefetch_rest_of_layer(L, L.gdn.out, T);
     Tensor conv_out = Tensor::uninitialized({T, conv_dim}, DType::kF32, dev);
-    Tensor z = Tensor::uninitialized({T, Hv, Dv}, DType::kF32, dev), g = Tensor::uninitialized({T, Hv}, DType::kF32, dev);
-    Tensor beta = Tensor::uninitialized({T, Hv}, DType::kF32, dev), z2 = z.view({T, value_dim});
-    ops::copy_columns(fused, conv_dim, z2);
+    Tensor g = Tensor::uninitialized({T, Hv}, DType::kF32, dev), beta = Tensor::uninitialized({T, Hv}, DType::kF32, dev);
     ops::gdn_gates(fused, conv_dim + value_dim, L.gdn.neg_a, L.gdn.dt_bias, beta, g);
     Tensor q = Tensor::uninitialized({T, Hk, Dk}, DType::kF32, dev), k = Tensor::uninitialized({T, Hk, Dk}, DType::kF32, dev);
     Tensor v = Tensor::uninitialized({T, Hv, Dv}, DType::kF32, dev), core = Tensor::uninitialized({T, Hv, Dv}, DType::kF32, dev);
@@ -358,7 +374,7 @@ class HybridDecoderLM final : public DecoderBase {
     ops::gdn_split_qkv(conv_out, 1e-6f, q, k, v);
     ops::gated_delta_rule(q, k, v, g, beta, states.ssm[layer], b.seq_starts, b.seq_state_slots, core, kChunk);
     Tensor normed = Tensor::uninitialized({T, value_dim}, DType::kF32, dev);
-    ops::gated_rms_norm(core, z, L.gdn.norm, cfg_.rms_norm_eps, normed);
+    ops::gated_rms_norm(core, fused, conv_dim, L.gdn.norm, cfg_.rms_norm_eps, normed);  // z: columns of the projection
     ops::linear(normed, L.gdn.out, nullptr, out);
   }
 

@@ -126,10 +126,12 @@ void causal_conv1d(const Tensor& x, const Tensor& weight, Tensor& conv_states, c
   table_for(x.device(), Op::kCausalConv1d).causal_conv1d(x, weight, conv_states, seq_starts, seq_slots, out, silu);
 }
 void l2_norm(Tensor& x, int64_t dim, float eps) { table_for(x.device(), Op::kL2Norm).l2_norm(x, dim, eps); }
-void gated_rms_norm(const Tensor& x, const Tensor& gate, const Tensor& weight, float eps, Tensor& out) {
-  table_for(x.device(), Op::kGatedRmsNorm).gated_rms_norm(x, gate, weight, eps, out);
+void gated_rms_norm(const Tensor& x, const Tensor& gate, int64_t gate_column, const Tensor& weight, float eps, Tensor& out) {
+  table_for(x.device(), Op::kGatedRmsNorm).gated_rms_norm(x, gate, gate_column, weight, eps, out);
 }
-void sigmoid_mul(Tensor& x, const Tensor& gate) { table_for(x.device(), Op::kSigmoidMul).sigmoid_mul(x, gate); }
+void sigmoid_mul(Tensor& x, const Tensor& gate, int64_t gate_column) {
+  table_for(x.device(), Op::kSigmoidMul).sigmoid_mul(x, gate, gate_column);
+}
 void gdn_gates(const Tensor& fused, int64_t first_column, const Tensor& neg_a, const Tensor& dt_bias, Tensor& beta,
                Tensor& g) {
   table_for(fused.device(), Op::kGdnGates).gdn_gates(fused, first_column, neg_a, dt_bias, beta, g);

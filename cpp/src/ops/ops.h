@@ -144,8 +144,9 @@ struct OpTable {
   void (*causal_conv1d)(const Tensor& x, const Tensor& weight, Tensor& conv_states, const Tensor& seq_starts,
                         const Tensor& seq_slots, Tensor& out, bool silu) = nullptr;
   void (*l2_norm)(Tensor& x, int64_t dim, float eps) = nullptr;
-  void (*gated_rms_norm)(const Tensor& x, const Tensor& gate, const Tensor& weight, float eps, Tensor& out) = nullptr;
-  void (*sigmoid_mul)(Tensor& x, const Tensor& gate) = nullptr;
+  void (*gated_rms_norm)(const Tensor& x, const Tensor& gate, int64_t gate_column, const Tensor& weight, float eps,
+                         Tensor& out) = nullptr;
+  void (*sigmoid_mul)(Tensor& x, const Tensor& gate, int64_t gate_column) = nullptr;
   void (*gdn_gates)(const Tensor& fused, int64_t first_column, const Tensor& neg_a, const Tensor& dt_bias, Tensor& beta,
                     Tensor& g) = nullptr;
   void (*scatter_add_rows)(Tensor& out, const Tensor& rows, const Tensor& weights, const Tensor& y) = nullptr;
@@ -220,9 +221,11 @@ void l2_norm(Tensor& x, int64_t dim, float eps);
 // The conv output [T, q | k | v] of a DeltaNet block split into q, k [T, Hk, Dk] (each head
 // L2-normalised: x / sqrt(sum x^2 + eps)) and v [T, Hv, Dv].
 void gdn_split_qkv(const Tensor& mixed, float eps, Tensor& q, Tensor& k, Tensor& v);
-void gated_rms_norm(const Tensor& x, const Tensor& gate, const Tensor& weight, float eps, Tensor& out);
-// x *= sigmoid(gate), elementwise (gated attention's output gate).
-void sigmoid_mul(Tensor& x, const Tensor& gate);
+// Gates come from a column window of a wider tensor (a fused projection, no copy): gate is
+// [T, G] and the gate of x's element j of token t (x viewed as [T, P]) is gate[t, gate_column + j].
+void gated_rms_norm(const Tensor& x, const Tensor& gate, int64_t gate_column, const Tensor& weight, float eps, Tensor& out);
+// x *= sigmoid(gate) elementwise (gated attention's output gate), gate as for gated_rms_norm.
+void sigmoid_mul(Tensor& x, const Tensor& gate, int64_t gate_column);
 // DeltaNet gates from the fused projection [T, width]: with b = columns [first, first + Hv) and
 // a = the next Hv columns, beta = sigmoid(b) and g = neg_a * softplus(a + dt_bias), both [T, Hv].
 void gdn_gates(const Tensor& fused, int64_t first_column, const Tensor& neg_a, const Tensor& dt_bias, Tensor& beta,

@@ -22,7 +22,7 @@ void copy_columns(const Tensor& src, int64_t first_column, Tensor& dst);
 void fill_uniform(Tensor& t, uint64_t seed, float lo, float hi);
 void argmax(const Tensor& x, Tensor& out);
 void linear_swiglu(const Tensor& x, const Tensor& gate_up_weight, Tensor& act);
-void sigmoid_mul(Tensor& x, const Tensor& gate);
+void sigmoid_mul(Tensor& x, const Tensor& gate, int64_t gate_column);
 void gdn_gates(const Tensor& fused, int64_t first_column, const Tensor& neg_a, const Tensor& dt_bias, Tensor& beta,
                Tensor& g);
 void scatter_add_rows(Tensor& out, const Tensor& rows, const Tensor& weights, const Tensor& y);
@@ -46,7 +46,7 @@ void causal_conv1d_seqs(const Tensor& x, const Tensor& weight, Tensor& conv_stat
                         const Tensor& seq_slots, Tensor& out, bool silu);
 void l2_norm(Tensor& x, int64_t dim, float eps);
 void gdn_split_qkv(const Tensor& mixed, float eps, Tensor& q, Tensor& k, Tensor& v);
-void gated_rms_norm(const Tensor& x, const Tensor& gate, const Tensor& weight, float eps, Tensor& out);
+void gated_rms_norm(const Tensor& x, const Tensor& gate, int64_t gate_column, const Tensor& weight, float eps, Tensor& out);
 
 // Runs fn(task) for every task in [0, n) on the current CPU pool, or inline when there is none.
 void parallel_tasks(int64_t n, const std::function<void(int64_t)>& fn);

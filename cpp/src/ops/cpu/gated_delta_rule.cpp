@@ -179,9 +179,13 @@ void l2_norm(Tensor& x, int64_t dim, float eps) {
   }
 }
 
-void gated_rms_norm(const Tensor& x, const Tensor& gate, const Tensor& weight, float eps, Tensor& out) {
+void gated_rms_norm(const Tensor& x, const Tensor& gate, int64_t gate_column, const Tensor& weight, float eps,
+                    Tensor& out) {
   // out = rmsnorm(x) * w * silu(gate), row-wise over the last dimension of weight.
-  const int64_t n = weight.numel(), rows = x.numel() / n;
+  const int64_t n = weight.numel(), rows = x.numel() / n, T = gate.size(0);
+  const int64_t G = T ? gate.numel() / T : 0, P = T ? x.numel() / T : 0;
+  RV_CHECK(T == 0 || (x.numel() == T * P && P % n == 0 && gate_column + P <= G), "gated_rms_norm: x ", x.shape_str(),
+           " gate ", gate.shape_str(), " from column ", gate_column);
   std::vector<float> w(static_cast<size_t>(n));
   convert_to_f32(weight.data(), weight.dtype(), w.data(), size_t(n));
   const float* xp = x.ptr<float>();
@@ -191,7 +195,7 @@ void gated_rms_norm(const Tensor& x, const Tensor& gate, const Tensor& weight, f
     const float* xr = xp + r * n;
     const float inv = 1.0f / std::sqrt(dot_f32(xr, xr, n) / float(n) + eps);
     for (int64_t i = 0; i < n; ++i) {
-      const float z = gp[r * n + i];
+      const float z = gp[(r * n / P) * G + gate_column + (r * n) % P + i];
       op[r * n + i] = w[size_t(i)] * (xr[i] * inv) * (z / (1.0f + std::exp(-z)));
     }
   }

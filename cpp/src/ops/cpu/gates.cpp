@@ -13,10 +13,14 @@ inline float sigmoid(float x) { return 1.0f / (1.0f + std::exp(-x)); }
 inline float softplus(float x) { return x > 20.0f ? x : std::log1p(std::exp(x)); }
 }  // namespace
 
-void sigmoid_mul(Tensor& x, const Tensor& gate) {
+void sigmoid_mul(Tensor& x, const Tensor& gate, int64_t gate_column) {
+  const int64_t T = gate.size(0), G = T ? gate.numel() / T : 0, P = T ? x.numel() / T : 0;
+  RV_CHECK(T == 0 || (x.numel() == T * P && gate_column + P <= G), "sigmoid_mul: x ", x.shape_str(), " gate ",
+           gate.shape_str(), " from column ", gate_column);
   float* p = x.ptr<float>();
   const float* g = gate.ptr<float>();
-  for (int64_t i = 0; i < x.numel(); ++i) p[i] *= sigmoid(g[i]);
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t j = 0; j < P; ++j) p[t * P + j] *= sigmoid(g[t * G + gate_column + j]);
 }
 
 void gdn_gates(const Tensor& fused, int64_t first, const Tensor& neg_a, const Tensor& dt_bias, Tensor& beta, Tensor& g) {
