@@ -58,8 +58,11 @@ void gdn_gates(const Tensor& fused, int64_t first_column, const Tensor& neg_a, c
 void scatter_add_rows(Tensor& out, const Tensor& rows, const Tensor& weights, const Tensor& y);
 void add_gated_rows(Tensor& out, const Tensor& y, const Tensor& gate);
 void moe_topk(const Tensor& logits, int64_t num_experts, bool renormalize, Tensor& ids, Tensor& weights);
+void moe_route(const Tensor& x, const Tensor& router, int64_t num_experts, bool renormalize, Tensor& ids, Tensor& weights);
 void gdn_split_qkv(const Tensor& mixed, float eps, Tensor& q, Tensor& k, Tensor& v);
-void moe_experts(const Tensor& x, const Tensor& ids, const Tensor& weights, const ops::ExpertTable& experts, Tensor& out);
+void moe_experts(const Tensor& x, const Tensor& ids, const Tensor& weights, const ops::ExpertTable& experts, Tensor& out,
+                 const ops::ResidualNorm* then);
+void linear_residual_norm(const Tensor& x, const Tensor& weight, const ops::ResidualNorm& then);
 void sample(const Tensor& logits, const std::vector<ops::SampleRow>& rows, const std::vector<ops::SampleAdjust>& adjust,
             std::vector<ops::SampleResult>& out);
 void qkv_rope_cache(const Tensor& qkv, const ops::QkNorm& norm, const Tensor& positions, const ops::RopeTables& rope,

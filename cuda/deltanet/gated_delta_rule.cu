@@ -4,15 +4,17 @@
 // owns column j, the block's 4 warps split the Dk rows, so the fp32 state slice
 // S[:, j] lives in registers (Dk / 4 values per thread) for the whole sequence and goes back to
 // memory once. Per token: decay, S^T k (column sums: per thread over its rows, then over the warps
-// through shared memory), the delta, the rank-1 update, S^T q. The chunked tensor-core form for
-// long prefills is still to come; this form is exact for both.
+// through shared memory), the delta, the rank-1 update, S^T q. Batches of more than
+// kRecurrentTokens tokens take the chunked tensor-core form (gdn_chunked.cuh) where it applies.
 #include "core/cuda_check.h"
 #include "cuda_ops.h"
+#include "deltanet/gdn_chunked.cuh"
 
 namespace revolta::cuda {
 namespace {
 
 constexpr int kWarps = 4;
+constexpr int64_t kRecurrentTokens = 64;
 
 template <int RPT>  // state rows per thread: Dk / kWarps
 __global__ void __launch_bounds__(kWarps * 32) gdn_recurrent_kernel(const float* __restrict__ q, const float* __restrict__ k,
@@ -156,11 +158,15 @@ __global__ void gated_rms_norm_kernel(const float* __restrict__ x, const float* 
 
 void gated_delta_rule(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& g, const Tensor& beta,
                       Tensor& states, const Tensor& seq_starts, const Tensor& seq_slots, Tensor& out,
-                      int32_t /*chunk_size: the recurrent form serves all lengths*/) {
+                      int32_t chunk_size) {
   const int64_t T = q.size(0), Hk = q.size(1), Dk = q.size(2), Hv = v.size(1), Dv = v.size(2), S = seq_slots.numel();
   RV_CHECK(Hv % Hk == 0 && states.numel() % (Hv * Dk * Dv) == 0, "CUDA gated_delta_rule: q ", q.shape_str(), " v ",
            v.shape_str(), " states ", states.shape_str());
   if (T == 0 || S == 0) return;
+  // Decode batches (a few tokens per sequence) stay recurrent: a chunk would be mostly padding.
+  if (chunk_size > 1 && T > kRecurrentTokens &&
+      gdn_chunked::run(q, k, v, g, beta, states, seq_starts, seq_slots, out))
+    return;
   const dim3 grid{unsigned(Hv), unsigned((Dv + 31) / 32), unsigned(S)};
   auto launch = [&](auto kernel) {
     kernel<<<grid, kWarps * 32, 0, stream()>>>(q.ptr<float>(), k.ptr<float>(), v.ptr<float>(), g.ptr<float>(),

@@ -13,6 +13,7 @@
 #include "core/cuda_check.h"
 #include "core/element.cuh"
 #include "cuda_ops.h"
+#include "norms/residual_norm_tail.cuh"
 
 namespace revolta::cuda {
 namespace {
@@ -84,12 +85,22 @@ __global__ void __launch_bounds__(kWarps * 32)
 
 // A block computes kDownRows output rows of one token with a warp per slot (blockDim.x / 32 of
 // them, up to kMaxDownWarps; more slots are taken in turn), each reading kDownRows rows of its
-// expert at once; they meet in shared memory.
+// expert at once; they meet in shared memory. With a residual norm (kTail), the token's last block
+// to finish adds its row to the residual stream and normalises it.
 constexpr int kDownRows = 8, kMaxDownWarps = 16;
 
+struct Tail {
+  float* residual;
+  const float* weight;
+  float eps;
+  float* normed;
+  unsigned* counters;  // one per token
+};
+
+template <bool kTail>
 __global__ void __launch_bounds__(kMaxDownWarps * 32)
     moe_down_kernel(const float* __restrict__ act, const int32_t* __restrict__ ids, const float* __restrict__ weights,
-                    const int64_t* __restrict__ down_at, float* __restrict__ out, int K, int H, int I) {
+                    const int64_t* __restrict__ down_at, float* out, int K, int H, int I, Tail tail) {
   const int t = blockIdx.y, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int h0 = blockIdx.x * kDownRows;
   float acc[kDownRows] = {};
@@ -126,25 +137,38 @@ __global__ void __launch_bounds__(kMaxDownWarps * 32)
     for (int w = 0; w < warps; ++w) sum += part[w][threadIdx.x];
     out[size_t(t) * H + h0 + threadIdx.x] = sum;
   }
+  if (kTail && last_to_arrive(tail.counters + t, gridDim.x))
+    residual_norm_row(tail.residual + size_t(t) * H, out + size_t(t) * H, tail.weight, tail.eps,
+                      tail.normed + size_t(t) * H, H);
 }
 
 }  // namespace
 
-void moe_experts(const Tensor& x, const Tensor& ids, const Tensor& weights, const ops::ExpertTable& ex, Tensor& out) {
+void moe_experts(const Tensor& x, const Tensor& ids, const Tensor& weights, const ops::ExpertTable& ex, Tensor& out,
+                 const ops::ResidualNorm* then) {
   const int64_t T = x.size(0), K = ids.size(1), H = ex.hidden, I = ex.inter;
   RV_CHECK(ex.dtype == DType::kF16 && H % 8 == 0 && I % 8 == 0 && x.size(1) == H,
            "CUDA moe_experts: float16 experts with hidden and intermediate sizes divisible by 8 (got ",
            dtype_name(ex.dtype), ", ", H, ", ", I, ")");
   if (T == 0) return;
   Tensor act = Tensor::uninitialized({T, K, I}, DType::kF32, Device::kCUDA);
+  RV_CHECK(!then || (then->weight->dtype() == DType::kF32 && T <= kArrivalCounters),
+           "CUDA moe_experts: a float32 norm weight and at most ", kArrivalCounters, " tokens with a residual norm");
   constexpr int P = 2;
   moe_gate_up_kernel<P, 4><<<dim3{unsigned((I + kWarps * P - 1) / (kWarps * P)), unsigned(T * K)}, kWarps * 32, 0, stream()>>>(
       x.ptr<float>(), ids.ptr<int32_t>(), ex.gate_up.ptr<int64_t>(), act.ptr<float>(), int(K), int(H), int(I));
   RV_CUDA_CHECK(cudaGetLastError());
   const unsigned down_warps = unsigned(std::min<int64_t>(K, kMaxDownWarps));
-  moe_down_kernel<<<dim3{unsigned((H + kDownRows - 1) / kDownRows), unsigned(T)}, down_warps * 32, 0, stream()>>>(
-      act.ptr<float>(), ids.ptr<int32_t>(), weights.ptr<float>(), ex.down.ptr<int64_t>(), out.ptr<float>(), int(K),
-      int(H), int(I));
+  const dim3 grid{unsigned((H + kDownRows - 1) / kDownRows), unsigned(T)};
+  const Tail tail = then ? Tail{then->residual->ptr<float>(), then->weight->ptr<float>(), then->eps,
+                                then->normed->ptr<float>(), arrival_counters()}
+                         : Tail{};
+  auto go = [&](auto kernel) {
+    kernel<<<grid, down_warps * 32, 0, stream()>>>(act.ptr<float>(), ids.ptr<int32_t>(), weights.ptr<float>(),
+                                                   ex.down.ptr<int64_t>(), out.ptr<float>(), int(K), int(H), int(I), tail);
+  };
+  if (then) go(moe_down_kernel<true>);
+  else go(moe_down_kernel<false>);
   RV_CUDA_CHECK(cudaGetLastError());
 }
 

@@ -3,7 +3,9 @@
 // to the lower expert id, as on the CPU). Up to 512 experts (Qwen3-Next) the logits stay in
 // registers; more are read again each round.
 #include "core/cuda_check.h"
+#include "core/element.cuh"
 #include "cuda_ops.h"
+#include "norms/residual_norm_tail.cuh"
 
 namespace revolta::cuda {
 namespace {
@@ -51,21 +53,19 @@ __global__ void moe_topk_kernel(const float* __restrict__ logits, int64_t T, int
 }
 
 // Up to 32 x N experts: each lane keeps its logits in registers and a mask of what earlier rounds
-// took, so the K rounds do not re-read memory (at decode sizes the rounds are the cost).
-template <int N>
-__global__ void moe_topk_registers_kernel(const float* __restrict__ logits, int64_t T, int E, int K, int S,
-                                          bool renorm, int32_t* __restrict__ ids, float* __restrict__ weights) {
-  const int64_t t = int64_t(blockIdx.x) * kWarps + threadIdx.x / 32;
+// took, so the K rounds do not re-read memory (at decode sizes the rounds are the cost). A warp
+// routes token t; kFromL2 reads logits other blocks of the same kernel wrote.
+template <int N, bool kFromL2 = false>
+__device__ void topk_registers_row(const float* l, int64_t t, int E, int K, int S, bool renorm,
+                                   int32_t* __restrict__ ids, float* __restrict__ weights) {
   const int lane = threadIdx.x % 32;
-  if (t >= T) return;
-  const float* l = logits + t * (E + S);
   const int KS = K + S;  // ids / weights row: K routed slots, then the shared expert
   float v[N];
   float mx = -INFINITY;
 #pragma unroll
   for (int i = 0; i < N; ++i) {
     const int e = lane + 32 * i;
-    v[i] = e < E ? l[e] : -INFINITY;
+    v[i] = e < E ? (kFromL2 ? load_cg(l + e) : l[e]) : -INFINITY;
     mx = fmaxf(mx, v[i]);
   }
   for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
@@ -99,10 +99,80 @@ __global__ void moe_topk_registers_kernel(const float* __restrict__ logits, int6
   }
   if (renorm && lane == 0)
     for (int k = 0; k < K; ++k) weights[t * KS + k] /= top;
-  if (S && lane == 0) ids[t * KS + K] = E, weights[t * KS + K] = 1.0f / (1.0f + __expf(-l[E]));
+  if (S && lane == 0) {
+    const float gate = kFromL2 ? load_cg(l + E) : l[E];
+    ids[t * KS + K] = E, weights[t * KS + K] = 1.0f / (1.0f + __expf(-gate));
+  }
+}
+
+template <int N>
+__global__ void moe_topk_registers_kernel(const float* __restrict__ logits, int64_t T, int E, int K, int S,
+                                          bool renorm, int32_t* __restrict__ ids, float* __restrict__ weights) {
+  const int64_t t = int64_t(blockIdx.x) * kWarps + threadIdx.x / 32;
+  if (t < T) topk_registers_row<N>(logits + t * (E + S), t, E, K, S, renorm, ids, weights);
+}
+
+// Decode routing in one launch: a warp per router row computes the logits of the M tokens (f32
+// router, 16-byte loads), then the last block to finish runs the top-k, a warp per token.
+template <int M>
+__global__ void __launch_bounds__(kWarps * 32)
+    route_kernel(const float* __restrict__ x, const float* __restrict__ router, float* logits, int E, int S, int H,
+                 int K, bool renorm, int32_t* __restrict__ ids, float* __restrict__ weights, unsigned* counter) {
+  const int lane = threadIdx.x % 32, r = blockIdx.x * kWarps + threadIdx.x / 32, R = E + S;
+  if (r < R) {  // no early return: every thread reaches the arrival count
+    float acc[M] = {};
+    const float* w = router + size_t(r) * H;
+    for (int k = lane * 8; k < H; k += 32 * 8) {  // H % 8 == 0 (checked by the caller)
+      float wv[8];
+      load8(w + k, wv);
+#pragma unroll
+      for (int m = 0; m < M; ++m) {
+        float xv[8];
+        load8(x + size_t(m) * H + k, xv);
+#pragma unroll
+        for (int i = 0; i < 8; ++i) acc[m] += wv[i] * xv[i];
+      }
+    }
+#pragma unroll
+    for (int m = 0; m < M; ++m) {
+      float v = acc[m];
+      for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+      if (lane == 0) logits[size_t(m) * R + r] = v;
+    }
+  }
+  if (!last_to_arrive(counter, gridDim.x)) return;
+  for (int t = threadIdx.x / 32; t < M; t += kWarps) topk_registers_row<16, true>(logits + size_t(t) * R, t, E, K, S, renorm, ids, weights);
 }
 
 }  // namespace
+
+void moe_route(const Tensor& x, const Tensor& router, int64_t E, bool renormalize, Tensor& ids, Tensor& weights) {
+  const int64_t T = x.size(0), H = x.size(1), R = router.size(0), S = R - E, K = ids.size(1) - S;
+  RV_CHECK(router.size(1) == H && (S == 0 || S == 1) && K >= 1 && K <= E, "CUDA moe_route: x ", x.shape_str(),
+           " router ", router.shape_str(), " for ", E, " experts, ids ", ids.shape_str());
+  if (T == 0) return;
+  Tensor logits = Tensor::uninitialized({T, R}, DType::kF32, Device::kCUDA);
+  const bool fused = T <= 4 && E <= 32 * 16 && H % 8 == 0 && router.dtype() == DType::kF32 &&
+                     reinterpret_cast<uintptr_t>(x.data()) % 16 == 0 && reinterpret_cast<uintptr_t>(router.data()) % 16 == 0;
+  if (!fused) {
+    linear(x, router, nullptr, logits);
+    moe_topk(logits, E, renormalize, ids, weights);
+    return;
+  }
+  const unsigned blocks = unsigned((R + kWarps - 1) / kWarps);
+  auto go = [&](auto kernel) {
+    kernel<<<blocks, kWarps * 32, 0, stream()>>>(x.ptr<float>(), router.ptr<float>(), logits.ptr<float>(), int(E),
+                                                 int(S), int(H), int(K), renormalize, ids.ptr<int32_t>(),
+                                                 weights.ptr<float>(), arrival_counters());
+  };
+  switch (T) {
+    case 1: go(route_kernel<1>); break;
+    case 2: go(route_kernel<2>); break;
+    case 3: go(route_kernel<3>); break;
+    default: go(route_kernel<4>); break;
+  }
+  RV_CUDA_CHECK(cudaGetLastError());
+}
 
 void moe_topk(const Tensor& logits, int64_t E, bool renormalize, Tensor& ids, Tensor& weights) {
   const int64_t T = logits.size(0), S = logits.size(1) - E, K = ids.size(1) - S;

@@ -41,6 +41,12 @@ float max_abs_diff(const Tensor& a, const Tensor& b) {
   return m;
 }
 
+float max_abs(const Tensor& a) {
+  float m = 0.0f;
+  for (int64_t i = 0; i < a.numel(); ++i) m = std::max(m, std::fabs(a.ptr<float>()[i]));
+  return m;
+}
+
 void report(const std::string& name, float err, float tol) {
   const bool ok = err <= tol && !std::isnan(err);
   (ok ? g_passed : g_failed)++;
@@ -389,10 +395,45 @@ void test_gated_delta_rule(std::vector<int32_t> lens, int64_t Hk, int64_t Hv, in
   Tensor out = cuda::to_host(dout), st = cuda::to_host(ds);
   std::string tag = std::to_string(S) + " seqs T" + std::to_string(T) + " Hk" + std::to_string(Hk) + "/Hv" +
                     std::to_string(Hv) + " Dk" + std::to_string(Dk) + " Dv" + std::to_string(Dv);
-  report("gated_delta_rule " + tag + " vs recurrent", std::max(max_abs_diff(out, ref), max_abs_diff(st, s_ref)), 1e-4f);
-  report("gated_delta_rule " + tag + " vs chunked", std::max(max_abs_diff(out, ref_chunk), max_abs_diff(st, s_chunk)), 1e-3f);
+  // Past 64 tokens with Dk == Dv in {64, 128} the device runs the chunked tensor-core form, whose
+  // operands are rounded to f16: its error is checked relative to the outputs' scale.
+  const bool tensor_cores = T > 64 && Dk == Dv && (Dk == 64 || Dk == 128);
+  const float tol = tensor_cores ? 4e-3f * std::max(max_abs(ref), max_abs(s_ref)) : 1e-4f;
+  if (tensor_cores) tag += " chunked on tensor cores";
+  report("gated_delta_rule " + tag + " vs recurrent", std::max(max_abs_diff(out, ref), max_abs_diff(st, s_ref)), tol);
+  report("gated_delta_rule " + tag + " vs chunked", std::max(max_abs_diff(out, ref_chunk), max_abs_diff(st, s_chunk)),
+         std::max(tol, 1e-3f));
   perf("gated_delta_rule " + tag, double(S * Hv * Dk * Dv * 8 + T * (2 * Hk * Dk + 2 * Hv * Dv) * 4),
        [&] { ops::gated_delta_rule(dq, dk, dv, dg, db, ds, dst, dsl, dout, 64); });
+}
+
+// A Qwen3-Next prefill of T tokens (one sequence, 32 value heads of 128): the chunked tensor-core
+// form against the device's recurrent form on the same inputs, and both timed (--perf).
+void test_gdn_prefill(int64_t T) {
+  const int64_t Hk = 16, Hv = 32, D = 128;
+  Tensor q = random_tensor({T, Hk, D}), k = random_tensor({T, Hk, D}), v = random_tensor({T, Hv, D});
+  ops::cpu::l2_norm(q, D, 1e-6f);
+  ops::cpu::l2_norm(k, D, 1e-6f);
+  Tensor g = Tensor::empty({T, Hv}, DType::kF32), beta = Tensor::empty({T, Hv}, DType::kF32);
+  std::uniform_real_distribution<float> ud(0.0f, 1.0f);
+  for (int64_t i = 0; i < T * Hv; ++i) g.ptr<float>()[i] = -0.2f * ud(g_rng), beta.ptr<float>()[i] = ud(g_rng);
+  Tensor starts = Tensor::empty({2}, DType::kI32), sl = Tensor::empty({1}, DType::kI32);
+  starts.ptr<int32_t>()[1] = int32_t(T);
+  Tensor dq = cuda::to_device(q), dk = cuda::to_device(k), dv = cuda::to_device(v), dg = cuda::to_device(g),
+         db = cuda::to_device(beta), dst = cuda::to_device(starts), dsl = cuda::to_device(sl);
+  Tensor s0 = random_tensor({1, Hv, D, D}, DType::kF32, 0.1f);
+  Tensor ds_c = cuda::to_device(s0), ds_r = cuda::to_device(s0);
+  Tensor oc = Tensor::empty({T, Hv, D}, DType::kF32, Device::kCUDA), orr = Tensor::empty({T, Hv, D}, DType::kF32, Device::kCUDA);
+  ops::gated_delta_rule(dq, dk, dv, dg, db, ds_c, dst, dsl, oc, 64);
+  ops::gated_delta_rule(dq, dk, dv, dg, db, ds_r, dst, dsl, orr, 0);
+  const Tensor ref = cuda::to_host(orr), sref = cuda::to_host(ds_r);
+  const std::string tag = "T" + std::to_string(T) + " Hv32 D128";
+  report("gated_delta_rule prefill " + tag + " chunked vs recurrent",
+         std::max(max_abs_diff(cuda::to_host(oc), ref), max_abs_diff(cuda::to_host(ds_c), sref)),
+         4e-3f * std::max(max_abs(ref), max_abs(sref)));
+  const double flops = double(T) * Hv * D * D * 2 * 4;
+  perf("gdn prefill chunked " + tag, double(T * (2 * Hk + 2 * Hv) * D * 4), [&] { ops::gated_delta_rule(dq, dk, dv, dg, db, ds_c, dst, dsl, oc, 64); }, flops);
+  perf("gdn prefill recurrent " + tag, double(T * (2 * Hk + 2 * Hv) * D * 4), [&] { ops::gated_delta_rule(dq, dk, dv, dg, db, ds_r, dst, dsl, orr, 0); }, flops);
 }
 
 void test_conv_and_norms(int64_t T, int64_t C, int64_t W, bool silu, int64_t extra_columns = 0) {
@@ -493,6 +534,26 @@ void test_moe_topk(int64_t T, int64_t E, int64_t K, bool renorm, bool shared = f
 }
 
 // Experts as separate f16 matrices (as the loader makes them), found through address tables.
+// Router logits + top-k in one op (one launch for decode batches of up to 4 tokens) against the
+// CPU's linear + moe_topk; twice in a row (the arrival counter resets itself).
+void test_moe_route(int64_t T, int64_t E, int64_t K, int64_t H, bool shared) {
+  const int64_t S = shared ? 1 : 0;
+  Tensor x = random_tensor({T, H}), router = random_tensor({E + S, H}, DType::kF32, 1.0f);
+  Tensor ids = Tensor::empty({T, K + S}, DType::kI32), w = Tensor::empty({T, K + S}, DType::kF32);
+  ops::cpu::moe_route(x, router, E, true, ids, w);
+  Tensor dx = cuda::to_device(x), dr = cuda::to_device(router);
+  Tensor dids = Tensor::empty(ids.shape(), DType::kI32, Device::kCUDA), dw = Tensor::empty(w.shape(), DType::kF32, Device::kCUDA);
+  for (int rep = 0; rep < 2; ++rep) ops::moe_route(dx, dr, E, true, dids, dw);
+  const Tensor hid = cuda::to_host(dids);
+  int64_t wrong = 0;
+  for (int64_t i = 0; i < ids.numel(); ++i) wrong += hid.ptr<int32_t>()[i] != ids.ptr<int32_t>()[i];
+  const std::string tag = std::to_string(T) + "x" + std::to_string(H) + " E" + std::to_string(E) + " top" +
+                          std::to_string(K) + (shared ? " + shared" : "");
+  report("moe_route ids " + tag, float(wrong), 0.0f);
+  report("moe_route weights " + tag, max_abs_diff(cuda::to_host(dw), w), 1e-4f);
+  perf("moe_route " + tag, double((E + S) * H * 4), [&] { ops::moe_route(dx, dr, E, true, dids, dw); });
+}
+
 void test_moe_experts(int64_t T, int64_t E, int64_t K, int64_t H, int64_t I) {
   std::vector<Tensor> gu, dn, dgu, ddn;
   Tensor gu_at = Tensor::empty({E}, DType::kI64), dn_at = Tensor::empty({E}, DType::kI64);
@@ -512,14 +573,45 @@ void test_moe_experts(int64_t T, int64_t E, int64_t K, int64_t H, int64_t I) {
     for (int64_t k = 0; k < K; ++k) ids.ptr<int32_t>()[t * K + k] = int32_t((t * 7 + k * 3 + (k * k) / 2) % E);
   Tensor x = random_tensor({T, H}), ref = Tensor::empty({T, H}, DType::kF32);
   ops::ExpertTable host{gu_at, dn_at, DType::kF16, H, I}, dev{cuda::to_device(dgu_at), cuda::to_device(ddn_at), DType::kF16, H, I};
-  ops::cpu::moe_experts(x, ids, w, host, ref);
+  ops::cpu::moe_experts(x, ids, w, host, ref, nullptr);
   Tensor dx = cuda::to_device(x), dids = cuda::to_device(ids), dw = cuda::to_device(w);
   Tensor dout = Tensor::empty({T, H}, DType::kF32, Device::kCUDA);
   ops::moe_experts(dx, dids, dw, dev, dout);
   const std::string tag = std::to_string(T) + " tokens E" + std::to_string(E) + " top" + std::to_string(K) + " " +
                           std::to_string(H) + "x" + std::to_string(I);
   report("moe_experts " + tag, max_abs_diff(cuda::to_host(dout), ref), 1e-3f);
+  // with the residual add + norm by each token's last block (twice: the counters must reset)
+  Tensor res = random_tensor({T, H}), nw = random_tensor({H}), normed = Tensor::empty({T, H}, DType::kF32);
+  Tensor res_ref = Tensor::empty({T, H}, DType::kF32), dres = cuda::to_device(res), dnw = cuda::to_device(nw);
+  std::memcpy(res_ref.data(), res.data(), res.nbytes());
+  Tensor dnormed = Tensor::empty({T, H}, DType::kF32, Device::kCUDA);
+  for (int rep = 0; rep < 2; ++rep) {
+    Tensor scratch = Tensor::empty({T, H}, DType::kF32);
+    const ops::ResidualNorm href{&res_ref, &nw, 1e-6f, &normed}, dref{&dres, &dnw, 1e-6f, &dnormed};
+    ops::cpu::moe_experts(x, ids, w, host, scratch, &href);
+    ops::moe_experts(dx, dids, dw, dev, dout, &dref);
+  }
+  report("moe_experts " + tag + " + residual norm",
+         std::max(max_abs_diff(cuda::to_host(dres), res_ref), max_abs_diff(cuda::to_host(dnormed), normed)), 3e-3f);
   perf("moe_experts " + tag, double(T * K * 3 * H * I * 2), [&] { ops::moe_experts(dx, dids, dw, dev, dout); });
+}
+
+// y = x . W^T added to a residual stream and normalised (the last GEMV of a block), twice in a row
+// (the arrival counter resets itself), against the CPU's linear + add_rms_norm.
+void test_linear_residual_norm(int64_t M, int64_t N, int64_t K, DType dt) {
+  Tensor x = random_tensor({M, K}), w = random_tensor({N, K}, dt, 1.0f / std::sqrt(float(K)));
+  Tensor res = random_tensor({M, N}), nw = random_tensor({N}), normed = Tensor::empty({M, N}, DType::kF32);
+  Tensor dx = cuda::to_device(x), dw = cuda::to_device(w), dres = cuda::to_device(res), dnw = cuda::to_device(nw);
+  Tensor dnormed = Tensor::empty({M, N}, DType::kF32, Device::kCUDA);
+  const ops::ResidualNorm href{&res, &nw, 1e-6f, &normed}, dref{&dres, &dnw, 1e-6f, &dnormed};
+  for (int rep = 0; rep < 2; ++rep) {
+    ops::cpu::linear_residual_norm(x, w, href);
+    ops::linear_residual_norm(dx, dw, dref);
+  }
+  const std::string tag = std::to_string(M) + "x" + std::to_string(N) + "x" + std::to_string(K) + " " + dtype_name(dt);
+  report("linear_residual_norm " + tag,
+         std::max(max_abs_diff(cuda::to_host(dres), res), max_abs_diff(cuda::to_host(dnormed), normed)), 2e-3f);
+  perf("linear_residual_norm " + tag, double(N * K * dtype_size(dt)), [&] { ops::linear_residual_norm(dx, dw, dref); });
 }
 
 void test_argmax(int64_t R, int64_t V) {
@@ -624,6 +716,9 @@ int main(int argc, char** argv) {
     test_gated_delta_rule({37}, 1, 2, 16, 16);            // tiny test configs
     test_gated_delta_rule({150, 1, 64}, 2, 4, 128, 128);  // prefill chunks beside a decode token
     test_gated_delta_rule({20, 3}, 2, 2, 32, 48);         // Dv not a multiple of 32
+    test_gated_delta_rule({700, 1, 333}, 2, 4, 128, 128); // chunked: ragged last chunks, a decode row between
+    test_gated_delta_rule({130, 64}, 1, 1, 64, 64);       // chunked at head dim 64, an exact chunk
+    test_gdn_prefill(2048);
     test_conv_and_norms(1, 300, 4, true);
     test_conv_and_norms(50, 8192, 4, true);
     test_conv_and_norms(7, 33, 2, false, 21);
@@ -636,6 +731,13 @@ int main(int argc, char** argv) {
     test_moe_topk(5, 64, 8, false);
     test_moe_topk(3, 700, 4, true, true);  // past the register-held form
     test_moe_experts(3, 16, 4, 256, 96);
+    test_moe_route(1, 512, 10, 2048, true);  // Qwen3-Next decode routing
+    test_moe_route(3, 64, 8, 256, false);
+    test_moe_route(9, 512, 10, 256, true);   // past the fused form: linear + moe_topk
+    test_linear_residual_norm(1, 2048, 4096, DType::kF16);  // Qwen3-Next's output projections
+    test_linear_residual_norm(5, 300, 264, DType::kF32);
+    test_linear_residual_norm(8, 2048, 512, DType::kF16);
+    test_linear_residual_norm(20, 256, 128, DType::kF16);   // past decode sizes: linear + add_rms_norm
     test_moe_experts(1, 64, 10, 2048, 512);   // Qwen3-Next decode, concurrency 1 (GB/s in --perf)
     test_moe_experts(8, 64, 10, 2048, 512);
     test_argmax(1, 128256);  // a Llama-3 decode step at concurrency 1

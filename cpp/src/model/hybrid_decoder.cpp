@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <map>
 #include <numeric>
@@ -145,17 +146,17 @@ class HybridDecoderLM final : public DecoderBase {
     const float eps = cfg_.rms_norm_eps;
     Tensor residual = Tensor::uninitialized({T, H}, DType::kF32, device_);
     Tensor x = Tensor::uninitialized({T, H}, DType::kF32, device_);
-    Tensor mixed = Tensor::uninitialized({T, H}, DType::kF32, device_);
     ops::embedding(b.token_ids, head_.embed, residual);
     ops::rms_norm(residual, layers_[0].input_norm, eps, x);
+    // Each block's last GEMV adds its output to the residual stream and normalises it for the next
+    // block (ops::ResidualNorm): x is the normalised input of every block.
     for (size_t l = 0; l < layers_.size(); ++l) {
       const Layer& L = layers_[l];
-      if (L.linear) deltanet(L, b, *caches.state, x, mixed);
-      else attention(L, b, *caches.kv, x, mixed);
-      ops::add_rms_norm(residual, mixed, L.post_norm, eps, x);
-      feed_forward(L.ffn, x, mixed);
+      const ops::ResidualNorm post{&residual, &L.post_norm, eps, &x};
+      if (L.linear) deltanet(L, b, *caches.state, x, post);
+      else attention(L, b, *caches.kv, x, post);
       const Tensor& next = l + 1 < layers_.size() ? layers_[l + 1].input_norm : final_norm_;
-      ops::add_rms_norm(residual, mixed, next, eps, x);
+      feed_forward(L.ffn, x, ops::ResidualNorm{&residual, &next, eps, &x});
     }
     if (device_ != Device::kCPU) device_runtime(device_).join_prefetch();
     return final_logits(x, b.logits_row_ids, head_.lm_head);
@@ -321,7 +322,12 @@ class HybridDecoderLM final : public DecoderBase {
   // layer's later GEMVs (the mixer's output projection, the router, a routed shared expert; ~27 MB
   // at Qwen3-Next's shape, within L2) are read into L2 while the mixer's latency-bound kernels run.
   void prefetch_rest_of_layer(const Layer& L, const Tensor& mixer_out, int64_t T) const {
-    if (device_ == Device::kCPU || T > fused_expert_tokens_) return;
+    // REVOLTA_WEIGHT_PREFETCH=0 turns it off (to measure what it brings).
+    static const bool enabled = [] {
+      const char* v = std::getenv("REVOLTA_WEIGHT_PREFETCH");
+      return !v || std::string(v) != "0";
+    }();
+    if (!enabled || device_ == Device::kCPU || T > fused_expert_tokens_) return;
     std::vector<std::pair<const void*, size_t>> ranges{{mixer_out.data(), mixer_out.nbytes()}};
     const FeedForwardWeights& f = L.ffn;
     if (f.moe) {
@@ -332,7 +338,7 @@ class HybridDecoderLM final : public DecoderBase {
     device_runtime(device_).prefetch(ranges);
   }
 
-  void attention(const Layer& L, const ForwardBatch& b, KvCache& kv, const Tensor& x, Tensor& out) {
+  void attention(const Layer& L, const ForwardBatch& b, KvCache& kv, const Tensor& x, const ops::ResidualNorm& then) {
     const int64_t T = x.size(0), D = cfg_.head_dim, NH = cfg_.num_heads, KVH = cfg_.num_kv_heads;
     const int64_t QO = NH * D, KVO = KVH * D, width = L.attn.proj.size(0);
     const float eps = cfg_.rms_norm_eps;
@@ -350,10 +356,10 @@ class HybridDecoderLM final : public DecoderBase {
       Tensor a2 = attn.view({T, QO});
       ops::sigmoid_mul(a2, fused, QO + 2 * KVO);
     }
-    ops::linear(attn.view({T, QO}), L.attn.o, nullptr, out);
+    ops::linear_residual_norm(attn.view({T, QO}), L.attn.o, then);
   }
 
-  void deltanet(const Layer& L, const ForwardBatch& b, StateCache& states, const Tensor& x, Tensor& out) {
+  void deltanet(const Layer& L, const ForwardBatch& b, StateCache& states, const Tensor& x, const ops::ResidualNorm& then) {
     const ModelConfig& c = cfg_;
     const int64_t T = x.size(0), Hk = c.linear_num_key_heads, Hv = c.linear_num_value_heads;
     const int64_t Dk = c.linear_key_head_dim, Dv = c.linear_value_head_dim;
@@ -375,26 +381,31 @@ class HybridDecoderLM final : public DecoderBase {
     ops::gated_delta_rule(q, k, v, g, beta, states.ssm[layer], b.seq_starts, b.seq_state_slots, core, kChunk);
     Tensor normed = Tensor::uninitialized({T, value_dim}, DType::kF32, dev);
     ops::gated_rms_norm(core, fused, conv_dim, L.gdn.norm, cfg_.rms_norm_eps, normed);  // z: columns of the projection
-    ops::linear(normed, L.gdn.out, nullptr, out);
+    ops::linear_residual_norm(normed, L.gdn.out, then);
   }
 
-  void feed_forward(const FeedForwardWeights& f, const Tensor& x, Tensor& out) {
+  // x is read, then overwritten with the next block's normalised input (then.normed is x).
+  void feed_forward(const FeedForwardWeights& f, const Tensor& x, const ops::ResidualNorm& then) {
     const int64_t T = x.size(0), H = cfg_.hidden_size;
     if (!f.moe) {
-      mlp(f.gate_up, f.down, x, out);
+      Tensor act = Tensor::uninitialized({T, f.down.size(1)}, DType::kF32, x.device());
+      ops::linear_swiglu(x, f.gate_up, act);
+      ops::linear_residual_norm(act, f.down, then);
       return;
     }
     const int64_t E = cfg_.num_experts, S = f.shared_routed ? 1 : 0, K = cfg_.num_experts_per_tok + S;
     const Device dev = x.device();
-    Tensor logits = Tensor::uninitialized({T, E + S}, DType::kF32, dev);
-    ops::linear(x, f.router, nullptr, logits);
-    // Routing is computed where the logits are; the grouping by expert (T x K ids) on the host,
-    // and the experts' rows move by gather / scatter ops.
+    // Routing is computed on the model's device; prefill batches group the (T x K) ids by expert on
+    // the host, and the experts' rows move by gather / scatter ops.
     Tensor ids = Tensor::uninitialized({T, K}, DType::kI32, dev), weights = Tensor::uninitialized({T, K}, DType::kF32, dev);
-    ops::moe_topk(logits, E, cfg_.norm_topk_prob, ids, weights);
+    ops::moe_route(x, f.router, E, cfg_.norm_topk_prob, ids, weights);
     if (T <= fused_expert_tokens_) {
-      ops::moe_experts(x, ids, weights, f.table, out);
+      Tensor out = Tensor::uninitialized({T, H}, DType::kF32, dev);
+      const bool gated_shared = f.shared_gate.defined();  // added after the routed experts
+      ops::moe_experts(x, ids, weights, f.table, out, gated_shared ? nullptr : &then);
+      if (!gated_shared) return;
       add_shared_expert(f, x, out);
+      ops::add_rms_norm(*then.residual, out, *then.weight, then.eps, *then.normed);
       return;
     }
     const Tensor hids = ids.to(Device::kCPU), hw = weights.to(Device::kCPU);
@@ -414,7 +425,7 @@ class HybridDecoderLM final : public DecoderBase {
       ops::scatter_add_rows(acc, drows, dwgt, ye);
     }
     add_shared_expert(f, x, acc);
-    ops::copy_columns(acc, 0, out);
+    ops::add_rms_norm(*then.residual, acc, *then.weight, then.eps, *then.normed);
   }
 
   void add_shared_expert(const FeedForwardWeights& f, const Tensor& x, Tensor& acc) {

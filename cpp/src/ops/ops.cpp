@@ -26,7 +26,8 @@ const char* op_name(Op op) {
                                 "rope",      "silu_mul",       "kv_cache_write", "paged_attention",
                                 "gather_rows", "copy_columns", "fill_uniform",   "argmax", "qkv_rope_cache", "sample", "linear_swiglu",
                                 "gated_delta_rule", "causal_conv1d", "l2_norm", "gated_rms_norm",
-                                "sigmoid_mul", "gdn_gates", "scatter_add_rows", "add_gated_rows", "moe_topk", "moe_experts", "gdn_split_qkv"};
+                                "sigmoid_mul", "gdn_gates", "scatter_add_rows", "add_gated_rows", "moe_topk", "moe_experts", "gdn_split_qkv",
+                                "linear_residual_norm", "moe_route"};
   return names[int(op)];
 }
 
@@ -62,6 +63,8 @@ bool supports_op(Device device, Op op) {
     case Op::kMoeTopk: return t->moe_topk != nullptr;
     case Op::kMoeExperts: return t->moe_experts != nullptr;
     case Op::kGdnSplitQkv: return t->gdn_split_qkv != nullptr;
+    case Op::kLinearResidualNorm: return t->linear_residual_norm != nullptr;
+    case Op::kMoeRoute: return t->moe_route != nullptr;
     case Op::kCount: break;
   }
   return false;
@@ -150,8 +153,16 @@ void gdn_split_qkv(const Tensor& mixed, float eps, Tensor& q, Tensor& k, Tensor&
   table_for(mixed.device(), Op::kGdnSplitQkv).gdn_split_qkv(mixed, eps, q, k, v);
 }
 
-void moe_experts(const Tensor& x, const Tensor& ids, const Tensor& weights, const ExpertTable& experts, Tensor& out) {
-  table_for(x.device(), Op::kMoeExperts).moe_experts(x, ids, weights, experts, out);
+void moe_experts(const Tensor& x, const Tensor& ids, const Tensor& weights, const ExpertTable& experts, Tensor& out,
+                 const ResidualNorm* then) {
+  table_for(x.device(), Op::kMoeExperts).moe_experts(x, ids, weights, experts, out, then);
+}
+void moe_route(const Tensor& x, const Tensor& router, int64_t num_experts, bool renormalize, Tensor& ids,
+               Tensor& weights) {
+  table_for(x.device(), Op::kMoeRoute).moe_route(x, router, num_experts, renormalize, ids, weights);
+}
+void linear_residual_norm(const Tensor& x, const Tensor& weight, const ResidualNorm& then) {
+  table_for(x.device(), Op::kLinearResidualNorm).linear_residual_norm(x, weight, then);
 }
 void sample(const Tensor& logits, const std::vector<SampleRow>& rows, const std::vector<SampleAdjust>& adjust,
             std::vector<SampleResult>& out) {

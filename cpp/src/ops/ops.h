@@ -62,6 +62,15 @@ struct ExpertTable {
   int64_t hidden = 0, inter = 0;
 };
 
+// The residual add and RMSNorm that follow a layer's last GEMV, fused into it where a backend can
+// (decode-sized batches): residual += y; normed = rms_norm(residual) * weight (f32 [n]).
+struct ResidualNorm {
+  Tensor* residual = nullptr;
+  const Tensor* weight = nullptr;
+  float eps = 1e-6f;
+  Tensor* normed = nullptr;
+};
+
 // One row of a batched sampling step (the sampler's semantics, see sample/sampler.h): adjustments
 // first (min_tokens masks, repetition / presence / frequency penalties, listed per token in
 // adjust[adjust_begin, adjust_end)), then temperature, top-k, top-p, min-p and a draw at
@@ -115,6 +124,8 @@ enum class Op {
   kMoeTopk,
   kMoeExperts,
   kGdnSplitQkv,
+  kLinearResidualNorm,
+  kMoeRoute,
   kCount
 };
 const char* op_name(Op op);
@@ -153,7 +164,10 @@ struct OpTable {
   void (*add_gated_rows)(Tensor& out, const Tensor& y, const Tensor& gate) = nullptr;
   void (*moe_topk)(const Tensor& logits, int64_t num_experts, bool renormalize, Tensor& ids, Tensor& weights) = nullptr;
   void (*moe_experts)(const Tensor& x, const Tensor& ids, const Tensor& weights, const ExpertTable& experts,
-                      Tensor& out) = nullptr;
+                      Tensor& out, const ResidualNorm* then) = nullptr;
+  void (*linear_residual_norm)(const Tensor& x, const Tensor& weight, const ResidualNorm& then) = nullptr;
+  void (*moe_route)(const Tensor& x, const Tensor& router, int64_t num_experts, bool renormalize, Tensor& ids,
+                    Tensor& weights) = nullptr;
   void (*gdn_split_qkv)(const Tensor& mixed, float eps, Tensor& q, Tensor& k, Tensor& v) = nullptr;
   void (*sample)(const Tensor& logits, const std::vector<SampleRow>& rows, const std::vector<SampleAdjust>& adjust,
                  std::vector<SampleResult>& out) = nullptr;
@@ -240,10 +254,18 @@ void add_gated_rows(Tensor& out, const Tensor& y, const Tensor& gate);
 // expert E (the shared expert) with weight sigmoid(gate), outside the renormalisation.
 // ids int32 [T, K (+ 1)], weights f32 [T, K (+ 1)].
 void moe_topk(const Tensor& logits, int64_t num_experts, bool renormalize, Tensor& ids, Tensor& weights);
+// The router's logits x . router^T (router f32 [E (+ 1), hidden]) and moe_topk over them in one
+// step (a decode batch's routing without a separate top-k launch).
+void moe_route(const Tensor& x, const Tensor& router, int64_t num_experts, bool renormalize, Tensor& ids,
+               Tensor& weights);
 // The routed experts of a few tokens, without grouping them on the host: out[t] = sum over k of
 // weights[t, k] * down_e (silu(gate_e x_t) * up_e x_t), e = ids[t, k]. x, out f32 [T, hidden].
 // For decode-sized batches (every (token, expert) pair reads its expert's weights).
-void moe_experts(const Tensor& x, const Tensor& ids, const Tensor& weights, const ExpertTable& experts, Tensor& out);
+void moe_experts(const Tensor& x, const Tensor& ids, const Tensor& weights, const ExpertTable& experts, Tensor& out,
+                 const ResidualNorm* then = nullptr);
+// y = x . weight^T (no bias), then `then` with y: the residual stream takes the GEMV's output
+// without a separate add + norm pass.
+void linear_residual_norm(const Tensor& x, const Tensor& weight, const ResidualNorm& then);
 // Samples one token per row of logits [R, vocab] (on any device; results on the host). Kept sets
 // are thresholds on the adjusted logits (ties at a top-k / top-p boundary broken by lower index),
 // and the draw walks the kept tokens in index order: the same distribution as the host sampler,

@@ -78,8 +78,15 @@ void moe_topk(const Tensor& logits, int64_t E, bool renormalize, Tensor& ids, Te
   }
 }
 
+void moe_route(const Tensor& x, const Tensor& router, int64_t E, bool renormalize, Tensor& ids, Tensor& weights) {
+  Tensor logits = Tensor::uninitialized({x.size(0), router.size(0)}, DType::kF32);
+  cpu::linear(x, router, nullptr, logits);
+  cpu::moe_topk(logits, E, renormalize, ids, weights);
+}
+
 // Each (token, slot) pair through its expert as 1-row linears on views of the expert's matrices.
-void moe_experts(const Tensor& x, const Tensor& ids, const Tensor& weights, const ExpertTable& ex, Tensor& out) {
+void moe_experts(const Tensor& x, const Tensor& ids, const Tensor& weights, const ExpertTable& ex, Tensor& out,
+                 const ResidualNorm* then) {
   const int64_t T = x.size(0), K = ids.size(1), H = ex.hidden, I = ex.inter;
   const int64_t* gu_at = ex.gate_up.ptr<int64_t>();
   const int64_t* dn_at = ex.down.ptr<int64_t>();
@@ -101,6 +108,13 @@ void moe_experts(const Tensor& x, const Tensor& ids, const Tensor& weights, cons
       for (int64_t d = 0; d < H; ++d) o[d] += w * y.ptr<float>()[d];
     }
   }
+  if (then) cpu::add_rms_norm(*then->residual, out, *then->weight, then->eps, *then->normed);
+}
+
+void linear_residual_norm(const Tensor& x, const Tensor& weight, const ResidualNorm& then) {
+  Tensor y = Tensor::uninitialized(then.residual->shape(), DType::kF32);
+  cpu::linear(x, weight, nullptr, y);
+  cpu::add_rms_norm(*then.residual, y, *then.weight, then.eps, *then.normed);
 }
 
 }  // namespace revolta::ops::cpu
