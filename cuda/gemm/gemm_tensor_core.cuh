@@ -3,6 +3,10 @@
 // Block tiles BM x BN with a K step of 32; the next step's tiles are loaded into registers while
 // the current one is multiplied. Two shapes: 128 x 128 (8 warps) for long prompts, 32 x 32
 // (4 warps) when M is small and more blocks are needed to cover the SMs.
+//
+// The same tiles serve a grouped GEMM (mixture-of-experts prefill): output rows come in groups,
+// group g multiplying its rows by its own weight matrix, and an output row may read a gathered
+// row of x. Every tile lies within one group; a block finds its group from the tile index.
 #pragma once
 
 #include <cuda_fp16.h>
@@ -17,10 +21,20 @@ namespace tc {
 using namespace nvcuda;
 constexpr int BK = 32, LDS = BK + 8;  // +8 halves of padding: fewer bank conflicts, 32-byte aligned rows
 
-template <int BM, int BN, int WM, int WN>  // WM x WN warps
+// Output rows [row_first[g], row_first[g + 1]) use weight matrix `weights[g]` (an address) and
+// tiles [tile_first[g], tile_first[g + 1]) of BM rows; output row r reads x row rows[r] (null: r).
+struct Groups {
+  const int32_t* row_first = nullptr;
+  const int32_t* tile_first = nullptr;
+  const int64_t* weights = nullptr;
+  const int32_t* rows = nullptr;
+  int count = 0;
+};
+
+template <int BM, int BN, int WM, int WN, bool kGrouped = false>  // WM x WN warps
 __global__ void __launch_bounds__(WM * WN * 32) gemm_kernel(const float* __restrict__ x, const __half* __restrict__ w,
                                                            const float* __restrict__ bias, float* __restrict__ out,
-                                                           int M, int N, int K) {
+                                                           int M, int N, int K, Groups groups = {}) {
   constexpr int kThreads = WM * WN * 32, FM = BM / WM / 16, FN = BN / WN / 16;
   constexpr int XV = BM * BK / 4 / kThreads;  // float4 loads of x per thread and step
   constexpr int WV = BN * BK / 8 / kThreads;  // uint4 (8 halves) loads of W per thread and step
@@ -29,16 +43,36 @@ __global__ void __launch_bounds__(WM * WN * 32) gemm_kernel(const float* __restr
   __shared__ __align__(32) __half Bs[BN * LDS];
   __shared__ __align__(32) float Cs[WM * WN][16 * 16];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, wm = warp / WN, wn = warp % WN;
-  const int m0 = blockIdx.y * BM, n0 = blockIdx.x * BN;
+  const int n0 = blockIdx.x * BN;
+  int m0 = blockIdx.y * BM;
+  if (kGrouped) {  // the group of this tile: the last g with tile_first[g] <= tile
+    const int tile = blockIdx.y;
+    if (tile >= groups.tile_first[groups.count]) return;  // the grid is an upper bound
+    int lo = 0, hi = groups.count - 1;
+    while (lo < hi) {
+      const int mid = (lo + hi + 1) / 2;
+      if (groups.tile_first[mid] <= tile) lo = mid;
+      else hi = mid - 1;
+    }
+    m0 = groups.row_first[lo] + (tile - groups.tile_first[lo]) * BM;
+    M = groups.row_first[lo + 1];  // rows of this group end here
+    w = reinterpret_cast<const __half*>(groups.weights[lo]);
+  }
+  const float* xrow[XV];  // the x row each of this thread's loads reads (gathered when grouped)
+#pragma unroll
+  for (int i = 0; i < XV; ++i) {
+    const int r = m0 + (threadIdx.x + i * kThreads) * 4 / BK;
+    xrow[i] = r < M ? x + size_t(kGrouped && groups.rows ? groups.rows[r] : r) * K : nullptr;
+  }
 
   float4 xr[XV];
   uint4 wr[WV];
   auto load = [&](int k0) {
 #pragma unroll
     for (int i = 0; i < XV; ++i) {
-      const int e = (threadIdx.x + i * kThreads) * 4, r = e / BK, c = e % BK;
-      xr[i] = (m0 + r < M && k0 + c < K) ? *reinterpret_cast<const float4*>(x + size_t(m0 + r) * K + k0 + c)
-                                         : make_float4(0.f, 0.f, 0.f, 0.f);
+      const int c = (threadIdx.x + i * kThreads) * 4 % BK;
+      xr[i] = (xrow[i] && k0 + c < K) ? *reinterpret_cast<const float4*>(xrow[i] + k0 + c)
+                                      : make_float4(0.f, 0.f, 0.f, 0.f);
     }
 #pragma unroll
     for (int i = 0; i < WV; ++i) {
@@ -105,6 +139,16 @@ __global__ void __launch_bounds__(WM * WN * 32) gemm_kernel(const float* __restr
 }
 
 }  // namespace tc
+
+// The grouped form: out[r, :] = x[rows[r] (or r), :] . W_g^T for the rows r of group g (f16
+// weights by address, K a multiple of 8, 16-byte aligned). The grid covers max_tiles tiles of 64
+// rows, an upper bound on the groups' tiles, which are known only on the device.
+inline void grouped_gemm(const float* x, const tc::Groups& groups, int max_tiles, float* out, int N, int K) {
+  tc::gemm_kernel<64, 64, 2, 2, true><<<dim3(unsigned((N + 63) / 64), unsigned(max_tiles)), 128, 0, stream()>>>(
+      x, nullptr, nullptr, out, 0, N, K, groups);
+  RV_CUDA_CHECK(cudaGetLastError());
+}
+constexpr int kGroupedTileRows = 64;
 
 // Runs the tensor-core GEMM when it applies (f16 weights, K a multiple of 8, 16-byte aligned
 // rows); returns false to let the caller take another path.

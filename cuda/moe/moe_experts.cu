@@ -5,7 +5,12 @@
 //  2. down: a block per 8 hidden rows of token t sums weights[t, k] * (down_h . act[t, k]) over the
 //     token's K slots (a warp per slot), so the combine needs no atomics and out is written once.
 // Weight rows stream with 16-byte loads; a pair reads its expert once, which is what a decode step
-// of a few tokens costs anyway (prefill batches group tokens by expert on the host instead).
+// of a few tokens costs anyway.
+//
+// Past kFusedTokens tokens (prefill) the pairs are grouped by expert on the device (a count, a
+// scan, a scatter) and each expert's rows go through tensor-core tiles in one grouped GEMM per
+// matrix (gemm_tensor_core.cuh); a last pass sums each token's slots in slot order, so the result
+// does not depend on the order the scatter's atomics gave the rows.
 #include <cuda_fp16.h>
 
 #include <algorithm>
@@ -13,6 +18,7 @@
 #include "core/cuda_check.h"
 #include "core/element.cuh"
 #include "cuda_ops.h"
+#include "gemm/gemm_tensor_core.cuh"
 #include "norms/residual_norm_tail.cuh"
 
 namespace revolta::cuda {
@@ -142,6 +148,74 @@ __global__ void __launch_bounds__(kMaxDownWarps * 32)
                       tail.normed + size_t(t) * H, H);
 }
 
+constexpr int64_t kFusedTokens = 64, kGroupedSliceTokens = 2048;
+
+__global__ void count_kernel(const int32_t* __restrict__ ids, int P, int32_t* __restrict__ counts) {
+  const int p = blockIdx.x * blockDim.x + threadIdx.x;
+  if (p < P) atomicAdd(counts + ids[p], 1);
+}
+
+// Exclusive scans of the rows and of the 64-row tiles per expert (one thread: G is a few hundred).
+__global__ void plan_kernel(const int32_t* __restrict__ counts, int G, int32_t* __restrict__ row_first,
+                            int32_t* __restrict__ tile_first, int32_t* __restrict__ cursor) {
+  if (threadIdx.x != 0) return;
+  int rows = 0, tiles = 0;
+  for (int g = 0; g < G; ++g) {
+    row_first[g] = rows, tile_first[g] = tiles, cursor[g] = 0;
+    rows += counts[g];
+    tiles += (counts[g] + kGroupedTileRows - 1) / kGroupedTileRows;
+  }
+  row_first[G] = rows, tile_first[G] = tiles;
+}
+
+__global__ void scatter_kernel(const int32_t* __restrict__ ids, int P, int K, const int32_t* __restrict__ row_first,
+                               int32_t* __restrict__ cursor, int32_t* __restrict__ rows, int32_t* __restrict__ pos_of) {
+  const int p = blockIdx.x * blockDim.x + threadIdx.x;
+  if (p >= P) return;
+  const int e = ids[p], pos = row_first[e] + atomicAdd(cursor + e, 1);
+  rows[pos] = p / K;
+  pos_of[p] = pos;
+}
+
+__global__ void combine_kernel(const float* __restrict__ y, const int32_t* __restrict__ pos_of,
+                               const float* __restrict__ weights, int K, int H, float* __restrict__ out) {
+  const int t = blockIdx.x;
+  for (int d = threadIdx.x; d < H; d += blockDim.x) {
+    float sum = 0.0f;
+    for (int k = 0; k < K; ++k) sum += weights[t * K + k] * y[size_t(pos_of[t * K + k]) * H + d];
+    out[size_t(t) * H + d] = sum;
+  }
+}
+
+// The tokens of x (a slice of at most kGroupedSliceTokens) grouped by expert on the device.
+void grouped_experts(const Tensor& x, const Tensor& ids, const Tensor& weights, const ops::ExpertTable& ex, Tensor& out) {
+  const int64_t T = x.size(0), K = ids.size(1), H = ex.hidden, I = ex.inter, P = T * K, G = ex.gate_up.numel();
+  const Device dev = Device::kCUDA;
+  Tensor counts = Tensor::empty({G}, DType::kI32, dev);  // zeroed
+  Tensor row_first = Tensor::uninitialized({G + 1}, DType::kI32, dev), tile_first = Tensor::uninitialized({G + 1}, DType::kI32, dev);
+  Tensor cursor = Tensor::uninitialized({G}, DType::kI32, dev), rows = Tensor::uninitialized({P}, DType::kI32, dev);
+  Tensor pos_of = Tensor::uninitialized({P}, DType::kI32, dev);
+  const unsigned blocks = unsigned((P + 255) / 256);
+  count_kernel<<<blocks, 256, 0, stream()>>>(ids.ptr<int32_t>(), int(P), counts.ptr<int32_t>());
+  plan_kernel<<<1, 32, 0, stream()>>>(counts.ptr<int32_t>(), int(G), row_first.ptr<int32_t>(), tile_first.ptr<int32_t>(),
+                                      cursor.ptr<int32_t>());
+  scatter_kernel<<<blocks, 256, 0, stream()>>>(ids.ptr<int32_t>(), int(P), int(K), row_first.ptr<int32_t>(),
+                                               cursor.ptr<int32_t>(), rows.ptr<int32_t>(), pos_of.ptr<int32_t>());
+  RV_CUDA_CHECK(cudaGetLastError());
+  const int max_tiles = int((P + kGroupedTileRows - 1) / kGroupedTileRows + G);
+  tc::Groups groups{row_first.ptr<int32_t>(), tile_first.ptr<int32_t>(), ex.gate_up.ptr<int64_t>(), rows.ptr<int32_t>(), int(G)};
+  Tensor gu = Tensor::uninitialized({P, 2 * I}, DType::kF32, dev), act = Tensor::uninitialized({P, I}, DType::kF32, dev);
+  grouped_gemm(x.ptr<float>(), groups, max_tiles, gu.ptr<float>(), int(2 * I), int(H));
+  silu_mul(gu, act);
+  groups.weights = ex.down.ptr<int64_t>();
+  groups.rows = nullptr;  // act is already in grouped order
+  Tensor y = Tensor::uninitialized({P, H}, DType::kF32, dev);
+  grouped_gemm(act.ptr<float>(), groups, max_tiles, y.ptr<float>(), int(H), int(I));
+  combine_kernel<<<unsigned(T), 256, 0, stream()>>>(y.ptr<float>(), pos_of.ptr<int32_t>(), weights.ptr<float>(), int(K),
+                                                    int(H), out.ptr<float>());
+  RV_CUDA_CHECK(cudaGetLastError());
+}
+
 }  // namespace
 
 void moe_experts(const Tensor& x, const Tensor& ids, const Tensor& weights, const ops::ExpertTable& ex, Tensor& out,
@@ -151,6 +225,15 @@ void moe_experts(const Tensor& x, const Tensor& ids, const Tensor& weights, cons
            "CUDA moe_experts: float16 experts with hidden and intermediate sizes divisible by 8 (got ",
            dtype_name(ex.dtype), ", ", H, ", ", I, ")");
   if (T == 0) return;
+  if (T > kFusedTokens) {
+    for (int64_t t0 = 0; t0 < T; t0 += kGroupedSliceTokens) {  // bounds the grouped buffers
+      const int64_t t1 = std::min(T, t0 + kGroupedSliceTokens);
+      Tensor o = out.slice_rows(t0, t1);
+      grouped_experts(x.slice_rows(t0, t1), ids.slice_rows(t0, t1), weights.slice_rows(t0, t1), ex, o);
+    }
+    if (then) add_rms_norm(*then->residual, out, *then->weight, then->eps, *then->normed);
+    return;
+  }
   Tensor act = Tensor::uninitialized({T, K, I}, DType::kF32, Device::kCUDA);
   RV_CHECK(!then || (then->weight->dtype() == DType::kF32 && T <= kArrivalCounters),
            "CUDA moe_experts: a float32 norm weight and at most ", kArrivalCounters, " tokens with a residual norm");

@@ -579,7 +579,9 @@ void test_moe_experts(int64_t T, int64_t E, int64_t K, int64_t H, int64_t I) {
   ops::moe_experts(dx, dids, dw, dev, dout);
   const std::string tag = std::to_string(T) + " tokens E" + std::to_string(E) + " top" + std::to_string(K) + " " +
                           std::to_string(H) + "x" + std::to_string(I);
-  report("moe_experts " + tag, max_abs_diff(cuda::to_host(dout), ref), 1e-3f);
+  // Prefill batches run tensor-core tiles with x rounded to f16: checked relative to the outputs.
+  const float tol = T > 64 ? 2e-3f * max_abs(ref) : 1e-3f;
+  report("moe_experts " + tag, max_abs_diff(cuda::to_host(dout), ref), tol);
   // with the residual add + norm by each token's last block (twice: the counters must reset)
   Tensor res = random_tensor({T, H}), nw = random_tensor({H}), normed = Tensor::empty({T, H}, DType::kF32);
   Tensor res_ref = Tensor::empty({T, H}, DType::kF32), dres = cuda::to_device(res), dnw = cuda::to_device(nw);
@@ -592,8 +594,10 @@ void test_moe_experts(int64_t T, int64_t E, int64_t K, int64_t H, int64_t I) {
     ops::moe_experts(dx, dids, dw, dev, dout, &dref);
   }
   report("moe_experts " + tag + " + residual norm",
-         std::max(max_abs_diff(cuda::to_host(dres), res_ref), max_abs_diff(cuda::to_host(dnormed), normed)), 3e-3f);
-  perf("moe_experts " + tag, double(T * K * 3 * H * I * 2), [&] { ops::moe_experts(dx, dids, dw, dev, dout); });
+         std::max(max_abs_diff(cuda::to_host(dres), res_ref), max_abs_diff(cuda::to_host(dnormed), normed)),
+         std::max(3e-3f, 4 * tol));
+  perf("moe_experts " + tag, double(T * K * 3 * H * I * 2), [&] { ops::moe_experts(dx, dids, dw, dev, dout); },
+       T > 64 ? double(T * K * 3 * H * I * 2) : 0.0);
 }
 
 // y = x . W^T added to a residual stream and normalised (the last GEMV of a block), twice in a row
@@ -739,6 +743,10 @@ int main(int argc, char** argv) {
     test_linear_residual_norm(8, 2048, 512, DType::kF16);
     test_linear_residual_norm(20, 256, 128, DType::kF16);   // past decode sizes: linear + add_rms_norm
     test_moe_experts(1, 64, 10, 2048, 512);   // Qwen3-Next decode, concurrency 1 (GB/s in --perf)
+    test_moe_experts(100, 16, 4, 256, 96);     // prefill: grouped by expert on the device
+    test_moe_experts(300, 64, 10, 512, 128);
+    test_moe_experts(2100, 64, 10, 256, 128);    // two slices of the grouped path
+    test_moe_experts(512, 64, 10, 2048, 512);    // Qwen3-Next's expert shape in a prefill
     test_moe_experts(8, 64, 10, 2048, 512);
     test_argmax(1, 128256);  // a Llama-3 decode step at concurrency 1
     test_argmax(3, 49152);

@@ -307,7 +307,7 @@ class HybridDecoderLM final : public DecoderBase {
       }
       f.table = {gu.to(device_), dn.to(device_), dtype_, cfg_.hidden_size, cfg_.moe_intermediate_size};
       if (device_ != Device::kCPU && (dtype_ != DType::kF16 || cfg_.hidden_size % 8 || cfg_.moe_intermediate_size % 8))
-        fused_expert_tokens_ = 0;  // the device kernel's shape limits: grouped path only, no graphs
+        fused_expert_tokens_ = 0;  // the device kernels' shape limits: host grouping only, no graphs
     }
   }
 
@@ -395,11 +395,13 @@ class HybridDecoderLM final : public DecoderBase {
     }
     const int64_t E = cfg_.num_experts, S = f.shared_routed ? 1 : 0, K = cfg_.num_experts_per_tok + S;
     const Device dev = x.device();
-    // Routing is computed on the model's device; prefill batches group the (T x K) ids by expert on
-    // the host, and the experts' rows move by gather / scatter ops.
+    // Routing is computed on the model's device. A device runs every batch through moe_experts
+    // (decode kernels, or grouping by expert on the device for prefill); the CPU groups prefill
+    // batches by expert on the host and moves the experts' rows by gather / scatter ops.
     Tensor ids = Tensor::uninitialized({T, K}, DType::kI32, dev), weights = Tensor::uninitialized({T, K}, DType::kF32, dev);
     ops::moe_route(x, f.router, E, cfg_.norm_topk_prob, ids, weights);
-    if (T <= fused_expert_tokens_) {
+    const bool device_experts = device_ != Device::kCPU && fused_expert_tokens_ > 0;
+    if (T <= fused_expert_tokens_ || device_experts) {
       Tensor out = Tensor::uninitialized({T, H}, DType::kF32, dev);
       const bool gated_shared = f.shared_gate.defined();  // added after the routed experts
       ops::moe_experts(x, ids, weights, f.table, out, gated_shared ? nullptr : &then);
