@@ -17,10 +17,6 @@ const ops::OpTable* table();
 // The stream every kernel and copy of the backend runs on (graphs are recorded from it).
 cudaStream_t stream();
 int sm_count();
-// Weight bytes read into L2 on a side stream after the work issued so far (core/prefetch.cu);
-// join_prefetch() orders the work stream after it.
-void prefetch(const std::vector<std::pair<const void*, size_t>>& ranges);
-void join_prefetch();
 
 // Copies between host and device memory (to_host waits for the data).
 Tensor to_device(const Tensor& host);

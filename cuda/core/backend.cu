@@ -103,12 +103,7 @@ class Runtime final : public DeviceRuntime {
     RV_CUDA_CHECK(cudaMemcpyAsync(dst, src, n, cudaMemcpyDeviceToDevice, stream()));
   }
   void fill_zero(void* dst, size_t n) override { RV_CUDA_CHECK(cudaMemsetAsync(dst, 0, n, stream())); }
-  void synchronize() override {
-    cuda::join_prefetch();
-    cuda::synchronize();
-  }
-  void prefetch(const std::vector<std::pair<const void*, size_t>>& ranges) override { cuda::prefetch(ranges); }
-  void join_prefetch() override { cuda::join_prefetch(); }
+  void synchronize() override { cuda::synchronize(); }
   void memory_info(size_t* free_bytes, size_t* total_bytes) override {
     RV_CUDA_CHECK(cudaMemGetInfo(free_bytes, total_bytes));
     std::lock_guard<std::mutex> lk(global_pool()->mu);
@@ -121,13 +116,11 @@ class Runtime final : public DeviceRuntime {
       ~Scope() { t_capture_pool.reset(); }
     } scope(pool);
     work();  // sizes the pool: the recorded run then allocates nothing new
-    cuda::join_prefetch();
     RV_CUDA_CHECK(cudaStreamSynchronize(stream()));
     cudaGraph_t graph = nullptr;
     RV_CUDA_CHECK(cudaStreamBeginCapture(stream(), cudaStreamCaptureModeThreadLocal));
     try {
       work();
-      cuda::join_prefetch();  // a side stream forked inside the capture must rejoin it
     } catch (...) {
       cudaStreamEndCapture(stream(), &graph);
       if (graph) cudaGraphDestroy(graph);

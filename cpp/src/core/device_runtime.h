@@ -7,8 +7,6 @@
 #include <functional>
 #include <memory>
 #include <string>
-#include <utility>
-#include <vector>
 
 #include "core/tensor.h"
 
@@ -33,11 +31,6 @@ struct DeviceRuntime {
   virtual void synchronize() = 0;
   // Free and total device memory; cached (freed, reusable) blocks count as free.
   virtual void memory_info(size_t* free_bytes, size_t* total_bytes) = 0;
-  // A hint: starts reading these bytes into the device's cache beside the work issued so far, so
-  // kernels issued later find them there (weights streamed while latency-bound kernels leave memory
-  // idle). join_prefetch() orders later work after it; a recorded graph joins it at its end.
-  virtual void prefetch(const std::vector<std::pair<const void*, size_t>>& /*ranges*/) {}
-  virtual void join_prefetch() {}
   // Runs `work` once to size its buffers, then records it into a graph.
   virtual std::unique_ptr<DeviceGraph> capture(const std::function<void()>& work) = 0;
 };

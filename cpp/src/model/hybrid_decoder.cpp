@@ -12,12 +12,10 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
-#include <cstdlib>
 #include <cstring>
 #include <map>
 #include <numeric>
 
-#include "core/device_runtime.h"
 #include "core/error.h"
 #include "model/architectures.h"
 #include "model/decoder_common.h"
@@ -158,7 +156,6 @@ class HybridDecoderLM final : public DecoderBase {
       const Tensor& next = l + 1 < layers_.size() ? layers_[l + 1].input_norm : final_norm_;
       feed_forward(L.ffn, x, ops::ResidualNorm{&residual, &next, eps, &x});
     }
-    if (device_ != Device::kCPU) device_runtime(device_).join_prefetch();
     return final_logits(x, b.logits_row_ids, head_.lm_head);
   }
 
@@ -318,26 +315,6 @@ class HybridDecoderLM final : public DecoderBase {
     return n;
   }
 
-  // A decode step on a device: once the mixer's input projection has streamed, the weights of the
-  // layer's later GEMVs (the mixer's output projection, the router, a routed shared expert; ~27 MB
-  // at Qwen3-Next's shape, within L2) are read into L2 while the mixer's latency-bound kernels run.
-  void prefetch_rest_of_layer(const Layer& L, const Tensor& mixer_out, int64_t T) const {
-    // REVOLTA_WEIGHT_PREFETCH=0 turns it off (to measure what it brings).
-    static const bool enabled = [] {
-      const char* v = std::getenv("REVOLTA_WEIGHT_PREFETCH");
-      return !v || std::string(v) != "0";
-    }();
-    if (!enabled || device_ == Device::kCPU || T > fused_expert_tokens_) return;
-    std::vector<std::pair<const void*, size_t>> ranges{{mixer_out.data(), mixer_out.nbytes()}};
-    const FeedForwardWeights& f = L.ffn;
-    if (f.moe) {
-      ranges.emplace_back(f.router.data(), f.router.nbytes());
-      if (f.shared_routed)
-        for (const Tensor* t : {&f.shared.gate_up, &f.shared.down}) ranges.emplace_back(t->data(), t->nbytes());
-    }
-    device_runtime(device_).prefetch(ranges);
-  }
-
   void attention(const Layer& L, const ForwardBatch& b, KvCache& kv, const Tensor& x, const ops::ResidualNorm& then) {
     const int64_t T = x.size(0), D = cfg_.head_dim, NH = cfg_.num_heads, KVH = cfg_.num_kv_heads;
     const int64_t QO = NH * D, KVO = KVH * D, width = L.attn.proj.size(0);
@@ -345,7 +322,6 @@ class HybridDecoderLM final : public DecoderBase {
     const Device dev = x.device();
     Tensor fused = Tensor::uninitialized({T, width}, DType::kF32, dev);
     ops::linear(x, L.attn.proj, nullptr, fused);
-    prefetch_rest_of_layer(L, L.attn.o, T);
     Tensor q = Tensor::uninitialized({T, NH, D}, DType::kF32, dev), attn = Tensor::uninitialized({T, NH, D}, DType::kF32, dev);
     const ops::QkNorm norm{&L.attn.q_norm, &L.attn.k_norm, eps};
     ops::qkv_rope_cache(fused, norm, b.positions, rope_, b.slot_mapping, q, kv.k[size_t(L.cache_index)],
@@ -368,7 +344,6 @@ class HybridDecoderLM final : public DecoderBase {
     const Device dev = x.device();
     Tensor fused = Tensor::uninitialized({T, width}, DType::kF32, dev);
     ops::linear(x, L.gdn.proj, nullptr, fused);
-    prefetch_rest_of_layer(L, L.gdn.out, T);
     Tensor conv_out = Tensor::uninitialized({T, conv_dim}, DType::kF32, dev);
     Tensor g = Tensor::uninitialized({T, Hv}, DType::kF32, dev), beta = Tensor::uninitialized({T, Hv}, DType::kF32, dev);
     ops::gdn_gates(fused, conv_dim + value_dim, L.gdn.neg_a, L.gdn.dt_bias, beta, g);
