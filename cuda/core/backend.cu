@@ -260,6 +260,7 @@ const ops::OpTable* table() {
     o.moe_experts = &moe_experts;
     o.linear_residual_norm = &linear_residual_norm;
     o.moe_route = &moe_route;
+    o.gdn_decode = &gdn_decode;
     o.gdn_split_qkv = &gdn_split_qkv;
     return o;
   }();

@@ -436,6 +436,38 @@ void test_gdn_prefill(int64_t T) {
   perf("gdn prefill recurrent " + tag, double(T * (2 * Hk + 2 * Hv) * D * 4), [&] { ops::gated_delta_rule(dq, dk, dv, dg, db, ds_r, dst, dsl, orr, 0); }, flops);
 }
 
+// A DeltaNet block's decode step from its fused projection (gdn_decode) against the CPU's
+// composition of the separate ops; sequences of `lens` tokens plus a padding row (slot -1).
+void test_gdn_decode(std::vector<int32_t> lens, int64_t Hk, int64_t Hv, int64_t Dk, int64_t Dv, int64_t W) {
+  const int64_t S = int64_t(lens.size()) + 1, slots = S + 1, C = 2 * Hk * Dk + Hv * Dv, width = C + Hv * Dv + 2 * Hv + 5;
+  Tensor starts = Tensor::empty({S + 1}, DType::kI32), sl = Tensor::empty({S}, DType::kI32);
+  for (int64_t i = 0; i + 1 < S; ++i) {
+    starts.ptr<int32_t>()[i + 1] = starts.ptr<int32_t>()[i] + lens[size_t(i)];
+    sl.ptr<int32_t>()[i] = int32_t(slots - 1 - i);
+  }
+  starts.ptr<int32_t>()[S] = starts.ptr<int32_t>()[S - 1] + 1;  // the padding row
+  sl.ptr<int32_t>()[S - 1] = -1;
+  const int64_t T = starts.ptr<int32_t>()[S];
+  Tensor fused = random_tensor({T, width}, DType::kF32, 2.0f), conv = random_tensor({C, W}, DType::kF32, 0.5f);
+  Tensor neg_a = random_tensor({Hv}), dtb = random_tensor({Hv}), nw = random_tensor({Dv});
+  for (int64_t h = 0; h < Hv; ++h) neg_a.ptr<float>()[h] = -std::fabs(neg_a.ptr<float>()[h]) - 0.05f;
+  Tensor cs = random_tensor({slots, C, W - 1}), ss = random_tensor({slots, Hv, Dk, Dv}, DType::kF32, 0.1f);
+  Tensor dcs = cuda::to_device(cs), dss = cuda::to_device(ss);
+  Tensor ref = Tensor::empty({T, Hv * Dv}, DType::kF32), dout = Tensor::empty({T, Hv * Dv}, DType::kF32, Device::kCUDA);
+  const ops::GdnWeights hw{&conv, &neg_a, &dtb, &nw, 1e-6f};
+  ops::cpu::gdn_decode(fused, hw, cs, ss, starts, sl, ref);
+  Tensor dconv = cuda::to_device(conv), dna = cuda::to_device(neg_a), ddt = cuda::to_device(dtb), dnw = cuda::to_device(nw);
+  const ops::GdnWeights dw{&dconv, &dna, &ddt, &dnw, 1e-6f};
+  Tensor dfused = cuda::to_device(fused), dst = cuda::to_device(starts), dsl = cuda::to_device(sl);
+  ops::gdn_decode(dfused, dw, dcs, dss, dst, dsl, dout);
+  const std::string tag = std::to_string(S) + " seqs T" + std::to_string(T) + " Hk" + std::to_string(Hk) + "/Hv" +
+                          std::to_string(Hv) + " Dk" + std::to_string(Dk) + " Dv" + std::to_string(Dv) + " W" + std::to_string(W);
+  report("gdn_decode " + tag, std::max({max_abs_diff(cuda::to_host(dout), ref), max_abs_diff(cuda::to_host(dss), ss),
+                                        max_abs_diff(cuda::to_host(dcs), cs)}), 1e-4f);
+  perf("gdn_decode " + tag, double(S * Hv * Dk * Dv * 8),
+       [&] { ops::gdn_decode(dfused, dw, dcs, dss, dst, dsl, dout); });
+}
+
 void test_conv_and_norms(int64_t T, int64_t C, int64_t W, bool silu, int64_t extra_columns = 0) {
   // Three sequences (T, 1 and 1 tokens) in slots 2, 0 and -1 (a padding row) of three; x may be
   // wider than the channels (a fused projection).
@@ -723,6 +755,12 @@ int main(int argc, char** argv) {
     test_gated_delta_rule({700, 1, 333}, 2, 4, 128, 128); // chunked: ragged last chunks, a decode row between
     test_gated_delta_rule({130, 64}, 1, 1, 64, 64);       // chunked at head dim 64, an exact chunk
     test_gdn_prefill(2048);
+    test_gdn_decode({1}, 16, 32, 128, 128, 4);          // Qwen3-Next decode, concurrency 1
+    test_gdn_decode({1, 1, 3, 1}, 16, 32, 128, 128, 4);  // several tokens in a sequence (speculative)
+    test_gdn_decode({2, 1}, 2, 4, 16, 16, 4);            // tiny test configs
+    test_gdn_decode({1, 4}, 1, 2, 32, 16, 3);
+    test_gdn_decode({1, 2}, 2, 2, 64, 64, 4);            // one value head per key head
+    test_gdn_decode({1, 1}, 1, 4, 32, 32, 4);            // four per key head: the composed ops
     test_conv_and_norms(1, 300, 4, true);
     test_conv_and_norms(50, 8192, 4, true);
     test_conv_and_norms(7, 33, 2, false, 21);

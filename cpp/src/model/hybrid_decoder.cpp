@@ -344,17 +344,23 @@ class HybridDecoderLM final : public DecoderBase {
     const Device dev = x.device();
     Tensor fused = Tensor::uninitialized({T, width}, DType::kF32, dev);
     ops::linear(x, L.gdn.proj, nullptr, fused);
+    const size_t layer = size_t(L.cache_index);
+    Tensor normed = Tensor::uninitialized({T, value_dim}, DType::kF32, dev);
+    if (T <= kDecodeTokens) {  // conv, norms, gates, recurrent rule and output norm in one op
+      const ops::GdnWeights w{&L.gdn.conv, &L.gdn.neg_a, &L.gdn.dt_bias, &L.gdn.norm, cfg_.rms_norm_eps};
+      ops::gdn_decode(fused, w, states.conv[layer], states.ssm[layer], b.seq_starts, b.seq_state_slots, normed);
+      ops::linear_residual_norm(normed, L.gdn.out, then);
+      return;
+    }
     Tensor conv_out = Tensor::uninitialized({T, conv_dim}, DType::kF32, dev);
     Tensor g = Tensor::uninitialized({T, Hv}, DType::kF32, dev), beta = Tensor::uninitialized({T, Hv}, DType::kF32, dev);
     ops::gdn_gates(fused, conv_dim + value_dim, L.gdn.neg_a, L.gdn.dt_bias, beta, g);
     Tensor q = Tensor::uninitialized({T, Hk, Dk}, DType::kF32, dev), k = Tensor::uninitialized({T, Hk, Dk}, DType::kF32, dev);
     Tensor v = Tensor::uninitialized({T, Hv, Dv}, DType::kF32, dev), core = Tensor::uninitialized({T, Hv, Dv}, DType::kF32, dev);
-    const size_t layer = size_t(L.cache_index);
     // The conv reads [q | k | v] straight from the fused projection's first conv_dim columns.
     ops::causal_conv1d(fused, L.gdn.conv, states.conv[layer], b.seq_starts, b.seq_state_slots, conv_out, true);
     ops::gdn_split_qkv(conv_out, 1e-6f, q, k, v);
     ops::gated_delta_rule(q, k, v, g, beta, states.ssm[layer], b.seq_starts, b.seq_state_slots, core, kChunk);
-    Tensor normed = Tensor::uninitialized({T, value_dim}, DType::kF32, dev);
     ops::gated_rms_norm(core, fused, conv_dim, L.gdn.norm, cfg_.rms_norm_eps, normed);  // z: columns of the projection
     ops::linear_residual_norm(normed, L.gdn.out, then);
   }
@@ -422,6 +428,7 @@ class HybridDecoderLM final : public DecoderBase {
   }
 
   static constexpr int32_t kChunk = 64;
+  static constexpr int64_t kDecodeTokens = 64;  // DeltaNet batches up to this size take gdn_decode
   // Past this many tokens a batch reads more expert matrices per token than grouping costs.
   static constexpr int32_t kFusedExpertTokensOnDevice = 64;
   int32_t fused_expert_tokens_ = 1;

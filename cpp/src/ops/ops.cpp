@@ -27,7 +27,7 @@ const char* op_name(Op op) {
                                 "gather_rows", "copy_columns", "fill_uniform",   "argmax", "qkv_rope_cache", "sample", "linear_swiglu",
                                 "gated_delta_rule", "causal_conv1d", "l2_norm", "gated_rms_norm",
                                 "sigmoid_mul", "gdn_gates", "scatter_add_rows", "add_gated_rows", "moe_topk", "moe_experts", "gdn_split_qkv",
-                                "linear_residual_norm", "moe_route"};
+                                "linear_residual_norm", "moe_route", "gdn_decode"};
   return names[int(op)];
 }
 
@@ -65,6 +65,7 @@ bool supports_op(Device device, Op op) {
     case Op::kGdnSplitQkv: return t->gdn_split_qkv != nullptr;
     case Op::kLinearResidualNorm: return t->linear_residual_norm != nullptr;
     case Op::kMoeRoute: return t->moe_route != nullptr;
+    case Op::kGdnDecode: return t->gdn_decode != nullptr;
     case Op::kCount: break;
   }
   return false;
@@ -160,6 +161,10 @@ void moe_experts(const Tensor& x, const Tensor& ids, const Tensor& weights, cons
 void moe_route(const Tensor& x, const Tensor& router, int64_t num_experts, bool renormalize, Tensor& ids,
                Tensor& weights) {
   table_for(x.device(), Op::kMoeRoute).moe_route(x, router, num_experts, renormalize, ids, weights);
+}
+void gdn_decode(const Tensor& fused, const GdnWeights& w, Tensor& conv_states, Tensor& states,
+                const Tensor& seq_starts, const Tensor& seq_slots, Tensor& out) {
+  table_for(fused.device(), Op::kGdnDecode).gdn_decode(fused, w, conv_states, states, seq_starts, seq_slots, out);
 }
 void linear_residual_norm(const Tensor& x, const Tensor& weight, const ResidualNorm& then) {
   table_for(x.device(), Op::kLinearResidualNorm).linear_residual_norm(x, weight, then);

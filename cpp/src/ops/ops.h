@@ -71,6 +71,15 @@ struct ResidualNorm {
   Tensor* normed = nullptr;
 };
 
+// A Gated DeltaNet block's weights past its input projection (see gdn_decode).
+struct GdnWeights {
+  const Tensor* conv = nullptr;    // [C, W] depthwise conv over [q | k | v]
+  const Tensor* neg_a = nullptr;   // [Hv] -exp(A_log)
+  const Tensor* dt_bias = nullptr; // [Hv]
+  const Tensor* norm = nullptr;    // [Dv] gated RMSNorm weight
+  float norm_eps = 1e-6f;
+};
+
 // One row of a batched sampling step (the sampler's semantics, see sample/sampler.h): adjustments
 // first (min_tokens masks, repetition / presence / frequency penalties, listed per token in
 // adjust[adjust_begin, adjust_end)), then temperature, top-k, top-p, min-p and a draw at
@@ -126,6 +135,7 @@ enum class Op {
   kGdnSplitQkv,
   kLinearResidualNorm,
   kMoeRoute,
+  kGdnDecode,
   kCount
 };
 const char* op_name(Op op);
@@ -168,6 +178,8 @@ struct OpTable {
   void (*linear_residual_norm)(const Tensor& x, const Tensor& weight, const ResidualNorm& then) = nullptr;
   void (*moe_route)(const Tensor& x, const Tensor& router, int64_t num_experts, bool renormalize, Tensor& ids,
                     Tensor& weights) = nullptr;
+  void (*gdn_decode)(const Tensor& fused, const GdnWeights& w, Tensor& conv_states, Tensor& states,
+                     const Tensor& seq_starts, const Tensor& seq_slots, Tensor& out) = nullptr;
   void (*gdn_split_qkv)(const Tensor& mixed, float eps, Tensor& q, Tensor& k, Tensor& v) = nullptr;
   void (*sample)(const Tensor& logits, const std::vector<SampleRow>& rows, const std::vector<SampleAdjust>& adjust,
                  std::vector<SampleResult>& out) = nullptr;
@@ -238,6 +250,13 @@ void gdn_split_qkv(const Tensor& mixed, float eps, Tensor& q, Tensor& k, Tensor&
 // Gates come from a column window of a wider tensor (a fused projection, no copy): gate is
 // [T, G] and the gate of x's element j of token t (x viewed as [T, P]) is gate[t, gate_column + j].
 void gated_rms_norm(const Tensor& x, const Tensor& gate, int64_t gate_column, const Tensor& weight, float eps, Tensor& out);
+// A DeltaNet block from its fused projection fused [T, >= C + Hv * Dv + 2 * Hv] with columns
+// [q | k | v | z | b | a] (C = 2 * Hk * Dk + Hv * Dv) to its normed output out [T, Hv * Dv], for
+// decode-sized batches: causal_conv1d (silu) over [q | k | v], q / k heads L2-normalised
+// (eps 1e-6), gdn_gates from b and a, the delta rule (recurrent, or one chunk per 64 tokens) on
+// `states`, then gated_rms_norm with z. Backends fuse what they can into one pass.
+void gdn_decode(const Tensor& fused, const GdnWeights& w, Tensor& conv_states, Tensor& states,
+                const Tensor& seq_starts, const Tensor& seq_slots, Tensor& out);
 // x *= sigmoid(gate) elementwise (gated attention's output gate), gate as for gated_rms_norm.
 void sigmoid_mul(Tensor& x, const Tensor& gate, int64_t gate_column);
 // DeltaNet gates from the fused projection [T, width]: with b = columns [first, first + Hv) and

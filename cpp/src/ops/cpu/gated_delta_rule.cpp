@@ -243,4 +243,22 @@ void causal_conv1d_seqs(const Tensor& x, const Tensor& weight, Tensor& conv_stat
   }
 }
 
+// The decode composition of the DeltaNet ops (the contract in ops/ops.h).
+void gdn_decode(const Tensor& fused, const GdnWeights& w, Tensor& conv_states, Tensor& states,
+                const Tensor& seq_starts, const Tensor& seq_slots, Tensor& out) {
+  const int64_t T = fused.size(0), Hv = w.neg_a->numel(), Dv = w.norm->numel(), Dk = states.size(2);
+  const int64_t C = w.conv->size(0), Hk = (C - Hv * Dv) / (2 * Dk);
+  RV_CHECK(Hk > 0 && C == 2 * Hk * Dk + Hv * Dv && fused.size(1) >= C + Hv * Dv + 2 * Hv, "gdn_decode: fused ",
+           fused.shape_str(), " conv ", w.conv->shape_str(), " states ", states.shape_str());
+  Tensor conv_out = Tensor::uninitialized({T, C}, DType::kF32), q = Tensor::uninitialized({T, Hk, Dk}, DType::kF32);
+  Tensor k = Tensor::uninitialized({T, Hk, Dk}, DType::kF32), v = Tensor::uninitialized({T, Hv, Dv}, DType::kF32);
+  Tensor g = Tensor::uninitialized({T, Hv}, DType::kF32), beta = Tensor::uninitialized({T, Hv}, DType::kF32);
+  Tensor core = Tensor::uninitialized({T, Hv, Dv}, DType::kF32);
+  causal_conv1d_seqs(fused, *w.conv, conv_states, seq_starts, seq_slots, conv_out, true);
+  gdn_split_qkv(conv_out, 1e-6f, q, k, v);
+  gdn_gates(fused, C + Hv * Dv, *w.neg_a, *w.dt_bias, beta, g);
+  gated_delta_rule_seqs(q, k, v, g, beta, states, seq_starts, seq_slots, core, 64);
+  gated_rms_norm(core, fused, C, *w.norm, w.norm_eps, out);
+}
+
 }  // namespace revolta::ops::cpu
