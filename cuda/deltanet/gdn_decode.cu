@@ -52,16 +52,13 @@ __global__ void __launch_bounds__(kThreads)
   if (c_local < nq) channel = hk * Dk + c_local;
   else if (c_local < 2 * nq) channel = sh.Hk * Dk + hk * Dk + (c_local - nq);
   else if (c_local < nch) channel = 2 * sh.Hk * Dk + hk * R * Dv + (c_local - 2 * nq);
-  float wc[kMaxW] = {}, win[kMaxW] = {};
+  // The channel's last W - 1 inputs live in shared memory (registers go to the state).
+  __shared__ float window[kMaxChannels][kMaxW - 1];
+  float* win = window[c_local];
+  const float* wc = conv_w + size_t(max(channel, 0)) * sh.W;
   float* cst = channel >= 0 ? conv_states + (size_t(slot) * sh.C + channel) * (sh.W - 1) : nullptr;
-  // Fixed-trip loops with guards keep the window in registers (a runtime bound would index memory).
-  if (channel >= 0) {
-#pragma unroll
-    for (int i = 0; i < kMaxW; ++i) {
-      if (i < sh.W) wc[i] = conv_w[size_t(channel) * sh.W + i];
-      if (i < sh.W - 1) win[i] = cst[i];
-    }
-  }
+  if (channel >= 0)
+    for (int i = 0; i < sh.W - 1; ++i) win[i] = cst[i];
   float* S = states + (size_t(slot) * sh.Hv + h) * Dk * Dv;
   float st[RPT];
 #pragma unroll
@@ -71,17 +68,10 @@ __global__ void __launch_bounds__(kThreads)
     const float* row = fused + size_t(t) * sh.width;
     if (channel >= 0) {  // conv + silu, window shifted
       const float xt = row[channel];
-      float acc = 0.0f;
-#pragma unroll
-      for (int i = 0; i < kMaxW; ++i) {
-        if (i < sh.W - 1) acc += wc[i] * win[i];
-        if (i == sh.W - 1) acc += wc[i] * xt;
-      }
-#pragma unroll
-      for (int i = 0; i < kMaxW - 1; ++i) {
-        if (i + 1 < sh.W - 1) win[i] = win[i + 1];
-        else if (i + 1 == sh.W - 1) win[i] = xt;
-      }
+      float acc = wc[sh.W - 1] * xt;
+      for (int i = 0; i < sh.W - 1; ++i) acc += wc[i] * win[i];
+      for (int i = 0; i + 1 < sh.W - 1; ++i) win[i] = win[i + 1];
+      if (sh.W > 1) win[sh.W - 2] = xt;
       const float y = silu(acc);
       if (c_local < nq) xq[c_local] = y;
       else if (c_local < 2 * nq) xk[c_local - nq] = y;
@@ -141,9 +131,7 @@ __global__ void __launch_bounds__(kThreads)
     __syncthreads();  // shared buffers are rewritten by the next token
   }
   if (channel >= 0)
-#pragma unroll
-    for (int i = 0; i < kMaxW - 1; ++i)
-      if (i < sh.W - 1) cst[i] = win[i];
+    for (int i = 0; i < sh.W - 1; ++i) cst[i] = win[i];
 #pragma unroll
   for (int r = 0; r < RPT; ++r)
     if (has_col) S[size_t(rg * RPT + r) * Dv + col] = st[r];
