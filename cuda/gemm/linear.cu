@@ -151,12 +151,14 @@ __global__ void swiglu_gemv_kernel(const float* __restrict__ x, const W* __restr
 
 // y[M, N] = x . W^T for decode-sized M, a weight row per warp (U steps of 8 in flight per lane),
 // then the last block to finish adds y to the residual stream and normalises it (ops::ResidualNorm).
+// Eight warps a block: half the arrivals of four, and a 2048-wide row in one batch of tail loads.
+constexpr int kTailWarps = 8;
 template <typename W, int M, int U>
-__global__ void __launch_bounds__(32 * kWarpsPerBlock)
+__global__ void __launch_bounds__(32 * kTailWarps)
     gemv_residual_norm_kernel(const float* __restrict__ x, const W* __restrict__ w, float* y, int N, int K,
                               float* residual, const float* __restrict__ norm_w, float eps, float* normed,
                               unsigned* counter) {
-  const int lane = threadIdx.x % 32, n = blockIdx.x * kWarpsPerBlock + threadIdx.x / 32;
+  const int lane = threadIdx.x % 32, n = blockIdx.x * kTailWarps + threadIdx.x / 32;
   if (n < N) {  // no early return: every thread reaches the arrival count
     float acc[M] = {};
     constexpr int kStep = 32 * 8;
@@ -282,9 +284,9 @@ void linear_residual_norm(const Tensor& x, const Tensor& weight, const ops::Resi
     add_rms_norm(*then.residual, y, *then.weight, then.eps, *then.normed);
     return;
   }
-  const unsigned blocks = unsigned((N + kWarpsPerBlock - 1) / kWarpsPerBlock);
+  const unsigned blocks = unsigned((N + kTailWarps - 1) / kTailWarps);
   auto go = [&](auto kernel, auto w) {
-    kernel<<<blocks, 32 * kWarpsPerBlock, 0, stream()>>>(x.ptr<float>(), w, y.ptr<float>(), int(N), int(K),
+    kernel<<<blocks, 32 * kTailWarps, 0, stream()>>>(x.ptr<float>(), w, y.ptr<float>(), int(N), int(K),
                                                         then.residual->ptr<float>(), then.weight->ptr<float>(), then.eps,
                                                         then.normed->ptr<float>(), arrival_counters());
   };
