@@ -8,7 +8,6 @@
 #include <cuda_fp16.h>
 
 #include <algorithm>
-#include <type_traits>
 
 #include "gemm/gemm_skinny.cuh"
 #include "gemm/gemm_tensor_core.cuh"
@@ -16,7 +15,6 @@
 #include "core/cuda_check.h"
 #include "core/element.cuh"
 #include "cuda_ops.h"
-#include "norms/residual_norm_tail.cuh"
 
 namespace revolta::cuda {
 namespace {
@@ -149,47 +147,6 @@ __global__ void swiglu_gemv_kernel(const float* __restrict__ x, const W* __restr
     }
 }
 
-// y[M, N] = x . W^T for decode-sized M, a weight row per warp (U steps of 8 in flight per lane),
-// then the last block to finish adds y to the residual stream and normalises it (ops::ResidualNorm).
-// Eight warps a block: half the arrivals of four, and a 2048-wide row in one batch of tail loads.
-constexpr int kTailWarps = 8;
-template <typename W, int M, int U>
-__global__ void __launch_bounds__(32 * kTailWarps)
-    gemv_residual_norm_kernel(const float* __restrict__ x, const W* __restrict__ w, float* y, int N, int K,
-                              float* residual, const float* __restrict__ norm_w, float eps, float* normed,
-                              unsigned* counter) {
-  const int lane = threadIdx.x % 32, n = blockIdx.x * kTailWarps + threadIdx.x / 32;
-  if (n < N) {  // no early return: every thread reaches the arrival count
-    float acc[M] = {};
-    constexpr int kStep = 32 * 8;
-    for (int k = lane * 8; k < K; k += U * kStep) {  // K % (8 * U) == 0 is not needed: steps past K are skipped
-      float wv[U][8];
-#pragma unroll
-      for (int u = 0; u < U; ++u)
-        if (k + u * kStep < K) load8(w + size_t(n) * K + k + u * kStep, wv[u]);
-#pragma unroll
-      for (int m = 0; m < M; ++m)
-#pragma unroll
-        for (int u = 0; u < U; ++u) {
-          if (k + u * kStep >= K) break;
-          float xv[8];
-          load8(x + size_t(m) * K + k + u * kStep, xv);
-#pragma unroll
-          for (int i = 0; i < 8; ++i) acc[m] += wv[u][i] * xv[i];
-        }
-    }
-#pragma unroll
-    for (int m = 0; m < M; ++m) {
-      float v = acc[m];
-      for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-      if (lane == 0) y[size_t(m) * N + n] = v;
-    }
-  }
-  if (!last_to_arrive(counter, gridDim.x)) return;
-  for (int m = 0; m < M; ++m)
-    residual_norm_row(residual + size_t(m) * N, y + size_t(m) * N, norm_w, eps, normed + size_t(m) * N, N);
-}
-
 constexpr int kTile = 64, kTileK = 16;
 
 template <typename W>
@@ -268,44 +225,6 @@ void linear(const Tensor& x, const Tensor& weight, const Tensor* bias, Tensor& o
   if (weight.dtype() == DType::kF32) run(x, weight.ptr<float>(), b, out, int(M), int(N), int(K));
   else if (weight.dtype() == DType::kF16) run(x, weight.ptr<__half>(), b, out, int(M), int(N), int(K));
   else throw std::invalid_argument("CUDA linear: weights must be float32 or float16 (bf16 is converted at load)");
-}
-
-void linear_residual_norm(const Tensor& x, const Tensor& weight, const ops::ResidualNorm& then) {
-  const int64_t K = weight.size(1), N = weight.size(0), M = x.numel() / K;
-  RV_CHECK(then.residual->numel() == M * N && then.weight->dtype() == DType::kF32 && then.weight->numel() == N,
-           "CUDA linear_residual_norm: x ", x.shape_str(), " weight ", weight.shape_str(), " residual ",
-           then.residual->shape_str());
-  if (M == 0) return;
-  Tensor y = Tensor::uninitialized({M, N}, DType::kF32, Device::kCUDA);
-  const bool fused = M <= 8 && K % 8 == 0 && (weight.dtype() == DType::kF16 || weight.dtype() == DType::kF32) &&
-                     reinterpret_cast<uintptr_t>(x.data()) % 16 == 0 && reinterpret_cast<uintptr_t>(weight.data()) % 16 == 0;
-  if (!fused) {
-    linear(x, weight, nullptr, y);
-    add_rms_norm(*then.residual, y, *then.weight, then.eps, *then.normed);
-    return;
-  }
-  const unsigned blocks = unsigned((N + kTailWarps - 1) / kTailWarps);
-  auto go = [&](auto kernel, auto w) {
-    kernel<<<blocks, 32 * kTailWarps, 0, stream()>>>(x.ptr<float>(), w, y.ptr<float>(), int(N), int(K),
-                                                        then.residual->ptr<float>(), then.weight->ptr<float>(), then.eps,
-                                                        then.normed->ptr<float>(), arrival_counters());
-  };
-  auto by_rows = [&](auto w) {
-    using W = std::remove_const_t<std::remove_pointer_t<decltype(w)>>;
-    switch (M) {
-      case 1: go(gemv_residual_norm_kernel<W, 1, 4>, w); break;
-      case 2: go(gemv_residual_norm_kernel<W, 2, 2>, w); break;
-      case 3: go(gemv_residual_norm_kernel<W, 3, 2>, w); break;
-      case 4: go(gemv_residual_norm_kernel<W, 4, 2>, w); break;
-      case 5: go(gemv_residual_norm_kernel<W, 5, 1>, w); break;
-      case 6: go(gemv_residual_norm_kernel<W, 6, 1>, w); break;
-      case 7: go(gemv_residual_norm_kernel<W, 7, 1>, w); break;
-      default: go(gemv_residual_norm_kernel<W, 8, 1>, w); break;
-    }
-  };
-  if (weight.dtype() == DType::kF16) by_rows(weight.ptr<__half>());
-  else by_rows(weight.ptr<float>());
-  RV_CUDA_CHECK(cudaGetLastError());
 }
 
 void linear_swiglu(const Tensor& x, const Tensor& gate_up_weight, Tensor& act) {

@@ -632,24 +632,6 @@ void test_moe_experts(int64_t T, int64_t E, int64_t K, int64_t H, int64_t I) {
        T > 64 ? double(T * K * 3 * H * I * 2) : 0.0);
 }
 
-// y = x . W^T added to a residual stream and normalised (the last GEMV of a block), twice in a row
-// (the arrival counter resets itself), against the CPU's linear + add_rms_norm.
-void test_linear_residual_norm(int64_t M, int64_t N, int64_t K, DType dt) {
-  Tensor x = random_tensor({M, K}), w = random_tensor({N, K}, dt, 1.0f / std::sqrt(float(K)));
-  Tensor res = random_tensor({M, N}), nw = random_tensor({N}), normed = Tensor::empty({M, N}, DType::kF32);
-  Tensor dx = cuda::to_device(x), dw = cuda::to_device(w), dres = cuda::to_device(res), dnw = cuda::to_device(nw);
-  Tensor dnormed = Tensor::empty({M, N}, DType::kF32, Device::kCUDA);
-  const ops::ResidualNorm href{&res, &nw, 1e-6f, &normed}, dref{&dres, &dnw, 1e-6f, &dnormed};
-  for (int rep = 0; rep < 2; ++rep) {
-    ops::cpu::linear_residual_norm(x, w, href);
-    ops::linear_residual_norm(dx, dw, dref);
-  }
-  const std::string tag = std::to_string(M) + "x" + std::to_string(N) + "x" + std::to_string(K) + " " + dtype_name(dt);
-  report("linear_residual_norm " + tag,
-         std::max(max_abs_diff(cuda::to_host(dres), res), max_abs_diff(cuda::to_host(dnormed), normed)), 2e-3f);
-  perf("linear_residual_norm " + tag, double(N * K * dtype_size(dt)), [&] { ops::linear_residual_norm(dx, dw, dref); });
-}
-
 void test_argmax(int64_t R, int64_t V) {
   Tensor x = random_tensor({R, V}), ref = Tensor::empty({R}, DType::kI32);
   for (int64_t r = 0; r < R; ++r) {  // plant a tie for the maximum: the lower index must win
@@ -776,10 +758,6 @@ int main(int argc, char** argv) {
     test_moe_route(1, 512, 10, 2048, true);  // Qwen3-Next decode routing
     test_moe_route(3, 64, 8, 256, false);
     test_moe_route(9, 512, 10, 256, true);   // past the fused form: linear + moe_topk
-    test_linear_residual_norm(1, 2048, 4096, DType::kF16);  // Qwen3-Next's output projections
-    test_linear_residual_norm(5, 300, 264, DType::kF32);
-    test_linear_residual_norm(8, 2048, 512, DType::kF16);
-    test_linear_residual_norm(20, 256, 128, DType::kF16);   // past decode sizes: linear + add_rms_norm
     test_moe_experts(1, 64, 10, 2048, 512);   // Qwen3-Next decode, concurrency 1 (GB/s in --perf)
     test_moe_experts(100, 16, 4, 256, 96);     // prefill: grouped by expert on the device
     test_moe_experts(300, 64, 10, 512, 128);

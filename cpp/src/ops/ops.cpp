@@ -27,7 +27,7 @@ const char* op_name(Op op) {
                                 "gather_rows", "copy_columns", "fill_uniform",   "argmax", "qkv_rope_cache", "sample", "linear_swiglu",
                                 "gated_delta_rule", "causal_conv1d", "l2_norm", "gated_rms_norm",
                                 "sigmoid_mul", "gdn_gates", "scatter_add_rows", "add_gated_rows", "moe_topk", "moe_experts", "gdn_split_qkv",
-                                "linear_residual_norm", "moe_route", "gdn_decode"};
+                                "moe_route", "gdn_decode"};
   return names[int(op)];
 }
 
@@ -63,7 +63,6 @@ bool supports_op(Device device, Op op) {
     case Op::kMoeTopk: return t->moe_topk != nullptr;
     case Op::kMoeExperts: return t->moe_experts != nullptr;
     case Op::kGdnSplitQkv: return t->gdn_split_qkv != nullptr;
-    case Op::kLinearResidualNorm: return t->linear_residual_norm != nullptr;
     case Op::kMoeRoute: return t->moe_route != nullptr;
     case Op::kGdnDecode: return t->gdn_decode != nullptr;
     case Op::kCount: break;
@@ -165,9 +164,6 @@ void moe_route(const Tensor& x, const Tensor& router, int64_t num_experts, bool 
 void gdn_decode(const Tensor& fused, const GdnWeights& w, Tensor& conv_states, Tensor& states,
                 const Tensor& seq_starts, const Tensor& seq_slots, Tensor& out) {
   table_for(fused.device(), Op::kGdnDecode).gdn_decode(fused, w, conv_states, states, seq_starts, seq_slots, out);
-}
-void linear_residual_norm(const Tensor& x, const Tensor& weight, const ResidualNorm& then) {
-  table_for(x.device(), Op::kLinearResidualNorm).linear_residual_norm(x, weight, then);
 }
 void sample(const Tensor& logits, const std::vector<SampleRow>& rows, const std::vector<SampleAdjust>& adjust,
             std::vector<SampleResult>& out) {

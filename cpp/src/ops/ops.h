@@ -62,8 +62,8 @@ struct ExpertTable {
   int64_t hidden = 0, inter = 0;
 };
 
-// The residual add and RMSNorm that follow a layer's last GEMV, fused into it where a backend can
-// (decode-sized batches): residual += y; normed = rms_norm(residual) * weight (f32 [n]).
+// The residual add and RMSNorm that follow a block's expert combine, fused into it where a backend
+// can (decode-sized batches): residual += y; normed = rms_norm(residual) * weight (f32 [n]).
 struct ResidualNorm {
   Tensor* residual = nullptr;
   const Tensor* weight = nullptr;
@@ -133,7 +133,6 @@ enum class Op {
   kMoeTopk,
   kMoeExperts,
   kGdnSplitQkv,
-  kLinearResidualNorm,
   kMoeRoute,
   kGdnDecode,
   kCount
@@ -175,7 +174,6 @@ struct OpTable {
   void (*moe_topk)(const Tensor& logits, int64_t num_experts, bool renormalize, Tensor& ids, Tensor& weights) = nullptr;
   void (*moe_experts)(const Tensor& x, const Tensor& ids, const Tensor& weights, const ExpertTable& experts,
                       Tensor& out, const ResidualNorm* then) = nullptr;
-  void (*linear_residual_norm)(const Tensor& x, const Tensor& weight, const ResidualNorm& then) = nullptr;
   void (*moe_route)(const Tensor& x, const Tensor& router, int64_t num_experts, bool renormalize, Tensor& ids,
                     Tensor& weights) = nullptr;
   void (*gdn_decode)(const Tensor& fused, const GdnWeights& w, Tensor& conv_states, Tensor& states,
@@ -282,9 +280,6 @@ void moe_route(const Tensor& x, const Tensor& router, int64_t num_experts, bool 
 // For decode-sized batches (every (token, expert) pair reads its expert's weights).
 void moe_experts(const Tensor& x, const Tensor& ids, const Tensor& weights, const ExpertTable& experts, Tensor& out,
                  const ResidualNorm* then = nullptr);
-// y = x . weight^T (no bias), then `then` with y: the residual stream takes the GEMV's output
-// without a separate add + norm pass.
-void linear_residual_norm(const Tensor& x, const Tensor& weight, const ResidualNorm& then);
 // Samples one token per row of logits [R, vocab] (on any device; results on the host). Kept sets
 // are thresholds on the adjusted logits (ties at a top-k / top-p boundary broken by lower index),
 // and the draw walks the kept tokens in index order: the same distribution as the host sampler,

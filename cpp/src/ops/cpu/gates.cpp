@@ -111,10 +111,4 @@ void moe_experts(const Tensor& x, const Tensor& ids, const Tensor& weights, cons
   if (then) cpu::add_rms_norm(*then->residual, out, *then->weight, then->eps, *then->normed);
 }
 
-void linear_residual_norm(const Tensor& x, const Tensor& weight, const ResidualNorm& then) {
-  Tensor y = Tensor::uninitialized(then.residual->shape(), DType::kF32);
-  cpu::linear(x, weight, nullptr, y);
-  cpu::add_rms_norm(*then.residual, y, *then.weight, then.eps, *then.normed);
-}
-
 }  // namespace revolta::ops::cpu

@@ -42,7 +42,6 @@ const OpTable* table() {
     o.add_gated_rows = &add_gated_rows;
     o.moe_topk = &moe_topk;
     o.moe_experts = &moe_experts;
-    o.linear_residual_norm = &linear_residual_norm;
     o.moe_route = &moe_route;
     o.gdn_decode = &gdn_decode;
     o.gdn_split_qkv = &gdn_split_qkv;
