@@ -120,6 +120,12 @@ def test_norms_against_transformers():
     out = np.zeros_like(x)
     _core.ops.gated_rms_norm(x, z, w, 1e-6, out)
     assert np.abs(out - ref).max() < 1e-5
+    # the gates as a column window of a wider per-token row (a fused projection), no copy
+    wide = r.standard_normal((7, 20 + 96 + 13)).astype(np.float32)
+    wide[:, 20:116] = z.reshape(7, 96)
+    out2 = np.zeros_like(x)
+    _core.ops.gated_rms_norm(x, wide, w, 1e-6, out2, gate_column=20)
+    assert np.abs(out2 - ref).max() < 1e-5
     y = x.copy()
     _core.ops.l2_norm(y, 32, 1e-6)
     assert np.abs(y - qn.l2norm(torch.from_numpy(x), dim=-1, eps=1e-6).numpy()).max() < 1e-6

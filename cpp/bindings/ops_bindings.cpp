@@ -49,9 +49,9 @@ void bind_ops(nb::module_& m) {
       "x"_a, "dim"_a, "eps"_a);
   ops.def(
       "gated_rms_norm",
-      [](F32Array x, F32Array gate, F32Array weight, float eps, F32Array out) {
+      [](F32Array x, F32Array gate, F32Array weight, float eps, F32Array out, int64_t gate_column) {
         Tensor o = wrap(out);
-        ops::cpu::gated_rms_norm(wrap(x), wrap(gate), 0, wrap(weight), eps, o);
+        ops::cpu::gated_rms_norm(wrap(x), wrap(gate), gate_column, wrap(weight), eps, o);
       },
-      "x"_a, "gate"_a, "weight"_a, "eps"_a, "out"_a);
+      "x"_a, "gate"_a, "weight"_a, "eps"_a, "out"_a, "gate_column"_a = 0);
 }
