@@ -15,6 +15,7 @@
 #include "attention/prefill_attention.cuh"
 #include "core/cuda_check.h"
 #include "core/element.cuh"
+#include "core/arrival.cuh"
 #include "cuda_ops.h"
 
 namespace revolta::cuda {
@@ -26,13 +27,6 @@ namespace {
 // keeps a decode step from waiting on it.
 constexpr int kThreads = 256, kGroupLanes = 8, kGroups = kThreads / kGroupLanes, kWarps = kThreads / 32;
 constexpr int kMaxD = 256, kMinSplitLen = 64, kMaxSplits = 64;
-
-// A load that skips L1: other blocks' partial results are read right after they were written.
-__device__ __forceinline__ float load_l2(const float* p) {
-  float v;
-  asm volatile("ld.global.cg.f32 %0, [%1];" : "=f"(v) : "l"(p));
-  return v;
-}
 
 // The EPL elements of a head row that this lane holds, from element `first` on, as floats.
 template <int EPL, bool kVec, typename C>
@@ -199,21 +193,6 @@ __global__ void __launch_bounds__(kThreads)
   if (threadIdx.x == 0) *counter = 0;  // re-armed for the next call (and graph replay)
 }
 
-// Arrival counters for the split merge: zeroed once, re-armed by the merging block, so captured
-// graphs can use them on every replay. Allocated outside the memory pools (a graph's private pool
-// would take them away with it); the first call always comes before any recording (the sizing
-// run of a capture), so no allocation happens during one.
-constexpr int64_t kCounterCapacity = int64_t(1) << 16;
-int* merge_counters() {
-  static int* buf = [] {
-    int* p = nullptr;
-    RV_CUDA_CHECK(cudaMalloc(&p, kCounterCapacity * sizeof(int)));
-    RV_CUDA_CHECK(cudaMemset(p, 0, kCounterCapacity * sizeof(int)));
-    return p;
-  }();
-  return buf;
-}
-
 struct Shape {
   int64_t H, KVH, D;
 };
@@ -226,7 +205,7 @@ void launch_decode_kernel(dim3 grid, const Tensor& q, const C* kc, const C* vc, 
   auto go = [&](auto kernel) {
     kernel<<<grid, kThreads, 0, stream()>>>(q.ptr<float>(), kc, vc, qs, lens, tables, seq_of, token_list,
                                             b.max_blocks_per_seq, b.block_size, int(sh.H), int(sh.KVH), int(sh.D),
-                                            scale, out.ptr<float>(), part, grid.z > 1 ? merge_counters() : nullptr);
+                                            scale, out.ptr<float>(), part, grid.z > 1 ? arrival_counters() : nullptr);
   };
   constexpr bool kCanVec = (EPL * sizeof(C)) % 16 == 0;
   if (kCanVec && sh.D == kGroupLanes * EPL) go(decode_attention_kernel<C, EPL, kCanVec, P>);
@@ -244,7 +223,7 @@ void launch_decode(const Tensor& q, const C* kc, const C* vc, const ops::Attenti
   // SMs idle, at least kMinSplitLen positions per split.
   const int64_t work = n * sh.H, sms = sm_count();
   int splits = 1;
-  if (work < 4 * sms && work <= kCounterCapacity)
+  if (work < 4 * sms && work <= kArrivalCounters)
     splits = int(std::clamp<int64_t>((4 * sms + work - 1) / work, 1,
                                      std::min<int64_t>(kMaxSplits, (max_ctx + kMinSplitLen - 1) / kMinSplitLen)));
   Tensor part;

@@ -9,6 +9,7 @@
 #include <map>
 #include <mutex>
 
+#include "core/arrival.cuh"
 #include "core/cuda_check.h"
 #include "core/device_runtime.h"
 #include "cuda_ops.h"
@@ -153,6 +154,19 @@ cudaStream_t stream() {
     return st;
   }();
   return s;
+}
+
+// Allocated outside the memory pools (a graph's private pool would take them away with it); the
+// first call always comes before any recording (the sizing run of a capture), so no allocation
+// happens during one.
+int* arrival_counters() {
+  static int* buf = [] {
+    int* p = nullptr;
+    RV_CUDA_CHECK(cudaMalloc(&p, kArrivalCounters * sizeof(int)));
+    RV_CUDA_CHECK(cudaMemset(p, 0, kArrivalCounters * sizeof(int)));
+    return p;
+  }();
+  return buf;
 }
 
 Tensor to_device(const Tensor& host) { return host.to(Device::kCUDA); }

@@ -15,6 +15,8 @@
 #include <cuda_fp16.h>
 #include <mma.h>
 
+#include <type_traits>
+
 #include "core/cuda_check.h"
 #include "cuda_ops.h"
 
@@ -27,6 +29,20 @@ using FragAT = wmma::fragment<wmma::matrix_a, 16, 16, 16, __half, wmma::col_majo
 using FragB = wmma::fragment<wmma::matrix_b, 16, 16, 16, __half, wmma::row_major>;
 using FragBT = wmma::fragment<wmma::matrix_b, 16, 16, 16, __half, wmma::col_major>;
 using Acc = wmma::fragment<wmma::accumulator, 16, 16, 16, float>;
+
+// acc += A . B over K in 16-deep steps; a and b address the tiles' k = 0 elements, and each
+// fragment's layout gives its step along k.
+template <class FA, class FB>
+__device__ __forceinline__ void mma_k(Acc& acc, int K, const __half* a, int lda, const __half* b, int ldb) {
+  constexpr bool a_row = std::is_same_v<FA, FragA>, b_row = std::is_same_v<FB, FragB>;
+  for (int kk = 0; kk < K; kk += 16) {
+    FA fa;
+    FB fb;
+    wmma::load_matrix_sync(fa, a + (a_row ? kk : kk * lda), lda);
+    wmma::load_matrix_sync(fb, b + (b_row ? kk * ldb : kk), ldb);
+    wmma::mma_sync(acc, fa, fb, acc);
+  }
+}
 
 // Sequence s and chunk c of flat chunk id `id` (chunks numbered sequence after sequence).
 __device__ inline bool locate(const int32_t* starts, int S, int id, int& s, int& c, int& first) {
@@ -99,13 +115,7 @@ __global__ void __launch_bounds__(kThreads)
       const int ti = tile / 4, tj = tile % 4;
       Acc acc;
       wmma::fill_fragment(acc, 0.0f);
-      for (int kk = 0; kk < D; kk += 16) {
-        FragA fa;
-        FragBT fb;
-        wmma::load_matrix_sync(fa, a + ti * 16 * LD + kk, LD);
-        wmma::load_matrix_sync(fb, ks + tj * 16 * LD + kk, LD);
-        wmma::mma_sync(acc, fa, fb, acc);
-      }
+      mma_k<FragA, FragBT>(acc, D, a + ti * 16 * LD, LD, ks + tj * 16 * LD, LD);
       wmma::store_matrix_sync(mat + ti * 16 * LC + tj * 16, acc, LC, wmma::mem_row_major);
     }
     __syncthreads();
@@ -147,13 +157,7 @@ __global__ void __launch_bounds__(kThreads)
       const int ti = tile / (D / 16), tj = tile % (D / 16);
       Acc acc;
       wmma::fill_fragment(acc, 0.0f);
-      for (int kk = 0; kk < C; kk += 16) {
-        FragA fa;
-        FragB fb;
-        wmma::load_matrix_sync(fa, tinh + ti * 16 * LH + kk, LH);
-        wmma::load_matrix_sync(fb, qb + kk * LD + tj * 16, LD);
-        wmma::mma_sync(acc, fa, fb, acc);
-      }
+      mma_k<FragA, FragB>(acc, C, tinh + ti * 16 * LH, LH, qb + tj * 16, LD);
       if (!to_half) {
         wmma::store_matrix_sync(dst32 + (ti * 16) * D + tj * 16, acc, D, wmma::mem_row_major);
         continue;
@@ -220,13 +224,7 @@ __global__ void __launch_bounds__(kThreads)
       Acc u, ws;
       wmma::load_matrix_sync(u, U + ti * 16 * D + col0 + tj * 16, D, wmma::mem_row_major);
       wmma::fill_fragment(ws, 0.0f);
-      for (int kk = 0; kk < D; kk += 16) {
-        FragA fa;
-        FragB fb;
-        wmma::load_matrix_sync(fa, W + ti * 16 * D + kk, D);
-        wmma::load_matrix_sync(fb, sh + kk * LH + tj * 16, LH);
-        wmma::mma_sync(ws, fa, fb, ws);
-      }
+      mma_k<FragA, FragB>(ws, D, W + ti * 16 * D, D, sh + tj * 16, LH);
 #pragma unroll
       for (int e = 0; e < u.num_elements; ++e) u.x[e] -= ws.x[e];
       wmma::store_matrix_sync(vf + ti * 16 * LF + tj * 16, u, LF, wmma::mem_row_major);
@@ -239,20 +237,8 @@ __global__ void __launch_bounds__(kThreads)
       const int ti = tile / 4, tj = tile % 4;
       Acc o;
       wmma::fill_fragment(o, 0.0f);
-      for (int kk = 0; kk < D; kk += 16) {
-        FragA fa;
-        FragB fb;
-        wmma::load_matrix_sync(fa, Qg + ti * 16 * D + kk, D);
-        wmma::load_matrix_sync(fb, sh + kk * LH + tj * 16, LH);
-        wmma::mma_sync(o, fa, fb, o);
-      }
-      for (int kk = 0; kk < C; kk += 16) {
-        FragA fa;
-        FragB fb;
-        wmma::load_matrix_sync(fa, P + ti * 16 * C + kk, C);
-        wmma::load_matrix_sync(fb, vh + kk * LH + tj * 16, LH);
-        wmma::mma_sync(o, fa, fb, o);
-      }
+      mma_k<FragA, FragB>(o, D, Qg + ti * 16 * D, D, sh + tj * 16, LH);
+      mma_k<FragA, FragB>(o, C, P + ti * 16 * C, C, vh + tj * 16, LH);
       wmma::store_matrix_sync(vf + ti * 16 * LF + tj * 16, o, LF, wmma::mem_row_major);
     }
     __syncthreads();  // sh is read no more this chunk
@@ -266,13 +252,7 @@ __global__ void __launch_bounds__(kThreads)
       wmma::load_matrix_sync(acc, sf + ti * 16 * LF + tj * 16, LF, wmma::mem_row_major);
 #pragma unroll
       for (int e = 0; e < acc.num_elements; ++e) acc.x[e] *= decay;
-      for (int kk = 0; kk < C; kk += 16) {
-        FragAT fa;
-        FragB fb;
-        wmma::load_matrix_sync(fa, Kd + kk * D + ti * 16, D);
-        wmma::load_matrix_sync(fb, vh + kk * LH + tj * 16, LH);
-        wmma::mma_sync(acc, fa, fb, acc);
-      }
+      mma_k<FragAT, FragB>(acc, C, Kd + ti * 16, D, vh + tj * 16, LH);
       wmma::store_matrix_sync(sf + ti * 16 * LF + tj * 16, acc, LF, wmma::mem_row_major);
     }
     __syncthreads();

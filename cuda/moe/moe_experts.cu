@@ -100,7 +100,7 @@ struct Tail {
   const float* weight;
   float eps;
   float* normed;
-  unsigned* counters;  // one per token
+  int* counters;  // one per token
 };
 
 template <bool kTail>
@@ -143,7 +143,7 @@ __global__ void __launch_bounds__(kMaxDownWarps * 32)
     for (int w = 0; w < warps; ++w) sum += part[w][threadIdx.x];
     out[size_t(t) * H + h0 + threadIdx.x] = sum;
   }
-  if (kTail && last_to_arrive(tail.counters + t, gridDim.x))
+  if (kTail && last_to_arrive(tail.counters + t, int(gridDim.x)))
     residual_norm_row(tail.residual + size_t(t) * H, out + size_t(t) * H, tail.weight, tail.eps,
                       tail.normed + size_t(t) * H, H);
 }

@@ -5,7 +5,7 @@
 #include "core/cuda_check.h"
 #include "core/element.cuh"
 #include "cuda_ops.h"
-#include "norms/residual_norm_tail.cuh"
+#include "core/arrival.cuh"
 
 namespace revolta::cuda {
 namespace {
@@ -65,7 +65,7 @@ __device__ void topk_registers_row(const float* l, int64_t t, int E, int K, int 
 #pragma unroll
   for (int i = 0; i < N; ++i) {
     const int e = lane + 32 * i;
-    v[i] = e < E ? (kFromL2 ? load_cg(l + e) : l[e]) : -INFINITY;
+    v[i] = e < E ? (kFromL2 ? load_l2(l + e) : l[e]) : -INFINITY;
     mx = fmaxf(mx, v[i]);
   }
   for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
@@ -100,7 +100,7 @@ __device__ void topk_registers_row(const float* l, int64_t t, int E, int K, int 
   if (renorm && lane == 0)
     for (int k = 0; k < K; ++k) weights[t * KS + k] /= top;
   if (S && lane == 0) {
-    const float gate = kFromL2 ? load_cg(l + E) : l[E];
+    const float gate = kFromL2 ? load_l2(l + E) : l[E];
     ids[t * KS + K] = E, weights[t * KS + K] = 1.0f / (1.0f + __expf(-gate));
   }
 }
@@ -117,7 +117,7 @@ __global__ void moe_topk_registers_kernel(const float* __restrict__ logits, int6
 template <int M>
 __global__ void __launch_bounds__(kWarps * 32)
     route_kernel(const float* __restrict__ x, const float* __restrict__ router, float* logits, int E, int S, int H,
-                 int K, bool renorm, int32_t* __restrict__ ids, float* __restrict__ weights, unsigned* counter) {
+                 int K, bool renorm, int32_t* __restrict__ ids, float* __restrict__ weights, int* counter) {
   const int lane = threadIdx.x % 32, r = blockIdx.x * kWarps + threadIdx.x / 32, R = E + S;
   if (r < R) {  // no early return: every thread reaches the arrival count
     float acc[M] = {};
@@ -140,7 +140,7 @@ __global__ void __launch_bounds__(kWarps * 32)
       if (lane == 0) logits[size_t(m) * R + r] = v;
     }
   }
-  if (!last_to_arrive(counter, gridDim.x)) return;
+  if (!last_to_arrive(counter, int(gridDim.x))) return;
   for (int t = threadIdx.x / 32; t < M; t += kWarps) topk_registers_row<16, true>(logits + size_t(t) * R, t, E, K, S, renorm, ids, weights);
 }
 

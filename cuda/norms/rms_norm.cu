@@ -1,7 +1,6 @@
 // RMSNorm, plain and with the residual add fused in: one block per row, fp32 throughout.
 #include "core/cuda_check.h"
 #include "cuda_ops.h"
-#include "norms/residual_norm_tail.cuh"
 
 namespace revolta::cuda {
 namespace {
@@ -95,20 +94,6 @@ void rms_norm(const Tensor& x, const Tensor& weight, float eps, Tensor& out) { l
 
 void add_rms_norm(Tensor& residual, const Tensor& x, const Tensor& weight, float eps, Tensor& out) {
   launch(x, residual.ptr<float>(), weight, eps, out);
-}
-
-}  // namespace revolta::cuda
-
-namespace revolta::cuda {
-
-unsigned* arrival_counters() {
-  static unsigned* counters = [] {
-    unsigned* p = nullptr;
-    RV_CUDA_CHECK(cudaMalloc(&p, kArrivalCounters * sizeof(unsigned)));
-    RV_CUDA_CHECK(cudaMemset(p, 0, kArrivalCounters * sizeof(unsigned)));
-    return p;
-  }();
-  return counters;
 }
 
 }  // namespace revolta::cuda

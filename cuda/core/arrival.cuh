@@ -1,0 +1,39 @@
+// Hand-offs between the blocks of one kernel: the blocks of a group count themselves in on a
+// counter and the last to arrive finishes the group's work, reading the others' results through L2
+// (split-K attention merges, routing after the router GEMV, the residual norm after the experts).
+// The counters are zero between kernels: whoever finishes re-arms them, so captured graphs replay
+// them (kernels on the work stream run one after another, so groups of different kernels may share
+// counters).
+#pragma once
+
+#include <cstdint>
+
+namespace revolta::cuda {
+
+// kArrivalCounters counters, zeroed once (core/backend.cu).
+constexpr int64_t kArrivalCounters = int64_t(1) << 16;
+int* arrival_counters();
+
+// A load that skips L1: other blocks' results are read right after they were written.
+__device__ __forceinline__ float load_l2(const float* p) {
+  float v;
+  asm volatile("ld.global.cg.f32 %0, [%1];" : "=f"(v) : "l"(p));
+  return v;
+}
+
+// True in the block that arrives last of `total` on `counter` (after every block's writes are
+// visible device-wide); that block also re-arms the counter. Every thread of every block calls it.
+__device__ inline bool last_to_arrive(int* counter, int total) {
+  __shared__ bool last;
+  __threadfence();
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    last = atomicAdd(counter, 1) == total - 1;
+    if (last) *counter = 0;
+  }
+  __syncthreads();
+  if (last) __threadfence();  // order the reads that follow after the other blocks' writes
+  return last;
+}
+
+}  // namespace revolta::cuda
