@@ -194,8 +194,9 @@ void gated_rms_norm(const Tensor& x, const Tensor& gate, int64_t gate_column, co
   for (int64_t r = 0; r < rows; ++r) {
     const float* xr = xp + r * n;
     const float inv = 1.0f / std::sqrt(dot_f32(xr, xr, n) / float(n) + eps);
+    const float* zr = gp + (r * n / P) * G + gate_column + (r * n) % P;  // this row's gates
     for (int64_t i = 0; i < n; ++i) {
-      const float z = gp[(r * n / P) * G + gate_column + (r * n) % P + i];
+      const float z = zr[i];
       op[r * n + i] = w[size_t(i)] * (xr[i] * inv) * (z / (1.0f + std::exp(-z)));
     }
   }
