@@ -2,27 +2,24 @@
 // one kernel for decode batches (the separate conv, split / L2 norm, gates, delta rule and gated
 // norm kernels of a decode step were each latency-bound).
 //
-// A block per (key head, sequence) owns every channel that key head's conv touches (its q and k
-// heads and the v heads of its value heads), so it alone reads and writes those conv states.
-// 16 warps: per value head of the group, 4 column groups of 32 state columns x RG row groups;
-// each thread keeps RPT rows of its column of the fp32 state in registers (the recurrent form of
-// gated_delta_rule.cu). Per token: conv + silu into shared memory, q / k L2 norms and the gates,
-// the rule, then the gated RMSNorm over the value head's columns.
+// A block per (value head, 32 state columns, sequence), so a decode step of one token keeps
+// Hv * Dv / 32 multiprocessors busy (128 for Qwen3-Next) and each moves only its 32 columns of the
+// fp32 state. 8 warps split the Dk state rows, RPT per thread, the lane being the column. Per
+// token: conv + silu of the key head's q and k channels and of the block's 32 v channels into
+// shared memory, the q / k L2 norms and the head's gates, then the rule; the output before its norm
+// goes to `out`.
+// The blocks of a key head's group (its value heads x column groups) all compute the same q / k
+// conv from the same old conv window, so none may overwrite it while another reads it: the last of
+// the group to arrive (core/arrival.cuh) writes the q / k windows back and applies the gated
+// RMSNorm to the group's output rows, which spans the column groups.
+#include "core/arrival.cuh"
 #include "core/cuda_check.h"
 #include "cuda_ops.h"
 
 namespace revolta::cuda {
 namespace {
 
-constexpr int kThreads = 512, kWarps = kThreads / 32, kMaxChannels = kThreads, kMaxW = 8;
-// State rows a thread may hold. Under clang (the SM70 lane) the 64-row form spills ~800 bytes per
-// thread and measured slower than the separate kernels (H200 running the lane's PTX, Qwen3-Next
-// 32 layers at concurrency 1: 322 vs 364 tok/s); nvcc's build keeps it in registers.
-#if defined(__clang__)
-constexpr int kMaxRowsPerThread = 32;
-#else
-constexpr int kMaxRowsPerThread = 64;
-#endif
+constexpr int kThreads = 256, kWarps = kThreads / 32, kCols = 32, kMaxW = 8, kMaxDk = 256;
 
 __device__ __forceinline__ float silu(float x) { return x / (1.0f + __expf(-x)); }
 __device__ __forceinline__ float softplus(float x) { return x > 20.0f ? x : log1pf(__expf(x)); }
@@ -31,59 +28,55 @@ struct Shape {
   int Hk, Dk, Hv, Dv, W, width, C;
 };
 
-template <int RPT, int RG>  // RPT state rows per thread, RG row groups; 4 / RG value heads per key head
+template <int RPT>  // state rows per thread: Dk = kWarps * RPT
 __global__ void __launch_bounds__(kThreads)
     gdn_decode_kernel(const float* __restrict__ fused, const float* __restrict__ conv_w, const float* __restrict__ neg_a,
                       const float* __restrict__ dt_bias, const float* __restrict__ norm_w, float norm_eps,
                       float* __restrict__ conv_states, float* __restrict__ states, const int32_t* __restrict__ starts,
-                      const int32_t* __restrict__ slots, float* __restrict__ out, Shape sh) {
-  constexpr int R = 4 / RG;  // value heads per key head
-  const int Dk = RPT * RG, Dv = sh.Dv, hk = blockIdx.x, s = blockIdx.y;
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int j = warp / (4 * RG), cg = (warp / RG) % 4, rg = warp % RG;  // value head in group, column group, row group
-  const int h = hk * R + j, col = cg * 32 + lane;
+                      const int32_t* __restrict__ slots, float* out, int* counters, Shape sh) {
+  constexpr int Dk = kWarps * RPT;
+  const int Dv = sh.Dv, groups = (Dv + kCols - 1) / kCols, R = sh.Hv / sh.Hk;
+  const int h = blockIdx.x / groups, cg = blockIdx.x % groups, hk = h / R, s = blockIdx.y;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, col = cg * kCols + lane;
   const bool has_col = col < Dv;
-  __shared__ float xq[256], xk[256], xv[R][128];  // this token's conv outputs (Dk <= 256, Dv <= 128)
+  const int out_width = sh.Hv * Dv;
+  __shared__ float xq[Dk], xk[Dk], xv[kCols];  // this token's conv outputs
   __shared__ float red[kWarps][32];
-  __shared__ float scal[2 + 2 * R];  // 1 / |q| * scale, 1 / |k|, then beta and the decay per value head
-  __shared__ float norm_part[R][4];
+  __shared__ float scal[4];  // 1 / |q| * scale, 1 / |k|, beta, decay
+  // The last W - 1 inputs of the channels this block convolves: q, k of key head hk, its v columns.
+  __shared__ float window[2 * Dk + kCols][kMaxW - 1];
   const int t0 = starts[s], t1 = starts[s + 1], slot = slots[s];
-  if (slot < 0) {  // a padding row: no state, zero output
+  if (slot < 0) {  // a padding row (every block of the group returns here): no state, zero output
     for (int t = t0; t < t1; ++t)
-      if (rg == 0 && has_col) out[size_t(t) * sh.Hv * Dv + h * Dv + col] = 0.0f;
+      if (warp == 0 && has_col) out[size_t(t) * out_width + h * Dv + col] = 0.0f;
     return;
   }
-  // The conv channel this thread owns: q head hk, k head hk, then the R v heads.
-  const int nq = Dk, nch = 2 * Dk + R * Dv;
-  const int c_local = threadIdx.x;
-  int channel = -1;
-  if (c_local < nq) channel = hk * Dk + c_local;
-  else if (c_local < 2 * nq) channel = sh.Hk * Dk + hk * Dk + (c_local - nq);
-  else if (c_local < nch) channel = 2 * sh.Hk * Dk + hk * R * Dv + (c_local - 2 * nq);
-  // The channel's last W - 1 inputs live in shared memory (registers go to the state).
-  __shared__ float window[kMaxChannels][kMaxW - 1];
-  float* win = window[c_local];
-  const float* wc = conv_w + size_t(max(channel, 0)) * sh.W;
-  float* cst = channel >= 0 ? conv_states + (size_t(slot) * sh.C + channel) * (sh.W - 1) : nullptr;
-  if (channel >= 0)
-    for (int i = 0; i < sh.W - 1; ++i) win[i] = cst[i];
+  const int nch = 2 * Dk + min(kCols, Dv - cg * kCols);
+  auto channel = [&](int c) {
+    return c < Dk ? hk * Dk + c : c < 2 * Dk ? (sh.Hk + hk) * Dk + c - Dk : 2 * sh.Hk * Dk + h * Dv + cg * kCols + c - 2 * Dk;
+  };
+  auto conv_state = [&](int c) { return conv_states + (size_t(slot) * sh.C + channel(c)) * (sh.W - 1); };
+  for (int c = threadIdx.x; c < nch; c += kThreads)
+    for (int i = 0; i < sh.W - 1; ++i) window[c][i] = conv_state(c)[i];
   float* S = states + (size_t(slot) * sh.Hv + h) * Dk * Dv;
   float st[RPT];
 #pragma unroll
-  for (int r = 0; r < RPT; ++r) st[r] = has_col ? S[size_t(rg * RPT + r) * Dv + col] : 0.0f;
+  for (int r = 0; r < RPT; ++r) st[r] = has_col ? S[size_t(warp * RPT + r) * Dv + col] : 0.0f;
   const float scale = rsqrtf(float(Dk));
   for (int t = t0; t < t1; ++t) {
     const float* row = fused + size_t(t) * sh.width;
-    if (channel >= 0) {  // conv + silu, window shifted
-      const float xt = row[channel];
+    for (int c = threadIdx.x; c < nch; c += kThreads) {  // conv + silu, window shifted
+      float* win = window[c];
+      const float* wc = conv_w + size_t(channel(c)) * sh.W;
+      const float xt = row[channel(c)];
       float acc = wc[sh.W - 1] * xt;
       for (int i = 0; i < sh.W - 1; ++i) acc += wc[i] * win[i];
       for (int i = 0; i + 1 < sh.W - 1; ++i) win[i] = win[i + 1];
       if (sh.W > 1) win[sh.W - 2] = xt;
       const float y = silu(acc);
-      if (c_local < nq) xq[c_local] = y;
-      else if (c_local < 2 * nq) xk[c_local - nq] = y;
-      else xv[(c_local - 2 * nq) / Dv][(c_local - 2 * nq) % Dv] = y;
+      if (c < Dk) xq[c] = y;
+      else if (c < 2 * Dk) xk[c - Dk] = y;
+      else xv[c - 2 * Dk] = y;
     }
     __syncthreads();
     if (warp < 2) {  // L2 norms of q (warp 0) and k (warp 1)
@@ -92,57 +85,64 @@ __global__ void __launch_bounds__(kThreads)
       for (int i = lane; i < Dk; i += 32) ss += x[i] * x[i];
       for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
       if (lane == 0) scal[warp] = rsqrtf(ss + 1e-6f) * (warp == 0 ? scale : 1.0f);
-    } else if (warp == 2 && lane < R) {  // the gates of value head hk * R + lane
-      const int hv = hk * R + lane;
+    } else if (warp == 2 && lane == 0) {  // the gates of value head h
       const int first = sh.C + sh.Hv * Dv;  // b columns, then a
-      scal[2 + lane] = 1.0f / (1.0f + __expf(-row[first + hv]));
-      scal[2 + R + lane] = __expf(neg_a[hv] * softplus(row[first + sh.Hv + hv] + dt_bias[hv]));
+      scal[2] = 1.0f / (1.0f + __expf(-row[first + h]));
+      scal[3] = __expf(neg_a[h] * softplus(row[first + sh.Hv + h] + dt_bias[h]));
     }
     __syncthreads();
-    const float qn = scal[0], kn = scal[1], b = scal[2 + j], decay = scal[2 + R + j];
+    const float qn = scal[0], kn = scal[1], b = scal[2], decay = scal[3];
     float part = 0.0f;
 #pragma unroll
     for (int r = 0; r < RPT; ++r) {
       st[r] *= decay;
-      part += xk[rg * RPT + r] * kn * st[r];
+      part += xk[warp * RPT + r] * kn * st[r];
     }
     red[warp][lane] = part;
     __syncthreads();
     float kv = 0.0f;
 #pragma unroll
-    for (int g = 0; g < RG; ++g) kv += red[warp - rg + g][lane];
-    const float delta = has_col ? (xv[j][col] - kv) * b : 0.0f;
+    for (int g = 0; g < kWarps; ++g) kv += red[g][lane];
+    const float delta = has_col ? (xv[lane] - kv) * b : 0.0f;
     float o = 0.0f;
 #pragma unroll
     for (int r = 0; r < RPT; ++r) {
-      st[r] += xk[rg * RPT + r] * kn * delta;
-      o += xq[rg * RPT + r] * qn * st[r];
+      st[r] += xk[warp * RPT + r] * kn * delta;
+      o += xq[warp * RPT + r] * qn * st[r];
     }
     __syncthreads();  // red is read by everyone
     red[warp][lane] = o;
     __syncthreads();
-    float out_v = 0.0f;
-    if (rg == 0) {
+    if (warp == 0 && has_col) {  // the output before its norm, read back by the group's last block
+      float sum = 0.0f;
 #pragma unroll
-      for (int g = 0; g < RG; ++g) out_v += red[warp + g][lane];
-      float ss = has_col ? out_v * out_v : 0.0f;
-      for (int off = 16; off > 0; off >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, off);
-      if (lane == 0) norm_part[j][cg] = ss;
+      for (int g = 0; g < kWarps; ++g) sum += red[g][lane];
+      out[size_t(t) * out_width + h * Dv + col] = sum;
     }
-    __syncthreads();
-    if (rg == 0 && has_col) {
-      const float total = norm_part[j][0] + norm_part[j][1] + norm_part[j][2] + norm_part[j][3];
-      const float inv = rsqrtf(total / float(Dv) + norm_eps);
-      const float z = row[sh.C + h * Dv + col];
-      out[size_t(t) * sh.Hv * Dv + h * Dv + col] = norm_w[col] * (out_v * inv) * silu(z);
-    }
-    __syncthreads();  // shared buffers are rewritten by the next token
   }
-  if (channel >= 0)
-    for (int i = 0; i < sh.W - 1; ++i) cst[i] = win[i];
 #pragma unroll
   for (int r = 0; r < RPT; ++r)
-    if (has_col) S[size_t(rg * RPT + r) * Dv + col] = st[r];
+    if (has_col) S[size_t(warp * RPT + r) * Dv + col] = st[r];
+  for (int c = 2 * Dk + threadIdx.x; c < nch; c += kThreads)  // this block's own v channels
+    for (int i = 0; i < sh.W - 1; ++i) conv_state(c)[i] = window[c][i];
+
+  if (!last_to_arrive(counters + size_t(s) * sh.Hk + hk, R * groups)) return;
+  for (int c = threadIdx.x; c < 2 * Dk; c += kThreads)  // nobody reads the old q / k windows now
+    for (int i = 0; i < sh.W - 1; ++i) conv_state(c)[i] = window[c][i];
+  // Gated RMSNorm of the group's rows (R value heads x tokens), a warp per row.
+  for (int r = warp; r < R * (t1 - t0); r += kWarps) {
+    const int hv = hk * R + r % R, t = t0 + r / R;
+    float* o = out + size_t(t) * out_width + hv * Dv;
+    float ss = 0.0f;
+    for (int c = lane; c < Dv; c += 32) {
+      const float v = load_l2(o + c);
+      ss += v * v;
+    }
+    for (int off = 16; off > 0; off >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, off);
+    const float inv = rsqrtf(ss / float(Dv) + norm_eps);
+    const float* z = fused + size_t(t) * sh.width + sh.C + hv * Dv;
+    for (int c = lane; c < Dv; c += 32) o[c] = norm_w[c] * (load_l2(o + c) * inv) * silu(z[c]);
+  }
 }
 
 }  // namespace
@@ -154,11 +154,11 @@ void gdn_decode(const Tensor& fused, const ops::GdnWeights& w, Tensor& conv_stat
   RV_CHECK(Hk > 0 && C == 2 * Hk * Dk + Hv * Dv && fused.size(1) >= C + Hv * Dv + 2 * Hv && Hv % Hk == 0,
            "CUDA gdn_decode: fused ", fused.shape_str(), " conv ", w.conv->shape_str(), " states ", states.shape_str());
   if (T == 0 || S == 0) return;
-  const int64_t R = Hv / Hk;
-  // The one-kernel form: one or two value heads per key head, the key head's channels within one
-  // thread each, the state columns within 4 groups of 32 and the rows within the registers.
-  const bool fits = (R == 1 || R == 2) && Dv <= 128 && Dk % (4 / R) == 0 && 2 * Dk + R * Dv <= kMaxChannels &&
-                    Dk * R / 4 <= kMaxRowsPerThread && W <= kMaxW && w.norm->dtype() == DType::kF32;
+  // The one-kernel form: state rows split evenly over the warps (a template per count), the conv
+  // channels of a block (2 Dk + 32) and the group counters within bounds.
+  const int64_t groups = (Dv + kCols - 1) / kCols, rows = Dk / kWarps;
+  const bool fits = Dk % kWarps == 0 && Dk <= kMaxDk && W <= kMaxW && w.norm->dtype() == DType::kF32 &&
+                    S * Hk <= kArrivalCounters;
   auto composition = [&] {
     Tensor conv_out = Tensor::uninitialized({T, C}, DType::kF32, Device::kCUDA);
     Tensor q = Tensor::uninitialized({T, Hk, Dk}, DType::kF32, Device::kCUDA), k = Tensor::uninitialized({T, Hk, Dk}, DType::kF32, Device::kCUDA);
@@ -171,26 +171,19 @@ void gdn_decode(const Tensor& fused, const ops::GdnWeights& w, Tensor& conv_stat
     gated_rms_norm(core, fused, C, *w.norm, w.norm_eps, out);
   };
   const Shape sh{int(Hk), int(Dk), int(Hv), int(Dv), int(W), int(fused.size(1)), int(C)};
-  const dim3 grid{unsigned(Hk), unsigned(S)};
+  const dim3 grid{unsigned(Hv * groups), unsigned(S)};
   auto go = [&](auto kernel) {
     kernel<<<grid, kThreads, 0, stream()>>>(fused.ptr<float>(), w.conv->ptr<float>(), w.neg_a->ptr<float>(),
                                             w.dt_bias->ptr<float>(), w.norm->ptr<float>(), w.norm_eps,
                                             conv_states.ptr<float>(), states.ptr<float>(), seq_starts.ptr<int32_t>(),
-                                            seq_slots.ptr<int32_t>(), out.ptr<float>(), sh);
+                                            seq_slots.ptr<int32_t>(), out.ptr<float>(), arrival_counters(), sh);
   };
-  const int64_t rows = Dk * R / 4;  // state rows per thread
   if (!fits) composition();
-#if !defined(__clang__)
-  else if (R == 2 && rows == 64) go(gdn_decode_kernel<64, 2>);
-  else if (R == 1 && rows == 64) go(gdn_decode_kernel<64, 4>);
-#endif
-  else if (R == 2 && rows == 32) go(gdn_decode_kernel<32, 2>);
-  else if (R == 2 && rows == 16) go(gdn_decode_kernel<16, 2>);
-  else if (R == 2 && rows == 8) go(gdn_decode_kernel<8, 2>);
-  else if (R == 1 && rows == 32) go(gdn_decode_kernel<32, 4>);
-  else if (R == 1 && rows == 16) go(gdn_decode_kernel<16, 4>);
-  else if (R == 1 && rows == 8) go(gdn_decode_kernel<8, 4>);
-  else if (R == 1 && rows == 4) go(gdn_decode_kernel<4, 4>);
+  else if (rows == 16) go(gdn_decode_kernel<16>);
+  else if (rows == 8) go(gdn_decode_kernel<8>);
+  else if (rows == 32) go(gdn_decode_kernel<32>);
+  else if (rows == 4) go(gdn_decode_kernel<4>);
+  else if (rows == 2) go(gdn_decode_kernel<2>);
   else composition();
   RV_CUDA_CHECK(cudaGetLastError());
 }

@@ -6,6 +6,7 @@
 #include "core/element.cuh"
 #include "cuda_ops.h"
 #include "core/arrival.cuh"
+#include "moe/topk_row.cuh"
 
 namespace revolta::cuda {
 namespace {
@@ -52,64 +53,11 @@ __global__ void moe_topk_kernel(const float* __restrict__ logits, int64_t T, int
   if (S && lane == 0) ids[t * KS + K] = E, weights[t * KS + K] = 1.0f / (1.0f + __expf(-l[E]));
 }
 
-// Up to 32 x N experts: each lane keeps its logits in registers and a mask of what earlier rounds
-// took, so the K rounds do not re-read memory (at decode sizes the rounds are the cost). A warp
-// routes token t; kFromL2 reads logits other blocks of the same kernel wrote.
-template <int N, bool kFromL2 = false>
-__device__ void topk_registers_row(const float* l, int64_t t, int E, int K, int S, bool renorm,
-                                   int32_t* __restrict__ ids, float* __restrict__ weights) {
-  const int lane = threadIdx.x % 32;
-  const int KS = K + S;  // ids / weights row: K routed slots, then the shared expert
-  float v[N];
-  float mx = -INFINITY;
-#pragma unroll
-  for (int i = 0; i < N; ++i) {
-    const int e = lane + 32 * i;
-    v[i] = e < E ? (kFromL2 ? load_l2(l + e) : l[e]) : -INFINITY;
-    mx = fmaxf(mx, v[i]);
-  }
-  for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
-  float sum = 0.0f;
-#pragma unroll
-  for (int i = 0; i < N; ++i)
-    if (lane + 32 * i < E) sum += __expf(v[i] - mx);
-  for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
-  uint32_t taken = 0;  // bit i: expert lane + 32 i was picked (or does not exist)
-#pragma unroll
-  for (int i = 0; i < N; ++i)
-    if (lane + 32 * i >= E) taken |= 1u << i;
-  float top = 0.0f;
-  for (int k = 0; k < K; ++k) {
-    float bv = -INFINITY;
-    int bi = 0x7fffffff;
-#pragma unroll
-    for (int i = 0; i < N; ++i)  // this lane's candidates rise in id: ties keep the first
-      if (!(taken >> i & 1u) && (bi == 0x7fffffff || v[i] > bv)) bv = v[i], bi = lane + 32 * i;
-    for (int o = 16; o > 0; o >>= 1) {
-      const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
-      const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
-      if (ov > bv || (ov == bv && oi < bi)) bv = ov, bi = oi;
-    }
-#pragma unroll
-    for (int i = 0; i < N; ++i)
-      if (lane + 32 * i == bi) taken |= 1u << i;
-    const float p = __expf(bv - mx) / sum;
-    if (lane == 0) ids[t * KS + k] = bi, weights[t * KS + k] = p;
-    top += p;
-  }
-  if (renorm && lane == 0)
-    for (int k = 0; k < K; ++k) weights[t * KS + k] /= top;
-  if (S && lane == 0) {
-    const float gate = kFromL2 ? load_l2(l + E) : l[E];
-    ids[t * KS + K] = E, weights[t * KS + K] = 1.0f / (1.0f + __expf(-gate));
-  }
-}
-
 template <int N>
 __global__ void moe_topk_registers_kernel(const float* __restrict__ logits, int64_t T, int E, int K, int S,
                                           bool renorm, int32_t* __restrict__ ids, float* __restrict__ weights) {
   const int64_t t = int64_t(blockIdx.x) * kWarps + threadIdx.x / 32;
-  if (t < T) topk_registers_row<N>(logits + t * (E + S), t, E, K, S, renorm, ids, weights);
+  if (t < T) topk_registers_row<N>(logits + t * (E + S), E, K, S, renorm, ids + t * (K + S), weights + t * (K + S));
 }
 
 // Decode routing in one launch: a warp per router row computes the logits of the M tokens (f32
@@ -141,7 +89,7 @@ __global__ void __launch_bounds__(kWarps * 32)
     }
   }
   if (!last_to_arrive(counter, int(gridDim.x))) return;
-  for (int t = threadIdx.x / 32; t < M; t += kWarps) topk_registers_row<16, true>(logits + size_t(t) * R, t, E, K, S, renorm, ids, weights);
+  for (int t = threadIdx.x / 32; t < M; t += kWarps) topk_registers_row<16, true>(logits + size_t(t) * R, E, K, S, renorm, ids + t * (K + S), weights + t * (K + S));
 }
 
 }  // namespace

@@ -565,7 +565,6 @@ void test_moe_topk(int64_t T, int64_t E, int64_t K, bool renorm, bool shared = f
   report("moe_topk weights " + tag, max_abs_diff(cuda::to_host(dw), w), 1e-5f);
 }
 
-// Experts as separate f16 matrices (as the loader makes them), found through address tables.
 // Router logits + top-k in one op (one launch for decode batches of up to 4 tokens) against the
 // CPU's linear + moe_topk; twice in a row (the arrival counter resets itself).
 void test_moe_route(int64_t T, int64_t E, int64_t K, int64_t H, bool shared) {
@@ -586,25 +585,36 @@ void test_moe_route(int64_t T, int64_t E, int64_t K, int64_t H, bool shared) {
   perf("moe_route " + tag, double((E + S) * H * 4), [&] { ops::moe_route(dx, dr, E, true, dids, dw); });
 }
 
-void test_moe_experts(int64_t T, int64_t E, int64_t K, int64_t H, int64_t I) {
-  std::vector<Tensor> gu, dn, dgu, ddn;
-  Tensor gu_at = Tensor::empty({E}, DType::kI64), dn_at = Tensor::empty({E}, DType::kI64);
-  Tensor dgu_at = Tensor::empty({E}, DType::kI64), ddn_at = Tensor::empty({E}, DType::kI64);
-  for (int64_t e = 0; e < E; ++e) {
-    gu.push_back(random_tensor({2 * I, H}, DType::kF16, 1.0f / std::sqrt(float(H))));
-    dn.push_back(random_tensor({H, I}, DType::kF16, 1.0f / std::sqrt(float(I))));
-    dgu.push_back(cuda::to_device(gu.back()));
-    ddn.push_back(cuda::to_device(dn.back()));
-    gu_at.ptr<int64_t>()[e] = int64_t(reinterpret_cast<intptr_t>(gu.back().data()));
-    dn_at.ptr<int64_t>()[e] = int64_t(reinterpret_cast<intptr_t>(dn.back().data()));
-    dgu_at.ptr<int64_t>()[e] = int64_t(reinterpret_cast<intptr_t>(dgu.back().data()));
-    ddn_at.ptr<int64_t>()[e] = int64_t(reinterpret_cast<intptr_t>(ddn.back().data()));
+// Experts as separate f16 matrices (as the loader makes them), found through address tables on
+// each side.
+struct Experts {
+  std::vector<Tensor> host_mats, device_mats;
+  ops::ExpertTable host, device;
+  Experts(int64_t E, int64_t H, int64_t I) {
+    Tensor gu_at = Tensor::empty({E}, DType::kI64), dn_at = Tensor::empty({E}, DType::kI64);
+    Tensor dgu_at = Tensor::empty({E}, DType::kI64), ddn_at = Tensor::empty({E}, DType::kI64);
+    auto add = [&](Tensor m, Tensor& at, Tensor& dat, int64_t e) {
+      host_mats.push_back(m);
+      device_mats.push_back(cuda::to_device(m));
+      at.ptr<int64_t>()[e] = int64_t(reinterpret_cast<intptr_t>(host_mats.back().data()));
+      dat.ptr<int64_t>()[e] = int64_t(reinterpret_cast<intptr_t>(device_mats.back().data()));
+    };
+    for (int64_t e = 0; e < E; ++e) {
+      add(random_tensor({2 * I, H}, DType::kF16, 1.0f / std::sqrt(float(H))), gu_at, dgu_at, e);
+      add(random_tensor({H, I}, DType::kF16, 1.0f / std::sqrt(float(I))), dn_at, ddn_at, e);
+    }
+    host = {gu_at, dn_at, DType::kF16, H, I};
+    device = {cuda::to_device(dgu_at), cuda::to_device(ddn_at), DType::kF16, H, I};
   }
+};
+
+void test_moe_experts(int64_t T, int64_t E, int64_t K, int64_t H, int64_t I) {
+  const Experts ex(E, H, I);
+  const ops::ExpertTable &host = ex.host, &dev = ex.device;
   Tensor ids = Tensor::empty({T, K}, DType::kI32), w = random_tensor({T, K}, DType::kF32, 0.3f);
   for (int64_t t = 0; t < T; ++t)  // K distinct experts per token
     for (int64_t k = 0; k < K; ++k) ids.ptr<int32_t>()[t * K + k] = int32_t((t * 7 + k * 3 + (k * k) / 2) % E);
   Tensor x = random_tensor({T, H}), ref = Tensor::empty({T, H}, DType::kF32);
-  ops::ExpertTable host{gu_at, dn_at, DType::kF16, H, I}, dev{cuda::to_device(dgu_at), cuda::to_device(ddn_at), DType::kF16, H, I};
   ops::cpu::moe_experts(x, ids, w, host, ref, nullptr);
   Tensor dx = cuda::to_device(x), dids = cuda::to_device(ids), dw = cuda::to_device(w);
   Tensor dout = Tensor::empty({T, H}, DType::kF32, Device::kCUDA);
@@ -630,6 +640,42 @@ void test_moe_experts(int64_t T, int64_t E, int64_t K, int64_t H, int64_t I) {
          std::max(3e-3f, 4 * tol));
   perf("moe_experts " + tag, double(T * K * 3 * H * I * 2), [&] { ops::moe_experts(dx, dids, dw, dev, dout); },
        T > 64 ? double(T * K * 3 * H * I * 2) : 0.0);
+}
+
+// A decode batch's routing + experts + residual norm in one op (one persistent kernel for one or
+// two tokens) against the CPU's moe_route + moe_experts; twice (its grid barriers re-arm).
+void test_moe_decode(int64_t T, int64_t E, int64_t K, int64_t H, int64_t I, bool shared) {
+  const int64_t S = shared ? 1 : 0;
+  const Experts ex(E + S, H, I);
+  Tensor x = random_tensor({T, H}), router = random_tensor({E + S, H}, DType::kF32, 0.2f);
+  Tensor res = random_tensor({T, H}), nw = random_tensor({H});
+  Tensor ids = Tensor::empty({T, K + S}, DType::kI32), w = Tensor::empty({T, K + S}, DType::kF32);
+  Tensor out = Tensor::empty({T, H}, DType::kF32), normed = Tensor::empty({T, H}, DType::kF32);
+  Tensor dx = cuda::to_device(x), dr = cuda::to_device(router), dnw = cuda::to_device(nw), dres = cuda::to_device(res);
+  Tensor dids = Tensor::empty(ids.shape(), DType::kI32, Device::kCUDA), dw = Tensor::empty(w.shape(), DType::kF32, Device::kCUDA);
+  Tensor dout = Tensor::empty({T, H}, DType::kF32, Device::kCUDA), dnormed = Tensor::empty({T, H}, DType::kF32, Device::kCUDA);
+  const ops::ResidualNorm href{&res, &nw, 1e-6f, &normed}, dref{&dres, &dnw, 1e-6f, &dnormed};
+  for (int rep = 0; rep < 2; ++rep) {
+    ops::cpu::moe_decode(x, router, E, true, ex.host, ids, w, out, href);
+    ops::moe_decode(dx, dr, E, true, ex.device, dids, dw, dout, dref);
+  }
+  const Tensor hid = cuda::to_host(dids);
+  int64_t wrong = 0;
+  for (int64_t i = 0; i < ids.numel(); ++i) wrong += hid.ptr<int32_t>()[i] != ids.ptr<int32_t>()[i];
+  const std::string tag = std::to_string(T) + "x" + std::to_string(H) + " E" + std::to_string(E) + " top" +
+                          std::to_string(K) + (shared ? " + shared " : " ") + std::to_string(I);
+  report("moe_decode ids " + tag, float(wrong), 0.0f);
+  report("moe_decode weights " + tag, max_abs_diff(cuda::to_host(dw), w), 1e-4f);
+  report("moe_decode out " + tag, max_abs_diff(cuda::to_host(dout), out), 2e-3f);
+  report("moe_decode residual + norm " + tag,
+         std::max(max_abs_diff(cuda::to_host(dres), res), max_abs_diff(cuda::to_host(dnormed), normed)), 3e-3f);
+  // The same work as route + experts + norm kernels, for the --perf comparison.
+  const double bytes = double((E + S) * H * 4 + T * (K + S) * 3 * H * I * 2);
+  perf("moe_decode " + tag, bytes, [&] { ops::moe_decode(dx, dr, E, true, ex.device, dids, dw, dout, dref); });
+  perf("moe_route + moe_experts " + tag, bytes, [&] {
+    ops::moe_route(dx, dr, E, true, dids, dw);
+    ops::moe_experts(dx, dids, dw, ex.device, dout, &dref);
+  });
 }
 
 void test_argmax(int64_t R, int64_t V) {
@@ -742,7 +788,9 @@ int main(int argc, char** argv) {
     test_gdn_decode({2, 1}, 2, 4, 16, 16, 4);            // tiny test configs
     test_gdn_decode({1, 4}, 1, 2, 32, 16, 3);
     test_gdn_decode({1, 2}, 2, 2, 64, 64, 4);            // one value head per key head
-    test_gdn_decode({1, 1}, 1, 4, 32, 32, 4);            // four per key head: the composed ops
+    test_gdn_decode({1, 1}, 1, 4, 32, 32, 4);            // four value heads per key head
+    test_gdn_decode({2, 1}, 2, 4, 64, 160, 4);           // a ragged last column group
+    test_gdn_decode({1, 1}, 1, 2, 32, 32, 9);            // a conv past 8 taps: the composed ops
     test_conv_and_norms(1, 300, 4, true);
     test_conv_and_norms(50, 8192, 4, true);
     test_conv_and_norms(7, 33, 2, false, 21);
@@ -764,6 +812,11 @@ int main(int argc, char** argv) {
     test_moe_experts(2100, 64, 10, 256, 128);    // two slices of the grouped path
     test_moe_experts(512, 64, 10, 2048, 512);    // Qwen3-Next's expert shape in a prefill
     test_moe_experts(8, 64, 10, 2048, 512);
+    test_moe_decode(1, 64, 10, 2048, 512, true);  // Qwen3-Next decode at concurrency 1 (--perf: against the kernels)
+    test_moe_decode(2, 64, 10, 2048, 512, true);
+    test_moe_decode(1, 40, 4, 256, 96, false);   // no shared expert, ragged intermediate chunks
+    test_moe_decode(2, 600, 8, 256, 64, true);   // past 512 experts: the route + experts kernels
+    test_moe_decode(3, 64, 10, 512, 128, true);  // past two tokens: the same
     test_argmax(1, 128256);  // a Llama-3 decode step at concurrency 1
     test_argmax(3, 49152);
     test_argmax(32, 151936);
