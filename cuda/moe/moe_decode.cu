@@ -179,12 +179,14 @@ __global__ void __launch_bounds__(kThreads, 2) moe_decode_kernel(Args a) {
   int j = gw;
   if (j < M * a.H) load_down_row(a, ids, j / a.H, j % a.H, w);
   grid_barrier(a.counter, 2 * G);
-  for (int i = threadIdx.x * 4; i < M * a.K * a.I; i += kThreads * 4) {  // (K * I) % 8 == 0
-    float4 v;
-    asm volatile("ld.global.cg.v4.f32 {%0, %1, %2, %3}, [%4];"
-                 : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w)
-                 : "l"(a.act + i));
-    *reinterpret_cast<float4*>(act_s + i) = v;
+  const int n = M * a.K * a.I;  // a multiple of 8
+  for (int base = threadIdx.x * 4; base < n; base += 4 * kThreads * 4) {  // four L2 loads in flight
+    float4 v[4];
+#pragma unroll
+    for (int u = 0; u < 4; ++u) v[u] = load_l2(reinterpret_cast<const float4*>(a.act + min(base + u * kThreads * 4, n - 4)));
+#pragma unroll
+    for (int u = 0; u < 4; ++u)
+      if (base + u * kThreads * 4 < n) *reinterpret_cast<float4*>(act_s + base + u * kThreads * 4) = v[u];
   }
   __syncthreads();
   for (bool first = true; j < M * a.H; j += NW, first = false) {

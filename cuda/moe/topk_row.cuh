@@ -18,9 +18,13 @@ __device__ void topk_registers_row(const float* l, int E, int K, int S, bool ren
   float v[N];
   float mx = -INFINITY;
 #pragma unroll
+  for (int i = 0; i < N; ++i) {  // every load issued before any is used (lanes past E read E - 1)
+    const int e = min(lane + 32 * i, E - 1);
+    v[i] = kFromL2 ? load_l2(l + e) : l[e];
+  }
+#pragma unroll
   for (int i = 0; i < N; ++i) {
-    const int e = lane + 32 * i;
-    v[i] = e < E ? (kFromL2 ? load_l2(l + e) : l[e]) : -INFINITY;
+    if (lane + 32 * i >= E) v[i] = -INFINITY;
     mx = fmaxf(mx, v[i]);
   }
   for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
