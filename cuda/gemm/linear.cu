@@ -195,9 +195,10 @@ void run(const Tensor& x, const W* w, const float* bias, Tensor& out, int M, int
       kernel<<<unsigned((N + per_block - 1) / per_block), 32 * kWarpsPerBlock, 0, stream()>>>(xp, w, bias, op, N, K);
     };
     switch (M) {
-      case 1:  // four rows per warp share x loads, but only when that still leaves >= 4 blocks per SM
+      case 1:  // four rows per warp share x loads, but only when that still leaves >= 4 blocks per SM;
+               // otherwise a row per warp with 8 loads per lane in flight (few warps: latency bound)
         if (N >= 4 * kWarpsPerBlock * 4 * sm_count()) launch(gemv_kernel<W, 1, 4, 1>, 4);
-        else launch(gemv_kernel<W, 1, 1, 4>, 1);
+        else launch(gemv_kernel<W, 1, 1, 8>, 1);
         break;
       case 2: launch(gemv_kernel<W, 2, 2, 2>, 2); break;
       case 3: launch(gemv_kernel<W, 3, 2, 2>, 2); break;

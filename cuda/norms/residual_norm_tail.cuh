@@ -6,6 +6,20 @@
 
 namespace revolta::cuda {
 
+// The sum of v over the block (blockDim a multiple of 32), in every thread.
+__device__ inline float block_sum(float v, float* sums, float& total) {
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  if (threadIdx.x % 32 == 0) sums[threadIdx.x / 32] = v;
+  __syncthreads();
+  if (threadIdx.x < 32) {
+    float s = threadIdx.x < blockDim.x / 32 ? sums[threadIdx.x] : 0.0f;
+    for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+    if (threadIdx.x == 0) total = s;
+  }
+  __syncthreads();
+  return total;
+}
+
 // residual[0, n) += y; normed = residual / rms * w, by the whole block (blockDim a multiple of 32).
 __device__ inline void residual_norm_row(float* residual, const float* y, const float* __restrict__ w, float eps,
                                          float* normed, int n) {
@@ -13,6 +27,27 @@ __device__ inline void residual_norm_row(float* residual, const float* y, const 
   __shared__ float total;
   constexpr int kBatch = 8;  // loads issued before any is used: one memory latency per batch
   float ss = 0.0f;
+  if (n <= kBatch * int(blockDim.x)) {  // one batch: the row and the weight stay in registers
+    float v[kBatch], wv[kBatch];
+#pragma unroll
+    for (int u = 0; u < kBatch; ++u) {
+      const int i = min(u * int(blockDim.x) + int(threadIdx.x), n - 1);
+      v[u] = load_l2(y + i) + residual[i], wv[u] = w[i];
+    }
+#pragma unroll
+    for (int u = 0; u < kBatch; ++u) {
+      const int i = u * blockDim.x + threadIdx.x;
+      if (i < n) residual[i] = v[u], ss += v[u] * v[u];
+    }
+    const float inv = rsqrtf(block_sum(ss, sums, total) / float(n) + eps);
+#pragma unroll
+    for (int u = 0; u < kBatch; ++u) {
+      const int i = u * blockDim.x + threadIdx.x;
+      if (i < n) normed[i] = wv[u] * (v[u] * inv);
+    }
+    __syncthreads();  // sums / total are reused by the next row
+    return;
+  }
   for (int base = 0; base < n; base += kBatch * blockDim.x) {
     float v[kBatch];
 #pragma unroll
@@ -27,16 +62,7 @@ __device__ inline void residual_norm_row(float* residual, const float* y, const 
       ss += v[u] * v[u];
     }
   }
-  for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
-  if (threadIdx.x % 32 == 0) sums[threadIdx.x / 32] = ss;
-  __syncthreads();
-  if (threadIdx.x < 32) {
-    float v = threadIdx.x < blockDim.x / 32 ? sums[threadIdx.x] : 0.0f;
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-    if (threadIdx.x == 0) total = v;
-  }
-  __syncthreads();
-  const float inv = rsqrtf(total / float(n) + eps);
+  const float inv = rsqrtf(block_sum(ss, sums, total) / float(n) + eps);
   for (int i = threadIdx.x; i < n; i += blockDim.x) normed[i] = w[i] * (residual[i] * inv);
   __syncthreads();  // sums / total are reused by the next row
 }
