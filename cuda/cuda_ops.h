@@ -60,8 +60,6 @@ void gdn_decode(const Tensor& fused, const ops::GdnWeights& w, Tensor& conv_stat
                 const Tensor& seq_starts, const Tensor& seq_slots, Tensor& out);
 void moe_experts(const Tensor& x, const Tensor& ids, const Tensor& weights, const ops::ExpertTable& experts, Tensor& out,
                  const ops::ResidualNorm* then);
-void moe_decode(const Tensor& x, const Tensor& router, int64_t num_experts, bool renormalize,
-                const ops::ExpertTable& experts, Tensor& ids, Tensor& weights, Tensor& out, const ops::ResidualNorm& then);
 void sample(const Tensor& logits, const std::vector<ops::SampleRow>& rows, const std::vector<ops::SampleAdjust>& adjust,
             std::vector<ops::SampleResult>& out);
 void qkv_rope_cache(const Tensor& qkv, const ops::QkNorm& norm, const Tensor& positions, const ops::RopeTables& rope,

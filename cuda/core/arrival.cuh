@@ -1,7 +1,6 @@
 // Hand-offs between the blocks of one kernel: the blocks of a group count themselves in on a
 // counter and the last to arrive finishes the group's work, reading the others' results through L2
-// (split-K attention merges, routing after the router GEMV, the residual norm after the experts),
-// and the phases of a persistent kernel (grid_barrier).
+// (split-K attention merges, routing after the router GEMV, the residual norm after the experts).
 // The counters are zero between kernels: whoever finishes re-arms them, so captured graphs replay
 // them (kernels on the work stream run one after another, so groups of different kernels may share
 // counters).
@@ -22,12 +21,6 @@ __device__ __forceinline__ float load_l2(const float* p) {
   return v;
 }
 
-__device__ __forceinline__ float4 load_l2(const float4* p) {
-  float4 v;
-  asm volatile("ld.global.cg.v4.f32 {%0, %1, %2, %3}, [%4];" : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w) : "l"(p));
-  return v;
-}
-
 // True in the block that arrives last of `total` on `counter` (after every block's writes are
 // visible device-wide); that block also re-arms the counter. Every thread of every block calls it.
 __device__ inline bool last_to_arrive(int* counter, int total) {
@@ -41,22 +34,6 @@ __device__ inline bool last_to_arrive(int* counter, int total) {
   __syncthreads();
   if (last) __threadfence();  // order the reads that follow after the other blocks' writes
   return last;
-}
-
-// A barrier across the whole grid of a persistent kernel (its blocks all resident: the launch
-// sizes the grid by occupancy): every block arrives on `counter` and waits until `target` arrivals
-// are in. A kernel's n-th barrier waits for n * gridDim.x; its last arrival goes through
-// last_to_arrive (total (n + 1) * gridDim.x), which re-arms the counter.
-__device__ inline void grid_barrier(int* counter, int target) {
-  __threadfence();
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    atomicAdd(counter, 1);
-    while (*static_cast<volatile int*>(counter) < target) {
-    }
-    __threadfence();
-  }
-  __syncthreads();
 }
 
 }  // namespace revolta::cuda

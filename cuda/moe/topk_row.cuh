@@ -1,5 +1,5 @@
-// Top-k routing of one token by one warp, the logits held in registers (moe_topk, moe_route and
-// moe_decode share it).
+// Top-k routing of one token by one warp, the logits held in registers (moe_topk and moe_route
+// share it).
 #pragma once
 
 #include <cstdint>
@@ -39,22 +39,11 @@ __device__ void topk_registers_row(const float* l, int E, int K, int S, bool ren
     if (lane + 32 * i >= E) taken |= 1u << i;
   float top = 0.0f;
   for (int k = 0; k < K; ++k) {
-    // This lane's best untaken candidate by a tree (depth log2 N, not a chain of N): ids rise with
-    // i, so keeping the left one on ties keeps the lower id.
-    float cv[N];
-    int ci[N];
+    float bv = -INFINITY;
+    int bi = 0x7fffffff;
 #pragma unroll
-    for (int i = 0; i < N; ++i) {
-      const bool free = !(taken >> i & 1u);
-      cv[i] = free ? v[i] : -INFINITY, ci[i] = free ? lane + 32 * i : 0x7fffffff;
-    }
-#pragma unroll
-    for (int w = 1; w < N; w *= 2)
-#pragma unroll
-      for (int i = 0; i + w < N; i += 2 * w)
-        if (cv[i + w] > cv[i] || (cv[i + w] == cv[i] && ci[i + w] < ci[i])) cv[i] = cv[i + w], ci[i] = ci[i + w];
-    float bv = cv[0];
-    int bi = ci[0];
+    for (int i = 0; i < N; ++i)  // this lane's candidates rise in id: ties keep the first
+      if (!(taken >> i & 1u) && (bi == 0x7fffffff || v[i] > bv)) bv = v[i], bi = lane + 32 * i;
     for (int o = 16; o > 0; o >>= 1) {
       const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
       const int oi = __shfl_xor_sync(0xffffffffu, bi, o);

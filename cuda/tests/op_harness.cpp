@@ -642,42 +642,6 @@ void test_moe_experts(int64_t T, int64_t E, int64_t K, int64_t H, int64_t I) {
        T > 64 ? double(T * K * 3 * H * I * 2) : 0.0);
 }
 
-// A decode batch's routing + experts + residual norm in one op (one persistent kernel for one or
-// two tokens) against the CPU's moe_route + moe_experts; twice (its grid barriers re-arm).
-void test_moe_decode(int64_t T, int64_t E, int64_t K, int64_t H, int64_t I, bool shared) {
-  const int64_t S = shared ? 1 : 0;
-  const Experts ex(E + S, H, I);
-  Tensor x = random_tensor({T, H}), router = random_tensor({E + S, H}, DType::kF32, 0.2f);
-  Tensor res = random_tensor({T, H}), nw = random_tensor({H});
-  Tensor ids = Tensor::empty({T, K + S}, DType::kI32), w = Tensor::empty({T, K + S}, DType::kF32);
-  Tensor out = Tensor::empty({T, H}, DType::kF32), normed = Tensor::empty({T, H}, DType::kF32);
-  Tensor dx = cuda::to_device(x), dr = cuda::to_device(router), dnw = cuda::to_device(nw), dres = cuda::to_device(res);
-  Tensor dids = Tensor::empty(ids.shape(), DType::kI32, Device::kCUDA), dw = Tensor::empty(w.shape(), DType::kF32, Device::kCUDA);
-  Tensor dout = Tensor::empty({T, H}, DType::kF32, Device::kCUDA), dnormed = Tensor::empty({T, H}, DType::kF32, Device::kCUDA);
-  const ops::ResidualNorm href{&res, &nw, 1e-6f, &normed}, dref{&dres, &dnw, 1e-6f, &dnormed};
-  for (int rep = 0; rep < 2; ++rep) {
-    ops::cpu::moe_decode(x, router, E, true, ex.host, ids, w, out, href);
-    ops::moe_decode(dx, dr, E, true, ex.device, dids, dw, dout, dref);
-  }
-  const Tensor hid = cuda::to_host(dids);
-  int64_t wrong = 0;
-  for (int64_t i = 0; i < ids.numel(); ++i) wrong += hid.ptr<int32_t>()[i] != ids.ptr<int32_t>()[i];
-  const std::string tag = std::to_string(T) + "x" + std::to_string(H) + " E" + std::to_string(E) + " top" +
-                          std::to_string(K) + (shared ? " + shared " : " ") + std::to_string(I);
-  report("moe_decode ids " + tag, float(wrong), 0.0f);
-  report("moe_decode weights " + tag, max_abs_diff(cuda::to_host(dw), w), 1e-4f);
-  report("moe_decode out " + tag, max_abs_diff(cuda::to_host(dout), out), 2e-3f);
-  report("moe_decode residual + norm " + tag,
-         std::max(max_abs_diff(cuda::to_host(dres), res), max_abs_diff(cuda::to_host(dnormed), normed)), 3e-3f);
-  // The same work as route + experts + norm kernels, for the --perf comparison.
-  const double bytes = double((E + S) * H * 4 + T * (K + S) * 3 * H * I * 2);
-  perf("moe_decode " + tag, bytes, [&] { ops::moe_decode(dx, dr, E, true, ex.device, dids, dw, dout, dref); });
-  perf("moe_route + moe_experts " + tag, bytes, [&] {
-    ops::moe_route(dx, dr, E, true, dids, dw);
-    ops::moe_experts(dx, dids, dw, ex.device, dout, &dref);
-  });
-}
-
 void test_argmax(int64_t R, int64_t V) {
   Tensor x = random_tensor({R, V}), ref = Tensor::empty({R}, DType::kI32);
   for (int64_t r = 0; r < R; ++r) {  // plant a tie for the maximum: the lower index must win
@@ -811,11 +775,6 @@ int main(int argc, char** argv) {
     test_moe_experts(2100, 64, 10, 256, 128);    // two slices of the grouped path
     test_moe_experts(512, 64, 10, 2048, 512);    // Qwen3-Next's expert shape in a prefill
     test_moe_experts(8, 64, 10, 2048, 512);
-    test_moe_decode(1, 64, 10, 2048, 512, true);  // Qwen3-Next decode at concurrency 1 (--perf: against the kernels)
-    test_moe_decode(2, 64, 10, 2048, 512, true);
-    test_moe_decode(1, 40, 4, 256, 96, false);   // no shared expert, ragged intermediate chunks
-    test_moe_decode(2, 600, 8, 256, 64, true);   // past 512 experts: the route + experts kernels
-    test_moe_decode(3, 64, 10, 512, 128, true);  // past two tokens: the same
     test_argmax(1, 128256);  // a Llama-3 decode step at concurrency 1
     test_argmax(3, 49152);
     test_argmax(32, 151936);

@@ -376,22 +376,17 @@ class HybridDecoderLM final : public DecoderBase {
     }
     const int64_t E = cfg_.num_experts, S = f.shared_routed ? 1 : 0, K = cfg_.num_experts_per_tok + S;
     const Device dev = x.device();
-    // Routing is computed on the model's device. A device runs every batch through moe_decode
-    // (routing, experts and the residual norm; one kernel for a decode token or two) or moe_experts
-    // (grouping by expert on the device for prefill); the CPU groups prefill batches by expert on
-    // the host and moves the experts' rows by gather / scatter ops.
+    // Routing is computed on the model's device. A device runs every batch through moe_experts
+    // (decode kernels, or grouping by expert on the device for prefill); the CPU groups prefill
+    // batches by expert on the host and moves the experts' rows by gather / scatter ops.
     Tensor ids = Tensor::uninitialized({T, K}, DType::kI32, dev), weights = Tensor::uninitialized({T, K}, DType::kF32, dev);
-    const bool device_experts = device_ != Device::kCPU && fused_expert_tokens_ > 0;
-    const bool gated_shared = f.shared_gate.defined();  // added after the routed experts
-    if ((T <= fused_expert_tokens_ || device_experts) && !gated_shared) {
-      Tensor out = Tensor::uninitialized({T, H}, DType::kF32, dev);
-      ops::moe_decode(x, f.router, E, cfg_.norm_topk_prob, f.table, ids, weights, out, then);
-      return;
-    }
     ops::moe_route(x, f.router, E, cfg_.norm_topk_prob, ids, weights);
+    const bool device_experts = device_ != Device::kCPU && fused_expert_tokens_ > 0;
     if (T <= fused_expert_tokens_ || device_experts) {
       Tensor out = Tensor::uninitialized({T, H}, DType::kF32, dev);
-      ops::moe_experts(x, ids, weights, f.table, out, nullptr);
+      const bool gated_shared = f.shared_gate.defined();  // added after the routed experts
+      ops::moe_experts(x, ids, weights, f.table, out, gated_shared ? nullptr : &then);
+      if (!gated_shared) return;
       add_shared_expert(f, x, out);
       ops::add_rms_norm(*then.residual, out, *then.weight, then.eps, *then.normed);
       return;

@@ -27,7 +27,7 @@ const char* op_name(Op op) {
                                 "gather_rows", "copy_columns", "fill_uniform",   "argmax", "qkv_rope_cache", "sample", "linear_swiglu",
                                 "gated_delta_rule", "causal_conv1d", "l2_norm", "gated_rms_norm",
                                 "sigmoid_mul", "gdn_gates", "scatter_add_rows", "add_gated_rows", "moe_topk", "moe_experts", "gdn_split_qkv",
-                                "moe_route", "gdn_decode", "moe_decode"};
+                                "moe_route", "gdn_decode"};
   return names[int(op)];
 }
 
@@ -65,7 +65,6 @@ bool supports_op(Device device, Op op) {
     case Op::kGdnSplitQkv: return t->gdn_split_qkv != nullptr;
     case Op::kMoeRoute: return t->moe_route != nullptr;
     case Op::kGdnDecode: return t->gdn_decode != nullptr;
-    case Op::kMoeDecode: return t->moe_decode != nullptr;
     case Op::kCount: break;
   }
   return false;
@@ -161,10 +160,6 @@ void moe_experts(const Tensor& x, const Tensor& ids, const Tensor& weights, cons
 void moe_route(const Tensor& x, const Tensor& router, int64_t num_experts, bool renormalize, Tensor& ids,
                Tensor& weights) {
   table_for(x.device(), Op::kMoeRoute).moe_route(x, router, num_experts, renormalize, ids, weights);
-}
-void moe_decode(const Tensor& x, const Tensor& router, int64_t num_experts, bool renormalize,
-                const ExpertTable& experts, Tensor& ids, Tensor& weights, Tensor& out, const ResidualNorm& then) {
-  table_for(x.device(), Op::kMoeDecode).moe_decode(x, router, num_experts, renormalize, experts, ids, weights, out, then);
 }
 void gdn_decode(const Tensor& fused, const GdnWeights& w, Tensor& conv_states, Tensor& states,
                 const Tensor& seq_starts, const Tensor& seq_slots, Tensor& out) {

@@ -135,7 +135,6 @@ enum class Op {
   kGdnSplitQkv,
   kMoeRoute,
   kGdnDecode,
-  kMoeDecode,
   kCount
 };
 const char* op_name(Op op);
@@ -179,9 +178,6 @@ struct OpTable {
                     Tensor& weights) = nullptr;
   void (*gdn_decode)(const Tensor& fused, const GdnWeights& w, Tensor& conv_states, Tensor& states,
                      const Tensor& seq_starts, const Tensor& seq_slots, Tensor& out) = nullptr;
-  void (*moe_decode)(const Tensor& x, const Tensor& router, int64_t num_experts, bool renormalize,
-                     const ExpertTable& experts, Tensor& ids, Tensor& weights, Tensor& out,
-                     const ResidualNorm& then) = nullptr;
   void (*gdn_split_qkv)(const Tensor& mixed, float eps, Tensor& q, Tensor& k, Tensor& v) = nullptr;
   void (*sample)(const Tensor& logits, const std::vector<SampleRow>& rows, const std::vector<SampleAdjust>& adjust,
                  std::vector<SampleResult>& out) = nullptr;
@@ -284,11 +280,6 @@ void moe_route(const Tensor& x, const Tensor& router, int64_t num_experts, bool 
 // For decode-sized batches (every (token, expert) pair reads its expert's weights).
 void moe_experts(const Tensor& x, const Tensor& ids, const Tensor& weights, const ExpertTable& experts, Tensor& out,
                  const ResidualNorm* then = nullptr);
-// A decode batch's whole MoE block: moe_route, then moe_experts with the residual norm `then` (ids
-// and weights are written too). Backends run it as one step where they can (one persistent kernel
-// on CUDA for a token or two), so a layer's routing and experts pay one launch, not three.
-void moe_decode(const Tensor& x, const Tensor& router, int64_t num_experts, bool renormalize,
-                const ExpertTable& experts, Tensor& ids, Tensor& weights, Tensor& out, const ResidualNorm& then);
 // Samples one token per row of logits [R, vocab] (on any device; results on the host). Kept sets
 // are thresholds on the adjusted logits (ties at a top-k / top-p boundary broken by lower index),
 // and the draw walks the kept tokens in index order: the same distribution as the host sampler,

@@ -31,8 +31,6 @@ void moe_topk(const Tensor& logits, int64_t num_experts, bool renormalize, Tenso
 void moe_route(const Tensor& x, const Tensor& router, int64_t num_experts, bool renormalize, Tensor& ids, Tensor& weights);
 void moe_experts(const Tensor& x, const Tensor& ids, const Tensor& weights, const ExpertTable& experts, Tensor& out,
                  const ResidualNorm* then);
-void moe_decode(const Tensor& x, const Tensor& router, int64_t num_experts, bool renormalize,
-                const ExpertTable& experts, Tensor& ids, Tensor& weights, Tensor& out, const ResidualNorm& then);
 void sample(const Tensor& logits, const std::vector<SampleRow>& rows, const std::vector<SampleAdjust>& adjust,
             std::vector<SampleResult>& out);
 void qkv_rope_cache(const Tensor& qkv, const QkNorm& norm, const Tensor& positions, const RopeTables& rope,

@@ -111,10 +111,4 @@ void moe_experts(const Tensor& x, const Tensor& ids, const Tensor& weights, cons
   if (then) cpu::add_rms_norm(*then->residual, out, *then->weight, then->eps, *then->normed);
 }
 
-void moe_decode(const Tensor& x, const Tensor& router, int64_t E, bool renormalize, const ExpertTable& experts,
-                Tensor& ids, Tensor& weights, Tensor& out, const ResidualNorm& then) {
-  cpu::moe_route(x, router, E, renormalize, ids, weights);
-  cpu::moe_experts(x, ids, weights, experts, out, &then);
-}
-
 }  // namespace revolta::ops::cpu

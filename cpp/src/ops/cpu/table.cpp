@@ -43,7 +43,6 @@ const OpTable* table() {
     o.moe_topk = &moe_topk;
     o.moe_experts = &moe_experts;
     o.moe_route = &moe_route;
-    o.moe_decode = &moe_decode;
     o.gdn_decode = &gdn_decode;
     o.gdn_split_qkv = &gdn_split_qkv;
     return o;
