@@ -4,7 +4,7 @@
 //
 //   revolta_bench --shape llama-8b|llama-1b|qwen3-next-80b [--layers N] [--device cuda|cpu]
 //                 [--concurrency 1,2,4,8,16,32] [--prefill 2048,8192] [--prompt 128] [--decode 128]
-//                 [--eager] [--json FILE]
+//                 [--eager] [--no-dependent-launch] [--json FILE]
 //
 // qwen3-next-80b is Qwen3-Next-80B-A3B's shape (hidden 2048, 512 experts top-10, its attention and
 // Gated DeltaNet dimensions); its 48 layers in fp16 do not fit one 141 GB GPU, so it runs 32 unless
@@ -152,7 +152,7 @@ int main(int argc, char** argv) {
   int layers = 0;
   std::vector<int> conc = {1, 2, 4, 8, 16, 32}, prefill = {2048, 8192};
   int prompt = 128, decode = 128;
-  bool eager = false;
+  bool eager = false, dependent_launch = true;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     auto next = [&] { return i + 1 < argc ? std::string(argv[++i]) : std::string(); };
@@ -165,6 +165,7 @@ int main(int argc, char** argv) {
     else if (a == "--layers") layers = std::stoi(next());
     else if (a == "--device") device = next();
     else if (a == "--json") json_path = next();
+    else if (a == "--no-dependent-launch") dependent_launch = false;
     else {
       std::fprintf(stderr, "unknown argument %s\n", a.c_str());
       return 2;
@@ -180,8 +181,10 @@ int main(int argc, char** argv) {
   double read_bw = 0;
 #if REVOLTA_WITH_CUDA
   if (device == "cuda") {
+    cuda::set_dependent_launch(dependent_launch);
     read_bw = cuda::measure_read_bandwidth(size_t(4) << 30);
-    std::printf("device: %s\nmeasured streaming-read bandwidth: %.0f GB/s\n", cuda::device_name().c_str(), read_bw / 1e9);
+    std::printf("device: %s\nmeasured streaming-read bandwidth: %.0f GB/s\ndependent kernel launch: %s\n",
+                cuda::device_name().c_str(), read_bw / 1e9, cuda::dependent_launch_enabled() ? "on" : "off");
   }
 #endif
   if (s.hybrid()) std::printf("%s with %d of its layers\n", shape_name.c_str(), s.layers);

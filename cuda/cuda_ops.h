@@ -27,6 +27,12 @@ double measure_copy_bandwidth(size_t bytes);
 // Streaming-read bandwidth (float4 loads over a buffer of `bytes`): the decode roofline's denominator.
 double measure_read_bandwidth(size_t bytes);
 std::string device_name();
+// Whether decode kernels are launched so that each may start while its predecessor drains
+// (core/launch.cuh; compute capability 9.0+ with a build for it). On by default; benchmarks turn
+// it off to measure what it gives.
+void set_dependent_launch(bool allowed);
+// True when this device and this build support it and it was not turned off.
+bool dependent_launch_enabled();
 
 void embedding(const Tensor& ids, const Tensor& table, Tensor& out);
 void rms_norm(const Tensor& x, const Tensor& weight, float eps, Tensor& out);

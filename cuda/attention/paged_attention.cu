@@ -16,6 +16,7 @@
 #include "core/cuda_check.h"
 #include "core/element.cuh"
 #include "core/arrival.cuh"
+#include "core/launch.cuh"
 #include "cuda_ops.h"
 
 namespace revolta::cuda {
@@ -65,6 +66,7 @@ __global__ void __launch_bounds__(kThreads)
                             const int32_t* __restrict__ token_list, int max_blocks, int block_size, int H, int KVH,
                             int D, float scale, float* __restrict__ out, float* __restrict__ part,
                             int* __restrict__ counters) {
+  enter_dependent();
   const int t = token_list ? token_list[blockIdx.x] : int(blockIdx.x);
   const int h = blockIdx.y, kvh = h / (H / KVH);
   const int group = threadIdx.x / kGroupLanes, first = (threadIdx.x % kGroupLanes) * EPL;
@@ -203,9 +205,9 @@ void launch_decode_kernel(dim3 grid, const Tensor& q, const C* kc, const C* vc, 
                           const int32_t* seq_of, const int32_t* token_list, float scale, Tensor& out, float* part) {
   constexpr int P = EPL <= 16 ? 2 : 1;  // two positions per group where registers allow
   auto go = [&](auto kernel) {
-    kernel<<<grid, kThreads, 0, stream()>>>(q.ptr<float>(), kc, vc, qs, lens, tables, seq_of, token_list,
-                                            b.max_blocks_per_seq, b.block_size, int(sh.H), int(sh.KVH), int(sh.D),
-                                            scale, out.ptr<float>(), part, grid.z > 1 ? arrival_counters() : nullptr);
+    launch_dependent(kernel, grid, dim3(kThreads), 0, q.ptr<float>(), kc, vc, qs, lens, tables, seq_of, token_list,
+                     b.max_blocks_per_seq, b.block_size, int(sh.H), int(sh.KVH), int(sh.D), scale, out.ptr<float>(), part,
+                     grid.z > 1 ? arrival_counters() : nullptr);
   };
   constexpr bool kCanVec = (EPL * sizeof(C)) % 16 == 0;
   if (kCanVec && sh.D == kGroupLanes * EPL) go(decode_attention_kernel<C, EPL, kCanVec, P>);

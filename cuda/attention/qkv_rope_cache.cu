@@ -7,6 +7,7 @@
 
 #include "core/cuda_check.h"
 #include "core/element.cuh"
+#include "core/launch.cuh"
 #include "cuda_ops.h"
 
 namespace revolta::cuda {
@@ -20,6 +21,7 @@ __global__ void qkv_rope_cache_kernel(const float* __restrict__ qkv, const float
                                       const float* __restrict__ cos_t, const float* __restrict__ sin_t, int half,
                                       const int32_t* __restrict__ slots, float* __restrict__ q, C* __restrict__ kc,
                                       C* __restrict__ vc, int H, int KVH, int D, int64_t row_width) {
+  enter_dependent();
   __shared__ float buf[kWarps][kMaxD];
   const int t = blockIdx.x, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int64_t slot = slots[t];
@@ -71,13 +73,13 @@ void qkv_rope_cache(const Tensor& qkv, const ops::QkNorm& norm, const Tensor& po
   const int half = rope.rotary_dim / 2;
   const dim3 grid{unsigned(T), unsigned((H + 2 * KVH + kWarps - 1) / kWarps)};
   if (k_cache.dtype() == DType::kF32)
-    qkv_rope_cache_kernel<<<grid, 32 * kWarps, 0, stream()>>>(
-        qkv.ptr<float>(), qn, kn, norm.eps, positions.ptr<int32_t>(), rope.cos.ptr<float>(), rope.sin.ptr<float>(), half,
-        slot_mapping.ptr<int32_t>(), q.ptr<float>(), k_cache.ptr<float>(), v_cache.ptr<float>(), int(H), int(KVH), int(D), qkv.size(1));
+    launch_dependent(qkv_rope_cache_kernel<float>, grid, dim3(32 * kWarps), 0, qkv.ptr<float>(), qn, kn, norm.eps,
+                     positions.ptr<int32_t>(), rope.cos.ptr<float>(), rope.sin.ptr<float>(), half, slot_mapping.ptr<int32_t>(),
+                     q.ptr<float>(), k_cache.ptr<float>(), v_cache.ptr<float>(), int(H), int(KVH), int(D), qkv.size(1));
   else if (k_cache.dtype() == DType::kF16)
-    qkv_rope_cache_kernel<<<grid, 32 * kWarps, 0, stream()>>>(
-        qkv.ptr<float>(), qn, kn, norm.eps, positions.ptr<int32_t>(), rope.cos.ptr<float>(), rope.sin.ptr<float>(), half,
-        slot_mapping.ptr<int32_t>(), q.ptr<float>(), k_cache.ptr<__half>(), v_cache.ptr<__half>(), int(H), int(KVH), int(D), qkv.size(1));
+    launch_dependent(qkv_rope_cache_kernel<__half>, grid, dim3(32 * kWarps), 0, qkv.ptr<float>(), qn, kn, norm.eps,
+                     positions.ptr<int32_t>(), rope.cos.ptr<float>(), rope.sin.ptr<float>(), half, slot_mapping.ptr<int32_t>(),
+                     q.ptr<float>(), k_cache.ptr<__half>(), v_cache.ptr<__half>(), int(H), int(KVH), int(D), qkv.size(1));
   else
     throw std::invalid_argument("CUDA qkv_rope_cache: the cache must be float32 or float16");
   RV_CUDA_CHECK(cudaGetLastError());

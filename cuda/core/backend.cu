@@ -6,12 +6,14 @@
 // records from a private pool whose blocks no one else receives while the graph lives.
 #include <cuda_runtime.h>
 
+#include <atomic>
 #include <map>
 #include <mutex>
 
 #include "core/arrival.cuh"
 #include "core/cuda_check.h"
 #include "core/device_runtime.h"
+#include "core/launch.cuh"
 #include "cuda_ops.h"
 
 namespace revolta::cuda {
@@ -234,6 +236,26 @@ std::string device_name() {
   return prop.name + std::string(" (compute capability ") + std::to_string(prop.major) + "." +
          std::to_string(prop.minor) + ")";
 }
+
+namespace {
+__global__ void build_probe_kernel() {}
+std::atomic<bool> g_dependent_launch_allowed{true};
+}  // namespace
+
+// The probe kernel was compiled like every other: its PTX version says whether the code a device
+// runs carries the dependent-launch instructions (a build for sm_90+, not older PTX JIT-compiled).
+bool dependent_launch_enabled() {
+  static const bool supported = [] {
+    int major = 0;
+    RV_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0));
+    cudaFuncAttributes attributes{};
+    RV_CUDA_CHECK(cudaFuncGetAttributes(&attributes, build_probe_kernel));
+    return major >= 9 && attributes.ptxVersion >= 90;
+  }();
+  return supported && g_dependent_launch_allowed.load(std::memory_order_relaxed);
+}
+
+void set_dependent_launch(bool allowed) { g_dependent_launch_allowed.store(allowed); }
 
 int sm_count() {
   static const int n = [] {

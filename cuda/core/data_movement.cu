@@ -2,6 +2,7 @@
 #include <cuda_fp16.h>
 
 #include "core/cuda_check.h"
+#include "core/launch.cuh"
 #include "cuda_ops.h"
 
 namespace revolta::cuda {
@@ -9,6 +10,7 @@ namespace {
 
 __global__ void gather_rows_kernel(const float* __restrict__ x, const int32_t* __restrict__ rows, int64_t C,
                                    float* __restrict__ out) {
+  enter_dependent();
   const float* src = x + int64_t(rows[blockIdx.x]) * C;
   for (int64_t c = threadIdx.x; c < C; c += blockDim.x) out[blockIdx.x * C + c] = src[c];
 }
@@ -38,8 +40,8 @@ __global__ void fill_kernel(T* __restrict__ p, int64_t n, uint64_t seed, float l
 void gather_rows(const Tensor& x, const Tensor& rows, Tensor& out) {
   const int64_t R = rows.numel();
   if (R == 0) return;
-  gather_rows_kernel<<<unsigned(R), 256, 0, stream()>>>(x.ptr<float>(), rows.ptr<int32_t>(), out.numel() / R,
-                                                        out.ptr<float>());
+  launch_dependent(gather_rows_kernel, dim3(unsigned(R)), dim3(256), 0, x.ptr<float>(), rows.ptr<int32_t>(),
+                   out.numel() / R, out.ptr<float>());
   RV_CUDA_CHECK(cudaGetLastError());
 }
 

@@ -1,5 +1,6 @@
 // Elementwise gates and the MoE combine on the device (contracts in ops/ops.h).
 #include "core/cuda_check.h"
+#include "core/launch.cuh"
 #include "cuda_ops.h"
 
 namespace revolta::cuda {
@@ -10,6 +11,7 @@ __device__ __forceinline__ float softplus(float x) { return x > 20.0f ? x : log1
 
 __global__ void sigmoid_mul_kernel(float* __restrict__ x, const float* __restrict__ g, int64_t n, int64_t P, int64_t G,
                                    int64_t column) {
+  enter_dependent();
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
     x[i] *= sigmoid(g[(i / P) * G + column + i % P]);
 }
@@ -46,8 +48,8 @@ void sigmoid_mul(Tensor& x, const Tensor& gate, int64_t gate_column) {
   const int64_t P = n / T, G = gate.numel() / T;
   RV_CHECK(n == T * P && gate_column + P <= G, "CUDA sigmoid_mul: x ", x.shape_str(), " gate ", gate.shape_str(),
            " from column ", gate_column);
-  sigmoid_mul_kernel<<<unsigned(std::min<int64_t>((n + 255) / 256, 65535)), 256, 0, stream()>>>(
-      x.ptr<float>(), gate.ptr<float>(), n, P, G, gate_column);
+  launch_dependent(sigmoid_mul_kernel, dim3(unsigned(std::min<int64_t>((n + 255) / 256, 65535))), dim3(256), 0,
+                   x.ptr<float>(), gate.ptr<float>(), n, P, G, gate_column);
   RV_CUDA_CHECK(cudaGetLastError());
 }
 

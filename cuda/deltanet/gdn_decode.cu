@@ -14,6 +14,7 @@
 // RMSNorm to the group's output rows, which spans the column groups.
 #include "core/arrival.cuh"
 #include "core/cuda_check.h"
+#include "core/launch.cuh"
 #include "cuda_ops.h"
 
 namespace revolta::cuda {
@@ -34,6 +35,7 @@ __global__ void __launch_bounds__(kThreads)
                       const float* __restrict__ dt_bias, const float* __restrict__ norm_w, float norm_eps,
                       float* __restrict__ conv_states, float* __restrict__ states, const int32_t* __restrict__ starts,
                       const int32_t* __restrict__ slots, float* out, int* counters, Shape sh) {
+  enter_dependent();
   constexpr int Dk = kWarps * RPT;
   const int Dv = sh.Dv, groups = (Dv + kCols - 1) / kCols, R = sh.Hv / sh.Hk;
   const int h = blockIdx.x / groups, cg = blockIdx.x % groups, hk = h / R, s = blockIdx.y;
@@ -188,10 +190,10 @@ void gdn_decode(const Tensor& fused, const ops::GdnWeights& w, Tensor& conv_stat
   const Shape sh{int(Hk), int(Dk), int(Hv), int(Dv), int(W), int(fused.size(1)), int(C)};
   const dim3 grid{unsigned(Hv * groups), unsigned(S)};
   auto go = [&](auto kernel) {
-    kernel<<<grid, kThreads, 0, stream()>>>(fused.ptr<float>(), w.conv->ptr<float>(), w.neg_a->ptr<float>(),
-                                            w.dt_bias->ptr<float>(), w.norm->ptr<float>(), w.norm_eps,
-                                            conv_states.ptr<float>(), states.ptr<float>(), seq_starts.ptr<int32_t>(),
-                                            seq_slots.ptr<int32_t>(), out.ptr<float>(), arrival_counters(), sh);
+    launch_dependent(kernel, grid, dim3(kThreads), 0, fused.ptr<float>(), w.conv->ptr<float>(), w.neg_a->ptr<float>(),
+                     w.dt_bias->ptr<float>(), w.norm->ptr<float>(), w.norm_eps, conv_states.ptr<float>(),
+                     states.ptr<float>(), seq_starts.ptr<int32_t>(), seq_slots.ptr<int32_t>(), out.ptr<float>(),
+                     arrival_counters(), sh);
   };
   switch (rows) {
     case 2: go(gdn_decode_kernel<2>); break;

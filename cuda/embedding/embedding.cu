@@ -3,6 +3,7 @@
 #include <cuda_fp16.h>
 
 #include "core/cuda_check.h"
+#include "core/launch.cuh"
 #include "cuda_ops.h"
 
 namespace revolta::cuda {
@@ -18,6 +19,7 @@ __device__ float to_float<__half>(__half v) { return __half2float(v); }
 template <typename T>
 __global__ void embedding_kernel(const int32_t* __restrict__ ids, const T* __restrict__ table, float* __restrict__ out,
                                  int64_t hidden) {
+  enter_dependent();
   const int64_t t = blockIdx.x;
   const T* row = table + int64_t(ids[t]) * hidden;
   for (int64_t i = threadIdx.x; i < hidden; i += blockDim.x) out[t * hidden + i] = to_float(row[i]);
@@ -29,9 +31,11 @@ void embedding(const Tensor& ids, const Tensor& table, Tensor& out) {
   const int64_t T = ids.numel(), H = table.size(1);
   if (T == 0) return;
   if (table.dtype() == DType::kF32)
-    embedding_kernel<float><<<unsigned(T), 256, 0, stream()>>>(ids.ptr<int32_t>(), table.ptr<float>(), out.ptr<float>(), H);
+    launch_dependent(embedding_kernel<float>, dim3(unsigned(T)), dim3(256), 0, ids.ptr<int32_t>(), table.ptr<float>(),
+                     out.ptr<float>(), H);
   else if (table.dtype() == DType::kF16)
-    embedding_kernel<__half><<<unsigned(T), 256, 0, stream()>>>(ids.ptr<int32_t>(), table.ptr<__half>(), out.ptr<float>(), H);
+    launch_dependent(embedding_kernel<__half>, dim3(unsigned(T)), dim3(256), 0, ids.ptr<int32_t>(), table.ptr<__half>(),
+                     out.ptr<float>(), H);
   else
     throw std::invalid_argument("CUDA embedding: table must be float32 or float16");
   RV_CUDA_CHECK(cudaGetLastError());

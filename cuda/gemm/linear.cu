@@ -14,6 +14,7 @@
 
 #include "core/cuda_check.h"
 #include "core/element.cuh"
+#include "core/launch.cuh"
 #include "cuda_ops.h"
 
 namespace revolta::cuda {
@@ -30,9 +31,15 @@ constexpr int kWarpsPerBlock = 4;
 template <typename W, int M, int R, int U>
 __global__ void gemv_kernel(const float* __restrict__ x, const W* __restrict__ w, const float* __restrict__ bias,
                             float* __restrict__ out, int N, int K) {
+  let_successor_launch();
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int n0 = (blockIdx.x * kWarpsPerBlock + warp) * R;
   if (n0 >= N) return;
+  for (int r = 0; r < R && n0 + r < N; ++r) {  // this warp's rows, a 128-byte line per lane in turn
+    const char* row = reinterpret_cast<const char*>(w + size_t(n0 + r) * K);
+    for (size_t b = size_t(lane) * 128; b < size_t(K) * sizeof(W); b += 32 * 128) prefetch_weights_l2(row + b);
+  }
+  wait_for_predecessor();
   float acc[R][M];
 #pragma unroll
   for (int r = 0; r < R; ++r)
@@ -108,6 +115,7 @@ __global__ void gemv_kernel(const float* __restrict__ x, const W* __restrict__ w
 template <typename W, int M, int P>
 __global__ void swiglu_gemv_kernel(const float* __restrict__ x, const W* __restrict__ w, float* __restrict__ act, int I,
                                    int K) {
+  enter_dependent();
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int i0 = (blockIdx.x * kWarpsPerBlock + warp) * P;
   if (i0 >= I) return;
@@ -192,7 +200,8 @@ void run(const Tensor& x, const W* w, const float* bias, Tensor& out, int M, int
     float* op = out.ptr<float>();
     auto launch = [&](auto kernel, int rows_per_warp) {
       const int per_block = kWarpsPerBlock * rows_per_warp;
-      kernel<<<unsigned((N + per_block - 1) / per_block), 32 * kWarpsPerBlock, 0, stream()>>>(xp, w, bias, op, N, K);
+      launch_dependent(kernel, dim3(unsigned((N + per_block - 1) / per_block)), dim3(32 * kWarpsPerBlock), 0, xp, w, bias, op,
+                       N, K);
     };
     switch (M) {
       case 1:  // four rows per warp share x loads, but only when that still leaves >= 4 blocks per SM;
@@ -246,7 +255,7 @@ void linear_swiglu(const Tensor& x, const Tensor& gate_up_weight, Tensor& act) {
   const unsigned blocks = unsigned((I + kWarpsPerBlock * P - 1) / (kWarpsPerBlock * P));
   switch (M) {
 #define RV_SWIGLU_CASE(m) \
-  case m: swiglu_gemv_kernel<__half, m, P><<<blocks, 32 * kWarpsPerBlock, 0, stream()>>>(xp, w, ap, int(I), int(K)); break;
+  case m: launch_dependent(swiglu_gemv_kernel<__half, m, P>, dim3(blocks), dim3(32 * kWarpsPerBlock), 0, xp, w, ap, int(I), int(K)); break;
     RV_SWIGLU_CASE(1) RV_SWIGLU_CASE(2) RV_SWIGLU_CASE(3) RV_SWIGLU_CASE(4)
     RV_SWIGLU_CASE(5) RV_SWIGLU_CASE(6) RV_SWIGLU_CASE(7) RV_SWIGLU_CASE(8)
 #undef RV_SWIGLU_CASE

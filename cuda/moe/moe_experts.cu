@@ -17,6 +17,7 @@
 
 #include "core/cuda_check.h"
 #include "core/element.cuh"
+#include "core/launch.cuh"
 #include "cuda_ops.h"
 #include "gemm/gemm_tensor_core.cuh"
 #include "norms/residual_norm_tail.cuh"
@@ -39,6 +40,7 @@ template <int P, int U>
 __global__ void __launch_bounds__(kWarps * 32)
     moe_gate_up_kernel(const float* __restrict__ x, const int32_t* __restrict__ ids, const int64_t* __restrict__ gu_at,
                        float* __restrict__ act, int K, int H, int I) {
+  enter_dependent();
   constexpr int kStep = 32 * 8;
   const int pair = blockIdx.y, t = pair / K, lane = threadIdx.x % 32;
   const int i0 = (blockIdx.x * kWarps + threadIdx.x / 32) * P;
@@ -107,6 +109,7 @@ template <bool kTail>
 __global__ void __launch_bounds__(kMaxDownWarps * 32)
     moe_down_kernel(const float* __restrict__ act, const int32_t* __restrict__ ids, const float* __restrict__ weights,
                     const int64_t* __restrict__ down_at, float* out, int K, int H, int I, Tail tail) {
+  enter_dependent();
   const int t = blockIdx.y, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int h0 = blockIdx.x * kDownRows;
   float acc[kDownRows] = {};
@@ -238,8 +241,9 @@ void moe_experts(const Tensor& x, const Tensor& ids, const Tensor& weights, cons
   RV_CHECK(!then || (then->weight->dtype() == DType::kF32 && T <= kArrivalCounters),
            "CUDA moe_experts: a float32 norm weight and at most ", kArrivalCounters, " tokens with a residual norm");
   constexpr int P = 2;
-  moe_gate_up_kernel<P, 4><<<dim3{unsigned((I + kWarps * P - 1) / (kWarps * P)), unsigned(T * K)}, kWarps * 32, 0, stream()>>>(
-      x.ptr<float>(), ids.ptr<int32_t>(), ex.gate_up.ptr<int64_t>(), act.ptr<float>(), int(K), int(H), int(I));
+  launch_dependent(moe_gate_up_kernel<P, 4>, dim3{unsigned((I + kWarps * P - 1) / (kWarps * P)), unsigned(T * K)},
+                   dim3(kWarps * 32), 0, x.ptr<float>(), ids.ptr<int32_t>(), ex.gate_up.ptr<int64_t>(), act.ptr<float>(),
+                   int(K), int(H), int(I));
   RV_CUDA_CHECK(cudaGetLastError());
   const unsigned down_warps = unsigned(std::min<int64_t>(K, kMaxDownWarps));
   const dim3 grid{unsigned((H + kDownRows - 1) / kDownRows), unsigned(T)};
@@ -247,8 +251,8 @@ void moe_experts(const Tensor& x, const Tensor& ids, const Tensor& weights, cons
                                 then->normed->ptr<float>(), arrival_counters()}
                          : Tail{};
   auto go = [&](auto kernel) {
-    kernel<<<grid, down_warps * 32, 0, stream()>>>(act.ptr<float>(), ids.ptr<int32_t>(), weights.ptr<float>(),
-                                                   ex.down.ptr<int64_t>(), out.ptr<float>(), int(K), int(H), int(I), tail);
+    launch_dependent(kernel, grid, dim3(down_warps * 32), 0, act.ptr<float>(), ids.ptr<int32_t>(), weights.ptr<float>(),
+                     ex.down.ptr<int64_t>(), out.ptr<float>(), int(K), int(H), int(I), tail);
   };
   if (then) go(moe_down_kernel<true>);
   else go(moe_down_kernel<false>);

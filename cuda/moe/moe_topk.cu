@@ -4,6 +4,7 @@
 // registers; more are read again each round.
 #include "core/cuda_check.h"
 #include "core/element.cuh"
+#include "core/launch.cuh"
 #include "cuda_ops.h"
 #include "core/arrival.cuh"
 #include "moe/topk_row.cuh"
@@ -66,7 +67,11 @@ template <int M>
 __global__ void __launch_bounds__(kWarps * 32)
     route_kernel(const float* __restrict__ x, const float* __restrict__ router, float* logits, int E, int S, int H,
                  int K, bool renorm, int32_t* __restrict__ ids, float* __restrict__ weights, int* counter) {
+  let_successor_launch();
   const int lane = threadIdx.x % 32, r = blockIdx.x * kWarps + threadIdx.x / 32, R = E + S;
+  if (r < R)  // this warp's router row (f32), a 128-byte line per lane in turn
+    for (int b = lane * 32; b < H; b += 32 * 32) prefetch_weights_l2(router + size_t(r) * H + b);
+  wait_for_predecessor();
   if (r < R) {  // no early return: every thread reaches the arrival count
     float acc[M] = {};
     const float* w = router + size_t(r) * H;
@@ -109,9 +114,9 @@ void moe_route(const Tensor& x, const Tensor& router, int64_t E, bool renormaliz
   }
   const unsigned blocks = unsigned((R + kWarps - 1) / kWarps);
   auto go = [&](auto kernel) {
-    kernel<<<blocks, kWarps * 32, 0, stream()>>>(x.ptr<float>(), router.ptr<float>(), logits.ptr<float>(), int(E),
-                                                 int(S), int(H), int(K), renormalize, ids.ptr<int32_t>(),
-                                                 weights.ptr<float>(), arrival_counters());
+    launch_dependent(kernel, dim3(blocks), dim3(kWarps * 32), 0, x.ptr<float>(), router.ptr<float>(), logits.ptr<float>(),
+                     int(E), int(S), int(H), int(K), renormalize, ids.ptr<int32_t>(), weights.ptr<float>(),
+                     arrival_counters());
   };
   switch (T) {
     case 1: go(route_kernel<1>); break;

@@ -1,5 +1,6 @@
 // RMSNorm, plain and with the residual add fused in: one block per row, fp32 throughout.
 #include "core/cuda_check.h"
+#include "core/launch.cuh"
 #include "cuda_ops.h"
 
 namespace revolta::cuda {
@@ -28,6 +29,7 @@ __device__ float block_sum(float v) {
 template <int kPer>
 __global__ void __launch_bounds__(kThreads) rms_norm_kernel(const float* x, float* residual, const float* __restrict__ w,
                                                             float* __restrict__ out, int n, float eps) {
+  enter_dependent();
   const size_t row = blockIdx.x;
   const float* xr = x + row * n;
   float* rr = residual ? residual + row * n : nullptr;
@@ -55,6 +57,7 @@ __global__ void __launch_bounds__(kThreads) rms_norm_kernel(const float* x, floa
 // Rows longer than the register-held form: a second pass reads the row again.
 __global__ void rms_norm_long_kernel(const float* x, float* residual, const float* __restrict__ w,
                                      float* __restrict__ out, int n, float eps) {
+  enter_dependent();
   const size_t row = blockIdx.x;
   const float* xr = x + row * n;
   float* rr = residual ? residual + row * n : nullptr;
@@ -77,8 +80,8 @@ void launch(const Tensor& x, float* residual, const Tensor& weight, float eps, T
   const int64_t n = weight.numel(), rows = x.numel() / n;
   if (rows == 0) return;
   auto go = [&](auto kernel) {
-    kernel<<<unsigned(rows), kThreads, 0, stream()>>>(x.ptr<float>(), residual, weight.ptr<float>(),
-                                                      out.ptr<float>(), int(n), eps);
+    launch_dependent(kernel, dim3(unsigned(rows)), dim3(kThreads), 0, x.ptr<float>(), residual, weight.ptr<float>(),
+                     out.ptr<float>(), int(n), eps);
   };
   if (n <= kThreads) go(rms_norm_kernel<1>);
   else if (n <= 4 * kThreads) go(rms_norm_kernel<4>);

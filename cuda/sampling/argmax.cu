@@ -1,6 +1,7 @@
 // Greedy sampling on the device: the index of each row's largest logit (lowest index on ties,
 // as the CPU sampler), so a greedy batch copies R token ids to the host instead of R x vocab logits.
 #include "core/cuda_check.h"
+#include "core/launch.cuh"
 #include "cuda_ops.h"
 
 namespace revolta::cuda {
@@ -36,6 +37,7 @@ __device__ void block_best(float& best, int& idx) {
 // concurrency 1) is read by many SMs rather than one.
 __global__ void __launch_bounds__(kThreads) argmax_chunk_kernel(const float* __restrict__ x, int64_t V,
                                                                 float* __restrict__ part_v, int* __restrict__ part_i) {
+  enter_dependent();
   const float* row = x + blockIdx.x * V;
   const int64_t lo = int64_t(blockIdx.y) * kChunk, hi = min(V, lo + kChunk);
   float best = -INFINITY;
@@ -51,6 +53,7 @@ __global__ void __launch_bounds__(kThreads) argmax_chunk_kernel(const float* __r
 
 __global__ void argmax_merge_kernel(const float* __restrict__ part_v, const int* __restrict__ part_i, int chunks,
                                     int32_t* __restrict__ out) {
+  enter_dependent();
   float best = -INFINITY;
   int idx = 0x7fffffff;
   for (int c = threadIdx.x; c < chunks; c += blockDim.x) {
@@ -70,11 +73,11 @@ void argmax(const Tensor& x, Tensor& out) {
   RV_CHECK(chunks <= 65535 && V < 0x7fffffff, "CUDA argmax: rows of ", V, " values");
   Tensor part_v = Tensor::uninitialized({R, chunks}, DType::kF32, Device::kCUDA);
   Tensor part_i = Tensor::uninitialized({R, chunks}, DType::kI32, Device::kCUDA);
-  argmax_chunk_kernel<<<dim3{unsigned(R), unsigned(chunks)}, kThreads, 0, stream()>>>(
-      x.ptr<float>(), V, part_v.ptr<float>(), part_i.ptr<int32_t>());
+  launch_dependent(argmax_chunk_kernel, dim3{unsigned(R), unsigned(chunks)}, dim3(kThreads), 0, x.ptr<float>(), V,
+                   part_v.ptr<float>(), part_i.ptr<int32_t>());
   RV_CUDA_CHECK(cudaGetLastError());
-  argmax_merge_kernel<<<unsigned(R), 64, 0, stream()>>>(part_v.ptr<float>(), part_i.ptr<int32_t>(), int(chunks),
-                                                         out.ptr<int32_t>());
+  launch_dependent(argmax_merge_kernel, dim3(unsigned(R)), dim3(64), 0, part_v.ptr<float>(), part_i.ptr<int32_t>(),
+                   int(chunks), out.ptr<int32_t>());
   RV_CUDA_CHECK(cudaGetLastError());
 }
 

@@ -1,0 +1,70 @@
+// Programmatic dependent launch (compute capability 9.0 and newer): a decode step is a chain of
+// short kernels, and each one otherwise pays its launch and its first memory round trip after the
+// previous one has fully drained. Kernels launched through launch_dependent() may be scheduled
+// while their predecessor's last blocks still run; they stream what does not depend on it (their
+// weights, into L2) and call wait_for_predecessor() before touching anything the predecessor
+// writes or reads. Every kernel launched this way must call it before its first such access.
+//
+// The instructions exist only in code built for sm_90 and newer; on older devices, and for code
+// built for older architectures (the SM70 lane's PTX run on a newer GPU), launches are plain.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <utility>
+
+#include "core/cuda_check.h"
+#include "cuda_ops.h"
+
+namespace revolta::cuda {
+
+template <typename... Params, typename... Args>
+void launch_dependent(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, Args&&... args) {
+  if (!dependent_launch_enabled()) {
+    kernel<<<grid, block, smem, stream()>>>(std::forward<Args>(args)...);
+    return;
+  }
+  cudaLaunchConfig_t config = {};
+  config.gridDim = grid;
+  config.blockDim = block;
+  config.dynamicSmemBytes = smem;
+  config.stream = stream();
+  cudaLaunchAttribute attribute = {};
+  attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attribute.val.programmaticStreamSerializationAllowed = 1;
+  config.attrs = &attribute;
+  config.numAttrs = 1;
+  RV_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...));
+}
+
+// Lets the next kernel of the stream be scheduled (once every block of this one has called it or
+// exited); this kernel keeps running.
+__device__ __forceinline__ void let_successor_launch() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
+// Waits until the previous kernel has completed and its writes are visible (a no-op when this
+// kernel was launched plainly).
+__device__ __forceinline__ void wait_for_predecessor() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
+// Both, for kernels with nothing to do before their inputs are ready.
+__device__ __forceinline__ void enter_dependent() {
+  let_successor_launch();
+  wait_for_predecessor();
+}
+
+// Starts bringing weights into L2 while the predecessor drains (only where dependent launch can
+// overlap the two: elsewhere the load that follows would pay for it twice).
+__device__ __forceinline__ void prefetch_weights_l2(const void* p) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
+#endif
+}
+
+}  // namespace revolta::cuda
