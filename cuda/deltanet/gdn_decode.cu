@@ -35,7 +35,7 @@ __global__ void __launch_bounds__(kThreads)
                       const float* __restrict__ dt_bias, const float* __restrict__ norm_w, float norm_eps,
                       float* __restrict__ conv_states, float* __restrict__ states, const int32_t* __restrict__ starts,
                       const int32_t* __restrict__ slots, float* out, int* counters, Shape sh) {
-  enter_dependent();
+  let_successor_launch();
   constexpr int Dk = kWarps * RPT;
   const int Dv = sh.Dv, groups = (Dv + kCols - 1) / kCols, R = sh.Hv / sh.Hk;
   const int h = blockIdx.x / groups, cg = blockIdx.x % groups, hk = h / R, s = blockIdx.y;
@@ -49,6 +49,7 @@ __global__ void __launch_bounds__(kThreads)
   __shared__ float window[2 * Dk + kCols][kMaxW - 1];
   const int t0 = starts[s], t1 = starts[s + 1], slot = slots[s];
   if (slot < 0) {  // a padding row (every block of the group returns here): no state, zero output
+    wait_for_predecessor();
     for (int t = t0; t < t1; ++t)
       if (warp == 0 && has_col) out[size_t(t) * out_width + h * Dv + col] = 0.0f;
     return;
@@ -72,6 +73,9 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
     for (int i = 0; i < kMaxW - 1; ++i) window[c][i] = v[i];
   }
+  // Everything above (the batch layout, this layer's state and conv windows, last written by the
+  // previous step) was read while the input projection drained; its output is read from here on.
+  wait_for_predecessor();
   const float scale = rsqrtf(float(Dk));
   for (int t = t0; t < t1; ++t) {
     const float* row = fused + size_t(t) * sh.width;

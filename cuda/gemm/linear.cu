@@ -34,12 +34,10 @@ __global__ void gemv_kernel(const float* __restrict__ x, const W* __restrict__ w
   let_successor_launch();
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int n0 = (blockIdx.x * kWarpsPerBlock + warp) * R;
-  if (n0 >= N) return;
-  for (int r = 0; r < R && n0 + r < N; ++r) {  // this warp's rows, a 128-byte line per lane in turn
-    const char* row = reinterpret_cast<const char*>(w + size_t(n0 + r) * K);
-    for (size_t b = size_t(lane) * 128; b < size_t(K) * sizeof(W); b += 32 * 128) prefetch_weights_l2(row + b);
+  if (n0 >= N) {
+    wait_for_predecessor();
+    return;
   }
-  wait_for_predecessor();
   float acc[R][M];
 #pragma unroll
   for (int r = 0; r < R; ++r)
@@ -47,20 +45,26 @@ __global__ void gemv_kernel(const float* __restrict__ x, const W* __restrict__ w
     for (int m = 0; m < M; ++m) acc[r][m] = 0.0f;
   const bool vec = (K % 8 == 0) && (reinterpret_cast<uintptr_t>(w) % 16 == 0) &&
                    (reinterpret_cast<uintptr_t>(x) % 16 == 0);
-  int k = 0;
+  constexpr int kStep = 32 * 8;
+  int k = lane * 8;
+  float wv[R][U][8];
+  auto load_weights = [&] {
+#pragma unroll
+    for (int r = 0; r < R; ++r)
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        if (n0 + r < N) load8(w + size_t(n0 + r) * K + k + u * kStep, wv[r][u]);
+        else
+#pragma unroll
+          for (int i = 0; i < 8; ++i) wv[r][u][i] = 0.0f;
+      }
+  };
+  // The first weights do not depend on the previous kernel: they load while it drains.
+  if (vec && k + (U - 1) * kStep < K) load_weights();
+  wait_for_predecessor();
   if (vec) {
-    constexpr int kStep = 32 * 8;
-    for (k = lane * 8; k + (U - 1) * kStep < K; k += U * kStep) {
-      float wv[R][U][8];
-#pragma unroll
-      for (int r = 0; r < R; ++r)
-#pragma unroll
-        for (int u = 0; u < U; ++u) {
-          if (n0 + r < N) load8(w + size_t(n0 + r) * K + k + u * kStep, wv[r][u]);
-          else
-#pragma unroll
-            for (int i = 0; i < 8; ++i) wv[r][u][i] = 0.0f;
-        }
+    for (; k + (U - 1) * kStep < K; k += U * kStep) {
+      if (k != lane * 8) load_weights();
 #pragma unroll
       for (int m = 0; m < M; ++m)
 #pragma unroll
@@ -89,6 +93,8 @@ __global__ void gemv_kernel(const float* __restrict__ x, const W* __restrict__ w
       }
     }
     k = K;  // every element was covered by some lane
+  } else {
+    k = 0;
   }
   for (int kk = k + lane; kk < K; kk += 32) {
 #pragma unroll

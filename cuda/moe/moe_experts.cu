@@ -40,7 +40,10 @@ template <int P, int U>
 __global__ void __launch_bounds__(kWarps * 32)
     moe_gate_up_kernel(const float* __restrict__ x, const int32_t* __restrict__ ids, const int64_t* __restrict__ gu_at,
                        float* __restrict__ act, int K, int H, int I) {
-  enter_dependent();
+  // The down kernel that follows reads the routed ids before its own wait: it may only launch
+  // once the routing that wrote them is complete, which this wait guarantees.
+  wait_for_predecessor();
+  let_successor_launch();
   constexpr int kStep = 32 * 8;
   const int pair = blockIdx.y, t = pair / K, lane = threadIdx.x % 32;
   const int i0 = (blockIdx.x * kWarps + threadIdx.x / 32) * P;
@@ -109,20 +112,28 @@ template <bool kTail>
 __global__ void __launch_bounds__(kMaxDownWarps * 32)
     moe_down_kernel(const float* __restrict__ act, const int32_t* __restrict__ ids, const float* __restrict__ weights,
                     const int64_t* __restrict__ down_at, float* out, int K, int H, int I, Tail tail) {
-  enter_dependent();
+  let_successor_launch();
   const int t = blockIdx.y, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int h0 = blockIdx.x * kDownRows;
   float acc[kDownRows] = {};
   const int warps = blockDim.x / 32;
+  float wv[kDownRows][8];
+  auto load_rows = [&](const __half* w, int j) {
+#pragma unroll
+    for (int r = 0; r < kDownRows; ++r) load8(w + size_t(min(h0 + r, H - 1)) * I + j, wv[r]);
+  };
+  // The first rows of this warp's first slot load while the gate/up kernel drains: the ids were
+  // complete before it let this kernel launch, and the weights never change.
+  if (warp < K && lane * 8 < I) load_rows(reinterpret_cast<const __half*>(down_at[ids[t * K + warp]]), lane * 8);
+  wait_for_predecessor();
   for (int k = warp; k < K; k += warps) {
     const int pair = t * K + k;
     const __half* w = reinterpret_cast<const __half*>(down_at[ids[pair]]);
     const float* a = act + size_t(pair) * I;
     float s[kDownRows] = {};
     for (int j = lane * 8; j < I; j += 32 * 8) {  // I % 8 == 0
-      float wv[kDownRows][8], av[8];
-#pragma unroll
-      for (int r = 0; r < kDownRows; ++r) load8(w + size_t(min(h0 + r, H - 1)) * I + j, wv[r]);
+      float av[8];
+      if (k != warp || j != lane * 8) load_rows(w, j);
       load8(a + j, av);
 #pragma unroll
       for (int r = 0; r < kDownRows; ++r)
