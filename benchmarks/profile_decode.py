@@ -23,6 +23,7 @@ def main() -> None:
     ap.add_argument("--layers", type=int, default=0, help="layers (default: the shape's; qwen3-next-80b: 8)")
     ap.add_argument("--prompt", type=int, default=512)
     ap.add_argument("--tokens", type=int, default=16, help="decode steps profiled")
+    ap.add_argument("--concurrency", type=int, default=1, help="sequences decoded together")
     ap.add_argument("--eager", action="store_true", help="no decode graphs")
     args = ap.parse_args()
 
@@ -46,12 +47,12 @@ def main() -> None:
     (d / "config.json").write_text(json.dumps(cfg))
     llm = revolta.LLM(str(d), device="cuda", load_format="dummy", max_model_len=4096, gpu_memory_utilization=0.5,
                       enforce_eager=args.eager)
-    prompt = [{"prompt_token_ids": list(range(100, 100 + args.prompt))}]
+    prompt = [{"prompt_token_ids": list(range(100 + i, 100 + i + args.prompt))} for i in range(args.concurrency)]
     sp = revolta.SamplingParams(temperature=0.0, max_tokens=args.tokens + 1, ignore_eos=True)
     llm.generate(prompt, sp)  # warm-up: graphs recorded, pools sized
     t = time.perf_counter()
     llm.generate(prompt, sp)
-    print(f"{args.shape}, eager={args.eager}: prefill {args.prompt} + {args.tokens} decode steps in "
+    print(f"{args.shape}, eager={args.eager}, {args.concurrency} sequences: prefill {args.prompt} + {args.tokens} decode steps in "
           f"{(time.perf_counter() - t) * 1e3:.1f} ms")
     with profile(activities=[ProfilerActivity.CUDA]) as p:
         llm.generate(prompt, sp)
