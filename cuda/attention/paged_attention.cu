@@ -66,7 +66,7 @@ __global__ void __launch_bounds__(kThreads)
                             const int32_t* __restrict__ token_list, int max_blocks, int block_size, int H, int KVH,
                             int D, float scale, float* __restrict__ out, float* __restrict__ part,
                             int* __restrict__ counters) {
-  enter_dependent();
+  wait_for_predecessor();
   const int t = token_list ? token_list[blockIdx.x] : int(blockIdx.x);
   const int h = blockIdx.y, kvh = h / (H / KVH);
   const int group = threadIdx.x / kGroupLanes, first = (threadIdx.x % kGroupLanes) * EPL;
@@ -120,6 +120,7 @@ __global__ void __launch_bounds__(kThreads)
     }
     m = m_new;
   }
+  let_successor_launch();  // the keys and values are read: what is left is short
   // The four groups of a warp, then the warps through shared memory.
 #pragma unroll
   for (int o = kGroupLanes; o < 32; o <<= 1) {

@@ -7,6 +7,8 @@
 #include <cuda_runtime.h>
 
 #include <atomic>
+#include <cstdlib>
+#include <string>
 #include <map>
 #include <mutex>
 
@@ -250,7 +252,9 @@ bool dependent_launch_enabled() {
     RV_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0));
     cudaFuncAttributes attributes{};
     RV_CUDA_CHECK(cudaFuncGetAttributes(&attributes, build_probe_kernel));
-    return major >= 9 && attributes.ptxVersion >= 90;
+    // REVOLTA_DEPENDENT_LAUNCH=0 turns it off for a process (profiles of kernels one at a time).
+    const char* env = std::getenv("REVOLTA_DEPENDENT_LAUNCH");
+    return major >= 9 && attributes.ptxVersion >= 90 && !(env && std::string(env) == "0");
   }();
   return supported && g_dependent_launch_allowed.load(std::memory_order_relaxed);
 }

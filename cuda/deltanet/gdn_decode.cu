@@ -35,7 +35,6 @@ __global__ void __launch_bounds__(kThreads)
                       const float* __restrict__ dt_bias, const float* __restrict__ norm_w, float norm_eps,
                       float* __restrict__ conv_states, float* __restrict__ states, const int32_t* __restrict__ starts,
                       const int32_t* __restrict__ slots, float* out, int* counters, Shape sh) {
-  let_successor_launch();
   constexpr int Dk = kWarps * RPT;
   const int Dv = sh.Dv, groups = (Dv + kCols - 1) / kCols, R = sh.Hv / sh.Hk;
   const int h = blockIdx.x / groups, cg = blockIdx.x % groups, hk = h / R, s = blockIdx.y;
@@ -141,6 +140,7 @@ __global__ void __launch_bounds__(kThreads)
       out[size_t(t) * out_width + h * Dv + col] = sum;
     }
   }
+  let_successor_launch();  // what is left are stores and the group's norm
 #pragma unroll
   for (int r = 0; r < RPT; ++r)
     if (has_col) S[size_t(warp * RPT + r) * Dv + col] = st[r];

@@ -31,7 +31,6 @@ constexpr int kWarpsPerBlock = 4;
 template <typename W, int M, int R, int U>
 __global__ void gemv_kernel(const float* __restrict__ x, const W* __restrict__ w, const float* __restrict__ bias,
                             float* __restrict__ out, int N, int K) {
-  let_successor_launch();
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int n0 = (blockIdx.x * kWarpsPerBlock + warp) * R;
   if (n0 >= N) {
@@ -105,6 +104,7 @@ __global__ void gemv_kernel(const float* __restrict__ x, const W* __restrict__ w
       for (int m = 0; m < M; ++m) acc[r][m] += wv * x[size_t(m) * K + kk];
     }
   }
+  let_successor_launch();  // the weights are read: the next kernel may take the SMs as warps finish
 #pragma unroll
   for (int r = 0; r < R; ++r)
 #pragma unroll
@@ -121,7 +121,7 @@ __global__ void gemv_kernel(const float* __restrict__ x, const W* __restrict__ w
 template <typename W, int M, int P>
 __global__ void swiglu_gemv_kernel(const float* __restrict__ x, const W* __restrict__ w, float* __restrict__ act, int I,
                                    int K) {
-  enter_dependent();
+  wait_for_predecessor();
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int i0 = (blockIdx.x * kWarpsPerBlock + warp) * P;
   if (i0 >= I) return;
@@ -148,6 +148,7 @@ __global__ void swiglu_gemv_kernel(const float* __restrict__ x, const W* __restr
         for (int e = 0; e < 8; ++e) g[p][m] += wg[p][e] * xv[e], u[p][m] += wu[p][e] * xv[e];
     }
   }
+  let_successor_launch();
 #pragma unroll
   for (int p = 0; p < P; ++p)
 #pragma unroll

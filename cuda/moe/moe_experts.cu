@@ -40,10 +40,7 @@ template <int P, int U>
 __global__ void __launch_bounds__(kWarps * 32)
     moe_gate_up_kernel(const float* __restrict__ x, const int32_t* __restrict__ ids, const int64_t* __restrict__ gu_at,
                        float* __restrict__ act, int K, int H, int I) {
-  // The down kernel that follows reads the routed ids before its own wait: it may only launch
-  // once the routing that wrote them is complete, which this wait guarantees.
   wait_for_predecessor();
-  let_successor_launch();
   constexpr int kStep = 32 * 8;
   const int pair = blockIdx.y, t = pair / K, lane = threadIdx.x % 32;
   const int i0 = (blockIdx.x * kWarps + threadIdx.x / 32) * P;
@@ -87,6 +84,9 @@ __global__ void __launch_bounds__(kWarps * 32)
       for (int e = 0; e < 8; ++e) g[p] += a[e] * xv[e], u[p] += b[e] * xv[e];
     }
   }
+  // Past this kernel's wait, so the down kernel that follows, which reads the routed ids before
+  // its own wait, launches only once the routing that wrote them is complete.
+  let_successor_launch();
 #pragma unroll
   for (int p = 0; p < P; ++p) {
     const float gv = warp_sum(g[p]), uv = warp_sum(u[p]);
@@ -112,7 +112,6 @@ template <bool kTail>
 __global__ void __launch_bounds__(kMaxDownWarps * 32)
     moe_down_kernel(const float* __restrict__ act, const int32_t* __restrict__ ids, const float* __restrict__ weights,
                     const int64_t* __restrict__ down_at, float* out, int K, int H, int I, Tail tail) {
-  let_successor_launch();
   const int t = blockIdx.y, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int h0 = blockIdx.x * kDownRows;
   float acc[kDownRows] = {};
@@ -144,6 +143,7 @@ __global__ void __launch_bounds__(kMaxDownWarps * 32)
 #pragma unroll
     for (int r = 0; r < kDownRows; ++r) acc[r] += wk * s[r];
   }
+  let_successor_launch();
   __shared__ float part[kMaxDownWarps][kDownRows];
 #pragma unroll
   for (int r = 0; r < kDownRows; ++r) {

@@ -67,7 +67,6 @@ template <int M>
 __global__ void __launch_bounds__(kWarps * 32)
     route_kernel(const float* __restrict__ x, const float* __restrict__ router, float* logits, int E, int S, int H,
                  int K, bool renorm, int32_t* __restrict__ ids, float* __restrict__ weights, int* counter) {
-  let_successor_launch();
   const int lane = threadIdx.x % 32, r = blockIdx.x * kWarps + threadIdx.x / 32, R = E + S;
   if (r < R)  // this warp's router row (f32), a 128-byte line per lane in turn
     for (int b = lane * 32; b < H; b += 32 * 32) prefetch_weights_l2(router + size_t(r) * H + b);
@@ -93,6 +92,7 @@ __global__ void __launch_bounds__(kWarps * 32)
       if (lane == 0) logits[size_t(m) * R + r] = v;
     }
   }
+  let_successor_launch();
   if (!last_to_arrive(counter, int(gridDim.x))) return;
   for (int t = threadIdx.x / 32; t < M; t += kWarps) topk_registers_row<16, true>(logits + size_t(t) * R, E, K, S, renorm, ids + t * (K + S), weights + t * (K + S));
 }
