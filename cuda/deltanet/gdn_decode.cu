@@ -2,12 +2,13 @@
 // one kernel for decode batches (the separate conv, split / L2 norm, gates, delta rule and gated
 // norm kernels of a decode step were each latency-bound).
 //
-// A block per (value head, 32 state columns, sequence), so a decode step of one token keeps
+// A block per (value head, 32 x CPT state columns, sequence), so a decode step of one token keeps
 // Hv * Dv / 32 multiprocessors busy (128 for Qwen3-Next) and each moves only its 32 columns of the
-// fp32 state. 8 warps split the Dk state rows, RPT per thread, the lane being the column. Per
-// token: conv + silu of the key head's q and k channels and of the block's 32 v channels into
-// shared memory, the q / k L2 norms and the head's gates, then the rule; the output before its norm
-// goes to `out`.
+// fp32 state; larger batches take 128 columns a block (CPT = 4), which repeats the q / k conv of a
+// key head fewer times. 8 warps split the Dk state rows, RPT per thread; a lane holds CPT columns
+// 32 apart. Per token: conv + silu of the key head's q and k channels and of the block's v channels
+// into shared memory, the q / k L2 norms and the head's gates, then the rule; the output before its
+// norm goes to `out`.
 // The blocks of a key head's group (its value heads x column groups) all compute the same q / k
 // conv from the same old conv window, so none may overwrite it while another reads it: the last of
 // the group to arrive (core/arrival.cuh) writes the q / k windows back and applies the gated
@@ -20,7 +21,7 @@
 namespace revolta::cuda {
 namespace {
 
-constexpr int kThreads = 256, kWarps = kThreads / 32, kCols = 32, kMaxW = 8, kMaxDk = 256, kMaxDv = 256;
+constexpr int kThreads = 256, kWarps = kThreads / 32, kMaxW = 8, kMaxDk = 256, kMaxDv = 256;
 
 __device__ __forceinline__ float silu(float x) { return x / (1.0f + __expf(-x)); }
 __device__ __forceinline__ float softplus(float x) { return x > 20.0f ? x : log1pf(__expf(x)); }
@@ -29,20 +30,23 @@ struct Shape {
   int Hk, Dk, Hv, Dv, W, width, C;
 };
 
-template <int RPT>  // state rows per thread: Dk = kWarps * RPT
+template <int RPT, int CPT>  // state rows per thread (Dk = kWarps * RPT), columns per lane
 __global__ void __launch_bounds__(kThreads)
     gdn_decode_kernel(const float* __restrict__ fused, const float* __restrict__ conv_w, const float* __restrict__ neg_a,
                       const float* __restrict__ dt_bias, const float* __restrict__ norm_w, float norm_eps,
                       float* __restrict__ conv_states, float* __restrict__ states, const int32_t* __restrict__ starts,
                       const int32_t* __restrict__ slots, float* out, int* counters, Shape sh) {
-  constexpr int Dk = kWarps * RPT;
+  constexpr int Dk = kWarps * RPT, kCols = 32 * CPT;
   const int Dv = sh.Dv, groups = (Dv + kCols - 1) / kCols, R = sh.Hv / sh.Hk;
   const int h = blockIdx.x / groups, cg = blockIdx.x % groups, hk = h / R, s = blockIdx.y;
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, col = cg * kCols + lane;
-  const bool has_col = col < Dv;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  int col[CPT];  // this lane's columns of the head
+  bool has_col[CPT];
+#pragma unroll
+  for (int c = 0; c < CPT; ++c) col[c] = cg * kCols + 32 * c + lane, has_col[c] = col[c] < Dv;
   const int out_width = sh.Hv * Dv;
   __shared__ float xq[Dk], xk[Dk], xv[kCols];  // this token's conv outputs
-  __shared__ float red[kWarps][32];
+  __shared__ float red[kWarps][kCols];
   __shared__ float scal[4];  // 1 / |q| * scale, 1 / |k|, beta, decay
   // The last W - 1 inputs of the channels this block convolves: q, k of key head hk, its v columns.
   __shared__ float window[2 * Dk + kCols][kMaxW - 1];
@@ -50,7 +54,9 @@ __global__ void __launch_bounds__(kThreads)
   if (slot < 0) {  // a padding row (every block of the group returns here): no state, zero output
     wait_for_predecessor();
     for (int t = t0; t < t1; ++t)
-      if (warp == 0 && has_col) out[size_t(t) * out_width + h * Dv + col] = 0.0f;
+#pragma unroll
+      for (int c = 0; c < CPT; ++c)
+        if (warp == 0 && has_col[c]) out[size_t(t) * out_width + h * Dv + col[c]] = 0.0f;
     return;
   }
   const int nch = 2 * Dk + min(kCols, Dv - cg * kCols);
@@ -61,9 +67,11 @@ __global__ void __launch_bounds__(kThreads)
   // Loops over the taps are unrolled to kMaxW so that their loads are in flight together: the
   // kernel is a chain of memory round trips, and each one saved is a fraction of a microsecond.
   float* S = states + (size_t(slot) * sh.Hv + h) * Dk * Dv;
-  float st[RPT];
+  float st[RPT][CPT];
 #pragma unroll
-  for (int r = 0; r < RPT; ++r) st[r] = has_col ? S[size_t(warp * RPT + r) * Dv + col] : 0.0f;
+  for (int r = 0; r < RPT; ++r)
+#pragma unroll
+    for (int c = 0; c < CPT; ++c) st[r][c] = has_col[c] ? S[size_t(warp * RPT + r) * Dv + col[c]] : 0.0f;
   for (int c = threadIdx.x; c < nch; c += kThreads) {
     const float* src = conv_state(c);
     float v[kMaxW - 1];
@@ -112,38 +120,52 @@ __global__ void __launch_bounds__(kThreads)
     }
     __syncthreads();
     const float qn = scal[0], kn = scal[1], b = scal[2], decay = scal[3];
-    float part = 0.0f;
+    float part[CPT] = {};
 #pragma unroll
-    for (int r = 0; r < RPT; ++r) {
-      st[r] *= decay;
-      part += xk[warp * RPT + r] * kn * st[r];
-    }
-    red[warp][lane] = part;
+    for (int r = 0; r < RPT; ++r)
+#pragma unroll
+      for (int c = 0; c < CPT; ++c) {
+        st[r][c] *= decay;
+        part[c] += xk[warp * RPT + r] * kn * st[r][c];
+      }
+#pragma unroll
+    for (int c = 0; c < CPT; ++c) red[warp][32 * c + lane] = part[c];
     __syncthreads();
-    float kv = 0.0f;
+    float delta[CPT], o[CPT] = {};
 #pragma unroll
-    for (int g = 0; g < kWarps; ++g) kv += red[g][lane];
-    const float delta = has_col ? (xv[lane] - kv) * b : 0.0f;
-    float o = 0.0f;
+    for (int c = 0; c < CPT; ++c) {
+      float kv = 0.0f;
 #pragma unroll
-    for (int r = 0; r < RPT; ++r) {
-      st[r] += xk[warp * RPT + r] * kn * delta;
-      o += xq[warp * RPT + r] * qn * st[r];
+      for (int g = 0; g < kWarps; ++g) kv += red[g][32 * c + lane];
+      delta[c] = has_col[c] ? (xv[32 * c + lane] - kv) * b : 0.0f;
     }
+#pragma unroll
+    for (int r = 0; r < RPT; ++r)
+#pragma unroll
+      for (int c = 0; c < CPT; ++c) {
+        st[r][c] += xk[warp * RPT + r] * kn * delta[c];
+        o[c] += xq[warp * RPT + r] * qn * st[r][c];
+      }
     __syncthreads();  // red is read by everyone
-    red[warp][lane] = o;
-    __syncthreads();
-    if (warp == 0 && has_col) {  // the output before its norm, read back by the group's last block
-      float sum = 0.0f;
 #pragma unroll
-      for (int g = 0; g < kWarps; ++g) sum += red[g][lane];
-      out[size_t(t) * out_width + h * Dv + col] = sum;
-    }
+    for (int c = 0; c < CPT; ++c) red[warp][32 * c + lane] = o[c];
+    __syncthreads();
+    if (warp == 0)  // the output before its norm, read back by the group's last block
+#pragma unroll
+      for (int c = 0; c < CPT; ++c)
+        if (has_col[c]) {
+          float sum = 0.0f;
+#pragma unroll
+          for (int g = 0; g < kWarps; ++g) sum += red[g][32 * c + lane];
+          out[size_t(t) * out_width + h * Dv + col[c]] = sum;
+        }
   }
   let_successor_launch();  // what is left are stores and the group's norm
 #pragma unroll
   for (int r = 0; r < RPT; ++r)
-    if (has_col) S[size_t(warp * RPT + r) * Dv + col] = st[r];
+#pragma unroll
+    for (int c = 0; c < CPT; ++c)
+      if (has_col[c]) S[size_t(warp * RPT + r) * Dv + col[c]] = st[r][c];
   auto store_windows = [&](int from, int to) {
     for (int c = from + threadIdx.x; c < to; c += kThreads)
       for (int i = 0; i < sh.W - 1; ++i) conv_state(c)[i] = window[c][i];
@@ -185,8 +207,11 @@ void gdn_decode(const Tensor& fused, const ops::GdnWeights& w, Tensor& conv_stat
            "CUDA gdn_decode: fused ", fused.shape_str(), " conv ", w.conv->shape_str(), " states ", states.shape_str());
   if (T == 0 || S == 0) return;
   // State rows split evenly over the warps (a template per count); a block's channels in shared
-  // memory; a group counter per (sequence, key head).
-  const int64_t groups = (Dv + kCols - 1) / kCols, rows = Dk / kWarps;
+  // memory; a group counter per (sequence, key head). Past two blocks per multiprocessor of
+  // 32-column blocks, 128-column ones (their q / k conv is repeated a quarter as often).
+  const int64_t rows = Dk / kWarps;
+  const bool wide = Hv * ((Dv + 31) / 32) * S > 2 * sm_count() && rows <= 16;
+  const int64_t groups = (Dv + (wide ? 127 : 31)) / (wide ? 128 : 32);
   RV_CHECK((rows == 2 || rows == 4 || rows == 8 || rows == 16 || rows == 32) && Dk % kWarps == 0 && W <= kMaxW && Dv <= kMaxDv &&
                w.norm->dtype() == DType::kF32 && S * Hk <= kArrivalCounters,
            "CUDA gdn_decode: key head dim 16, 32, 64, 128 or 256, value head dim <= ", kMaxDv, ", conv width <= ", kMaxW, ", a float32 norm weight and at most ",
@@ -199,12 +224,21 @@ void gdn_decode(const Tensor& fused, const ops::GdnWeights& w, Tensor& conv_stat
                      states.ptr<float>(), seq_starts.ptr<int32_t>(), seq_slots.ptr<int32_t>(), out.ptr<float>(),
                      arrival_counters(), sh);
   };
-  switch (rows) {
-    case 2: go(gdn_decode_kernel<2>); break;
-    case 4: go(gdn_decode_kernel<4>); break;
-    case 8: go(gdn_decode_kernel<8>); break;
-    case 16: go(gdn_decode_kernel<16>); break;
-    default: go(gdn_decode_kernel<32>); break;
+  if (wide) {
+    switch (rows) {
+      case 2: go(gdn_decode_kernel<2, 4>); break;
+      case 4: go(gdn_decode_kernel<4, 4>); break;
+      case 8: go(gdn_decode_kernel<8, 4>); break;
+      default: go(gdn_decode_kernel<16, 4>); break;
+    }
+  } else {
+    switch (rows) {
+      case 2: go(gdn_decode_kernel<2, 1>); break;
+      case 4: go(gdn_decode_kernel<4, 1>); break;
+      case 8: go(gdn_decode_kernel<8, 1>); break;
+      case 16: go(gdn_decode_kernel<16, 1>); break;
+      default: go(gdn_decode_kernel<32, 1>); break;
+    }
   }
   RV_CUDA_CHECK(cudaGetLastError());
 }

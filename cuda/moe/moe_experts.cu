@@ -84,9 +84,7 @@ __global__ void __launch_bounds__(kWarps * 32)
       for (int e = 0; e < 8; ++e) g[p] += a[e] * xv[e], u[p] += b[e] * xv[e];
     }
   }
-  // Past this kernel's wait, so the down kernel that follows, which reads the routed ids before
-  // its own wait, launches only once the routing that wrote them is complete.
-  let_successor_launch();
+  let_successor_launch();  // the weights are read
 #pragma unroll
   for (int p = 0; p < P; ++p) {
     const float gv = warp_sum(g[p]), uv = warp_sum(u[p]);
@@ -112,27 +110,20 @@ template <bool kTail>
 __global__ void __launch_bounds__(kMaxDownWarps * 32)
     moe_down_kernel(const float* __restrict__ act, const int32_t* __restrict__ ids, const float* __restrict__ weights,
                     const int64_t* __restrict__ down_at, float* out, int K, int H, int I, Tail tail) {
+  wait_for_predecessor();
   const int t = blockIdx.y, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int h0 = blockIdx.x * kDownRows;
   float acc[kDownRows] = {};
   const int warps = blockDim.x / 32;
-  float wv[kDownRows][8];
-  auto load_rows = [&](const __half* w, int j) {
-#pragma unroll
-    for (int r = 0; r < kDownRows; ++r) load8(w + size_t(min(h0 + r, H - 1)) * I + j, wv[r]);
-  };
-  // The first rows of this warp's first slot load while the gate/up kernel drains: the ids were
-  // complete before it let this kernel launch, and the weights never change.
-  if (warp < K && lane * 8 < I) load_rows(reinterpret_cast<const __half*>(down_at[ids[t * K + warp]]), lane * 8);
-  wait_for_predecessor();
   for (int k = warp; k < K; k += warps) {
     const int pair = t * K + k;
     const __half* w = reinterpret_cast<const __half*>(down_at[ids[pair]]);
     const float* a = act + size_t(pair) * I;
     float s[kDownRows] = {};
     for (int j = lane * 8; j < I; j += 32 * 8) {  // I % 8 == 0
-      float av[8];
-      if (k != warp || j != lane * 8) load_rows(w, j);
+      float wv[kDownRows][8], av[8];
+#pragma unroll
+      for (int r = 0; r < kDownRows; ++r) load8(w + size_t(min(h0 + r, H - 1)) * I + j, wv[r]);
       load8(a + j, av);
 #pragma unroll
       for (int r = 0; r < kDownRows; ++r)

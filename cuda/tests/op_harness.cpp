@@ -754,6 +754,7 @@ int main(int argc, char** argv) {
     test_gdn_decode({1, 2}, 2, 2, 64, 64, 4);            // one value head per key head
     test_gdn_decode({1, 1}, 1, 4, 32, 32, 4);            // four value heads per key head
     test_gdn_decode({2, 1}, 2, 4, 64, 160, 4);           // a ragged last column group
+    test_gdn_decode({1, 2, 1, 1, 1}, 8, 16, 64, 160, 4);  // 128-column blocks (a larger batch), ragged
     test_conv_and_norms(1, 300, 4, true);
     test_conv_and_norms(50, 8192, 4, true);
     test_conv_and_norms(7, 33, 2, false, 21);
