@@ -37,16 +37,6 @@ __global__ void gemv_kernel(const float* __restrict__ x, const W* __restrict__ w
     wait_for_predecessor();
     return;
   }
-  constexpr int kStep = 32 * 8;
-  // At M = 1 the lines of the first weight loads are requested while the previous kernel drains
-  // (they do not depend on it): exactly the first batch, which the loop then finds in L2.
-  if (M == 1 && K % 8 == 0)
-#pragma unroll
-    for (int r = 0; r < R; ++r)
-#pragma unroll
-      for (int u = 0; u < U; ++u)
-        if (n0 + r < N && lane * 8 + u * kStep < K) prefetch_weights_l2(w + size_t(n0 + r) * K + lane * 8 + u * kStep);
-  wait_for_predecessor();
   float acc[R][M];
 #pragma unroll
   for (int r = 0; r < R; ++r)
@@ -54,19 +44,28 @@ __global__ void gemv_kernel(const float* __restrict__ x, const W* __restrict__ w
     for (int m = 0; m < M; ++m) acc[r][m] = 0.0f;
   const bool vec = (K % 8 == 0) && (reinterpret_cast<uintptr_t>(w) % 16 == 0) &&
                    (reinterpret_cast<uintptr_t>(x) % 16 == 0);
-  int k = 0;
+  constexpr int kStep = 32 * 8;
+  int k = lane * 8;
+  float wv[R][U][8];
+  auto load_weights = [&] {
+#pragma unroll
+    for (int r = 0; r < R; ++r)
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        if (n0 + r < N) load8(w + size_t(n0 + r) * K + k + u * kStep, wv[r][u]);
+        else
+#pragma unroll
+          for (int i = 0; i < 8; ++i) wv[r][u][i] = 0.0f;
+      }
+  };
+  // At M = 1 the first weights load while the previous kernel drains (they do not depend on it).
+  // Larger M keep the plain loop: the peeled form measured slower there (concurrency 8).
+  constexpr bool kEarly = M == 1;
+  if (kEarly && vec && k + (U - 1) * kStep < K) load_weights();
+  wait_for_predecessor();
   if (vec) {
-    for (k = lane * 8; k + (U - 1) * kStep < K; k += U * kStep) {
-      float wv[R][U][8];
-#pragma unroll
-      for (int r = 0; r < R; ++r)
-#pragma unroll
-        for (int u = 0; u < U; ++u) {
-          if (n0 + r < N) load8(w + size_t(n0 + r) * K + k + u * kStep, wv[r][u]);
-          else
-#pragma unroll
-            for (int i = 0; i < 8; ++i) wv[r][u][i] = 0.0f;
-        }
+    for (; k + (U - 1) * kStep < K; k += U * kStep) {
+      if (!kEarly || k != lane * 8) load_weights();
 #pragma unroll
       for (int m = 0; m < M; ++m)
 #pragma unroll
@@ -95,6 +94,8 @@ __global__ void gemv_kernel(const float* __restrict__ x, const W* __restrict__ w
       }
     }
     k = K;  // every element was covered by some lane
+  } else {
+    k = 0;
   }
   for (int kk = k + lane; kk < K; kk += 32) {
 #pragma unroll
