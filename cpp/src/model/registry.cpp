@@ -63,6 +63,8 @@ void check_device_limits(const ModelConfig& c, Device device) {
                  dk, " (the delta-rule kernel takes 16, 32, 64, 128 or 256)");
     RV_CHECK_ARG(c.linear_conv_kernel_dim >= 1 && c.linear_conv_kernel_dim <= 8, "device 'cuda': linear_conv_kernel_dim ",
                  c.linear_conv_kernel_dim, " (the conv kernel takes 1..8)");
+    RV_CHECK_ARG(c.linear_value_head_dim >= 1 && c.linear_value_head_dim <= 256, "device 'cuda': linear_value_head_dim ",
+                 c.linear_value_head_dim, " (the decode kernel takes up to 256)");
   }
 }
 
