@@ -60,6 +60,20 @@ def make_hf_model(kind: str, out_dir: Path, seed: int = 0, **overrides):
     return model
 
 
+def first_divergence_on_near_tie(cpu_ids, gpu_ids, cpu_logits, near_tie: float) -> bool:
+    """GPU greedy tokens equal the CPU's up to the first divergence, which must sit where the CPU's
+    top-2 logits differ by less than near_tie. True when the two diverged (the rest is not compared)."""
+    import numpy as np
+
+    for i, (x, y) in enumerate(zip(cpu_ids, gpu_ids)):
+        if x != y:
+            top2 = np.sort(np.asarray(cpu_logits[i]))[-2:]
+            margin = float(top2[1] - top2[0])
+            assert margin < near_tie, f"GPU diverged at token {i} ({y} vs {x}) where the CPU margin is {margin:.4f}"
+            return True
+    return False
+
+
 def state_bytes_per_slot(model) -> int:
     """Recurrent-state bytes of one request (conv + delta-rule state of every DeltaNet layer)."""
     c = model.config

@@ -1,13 +1,11 @@
 // Elementwise gates and the MoE combine on the device (contracts in ops/ops.h).
+#include "core/activations.cuh"
 #include "core/cuda_check.h"
 #include "core/launch.cuh"
 #include "cuda_ops.h"
 
 namespace revolta::cuda {
 namespace {
-
-__device__ __forceinline__ float sigmoid(float x) { return 1.0f / (1.0f + __expf(-x)); }
-__device__ __forceinline__ float softplus(float x) { return x > 20.0f ? x : log1pf(__expf(x)); }
 
 __global__ void sigmoid_mul_kernel(float* __restrict__ x, const float* __restrict__ g, int64_t n, int64_t P, int64_t G,
                                    int64_t column) {

@@ -13,6 +13,7 @@
 // conv from the same old conv window, so none may overwrite it while another reads it: the last of
 // the group to arrive (core/arrival.cuh) writes the q / k windows back and applies the gated
 // RMSNorm to the group's output rows, which spans the column groups.
+#include "core/activations.cuh"
 #include "core/arrival.cuh"
 #include "core/cuda_check.h"
 #include "core/launch.cuh"
@@ -21,10 +22,7 @@
 namespace revolta::cuda {
 namespace {
 
-constexpr int kThreads = 256, kWarps = kThreads / 32, kMaxW = 8, kMaxDk = 256, kMaxDv = 256;
-
-__device__ __forceinline__ float silu(float x) { return x / (1.0f + __expf(-x)); }
-__device__ __forceinline__ float softplus(float x) { return x > 20.0f ? x : log1pf(__expf(x)); }
+constexpr int kThreads = 256, kWarps = kThreads / 32, kMaxW = 8, kMaxDv = 256;
 
 struct Shape {
   int Hk, Dk, Hv, Dv, W, width, C;
@@ -115,7 +113,7 @@ __global__ void __launch_bounds__(kThreads)
       if (lane == 0) scal[warp] = rsqrtf(ss + 1e-6f) * (warp == 0 ? scale : 1.0f);
     } else if (warp == 2 && lane == 0) {  // the gates of value head h
       const int first = sh.C + sh.Hv * Dv;  // b columns, then a
-      scal[2] = 1.0f / (1.0f + __expf(-row[first + h]));
+      scal[2] = sigmoid(row[first + h]);
       scal[3] = __expf(neg_a[h] * softplus(row[first + sh.Hv + h] + dt_bias[h]));
     }
     __syncthreads();

@@ -11,7 +11,7 @@ import gc
 import numpy as np
 import pytest
 
-from conftest import make_hf_model
+from conftest import first_divergence_on_near_tie, make_hf_model
 
 pytestmark = pytest.mark.gpu
 
@@ -63,13 +63,8 @@ def prompts(n, lengths=(5, 17, 64, 130, 300, 9, 33, 2)):
 def assert_greedy_match(cpu_out, gpu_out, cpu_logits):
     """Token-equal up to the first divergence, which must sit on a CPU near-tie."""
     a, b = cpu_out.outputs[0].token_ids, gpu_out.outputs[0].token_ids
-    for i, (x, y) in enumerate(zip(a, b)):
-        if x != y:
-            top2 = np.sort(np.asarray(cpu_logits[i]))[-2:]
-            margin = float(top2[1] - top2[0])
-            assert margin < NEAR_TIE, f"GPU diverged at token {i} ({y} vs {x}) where the CPU margin is {margin:.4f}"
-            return
-    assert len(a) == len(b)
+    if not first_divergence_on_near_tie(a, b, cpu_logits, NEAR_TIE):
+        assert len(a) == len(b)
 
 
 @pytest.fixture(scope="module")

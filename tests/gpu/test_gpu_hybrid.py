@@ -13,7 +13,7 @@ import gc
 import numpy as np
 import pytest
 
-from conftest import make_hf_model
+from conftest import first_divergence_on_near_tie, make_hf_model
 
 pytestmark = pytest.mark.gpu
 
@@ -76,14 +76,8 @@ def sampling(logits=False):
 
 def assert_greedy_match(cpu_out, gpu_out):
     a, b = cpu_out.outputs[0].token_ids, gpu_out.outputs[0].token_ids
-    logits = cpu_out.outputs[0].generation_logits
-    for i, (x, y) in enumerate(zip(a, b)):
-        if x != y:
-            top2 = np.sort(np.asarray(logits[i]))[-2:]
-            margin = float(top2[1] - top2[0])
-            assert margin < NEAR_TIE, f"GPU diverged at token {i} ({y} vs {x}) where the CPU margin is {margin:.4f}"
-            return
-    assert len(a) == len(b) == GEN
+    if not first_divergence_on_near_tie(a, b, cpu_out.outputs[0].generation_logits, NEAR_TIE):
+        assert len(a) == len(b) == GEN
 
 
 def test_greedy_matches_cpu(pair):
