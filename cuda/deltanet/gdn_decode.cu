@@ -45,9 +45,10 @@ __global__ void __launch_bounds__(kThreads)
   const int out_width = sh.Hv * Dv;
   __shared__ float xq[Dk], xk[Dk], xv[kCols];  // this token's conv outputs
   __shared__ float red[kWarps][kCols];
-  __shared__ float scal[4];  // 1 / |q| * scale, 1 / |k|, beta, decay
+  __shared__ float scal[2];  // 1 / |q| * scale, 1 / |k|
   // The last W - 1 inputs of the channels this block convolves: q, k of key head hk, its v columns.
   __shared__ float window[2 * Dk + kCols][kMaxW - 1];
+  __shared__ float taps[2 * Dk + kCols][kMaxW];  // their conv weights
   const int t0 = starts[s], t1 = starts[s + 1], slot = slots[s];
   if (slot < 0) {  // a padding row (every block of the group returns here): no state, zero output
     wait_for_predecessor();
@@ -72,29 +73,34 @@ __global__ void __launch_bounds__(kThreads)
     for (int c = 0; c < CPT; ++c) st[r][c] = has_col[c] ? S[size_t(warp * RPT + r) * Dv + col[c]] : 0.0f;
   for (int c = threadIdx.x; c < nch; c += kThreads) {
     const float* src = conv_state(c);
-    float v[kMaxW - 1];
+    const float* wc = conv_w + size_t(channel(c)) * sh.W;
+    float v[kMaxW - 1], wv[kMaxW];
 #pragma unroll
     for (int i = 0; i < kMaxW - 1; ++i) v[i] = i < sh.W - 1 ? src[i] : 0.0f;
 #pragma unroll
+    for (int i = 0; i < kMaxW; ++i) wv[i] = i < sh.W ? wc[i] : 0.0f;
+#pragma unroll
     for (int i = 0; i < kMaxW - 1; ++i) window[c][i] = v[i];
+#pragma unroll
+    for (int i = 0; i < kMaxW; ++i) taps[c][i] = wv[i];
   }
-  // Everything above (the batch layout, this layer's state and conv windows, last written by the
-  // previous step) was read while the input projection drained; its output is read from here on.
+  const float head_neg_a = neg_a[h], head_dt_bias = dt_bias[h];
+  // Everything above (the batch layout, this layer's weights, state and conv windows, last written
+  // by the previous step) was read while the input projection drained; its output is read from here on.
   wait_for_predecessor();
   const float scale = rsqrtf(float(Dk));
   for (int t = t0; t < t1; ++t) {
     const float* row = fused + size_t(t) * sh.width;
+    // The head's gate inputs (b, then a columns), loaded by every thread with the conv inputs.
+    const int first = sh.C + sh.Hv * Dv;
+    const float b_in = row[first + h], a_in = row[first + sh.Hv + h];
     for (int c = threadIdx.x; c < nch; c += kThreads) {  // conv + silu, window shifted
       float* win = window[c];
-      const float* wc = conv_w + size_t(channel(c)) * sh.W;
       const float xt = row[channel(c)];
-      float wv[kMaxW];
-#pragma unroll
-      for (int i = 0; i < kMaxW; ++i) wv[i] = i < sh.W ? wc[i] : 0.0f;
       float acc = 0.0f;
 #pragma unroll
       for (int i = 0; i < kMaxW; ++i)
-        if (i < sh.W) acc += wv[i] * (i == sh.W - 1 ? xt : i < kMaxW - 1 ? win[i] : 0.0f);
+        if (i < sh.W) acc += taps[c][i] * (i == sh.W - 1 ? xt : i < kMaxW - 1 ? win[i] : 0.0f);
 #pragma unroll
       for (int i = 0; i + 1 < kMaxW - 1; ++i)
         if (i + 1 < sh.W - 1) win[i] = win[i + 1];
@@ -111,13 +117,10 @@ __global__ void __launch_bounds__(kThreads)
       for (int i = lane; i < Dk; i += 32) ss += x[i] * x[i];
       for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
       if (lane == 0) scal[warp] = rsqrtf(ss + 1e-6f) * (warp == 0 ? scale : 1.0f);
-    } else if (warp == 2 && lane == 0) {  // the gates of value head h
-      const int first = sh.C + sh.Hv * Dv;  // b columns, then a
-      scal[2] = sigmoid(row[first + h]);
-      scal[3] = __expf(neg_a[h] * softplus(row[first + sh.Hv + h] + dt_bias[h]));
     }
+    const float b = sigmoid(b_in), decay = __expf(head_neg_a * softplus(a_in + head_dt_bias));
     __syncthreads();
-    const float qn = scal[0], kn = scal[1], b = scal[2], decay = scal[3];
+    const float qn = scal[0], kn = scal[1];
     float part[CPT] = {};
 #pragma unroll
     for (int r = 0; r < RPT; ++r)

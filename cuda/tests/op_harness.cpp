@@ -683,6 +683,7 @@ int main(int argc, char** argv) {
       test_linear(3, 1000, 203, dt, true);   // K not a multiple of 8: the scalar tail
       test_linear(8, 4096, 4096, dt, false);
       test_linear(1, 14336, 4096, dt, false);
+      test_linear(1, 2048, 4096, dt, true);   // an output projection (fewer rows than the four-row form wants)
       test_linear(77, 1536, 576, dt, true);  // tiled path, ragged tiles
       test_linear(512, 4096, 4096, dt, false);
       test_linear(16, 4096, 4096, dt, false);   // split-K tensor-core fragments (decode batches)
@@ -769,6 +770,7 @@ int main(int argc, char** argv) {
     test_moe_experts(3, 16, 4, 256, 96);
     test_moe_route(1, 512, 10, 2048, true);  // Qwen3-Next decode routing
     test_moe_route(3, 64, 8, 256, false);
+    test_moe_route(2, 64, 4, 4096, false);   // router rows too long to hold in registers
     test_moe_route(9, 512, 10, 256, true);   // past the fused form: linear + moe_topk
     test_moe_experts(1, 64, 10, 2048, 512);   // Qwen3-Next decode, concurrency 1 (GB/s in --perf)
     test_moe_experts(100, 16, 4, 256, 96);     // prefill: grouped by expert on the device
@@ -776,6 +778,8 @@ int main(int argc, char** argv) {
     test_moe_experts(2100, 64, 10, 256, 128);    // two slices of the grouped path
     test_moe_experts(512, 64, 10, 2048, 512);    // Qwen3-Next's expert shape in a prefill
     test_moe_experts(8, 64, 10, 2048, 512);
+    test_moe_experts(2, 64, 10, 2048, 512);   // 64-intermediate slices
+    test_moe_experts(5, 16, 4, 200, 40);      // a slice past I, hidden rows past the last full pass
     test_argmax(1, 128256);  // a Llama-3 decode step at concurrency 1
     test_argmax(3, 49152);
     test_argmax(32, 151936);
