@@ -144,7 +144,6 @@ __global__ void __launch_bounds__(kWarps * 32, 2)
     for (int r = 0; r < kDownBatch; ++r)
       if (r0 + r < steps) finish(w[r], r0 + r);
   }
-
 }
 
 struct Tail {
