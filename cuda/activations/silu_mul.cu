@@ -1,4 +1,5 @@
 // SwiGLU: out[t, i] = silu(gate_up[t, i]) * gate_up[t, I + i].
+#include "core/activations.cuh"
 #include "core/cuda_check.h"
 #include "cuda_ops.h"
 
@@ -9,7 +10,7 @@ __global__ void silu_mul_kernel(const float* __restrict__ gu, float* __restrict_
   for (int64_t idx = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; idx < rows * I; idx += int64_t(gridDim.x) * blockDim.x) {
     const int64_t r = idx / I, c = idx % I;
     const float a = gu[r * 2 * I + c], u = gu[r * 2 * I + I + c];
-    out[idx] = a / (1.0f + __expf(-a)) * u;
+    out[idx] = silu(a) * u;
   }
 }
 

@@ -18,8 +18,11 @@ __device__ __forceinline__ void load8(const float* p, float (&w)[8]) {
   w[0] = a.x, w[1] = a.y, w[2] = a.z, w[3] = a.w, w[4] = b.x, w[5] = b.y, w[6] = b.z, w[7] = b.w;
 }
 
-__device__ __forceinline__ void load8(const __half* p, float (&w)[8]) {
-  const uint4 raw = __ldg(reinterpret_cast<const uint4*>(p));
+// Eight halves as one raw 16-byte read-only load, converted only when used (unpack8 / dot8): half
+// the registers of floats, so a lane can keep twice as many loads in flight.
+__device__ __forceinline__ uint4 load_raw8(const __half* p) { return __ldg(reinterpret_cast<const uint4*>(p)); }
+
+__device__ __forceinline__ void unpack8(const uint4& raw, float (&w)[8]) {
   const __half2* h = reinterpret_cast<const __half2*>(&raw);
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
@@ -28,10 +31,10 @@ __device__ __forceinline__ void load8(const __half* p, float (&w)[8]) {
   }
 }
 
-// Eight halves as one raw 16-byte read-only load, converted only when used (dot8): half the
-// registers of floats, so a lane can keep twice as many loads in flight.
-__device__ __forceinline__ uint4 load_raw8(const __half* p) { return __ldg(reinterpret_cast<const uint4*>(p)); }
+__device__ __forceinline__ void load8(const __half* p, float (&w)[8]) { unpack8(load_raw8(p), w); }
 
+// Each half pair converted as it is used (not all eight first): the order the slice kernels were
+// measured with.
 __device__ __forceinline__ float dot8(const uint4& raw, const float (&x)[8]) {
   const __half2* h = reinterpret_cast<const __half2*>(&raw);
   float s = 0.0f;

@@ -6,6 +6,7 @@
 // memory once. Per token: decay, S^T k (column sums: per thread over its rows, then over the warps
 // through shared memory), the delta, the rank-1 update, S^T q. Batches of more than
 // kRecurrentTokens tokens take the chunked tensor-core form (gdn_chunked.cuh) where it applies.
+#include "core/activations.cuh"
 #include "core/cuda_check.h"
 #include "cuda_ops.h"
 #include "deltanet/gdn_chunked.cuh"
@@ -82,7 +83,7 @@ __global__ void __launch_bounds__(kWarps * 32) gdn_recurrent_kernel(const float*
 
 __global__ void causal_conv1d_kernel(const float* __restrict__ x, const float* __restrict__ w, float* __restrict__ states,
                                      const int32_t* __restrict__ starts, const int32_t* __restrict__ slots,
-                                     float* __restrict__ out, int C, int X, int W, bool silu) {
+                                     float* __restrict__ out, int C, int X, int W, bool with_silu) {
   const int c = blockIdx.x * blockDim.x + threadIdx.x;
   if (c >= C) return;
   const int t0 = starts[blockIdx.y], t1 = starts[blockIdx.y + 1];
@@ -101,7 +102,7 @@ __global__ void causal_conv1d_kernel(const float* __restrict__ x, const float* _
     for (int i = 0; i < W - 1; ++i) acc += wc[i] * win[i];
     for (int i = 0; i + 1 < W - 1; ++i) win[i] = win[i + 1];
     if (W > 1) win[W - 2] = xt;
-    out[size_t(t) * C + c] = silu ? acc / (1.0f + __expf(-acc)) : acc;
+    out[size_t(t) * C + c] = with_silu ? silu(acc) : acc;
   }
   for (int i = 0; i < W - 1; ++i) st[size_t(c) * (W - 1) + i] = win[i];
 }
@@ -150,7 +151,7 @@ __global__ void gated_rms_norm_kernel(const float* __restrict__ x, const float* 
   const float inv = 1.0f / sqrtf(ss / float(n) + eps);
   for (int i = threadIdx.x % 32; i < n; i += 32) {
     const float z = gate[(r * n / P) * G + column + (r * n) % P + i];
-    out[r * n + i] = w[i] * (xr[i] * inv) * (z / (1.0f + __expf(-z)));
+    out[r * n + i] = w[i] * (xr[i] * inv) * silu(z);
   }
 }
 

@@ -12,6 +12,7 @@
 #include "gemm/gemm_skinny.cuh"
 #include "gemm/gemm_tensor_core.cuh"
 
+#include "core/activations.cuh"
 #include "core/cuda_check.h"
 #include "core/element.cuh"
 #include "core/launch.cuh"
@@ -160,7 +161,7 @@ __global__ void swiglu_gemv_kernel(const float* __restrict__ x, const W* __restr
         gv += __shfl_xor_sync(0xffffffffu, gv, o);
         uv += __shfl_xor_sync(0xffffffffu, uv, o);
       }
-      if (lane == 0 && i0 + p < I) act[size_t(m) * I + i0 + p] = gv / (1.0f + __expf(-gv)) * uv;
+      if (lane == 0 && i0 + p < I) act[size_t(m) * I + i0 + p] = silu(gv) * uv;
     }
 }
 

@@ -21,6 +21,7 @@
 
 #include <algorithm>
 
+#include "core/activations.cuh"
 #include "core/cuda_check.h"
 #include "core/element.cuh"
 #include "core/launch.cuh"
@@ -115,7 +116,7 @@ __global__ void __launch_bounds__(kWarps * 32, 2)
 #pragma unroll
     for (int p = 0; p < kGroup; ++p) {
       const float gv = warp_sum(g[p]), uv = warp_sum(u[p]);
-      if (lane == 0) act[j0 + p] = i0 + j0 + p < I ? gv / (1.0f + __expf(-gv)) * uv : 0.0f;
+      if (lane == 0) act[j0 + p] = i0 + j0 + p < I ? silu(gv) * uv : 0.0f;
     }
   }
   __syncthreads();

@@ -2,6 +2,7 @@
 // rounds of a warp arg-max over the probabilities, each excluding what earlier rounds took (ties
 // to the lower expert id, as on the CPU). Up to 512 experts (Qwen3-Next) the logits stay in
 // registers; more are read again each round.
+#include "core/activations.cuh"
 #include "core/cuda_check.h"
 #include "core/element.cuh"
 #include "core/launch.cuh"
@@ -51,7 +52,7 @@ __global__ void moe_topk_kernel(const float* __restrict__ logits, int64_t T, int
   }
   if (renorm && lane == 0)
     for (int k = 0; k < K; ++k) weights[t * KS + k] /= top;
-  if (S && lane == 0) ids[t * KS + K] = E, weights[t * KS + K] = 1.0f / (1.0f + __expf(-l[E]));
+  if (S && lane == 0) ids[t * KS + K] = E, weights[t * KS + K] = sigmoid(l[E]);
 }
 
 template <int N>

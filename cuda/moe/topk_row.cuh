@@ -4,6 +4,7 @@
 
 #include <cstdint>
 
+#include "core/activations.cuh"
 #include "core/arrival.cuh"
 
 namespace revolta::cuda {
@@ -60,7 +61,7 @@ __device__ void topk_registers_row(const float* l, int E, int K, int S, bool ren
     for (int k = 0; k < K; ++k) weights[k] /= top;
   if (S && lane == 0) {
     const float gate = kFromL2 ? load_l2(l + E) : l[E];
-    ids[K] = E, weights[K] = 1.0f / (1.0f + __expf(-gate));
+    ids[K] = E, weights[K] = sigmoid(gate);
   }
 }
 
