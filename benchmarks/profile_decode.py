@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import tempfile
 import time
 from pathlib import Path
@@ -25,6 +26,9 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=16, help="decode steps profiled")
     ap.add_argument("--concurrency", type=int, default=1, help="sequences decoded together")
     ap.add_argument("--eager", action="store_true", help="no decode graphs")
+    ap.add_argument("--timeline", action="store_true",
+                    help="also print one decode step kernel by kernel: start, duration and how far each moved "
+                         "the step's end (with dependent launch kernels overlap, so durations alone mislead)")
     args = ap.parse_args()
 
     import torch
@@ -58,7 +62,33 @@ def main() -> None:
         llm.generate(prompt, sp)
     torch.cuda.synchronize()
     print(p.key_averages().table(sort_by="cuda_time_total", row_limit=40, max_name_column_width=80))
+    if args.timeline:
+        print_timeline(p)
     llm.shutdown()
+
+
+def print_timeline(p) -> None:
+    """The second-to-last decode step (the kernels after one greedy argmax up to the next), each
+    kernel with its start and end relative to the step's first kernel and its marginal time (its end
+    minus the latest end before it): the step's critical path, kernel by kernel."""
+    from torch.autograd import DeviceType
+
+    kernels = sorted(((e.time_range.start, e.time_range.end, e.name) for e in p.events()
+                      if e.device_type == DeviceType.CUDA and "memcpy" not in e.name.lower()
+                      and "memset" not in e.name.lower()), key=lambda k: k[0])
+    ends = [i for i, k in enumerate(kernels) if "argmax_merge" in k[2]]  # the last kernel of a greedy step
+    if len(ends) < 3:
+        print("timeline: fewer than three greedy steps found")
+        return
+    first, last = ends[-3] + 1, ends[-2]
+    t0, latest = kernels[first][0], kernels[first][0]
+    print(f"timeline of one decode step ({last - first + 1} kernels, {kernels[last][1] - t0:.1f} us):")
+    print(f"{'start':>8} {'dur':>7} {'end':>8} {'marginal':>8}  kernel")
+    for s, e, name in kernels[first:last + 1]:
+        name = re.sub(r"^void |\(anonymous namespace\)::|revolta::cuda::", "", name)
+        short = re.sub(r"\(.*", "", name)[:70]
+        print(f"{s - t0:8.1f} {e - s:7.1f} {e - t0:8.1f} {max(0.0, e - latest):8.1f}  {short}")
+        latest = max(latest, e)
 
 
 if __name__ == "__main__":

@@ -21,6 +21,12 @@ __device__ __forceinline__ float load_l2(const float* p) {
   return v;
 }
 
+__device__ __forceinline__ float4 load_l2(const float4* p) {
+  float4 v;
+  asm volatile("ld.global.cg.v4.f32 {%0, %1, %2, %3}, [%4];" : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w) : "l"(p));
+  return v;
+}
+
 // True in the block that arrives last of `total` on `counter` (after every block's writes are
 // visible device-wide); that block also re-arms the counter. Every thread of every block calls it.
 __device__ inline bool last_to_arrive(int* counter, int total) {

@@ -8,6 +8,7 @@
 #include <cuda_fp16.h>
 
 #include <algorithm>
+#include <type_traits>
 
 #include "gemm/gemm_skinny.cuh"
 #include "gemm/gemm_tensor_core.cuh"
@@ -203,34 +204,49 @@ __global__ void gemm_kernel(const float* __restrict__ x, const W* __restrict__ w
     }
 }
 
+// The GEMV for M <= 8 rows.
+template <typename W>
+void gemv(const float* xp, const W* w, const float* bias, float* op, int M, int N, int K) {
+  auto launch = [&](auto kernel, int rows_per_warp) {
+    const int per_block = kWarpsPerBlock * rows_per_warp;
+    launch_dependent(kernel, dim3(unsigned((N + per_block - 1) / per_block)), dim3(32 * kWarpsPerBlock), 0, xp, w, bias, op,
+                     N, K);
+  };
+  switch (M) {
+    case 1:  // four rows per warp share x loads, but only when that still leaves >= 4 blocks per SM;
+             // otherwise a row per warp with 8 loads per lane in flight (few warps: latency bound)
+      if (N >= 4 * kWarpsPerBlock * 4 * sm_count()) launch(gemv_kernel<W, 1, 4, 1>, 4);
+      else launch(gemv_kernel<W, 1, 1, 8>, 1);
+      break;
+    case 2: launch(gemv_kernel<W, 2, 2, 2>, 2); break;
+    case 3: launch(gemv_kernel<W, 3, 2, 2>, 2); break;
+    case 4: launch(gemv_kernel<W, 4, 4, 1>, 4); break;
+    case 5: launch(gemv_kernel<W, 5, 4, 1>, 4); break;
+    case 6: launch(gemv_kernel<W, 6, 4, 1>, 4); break;
+    case 7: launch(gemv_kernel<W, 7, 4, 1>, 4); break;
+    default: launch(gemv_kernel<W, 8, 4, 1>, 4); break;
+  }
+}
+
+// f32 weights have no tensor-core path; up to kChunkedRows rows they take the GEMV eight rows at a
+// time (reading the weights M / 8 times) rather than the SIMT tiles, whose grid is N / 64 blocks at
+// such M: the MoE router (N = 513) of a 16-token decode batch took 247 us a layer on the H200 that
+// way, against a few us as GEMVs.
+constexpr int kChunkedRows = 64;
+
 template <typename W>
 void run(const Tensor& x, const W* w, const float* bias, Tensor& out, int M, int N, int K) {
+  const float* xp = x.ptr<float>();
+  float* op = out.ptr<float>();
   if (M <= 8) {
-    const float* xp = x.ptr<float>();
-    float* op = out.ptr<float>();
-    auto launch = [&](auto kernel, int rows_per_warp) {
-      const int per_block = kWarpsPerBlock * rows_per_warp;
-      launch_dependent(kernel, dim3(unsigned((N + per_block - 1) / per_block)), dim3(32 * kWarpsPerBlock), 0, xp, w, bias, op,
-                       N, K);
-    };
-    switch (M) {
-      case 1:  // four rows per warp share x loads, but only when that still leaves >= 4 blocks per SM;
-               // otherwise a row per warp with 8 loads per lane in flight (few warps: latency bound)
-        if (N >= 4 * kWarpsPerBlock * 4 * sm_count()) launch(gemv_kernel<W, 1, 4, 1>, 4);
-        else launch(gemv_kernel<W, 1, 1, 8>, 1);
-        break;
-      case 2: launch(gemv_kernel<W, 2, 2, 2>, 2); break;
-      case 3: launch(gemv_kernel<W, 3, 2, 2>, 2); break;
-      case 4: launch(gemv_kernel<W, 4, 4, 1>, 4); break;
-      case 5: launch(gemv_kernel<W, 5, 4, 1>, 4); break;
-      case 6: launch(gemv_kernel<W, 6, 4, 1>, 4); break;
-      case 7: launch(gemv_kernel<W, 7, 4, 1>, 4); break;
-      default: launch(gemv_kernel<W, 8, 4, 1>, 4); break;
+    gemv(xp, w, bias, op, M, N, K);
+  } else if (!skinny_gemm(xp, w, bias, op, M, N, K) && !tensor_core_gemm(xp, w, bias, op, M, N, K)) {
+    if (std::is_same<W, float>::value && M <= kChunkedRows) {
+      for (int m0 = 0; m0 < M; m0 += 8) gemv(xp + size_t(m0) * K, w, bias, op + size_t(m0) * N, std::min(8, M - m0), N, K);
+    } else {
+      dim3 grid(unsigned((N + kTile - 1) / kTile), unsigned((M + kTile - 1) / kTile));
+      gemm_kernel<W><<<grid, 256, 0, stream()>>>(xp, w, bias, op, M, N, K);
     }
-  } else if (!skinny_gemm(x.ptr<float>(), w, bias, out.ptr<float>(), M, N, K) &&
-             !tensor_core_gemm(x.ptr<float>(), w, bias, out.ptr<float>(), M, N, K)) {
-    dim3 grid(unsigned((N + kTile - 1) / kTile), unsigned((M + kTile - 1) / kTile));
-    gemm_kernel<W><<<grid, 256, 0, stream()>>>(x.ptr<float>(), w, bias, out.ptr<float>(), M, N, K);
   }
   RV_CUDA_CHECK(cudaGetLastError());
 }

@@ -177,7 +177,8 @@ __global__ void __launch_bounds__(kWarps * 32)
 #pragma unroll
     for (int b = 0; b < kBatch; ++b) {
       const int row = r + b * kCombineGroups;
-      v[b] = row < parts ? __ldg(reinterpret_cast<const float4*>(rows + size_t(row) * H)) : float4{0.0f, 0.0f, 0.0f, 0.0f};
+      // L2 loads: the slice kernel wrote these rows (the read-only path is for data no kernel writes)
+      v[b] = row < parts ? load_l2(reinterpret_cast<const float4*>(rows + size_t(row) * H)) : float4{0.0f, 0.0f, 0.0f, 0.0f};
     }
 #pragma unroll
     for (int b = 0; b < kBatch; ++b) acc.x += v[b].x, acc.y += v[b].y, acc.z += v[b].z, acc.w += v[b].w;

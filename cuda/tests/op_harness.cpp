@@ -697,6 +697,8 @@ int main(int argc, char** argv) {
         test_linear(m, 1003, 1032, dt, m == 3);
     }
     test_linear(2048, 4096, 4096, DType::kF16, false);  // prefill-sized (TFLOP/s in --perf)
+    for (int64_t m : {16, 32, 61})  // an f32 router (E + 1 rows) at decode batches past 8: GEMVs 8 rows at a time
+      test_linear(m, 513, 2048, DType::kF32, false);
     test_paged_attention({{0, 1}}, 4, 4, 64, 16);                           // first decode token
     test_paged_attention({{100, 1}, {0, 37}, {250, 5}, {3000, 1}}, 32, 8, 128, 16);  // mixed, GQA 4
     test_paged_attention({{17, 1}, {64, 64}}, 9, 3, 64, 32);                // SmolLM2 heads, MQA-ish groups
@@ -772,6 +774,7 @@ int main(int argc, char** argv) {
     test_moe_route(3, 64, 8, 256, false);
     test_moe_route(2, 64, 4, 4096, false);   // router rows too long to hold in registers
     test_moe_route(9, 512, 10, 256, true);   // past the fused form: linear + moe_topk
+    test_moe_route(16, 512, 10, 2048, true);  // Qwen3-Next routing at concurrency 16
     test_moe_experts(1, 64, 10, 2048, 512);   // Qwen3-Next decode, concurrency 1 (GB/s in --perf)
     test_moe_experts(100, 16, 4, 256, 96);     // prefill: grouped by expert on the device
     test_moe_experts(300, 64, 10, 512, 128);
