@@ -684,6 +684,7 @@ int main(int argc, char** argv) {
       test_linear(8, 4096, 4096, dt, false);
       test_linear(1, 14336, 4096, dt, false);
       test_linear(1, 2048, 4096, dt, true);   // an output projection (fewer rows than the four-row form wants)
+      test_linear(1, 12352, 2048, dt, false);  // Qwen3-Next's DeltaNet input projection
       test_linear(77, 1536, 576, dt, true);  // tiled path, ragged tiles
       test_linear(512, 4096, 4096, dt, false);
       test_linear(16, 4096, 4096, dt, false);   // split-K tensor-core fragments (decode batches)
