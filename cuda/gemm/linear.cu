@@ -30,9 +30,13 @@ constexpr int kWarpsPerBlock = 4;
 // be re-read per weight row: at M = 8 that traffic exceeds the weights'); U steps of 8 elements per
 // lane are loaded before any is used, so U x R 16-byte loads per lane are in flight. One row
 // group per warp (a persistent grid striding over them measured slower at M = 1).
-template <typename W, int M, int R, int U>
+template <typename W, int M, int R, int U, bool kChunks = false>  // kChunks: grid.y takes chunks of M rows
 __global__ void gemv_kernel(const float* __restrict__ x, const W* __restrict__ w, const float* __restrict__ bias,
                             float* __restrict__ out, int N, int K) {
+  if (kChunks) {  // f32 weights past 8 rows (see run()); the other forms keep their code as it was
+    x += size_t(blockIdx.y) * M * K;
+    out += size_t(blockIdx.y) * M * N;
+  }
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int n0 = (blockIdx.x * kWarpsPerBlock + warp) * R;
   if (n0 >= N) {
@@ -204,14 +208,18 @@ __global__ void gemm_kernel(const float* __restrict__ x, const W* __restrict__ w
     }
 }
 
-// The GEMV for M <= 8 rows.
+// The GEMV for M <= 8 rows, or for `chunks` consecutive blocks of M rows in one launch.
 template <typename W>
-void gemv(const float* xp, const W* w, const float* bias, float* op, int M, int N, int K) {
+void gemv(const float* xp, const W* w, const float* bias, float* op, int M, int N, int K, int chunks = 1) {
   auto launch = [&](auto kernel, int rows_per_warp) {
     const int per_block = kWarpsPerBlock * rows_per_warp;
-    launch_dependent(kernel, dim3(unsigned((N + per_block - 1) / per_block)), dim3(32 * kWarpsPerBlock), 0, xp, w, bias, op,
-                     N, K);
+    launch_dependent(kernel, dim3(unsigned((N + per_block - 1) / per_block), unsigned(chunks)), dim3(32 * kWarpsPerBlock), 0,
+                     xp, w, bias, op, N, K);
   };
+  if (chunks > 1) {  // M == 8
+    launch(gemv_kernel<W, 8, 4, 1, true>, 4);
+    return;
+  }
   switch (M) {
     case 1:  // four rows per warp share x loads, but only when that still leaves >= 4 blocks per SM;
              // otherwise a row per warp with 8 loads per lane in flight (few warps: latency bound)
@@ -229,9 +237,9 @@ void gemv(const float* xp, const W* w, const float* bias, float* op, int M, int 
 }
 
 // f32 weights have no tensor-core path; up to kChunkedRows rows they take the GEMV eight rows at a
-// time (reading the weights M / 8 times) rather than the SIMT tiles, whose grid is N / 64 blocks at
-// such M: the MoE router (N = 513) of a 16-token decode batch took 247 us a layer on the H200 that
-// way, against a few us as GEMVs.
+// time (the chunks side by side in one launch, each reading the weights) rather than the SIMT
+// tiles, whose grid is N / 64 blocks at such M: the MoE router (N = 513) of a 16-token decode batch
+// took 247 us a layer on the H200 that way, against a few us as GEMVs.
 constexpr int kChunkedRows = 64;
 
 template <typename W>
@@ -242,7 +250,9 @@ void run(const Tensor& x, const W* w, const float* bias, Tensor& out, int M, int
     gemv(xp, w, bias, op, M, N, K);
   } else if (!skinny_gemm(xp, w, bias, op, M, N, K) && !tensor_core_gemm(xp, w, bias, op, M, N, K)) {
     if (std::is_same<W, float>::value && M <= kChunkedRows) {
-      for (int m0 = 0; m0 < M; m0 += 8) gemv(xp + size_t(m0) * K, w, bias, op + size_t(m0) * N, std::min(8, M - m0), N, K);
+      const int full = M / 8, rest = M % 8;
+      gemv(xp, w, bias, op, 8, N, K, full);
+      if (rest) gemv(xp + size_t(full) * 8 * K, w, bias, op + size_t(full) * 8 * N, rest, N, K);
     } else {
       dim3 grid(unsigned((N + kTile - 1) / kTile), unsigned((M + kTile - 1) / kTile));
       gemm_kernel<W><<<grid, 256, 0, stream()>>>(xp, w, bias, op, M, N, K);
