@@ -8,7 +8,6 @@
 #include <cuda_fp16.h>
 
 #include <algorithm>
-#include <type_traits>
 
 #include "gemm/gemm_skinny.cuh"
 #include "gemm/gemm_tensor_core.cuh"
@@ -33,7 +32,7 @@ constexpr int kWarpsPerBlock = 4;
 template <typename W, int M, int R, int U, bool kChunks = false>  // kChunks: grid.y takes chunks of M rows
 __global__ void gemv_kernel(const float* __restrict__ x, const W* __restrict__ w, const float* __restrict__ bias,
                             float* __restrict__ out, int N, int K) {
-  if (kChunks) {  // f32 weights past 8 rows (see run()); the other forms keep their code as it was
+  if (kChunks) {  // f32 weights past 8 rows (gemv_chunks); the other forms keep their code as it was
     x += size_t(blockIdx.y) * M * K;
     out += size_t(blockIdx.y) * M * N;
   }
@@ -208,18 +207,14 @@ __global__ void gemm_kernel(const float* __restrict__ x, const W* __restrict__ w
     }
 }
 
-// The GEMV for M <= 8 rows, or for `chunks` consecutive blocks of M rows in one launch.
+// The GEMV for M <= 8 rows.
 template <typename W>
-void gemv(const float* xp, const W* w, const float* bias, float* op, int M, int N, int K, int chunks = 1) {
+void gemv(const float* xp, const W* w, const float* bias, float* op, int M, int N, int K) {
   auto launch = [&](auto kernel, int rows_per_warp) {
     const int per_block = kWarpsPerBlock * rows_per_warp;
-    launch_dependent(kernel, dim3(unsigned((N + per_block - 1) / per_block), unsigned(chunks)), dim3(32 * kWarpsPerBlock), 0,
-                     xp, w, bias, op, N, K);
+    launch_dependent(kernel, dim3(unsigned((N + per_block - 1) / per_block)), dim3(32 * kWarpsPerBlock), 0, xp, w, bias, op,
+                     N, K);
   };
-  if (chunks > 1) {  // M == 8
-    launch(gemv_kernel<W, 8, 4, 1, true>, 4);
-    return;
-  }
   switch (M) {
     case 1:  // four rows per warp share x loads, but only when that still leaves >= 4 blocks per SM;
              // otherwise a row per warp with 8 loads per lane in flight (few warps: latency bound)
@@ -242,21 +237,28 @@ void gemv(const float* xp, const W* w, const float* bias, float* op, int M, int 
 // took 247 us a layer on the H200 that way, against a few us as GEMVs.
 constexpr int kChunkedRows = 64;
 
+// Runs when it applies (f32 weights, M <= kChunkedRows); else false, like skinny_gemm.
+bool gemv_chunks(const float* xp, const float* w, const float* bias, float* op, int M, int N, int K) {
+  if (M > kChunkedRows) return false;
+  const int full = M / 8, rest = M % 8, per_block = kWarpsPerBlock * 4;
+  launch_dependent(gemv_kernel<float, 8, 4, 1, true>, dim3(unsigned((N + per_block - 1) / per_block), unsigned(full)),
+                   dim3(32 * kWarpsPerBlock), 0, xp, w, bias, op, N, K);
+  if (rest) gemv(xp + size_t(full) * 8 * K, w, bias, op + size_t(full) * 8 * N, rest, N, K);
+  return true;
+}
+
+bool gemv_chunks(const float*, const __half*, const float*, float*, int, int, int) { return false; }  // f16: skinny_gemm
+
 template <typename W>
 void run(const Tensor& x, const W* w, const float* bias, Tensor& out, int M, int N, int K) {
   const float* xp = x.ptr<float>();
   float* op = out.ptr<float>();
   if (M <= 8) {
     gemv(xp, w, bias, op, M, N, K);
-  } else if (!skinny_gemm(xp, w, bias, op, M, N, K) && !tensor_core_gemm(xp, w, bias, op, M, N, K)) {
-    if (std::is_same<W, float>::value && M <= kChunkedRows) {
-      const int full = M / 8, rest = M % 8;
-      gemv(xp, w, bias, op, 8, N, K, full);
-      if (rest) gemv(xp + size_t(full) * 8 * K, w, bias, op + size_t(full) * 8 * N, rest, N, K);
-    } else {
-      dim3 grid(unsigned((N + kTile - 1) / kTile), unsigned((M + kTile - 1) / kTile));
-      gemm_kernel<W><<<grid, 256, 0, stream()>>>(xp, w, bias, op, M, N, K);
-    }
+  } else if (!skinny_gemm(xp, w, bias, op, M, N, K) && !tensor_core_gemm(xp, w, bias, op, M, N, K) &&
+             !gemv_chunks(xp, w, bias, op, M, N, K)) {
+    dim3 grid(unsigned((N + kTile - 1) / kTile), unsigned((M + kTile - 1) / kTile));
+    gemm_kernel<W><<<grid, 256, 0, stream()>>>(xp, w, bias, op, M, N, K);
   }
   RV_CUDA_CHECK(cudaGetLastError());
 }
