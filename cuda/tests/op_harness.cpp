@@ -1,6 +1,7 @@
 // The GPU op harness: every CUDA op against its CPU implementation on random cases (shapes that
 // cross block and warp edges), with a tolerance per case. `--perf` also times each case and prints
-// the achieved bandwidth. Prints "N passed, M failed"; exits non-zero on any failure.
+// the achieved bandwidth; `--perf=TEXT` times only the cases whose name contains TEXT. Prints
+// "N passed, M failed"; exits non-zero on any failure.
 //
 // A C++ executable (not Python) so that the SM70-lane build can run it on a GPU machine as is.
 #include <algorithm>
@@ -23,6 +24,7 @@ namespace {
 
 int g_passed = 0, g_failed = 0;
 bool g_perf = false;
+std::string g_perf_only;  // --perf=SUBSTRING times only the cases whose name contains it
 std::mt19937 g_rng(1234);
 
 Tensor random_tensor(std::vector<int64_t> shape, DType dt = DType::kF32, float scale = 1.0f) {
@@ -54,7 +56,7 @@ void report(const std::string& name, float err, float tol) {
 }
 
 void perf(const std::string& name, double bytes, const std::function<void()>& run, double flops = 0.0) {
-  if (!g_perf) return;
+  if (!g_perf || name.find(g_perf_only) == std::string::npos) return;
   run();
   cuda::synchronize();
   const int reps = 50;
@@ -663,7 +665,10 @@ void test_argmax(int64_t R, int64_t V) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  for (int i = 1; i < argc; ++i) g_perf |= std::strcmp(argv[i], "--perf") == 0;
+  for (int i = 1; i < argc; ++i) {
+    g_perf |= std::strcmp(argv[i], "--perf") == 0;
+    if (std::strncmp(argv[i], "--perf=", 7) == 0) g_perf = true, g_perf_only = argv[i] + 7;
+  }
   try {
     std::printf("device: %s\n", cuda::device_name().c_str());
     if (g_perf) std::printf("device-to-device copy bandwidth: %.0f GB/s (read + write)\n", cuda::measure_copy_bandwidth(size_t(1) << 30) / 1e9);
@@ -698,6 +703,13 @@ int main(int argc, char** argv) {
         test_linear(m, 1003, 1032, dt, m == 3);
     }
     test_linear(2048, 4096, 4096, DType::kF16, false);  // prefill-sized (TFLOP/s in --perf)
+    // Decode GEMVs of f16 weights: a ragged last row block with bias, fewer rows than warps on the
+    // device, 2..4 rows, and an lm_head-sized N.
+    test_linear(1, 1003, 1024, DType::kF16, true);
+    test_linear(3, 40, 1536, DType::kF16, false);
+    test_linear(4, 1000, 512, DType::kF16, true);
+    test_linear(2, 2048, 4096, DType::kF16, false);
+    test_linear(1, 32000, 2048, DType::kF16, false);
     for (int64_t m : {16, 32, 61})  // an f32 router (E + 1 rows) at decode batches past 8: GEMVs 8 rows at a time
       test_linear(m, 513, 2048, DType::kF32, false);
     test_paged_attention({{0, 1}}, 4, 4, 64, 16);                           // first decode token
