@@ -162,6 +162,10 @@ __global__ void __launch_bounds__(kThreads)
         }
   }
   let_successor_launch();  // what is left are stores and the group's norm
+  // The group's last block reads only the outputs above: the arrival's fence waits for those
+  // stores alone, and the state and window stores go out after it (the next step reads them once
+  // this kernel has completed).
+  const bool last = last_to_arrive(counters + size_t(s) * sh.Hk + hk, R * groups);
 #pragma unroll
   for (int r = 0; r < RPT; ++r)
 #pragma unroll
@@ -172,8 +176,7 @@ __global__ void __launch_bounds__(kThreads)
       for (int i = 0; i < sh.W - 1; ++i) conv_state(c)[i] = window[c][i];
   };
   store_windows(2 * Dk, nch);  // this block's own v channels
-
-  if (!last_to_arrive(counters + size_t(s) * sh.Hk + hk, R * groups)) return;
+  if (!last) return;
   store_windows(0, 2 * Dk);  // nobody reads the old q / k windows any more
   // Gated RMSNorm of the group's rows (R value heads x tokens), a warp per row; a row's loads
   // (Dv <= kMaxDv) are all issued before any is used.
