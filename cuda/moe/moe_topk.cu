@@ -1,7 +1,8 @@
-// MoE routing on the device: one warp per token; softmax statistics over the experts, then K
-// rounds of a warp arg-max over the probabilities, each excluding what earlier rounds took (ties
-// to the lower expert id, as on the CPU). Up to 512 experts (Qwen3-Next) the logits stay in
-// registers; more are read again each round.
+// MoE routing on the device: one warp per token; softmax statistics over the experts, then the K
+// largest (ties to the lower expert id, as on the CPU). Up to 512 experts (Qwen3-Next) the logits
+// stay in registers and a threshold picks the few candidates to rank (topk_row.cuh); more experts
+// take K rounds of a warp arg-max, each excluding what earlier rounds took and reading the logits
+// again.
 #include "core/activations.cuh"
 #include "core/cuda_check.h"
 #include "core/element.cuh"

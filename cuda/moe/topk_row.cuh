@@ -9,13 +9,76 @@
 
 namespace revolta::cuda {
 
-// Up to 32 x N experts: each lane keeps its logits in registers and a mask of what earlier rounds
-// took, so the K rounds do not re-read memory (at decode sizes the rounds are the cost). A warp
-// routes one token into its ids / weights row (K routed slots, then the shared expert's when S);
-// kFromL2 reads logits other blocks of the same kernel wrote.
+// The K largest of a warp's register-held logits (lane l, slot i: expert l + 32 i; -inf past E)
+// by a threshold instead of K rounds of warp arg-max: the K-th largest lane maximum tau bounds the
+// K-th largest logit from below (K lanes hold a value >= tau), so the top K are among the values
+// >= tau, which are few; each of those is ranked against the others by (value desc, id asc), the
+// order of the rounds. Writes win_v / win_i [K] in rank order and returns true; false (nothing
+// written) when K > 32, the warp is past kThresholdWarps, or more than kCandidates values tie or
+// cluster above tau, where the rounds take over.
+constexpr int kThresholdWarps = 8, kCandidates = 64;
+
+template <int N>
+__device__ bool topk_threshold(const float (&v)[N], int K, float* win_v, int* win_i) {
+  __shared__ float cand_v[kThresholdWarps][kCandidates + 1];
+  __shared__ int cand_i[kThresholdWarps][kCandidates + 1];
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  if (K > 32 || warp >= kThresholdWarps) return false;
+  float lane_max = v[0];
+#pragma unroll
+  for (int i = 1; i < N; ++i) lane_max = fmaxf(lane_max, v[i]);
+  int rank = 0;  // of this lane's maximum among the lanes'
+#pragma unroll 4
+  for (int j = 0; j < 32; ++j) {  // partly unrolled: it runs once a step, and shorter code measured faster
+    const float o = __shfl_sync(0xffffffffu, lane_max, j);
+    rank += o > lane_max || (o == lane_max && j < lane);
+  }
+  const unsigned at = __ballot_sync(0xffffffffu, rank == K - 1);
+  const float tau = __shfl_sync(0xffffffffu, lane_max, __ffs(at) - 1);
+  int mine = 0;
+#pragma unroll
+  for (int i = 0; i < N; ++i) mine += v[i] >= tau;
+  int upto = mine;  // inclusive prefix over the lanes
+#pragma unroll
+  for (int o = 1; o < 32; o <<= 1) {
+    const int t = __shfl_up_sync(0xffffffffu, upto, o);
+    if (lane >= o) upto += t;
+  }
+  const int total = __shfl_sync(0xffffffffu, upto, 31);
+  if (total > kCandidates) return false;
+  int pos = upto - mine;
+#pragma unroll
+  for (int i = 0; i < N; ++i) {  // branch-free: what is not a candidate goes to the spare slot
+    const bool take = v[i] >= tau;
+    const int slot = take ? pos : kCandidates;
+    cand_v[warp][slot] = v[i], cand_i[warp][slot] = lane + 32 * i;
+    pos += take;
+  }
+  __syncwarp();
+  for (int c = lane; c < total; c += 32) {
+    const float cv = cand_v[warp][c];
+    const int ci = cand_i[warp][c];
+    int r = 0;
+#pragma unroll 2
+    for (int q = 0; q < total; ++q) {
+      const float ov = cand_v[warp][q];
+      r += ov > cv || (ov == cv && cand_i[warp][q] < ci);
+    }
+    if (r < K) win_v[r] = cv, win_i[r] = ci;
+  }
+  __syncwarp();
+  return true;
+}
+
+// Up to 32 x N experts: each lane keeps its logits in registers (at decode sizes the selection,
+// not the memory, is the cost). A warp routes one token into its ids / weights row (K routed
+// slots, then the shared expert's when S); kFromL2 reads logits other blocks of the same kernel
+// wrote.
 template <int N, bool kFromL2 = false>
 __device__ void topk_registers_row(const float* l, int E, int K, int S, bool renorm, int32_t* ids, float* weights) {
-  const int lane = threadIdx.x % 32;
+  __shared__ float win_v[kThresholdWarps][32];
+  __shared__ int win_i[kThresholdWarps][32];
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   float v[N];
   float mx = -INFINITY;
 #pragma unroll
@@ -34,31 +97,37 @@ __device__ void topk_registers_row(const float* l, int E, int K, int S, bool ren
   for (int i = 0; i < N; ++i)
     if (lane + 32 * i < E) sum += __expf(v[i] - mx);
   for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
-  uint32_t taken = 0;  // bit i: expert lane + 32 i was picked (or does not exist)
-#pragma unroll
-  for (int i = 0; i < N; ++i)
-    if (lane + 32 * i >= E) taken |= 1u << i;
   float top = 0.0f;
-  for (int k = 0; k < K; ++k) {
-    float bv = -INFINITY;
-    int bi = 0x7fffffff;
-#pragma unroll
-    for (int i = 0; i < N; ++i)  // this lane's candidates rise in id: ties keep the first
-      if (!(taken >> i & 1u) && (bi == 0x7fffffff || v[i] > bv)) bv = v[i], bi = lane + 32 * i;
-    for (int o = 16; o > 0; o >>= 1) {
-      const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
-      const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
-      if (ov > bv || (ov == bv && oi < bi)) bv = ov, bi = oi;
-    }
+  if (topk_threshold<N>(v, K, win_v[warp % kThresholdWarps], win_i[warp % kThresholdWarps])) {
+    const float p = lane < K ? __expf(win_v[warp][lane] - mx) / sum : 0.0f;
+    for (int k = 0; k < K; ++k) top += __shfl_sync(0xffffffffu, p, k);  // in slot order, as the rounds add
+    if (lane < K) ids[lane] = win_i[warp][lane], weights[lane] = renorm ? p / top : p;
+  } else {
+    uint32_t taken = 0;  // bit i: expert lane + 32 i was picked (or does not exist)
 #pragma unroll
     for (int i = 0; i < N; ++i)
-      if (lane + 32 * i == bi) taken |= 1u << i;
-    const float p = __expf(bv - mx) / sum;
-    if (lane == 0) ids[k] = bi, weights[k] = p;
-    top += p;
+      if (lane + 32 * i >= E) taken |= 1u << i;
+    for (int k = 0; k < K; ++k) {
+      float bv = -INFINITY;
+      int bi = 0x7fffffff;
+#pragma unroll
+      for (int i = 0; i < N; ++i)  // this lane's candidates rise in id: ties keep the first
+        if (!(taken >> i & 1u) && (bi == 0x7fffffff || v[i] > bv)) bv = v[i], bi = lane + 32 * i;
+      for (int o = 16; o > 0; o >>= 1) {
+        const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
+        const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
+        if (ov > bv || (ov == bv && oi < bi)) bv = ov, bi = oi;
+      }
+#pragma unroll
+      for (int i = 0; i < N; ++i)
+        if (lane + 32 * i == bi) taken |= 1u << i;
+      const float p = __expf(bv - mx) / sum;
+      if (lane == 0) ids[k] = bi, weights[k] = p;
+      top += p;
+    }
+    if (renorm && lane == 0)
+      for (int k = 0; k < K; ++k) weights[k] /= top;
   }
-  if (renorm && lane == 0)
-    for (int k = 0; k < K; ++k) weights[k] /= top;
   if (S && lane == 0) {
     const float gate = kFromL2 ? load_l2(l + E) : l[E];
     ids[K] = E, weights[K] = sigmoid(gate);

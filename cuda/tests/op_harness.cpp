@@ -554,6 +554,10 @@ void test_moe_topk(int64_t T, int64_t E, int64_t K, bool renorm, bool shared = f
   const int64_t S = shared ? 1 : 0;
   Tensor logits = random_tensor({T, E + S}, DType::kF32, 2.0f);
   logits.ptr<float>()[3] = logits.ptr<float>()[5] = 9.0f;  // a tie at the top of token 0
+  float* row1 = logits.ptr<float>() + (E + S);
+  if (T > 1) std::fill(row1, row1 + E, 0.5f);  // token 1: every logit ties (the rounds take over)
+  if (T > 2)  // token 2: 40 experts tie above the rest (ranked by id among the threshold's candidates)
+    for (int64_t e = 0; e < 40; ++e) row1[(E + S) + (e * 7) % E] = 6.0f;
   Tensor ids = Tensor::empty({T, K + S}, DType::kI32), w = Tensor::empty({T, K + S}, DType::kF32);
   ops::cpu::moe_topk(logits, E, renorm, ids, w);
   Tensor dids = Tensor::empty({T, K + S}, DType::kI32, Device::kCUDA), dw = Tensor::empty({T, K + S}, DType::kF32, Device::kCUDA);
