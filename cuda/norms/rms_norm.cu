@@ -1,4 +1,5 @@
 // RMSNorm, plain and with the residual add fused in: one block per row, fp32 throughout.
+#include "core/block_sum.cuh"
 #include "core/cuda_check.h"
 #include "core/launch.cuh"
 #include "cuda_ops.h"
@@ -7,20 +8,6 @@ namespace revolta::cuda {
 namespace {
 
 constexpr int kThreads = 512;
-
-__device__ float block_sum(float v) {
-  __shared__ float warp_sums[kThreads / 32];
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-  if ((threadIdx.x & 31) == 0) warp_sums[threadIdx.x >> 5] = v;
-  __syncthreads();
-  v = threadIdx.x < kThreads / 32 ? warp_sums[threadIdx.x] : 0.0f;
-  if (threadIdx.x < 32)
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-  __shared__ float total;
-  if (threadIdx.x == 0) total = v;
-  __syncthreads();
-  return total;
-}
 
 // residual may be null (plain norm); otherwise residual += x first and the sum is normalised.
 // A row of up to kThreads * kPer values stays in registers: every load of the row is issued
@@ -46,7 +33,9 @@ __global__ void __launch_bounds__(kThreads) rms_norm_kernel(const float* x, floa
     if (rr && i < n) rr[i] = v[k];
     ss += v[k] * v[k];
   }
-  const float inv = rsqrtf(block_sum(ss) / float(n) + eps);
+  __shared__ float sums[32];
+  __shared__ float total;
+  const float inv = rsqrtf(block_sum(ss, sums, total) / float(n) + eps);
 #pragma unroll
   for (int k = 0; k < kPer; ++k) {
     const int i = threadIdx.x + k * kThreads;
@@ -70,7 +59,9 @@ __global__ void rms_norm_long_kernel(const float* x, float* residual, const floa
     }
     ss += v * v;
   }
-  const float inv = rsqrtf(block_sum(ss) / float(n) + eps);
+  __shared__ float sums[32];
+  __shared__ float total;
+  const float inv = rsqrtf(block_sum(ss, sums, total) / float(n) + eps);
   const float* src = rr ? rr : xr;
   for (int i = threadIdx.x; i < n; i += kThreads) out[row * n + i] = w[i] * (src[i] * inv);
 }
