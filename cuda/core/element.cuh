@@ -33,6 +33,30 @@ __device__ __forceinline__ void unpack8(const uint4& raw, float (&w)[8]) {
 
 __device__ __forceinline__ void load8(const __half* p, float (&w)[8]) { unpack8(load_raw8(p), w); }
 
+// Weight rows are read once a step: streaming loads (evict first, in L1 and L2) leave the caches
+// to what a step reads again (activations, recurrent states, partial rows, the kernels' code),
+// which the weights streaming past would otherwise push out to DRAM.
+// (Inline PTX, not __ldcs: clang's CUDA headers, which the SM70 lane builds with, have no vector
+// overloads of it.)
+__device__ __forceinline__ uint4 load_weight_raw8(const __half* p) {
+  uint4 v;
+  asm("ld.global.cs.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
+  return v;
+}
+
+__device__ __forceinline__ float4 load_weight_f4(const float* p) {
+  float4 v;
+  asm("ld.global.cs.v4.f32 {%0, %1, %2, %3}, [%4];" : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w) : "l"(p));
+  return v;
+}
+
+__device__ __forceinline__ void load_weight8(const float* p, float (&w)[8]) {
+  const float4 a = load_weight_f4(p), b = load_weight_f4(p + 4);
+  w[0] = a.x, w[1] = a.y, w[2] = a.z, w[3] = a.w, w[4] = b.x, w[5] = b.y, w[6] = b.z, w[7] = b.w;
+}
+
+__device__ __forceinline__ void load_weight8(const __half* p, float (&w)[8]) { unpack8(load_weight_raw8(p), w); }
+
 // Each half pair converted as it is used (not all eight first): the order the slice kernels were
 // measured with.
 __device__ __forceinline__ float dot8(const uint4& raw, const float (&x)[8]) {

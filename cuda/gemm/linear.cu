@@ -57,7 +57,7 @@ __global__ void gemv_kernel(const float* __restrict__ x, const W* __restrict__ w
     for (int r = 0; r < R; ++r)
 #pragma unroll
       for (int u = 0; u < U; ++u) {
-        if (n0 + r < N) load8(w + size_t(n0 + r) * K + k + u * kStep, wv[r][u]);
+        if (n0 + r < N) load_weight8(w + size_t(n0 + r) * K + k + u * kStep, wv[r][u]);
         else
 #pragma unroll
           for (int i = 0; i < 8; ++i) wv[r][u][i] = 0.0f;
@@ -89,7 +89,7 @@ __global__ void gemv_kernel(const float* __restrict__ x, const W* __restrict__ w
       for (int r = 0; r < R; ++r) {
         if (n0 + r >= N) break;
         float wv[8];
-        load8(w + size_t(n0 + r) * K + k, wv);
+        load_weight8(w + size_t(n0 + r) * K + k, wv);
 #pragma unroll
         for (int m = 0; m < M; ++m) {
           load8(x + size_t(m) * K + k, xv);
@@ -142,8 +142,8 @@ __global__ void swiglu_gemv_kernel(const float* __restrict__ x, const W* __restr
 #pragma unroll
     for (int p = 0; p < P; ++p) {
       const int i = min(i0 + p, I - 1);  // a ragged last pair recomputes row I - 1; not written
-      load8(w + size_t(i) * K + k, wg[p]);
-      load8(w + size_t(I + i) * K + k, wu[p]);
+      load_weight8(w + size_t(i) * K + k, wg[p]);
+      load_weight8(w + size_t(I + i) * K + k, wu[p]);
     }
 #pragma unroll
     for (int m = 0; m < M; ++m) {

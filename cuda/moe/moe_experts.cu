@@ -53,7 +53,7 @@ __device__ __forceinline__ void gate_up_dots(const __half* const (&wg)[P], const
 #pragma unroll
     for (int p = 0; p < P; ++p)
 #pragma unroll
-      for (int s = 0; s < U; ++s) a[p][s] = load_raw8(wg[p] + k + s * kStep), b[p][s] = load_raw8(wu[p] + k + s * kStep);
+      for (int s = 0; s < U; ++s) a[p][s] = load_weight_raw8(wg[p] + k + s * kStep), b[p][s] = load_weight_raw8(wu[p] + k + s * kStep);
 #pragma unroll
     for (int s = 0; s < U; ++s) {
       float xv[8];
@@ -66,7 +66,7 @@ __device__ __forceinline__ void gate_up_dots(const __half* const (&wg)[P], const
     float xv[8];
     load8(xt + k, xv);
 #pragma unroll
-    for (int p = 0; p < P; ++p) g[p] += dot8(load_raw8(wg[p] + k), xv), u[p] += dot8(load_raw8(wu[p] + k), xv);
+    for (int p = 0; p < P; ++p) g[p] += dot8(load_weight_raw8(wg[p] + k), xv), u[p] += dot8(load_weight_raw8(wu[p] + k), xv);
   }
 }
 
@@ -97,7 +97,7 @@ __global__ void __launch_bounds__(kWarps * 32, 2)
   auto down_row = [&](int r) { return dn + size_t(min(r * kRowsPerStep + row, H - 1)) * I; };
   uint4 first[kFirstBatch];
 #pragma unroll
-  for (int r = 0; r < kFirstBatch; ++r) first[r] = load_raw8(down_row(r));
+  for (int r = 0; r < kFirstBatch; ++r) first[r] = load_weight_raw8(down_row(r));
 
   const __half* gu = reinterpret_cast<const __half*>(gu_at[expert]);
   const float* xt = x + size_t(t) * H;
@@ -140,7 +140,7 @@ __global__ void __launch_bounds__(kWarps * 32, 2)
     uint4 w[kDownBatch];
 #pragma unroll
     for (int r = 0; r < kDownBatch; ++r)
-      if (r0 + r < steps) w[r] = load_raw8(down_row(r0 + r));
+      if (r0 + r < steps) w[r] = load_weight_raw8(down_row(r0 + r));
 #pragma unroll
     for (int r = 0; r < kDownBatch; ++r)
       if (r0 + r < steps) finish(w[r], r0 + r);

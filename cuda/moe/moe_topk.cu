@@ -78,7 +78,7 @@ __global__ void __launch_bounds__(kWarps * 32)
     const float* w = router + size_t(r) * H;
     for (int k = lane * 8; k < H; k += 32 * 8) {  // H % 8 == 0 (checked by the caller)
       float wv[8];
-      load8(w + k, wv);
+      load_weight8(w + k, wv);
 #pragma unroll
       for (int m = 0; m < M; ++m) {
         float xv[8];
