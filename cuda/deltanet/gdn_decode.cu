@@ -87,6 +87,11 @@ __global__ void __launch_bounds__(kThreads)
   const float head_neg_a = neg_a[h], head_dt_bias = dt_bias[h];
   // Everything above (the batch layout, this layer's weights, state and conv windows, last written
   // by the previous step) was read while the input projection drained; its output is read from here on.
+  // The narrow form (a step of one or two tokens, about one block per multiprocessor) lets the
+  // output projection in now: its blocks fit beside this kernel's and load their first weights
+  // while this one runs its chain of round trips. The wide form fills the device, so its successor
+  // waits for its reads.
+  if (CPT == 1) let_successor_launch();
   wait_for_predecessor();
   const float scale = rsqrtf(float(Dk));
   for (int t = t0; t < t1; ++t) {
@@ -161,7 +166,7 @@ __global__ void __launch_bounds__(kThreads)
           out[size_t(t) * out_width + h * Dv + col[c]] = sum;
         }
   }
-  let_successor_launch();  // what is left are stores and the group's norm
+  if (CPT != 1) let_successor_launch();  // what is left are stores and the group's norm
   // The group's last block reads only the outputs above: the arrival's fence waits for those
   // stores alone, and the state and window stores go out after it (the next step reads them once
   // this kernel has completed).
