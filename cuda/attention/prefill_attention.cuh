@@ -11,6 +11,7 @@
 
 #include "core/cuda_check.h"
 #include "core/element.cuh"
+#include "core/warp_reduce.cuh"
 #include "cuda_ops.h"
 
 namespace revolta::cuda {
@@ -104,12 +105,12 @@ __global__ void __launch_bounds__(128) prefill_kernel(const float* __restrict__ 
       const bool valid = i < rows && j <= p0 + i;
       const float sc = valid ? Ss[i * L::lds + lane] * scale : -INFINITY;
       float mx = sc;
-      for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+      mx = warp_max(mx);
       const float m_old = row_m[i], m_new = fmaxf(m_old, mx);
       const float p = valid ? __expf(sc - m_new) : 0.0f;
       const float corr = m_new == -INFINITY ? 1.0f : __expf(m_old - m_new);
       float sum = p;
-      for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+      sum = warp_sum(sum);
       Ps[i * L::ldp + lane] = __float2half_rn(p);
       for (int d = lane; d < D; d += 32) Os[i * L::ldo + d] *= corr;
       __syncwarp();

@@ -8,6 +8,7 @@
 #include "core/cuda_check.h"
 #include "core/element.cuh"
 #include "core/launch.cuh"
+#include "core/warp_reduce.cuh"
 #include "cuda_ops.h"
 
 namespace revolta::cuda {
@@ -37,7 +38,7 @@ __global__ void qkv_rope_cache_kernel(const float* __restrict__ qkv, const float
     if (w) {
       float ss = 0.0f;
       for (int d = lane; d < D; d += 32) ss += b[d] * b[d];
-      for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
+      ss = warp_sum(ss);
       const float r = rsqrtf(ss / float(D) + eps);
       for (int d = lane; d < D; d += 32) b[d] = b[d] * r * w[d];
     }

@@ -8,6 +8,7 @@
 // kRecurrentTokens tokens take the chunked tensor-core form (gdn_chunked.cuh) where it applies.
 #include "core/activations.cuh"
 #include "core/cuda_check.h"
+#include "core/warp_reduce.cuh"
 #include "cuda_ops.h"
 #include "deltanet/gdn_chunked.cuh"
 
@@ -113,7 +114,7 @@ __global__ void l2_norm_kernel(float* __restrict__ x, int64_t rows, int dim, flo
   float* p = x + r * dim;
   float ss = 0.0f;
   for (int i = threadIdx.x % 32; i < dim; i += 32) ss += p[i] * p[i];
-  for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
+  ss = warp_sum(ss);
   const float inv = 1.0f / sqrtf(ss + eps);
   for (int i = threadIdx.x % 32; i < dim; i += 32) p[i] *= inv;
 }
@@ -133,7 +134,7 @@ __global__ void split_qkv_kernel(const float* __restrict__ mixed, int Hk, int Dk
   const float* src = row + h * Dk;
   float ss = 0.0f;
   for (int i = lane; i < Dk; i += 32) ss += src[i] * src[i];
-  for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
+  ss = warp_sum(ss);
   const float inv = 1.0f / sqrtf(ss + eps);
   float* dst = (h < Hk ? q + (size_t(t) * Hk + h) * Dk : k + (size_t(t) * Hk + h - Hk) * Dk);
   for (int i = lane; i < Dk; i += 32) dst[i] = src[i] * inv;
@@ -147,7 +148,7 @@ __global__ void gated_rms_norm_kernel(const float* __restrict__ x, const float* 
   const float* xr = x + r * n;
   float ss = 0.0f;
   for (int i = threadIdx.x % 32; i < n; i += 32) ss += xr[i] * xr[i];
-  for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
+  ss = warp_sum(ss);
   const float inv = 1.0f / sqrtf(ss / float(n) + eps);
   for (int i = threadIdx.x % 32; i < n; i += 32) {
     const float z = gate[(r * n / P) * G + column + (r * n) % P + i];

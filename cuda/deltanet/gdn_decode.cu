@@ -17,6 +17,7 @@
 #include "core/arrival.cuh"
 #include "core/cuda_check.h"
 #include "core/launch.cuh"
+#include "core/warp_reduce.cuh"
 #include "cuda_ops.h"
 
 namespace revolta::cuda {
@@ -120,7 +121,7 @@ __global__ void __launch_bounds__(kThreads)
       const float* x = warp == 0 ? xq : xk;
       float ss = 0.0f;
       for (int i = lane; i < Dk; i += 32) ss += x[i] * x[i];
-      for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
+      ss = warp_sum(ss);
       if (lane == 0) scal[warp] = rsqrtf(ss + 1e-6f) * (warp == 0 ? scale : 1.0f);
     }
     const float b = sigmoid(b_in), decay = __expf(head_neg_a * softplus(a_in + head_dt_bias));
@@ -198,7 +199,7 @@ __global__ void __launch_bounds__(kThreads)
     float ss = 0.0f;
 #pragma unroll
     for (int i = 0; i < kMaxDv / 32; ++i) ss += lane + 32 * i < Dv ? ov[i] * ov[i] : 0.0f;
-    for (int off = 16; off > 0; off >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, off);
+    ss = warp_sum(ss);
     const float inv = rsqrtf(ss / float(Dv) + norm_eps);
 #pragma unroll
     for (int i = 0; i < kMaxDv / 32; ++i)

@@ -16,6 +16,7 @@
 #include "core/cuda_check.h"
 #include "core/element.cuh"
 #include "core/launch.cuh"
+#include "core/warp_reduce.cuh"
 #include "cuda_ops.h"
 
 namespace revolta::cuda {
@@ -117,7 +118,7 @@ __global__ void gemv_kernel(const float* __restrict__ x, const W* __restrict__ w
 #pragma unroll
     for (int m = 0; m < M; ++m) {
       float v = acc[r][m];
-      for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+      v = warp_sum(v);
       if (lane == 0 && n0 + r < N) out[size_t(m) * N + n0 + r] = v + (bias ? bias[n0 + r] : 0.0f);
     }
 }

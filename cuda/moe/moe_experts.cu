@@ -25,6 +25,7 @@
 #include "core/cuda_check.h"
 #include "core/element.cuh"
 #include "core/launch.cuh"
+#include "core/warp_reduce.cuh"
 #include "cuda_ops.h"
 #include "gemm/gemm_tensor_core.cuh"
 #include "norms/residual_norm_tail.cuh"
@@ -33,12 +34,6 @@ namespace revolta::cuda {
 namespace {
 
 constexpr int kWarps = 8;
-
-__device__ __forceinline__ float warp_sum(float v) {
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-  return v;
-}
 
 // One warp's P intermediate rows (gate and up) dotted with x: U steps of 8 elements per lane are
 // loaded before any is used, so 2 x P x U 16-byte weight loads are in flight per lane. Each lane

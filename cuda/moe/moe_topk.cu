@@ -9,6 +9,7 @@
 #include "core/launch.cuh"
 #include "cuda_ops.h"
 #include "core/arrival.cuh"
+#include "core/warp_reduce.cuh"
 #include "moe/topk_row.cuh"
 
 namespace revolta::cuda {
@@ -25,10 +26,10 @@ __global__ void moe_topk_kernel(const float* __restrict__ logits, int64_t T, int
   const int KS = K + S;  // ids / weights row: K routed slots, then the shared expert
   float mx = -INFINITY;
   for (int e = lane; e < E; e += 32) mx = fmaxf(mx, l[e]);
-  for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+  mx = warp_max(mx);
   float sum = 0.0f;
   for (int e = lane; e < E; e += 32) sum += __expf(l[e] - mx);
-  for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+  sum = warp_sum(sum);
   // Rank by logit (the softmax is monotonic); (value desc, id asc), below the previous pick.
   float pv = INFINITY;
   int pi = -1;
@@ -90,7 +91,7 @@ __global__ void __launch_bounds__(kWarps * 32)
 #pragma unroll
     for (int m = 0; m < M; ++m) {
       float v = acc[m];
-      for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+      v = warp_sum(v);
       if (lane == 0) logits[size_t(m) * R + r] = v;
     }
   }

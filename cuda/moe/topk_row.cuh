@@ -6,6 +6,7 @@
 
 #include "core/activations.cuh"
 #include "core/arrival.cuh"
+#include "core/warp_reduce.cuh"
 
 namespace revolta::cuda {
 
@@ -91,12 +92,12 @@ __device__ void topk_registers_row(const float* l, int E, int K, int S, bool ren
     if (lane + 32 * i >= E) v[i] = -INFINITY;
     mx = fmaxf(mx, v[i]);
   }
-  for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+  mx = warp_max(mx);
   float sum = 0.0f;
 #pragma unroll
   for (int i = 0; i < N; ++i)
     if (lane + 32 * i < E) sum += __expf(v[i] - mx);
-  for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+  sum = warp_sum(sum);
   float top = 0.0f;
   if (topk_threshold<N>(v, K, win_v[warp % kThresholdWarps], win_i[warp % kThresholdWarps])) {
     const float p = lane < K ? __expf(win_v[warp][lane] - mx) / sum : 0.0f;

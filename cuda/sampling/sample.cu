@@ -9,6 +9,7 @@
 #include <cuda_fp16.h>
 
 #include "core/cuda_check.h"
+#include "core/warp_reduce.cuh"
 #include "cuda_ops.h"
 
 namespace revolta::cuda {
@@ -36,7 +37,7 @@ struct Scratch {
 };
 
 __device__ float block_max(float v, Scratch& s) {
-  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  v = warp_max(v);
   __syncthreads();
   if (threadIdx.x % 32 == 0) s.f[threadIdx.x / 32] = v;
   __syncthreads();
@@ -46,7 +47,7 @@ __device__ float block_max(float v, Scratch& s) {
 }
 
 __device__ double block_sum(double v, Scratch& s) {
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  v = warp_sum(v);
   __syncthreads();
   if (threadIdx.x % 32 == 0) s.d[threadIdx.x / 32] = v;
   __syncthreads();
@@ -260,7 +261,7 @@ __global__ void __launch_bounds__(kThreads) sample_kernel(const float* __restric
       int lk = -1;
       for (int64_t i = threadIdx.x; i < V; i += kThreads)
         if (kept(i)) lk = max(lk, int(i));
-      for (int o = 16; o > 0; o >>= 1) lk = max(lk, __shfl_xor_sync(0xffffffffu, lk, o));
+      lk = warp_max(lk);
       __syncthreads();
       if (threadIdx.x % 32 == 0) s.i[threadIdx.x / 32] = lk;
       __syncthreads();
