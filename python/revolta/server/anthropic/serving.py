@@ -7,9 +7,10 @@ import time
 import uuid
 from typing import Any, AsyncIterator
 
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import JSONResponse
 
 from revolta.server.errors import APIError
+from revolta.server.streaming import EventStream
 from revolta.server.generation import Delta
 from revolta.server.openai.protocol import ChatCompletionRequest, SamplingFields
 from revolta.server.openai.serving import Choice, OpenAIServing
@@ -136,7 +137,7 @@ class AnthropicServing:
                 "stop_reason": reason, "stop_sequence": seq,
                 "usage": {"input_tokens": len(prompt_ids), "output_tokens": c.gen.num_tokens},
             })
-        return StreamingResponse(self.events(c, first, msg_id, model, len(prompt_ids), single, t0), media_type="text/event-stream")
+        return EventStream(self.events(c, first, msg_id, model, len(prompt_ids), single, t0))
 
     @staticmethod
     def stop_reason(c: Choice, has_calls: bool) -> tuple[str, str | None]:

@@ -7,9 +7,10 @@ import time
 import uuid
 from typing import Any, AsyncIterator
 
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import JSONResponse
 
 from revolta.server.errors import APIError
+from revolta.server.streaming import EventStream
 from revolta.server.generation import Delta
 from revolta.server.openai.protocol import ChatCompletionRequest, ResponsesRequest, SamplingFields
 from revolta.server.openai.serving import Choice, OpenAIServing
@@ -99,7 +100,7 @@ class ResponsesServing:
         if not req.stream:
             await chat.run_all([c], t0, len(prompt_ids))
             return JSONResponse(self.final(head, c, len(prompt_ids), self.items(c, req.parallel_tool_calls)))
-        return StreamingResponse(self.events(head, c, len(prompt_ids), req.parallel_tool_calls, t0), media_type="text/event-stream")
+        return EventStream(self.events(head, c, len(prompt_ids), req.parallel_tool_calls, t0))
 
     def items(self, c: Choice, parallel: bool, ids: dict[str, str] | None = None) -> list[dict]:
         ids = ids or {}

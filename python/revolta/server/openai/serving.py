@@ -11,13 +11,14 @@ from dataclasses import dataclass, field
 from typing import Any, AsyncIterator
 
 from fastapi import Request
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import JSONResponse
 
 from revolta.config import ServerOptions
 from revolta.models.tokenizer import ChatTemplateError, Tokenizer
 from revolta.sampling_params import SamplingParams
 from revolta.server.async_engine import AsyncEngine, EngineDead
 from revolta.server.errors import APIError
+from revolta.server.streaming import EventStream
 from revolta.server.generation import Delta, Generation
 from revolta.server.metrics import Metrics
 from revolta.server.openai.protocol import ChatCompletionRequest, CompletionRequest, SamplingFields
@@ -180,7 +181,7 @@ class OpenAIServing:
             })
         return out
 
-    async def stream(self, gen: AsyncIterator[str], choices: list[Choice], raw: Request) -> StreamingResponse:
+    async def stream(self, gen: AsyncIterator[str], choices: list[Choice], raw: Request) -> EventStream:
         async def body() -> AsyncIterator[str]:
             try:
                 async for item in gen:
@@ -192,7 +193,7 @@ class OpenAIServing:
                         self.metrics.requests.labels(finished_reason="abort").inc()
                 self.abort(choices)
 
-        return StreamingResponse(body(), media_type="text/event-stream")
+        return EventStream(body())
 
     # ---- chat -------------------------------------------------------------------------------
 
