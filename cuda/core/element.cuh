@@ -34,7 +34,7 @@ __device__ __forceinline__ void unpack8(const uint4& raw, float (&w)[8]) {
 __device__ __forceinline__ void load8(const __half* p, float (&w)[8]) { unpack8(load_raw8(p), w); }
 
 // Weight rows are read once a step: streaming loads (evict first, in L1 and L2) leave the caches
-// to what a step reads again (activations, recurrent states, partial rows, the kernels' code),
+// to what a step reads again (activations, partial rows, address tables, the kernels' code),
 // which the weights streaming past would otherwise push out to DRAM.
 // (Inline PTX, not __ldcs: clang's CUDA headers, which the SM70 lane builds with, have no vector
 // overloads of it.)

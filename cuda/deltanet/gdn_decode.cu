@@ -88,10 +88,10 @@ __global__ void __launch_bounds__(kThreads)
   const float head_neg_a = neg_a[h], head_dt_bias = dt_bias[h];
   // Everything above (the batch layout, this layer's weights, state and conv windows, last written
   // by the previous step) was read while the input projection drained; its output is read from here on.
-  // The narrow form (a step of one or two tokens, about one block per multiprocessor) lets the
-  // output projection in now: its blocks fit beside this kernel's and load their first weights
-  // while this one runs its chain of round trips. The wide form fills the device, so its successor
-  // waits for its reads.
+  // The narrow form (small steps: one or two tokens at Qwen3-Next's shape, about one block per
+  // multiprocessor) lets the output projection in now: its blocks fit beside this kernel's and
+  // load their first weights while this one runs its chain of round trips. The wide form fills
+  // the device, so its successor waits for its reads.
   if (CPT == 1) let_successor_launch();
   wait_for_predecessor();
   const float scale = rsqrtf(float(Dk));
