@@ -8,7 +8,7 @@ import asyncio
 from revolta.server.streaming import EventStream
 
 
-def _serve(response_type) -> tuple[int, bool]:
+def _serve() -> tuple[int, bool]:
     """Streams an endless generator to a client that disconnects while the second chunk is being
     sent; returns the chunks sent and whether the generator's `finally` ran by then."""
     cleaned = []
@@ -38,7 +38,7 @@ def _serve(response_type) -> tuple[int, bool]:
             return {"type": "http.disconnect"}
 
         scope = {"type": "http", "asgi": {"version": "3.0"}, "method": "POST", "path": "/", "headers": []}
-        await asyncio.wait_for(response_type(gen)(scope, receive, send), timeout=5)
+        await asyncio.wait_for(EventStream(gen)(scope, receive, send), timeout=5)
         ran = bool(cleaned)
         await gen.aclose()
         return len(bodies), ran
@@ -47,7 +47,7 @@ def _serve(response_type) -> tuple[int, bool]:
 
 
 def test_disconnect_closes_the_generator_at_once():
-    sent, cleaned = _serve(EventStream)
+    sent, cleaned = _serve()
     assert sent == 2
     assert cleaned
 

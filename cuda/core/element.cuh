@@ -18,10 +18,6 @@ __device__ __forceinline__ void load8(const float* p, float (&w)[8]) {
   w[0] = a.x, w[1] = a.y, w[2] = a.z, w[3] = a.w, w[4] = b.x, w[5] = b.y, w[6] = b.z, w[7] = b.w;
 }
 
-// Eight halves as one raw 16-byte read-only load, converted only when used (unpack8 / dot8): half
-// the registers of floats, so a lane can keep twice as many loads in flight.
-__device__ __forceinline__ uint4 load_raw8(const __half* p) { return __ldg(reinterpret_cast<const uint4*>(p)); }
-
 __device__ __forceinline__ void unpack8(const uint4& raw, float (&w)[8]) {
   const __half2* h = reinterpret_cast<const __half2*>(&raw);
 #pragma unroll
@@ -31,13 +27,14 @@ __device__ __forceinline__ void unpack8(const uint4& raw, float (&w)[8]) {
   }
 }
 
-__device__ __forceinline__ void load8(const __half* p, float (&w)[8]) { unpack8(load_raw8(p), w); }
-
 // Weight rows are read once a step: streaming loads (evict first, in L1 and L2) leave the caches
 // to what a step reads again (activations, partial rows, address tables, the kernels' code),
 // which the weights streaming past would otherwise push out to DRAM.
 // (Inline PTX, not __ldcs: clang's CUDA headers, which the SM70 lane builds with, have no vector
 // overloads of it.)
+
+// Eight halves as one raw 16-byte load, converted only when used (unpack8 / dot8): half the
+// registers of floats, so a lane can keep twice as many loads in flight.
 __device__ __forceinline__ uint4 load_weight_raw8(const __half* p) {
   uint4 v;
   asm("ld.global.cs.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));

@@ -10,13 +10,13 @@ from typing import Any, AsyncIterator
 from fastapi.responses import JSONResponse
 
 from revolta.server.errors import APIError
-from revolta.server.streaming import EventStream
 from revolta.server.generation import Delta
 from revolta.server.openai.protocol import ChatCompletionRequest, SamplingFields
 from revolta.server.openai.serving import Choice, OpenAIServing
 from revolta.server.parsers.reasoning import ReasoningRouter, prompt_opens_reasoning
 from revolta.server.parsers.tools import assemble, make_tool_parser
 from revolta.server.anthropic.protocol import CountTokensRequest, MessagesRequest
+from revolta.server.streaming import EventStream
 
 # The text that opens a call in each tool-call format; appended to the prompt to force a call.
 _FORCED_CALL = {

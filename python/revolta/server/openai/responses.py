@@ -10,12 +10,12 @@ from typing import Any, AsyncIterator
 from fastapi.responses import JSONResponse
 
 from revolta.server.errors import APIError
-from revolta.server.streaming import EventStream
 from revolta.server.generation import Delta
 from revolta.server.openai.protocol import ChatCompletionRequest, ResponsesRequest, SamplingFields
 from revolta.server.openai.serving import Choice, OpenAIServing
 from revolta.server.parsers.reasoning import ReasoningRouter, prompt_opens_reasoning
 from revolta.server.parsers.tools import assemble, make_tool_parser
+from revolta.server.streaming import EventStream
 
 
 def _text(content: Any) -> str:

@@ -18,12 +18,12 @@ from revolta.models.tokenizer import ChatTemplateError, Tokenizer
 from revolta.sampling_params import SamplingParams
 from revolta.server.async_engine import AsyncEngine, EngineDead
 from revolta.server.errors import APIError
-from revolta.server.streaming import EventStream
 from revolta.server.generation import Delta, Generation
 from revolta.server.metrics import Metrics
 from revolta.server.openai.protocol import ChatCompletionRequest, CompletionRequest, SamplingFields
 from revolta.server.parsers.reasoning import ReasoningRouter, prompt_opens_reasoning, qwen3_reasoning_tokens
 from revolta.server.parsers.tools import ToolCallDelta, ToolParser, assemble, make_tool_parser
+from revolta.server.streaming import EventStream
 
 
 @dataclass
