@@ -45,6 +45,7 @@ void paged_attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cac
 void kv_cache_write(const Tensor& k, const Tensor& v, const Tensor& slot_mapping, Tensor& k_cache, Tensor& v_cache);
 void gather_rows(const Tensor& x, const Tensor& rows, Tensor& out);
 void copy_columns(const Tensor& src, int64_t first_column, Tensor& dst);
+void transpose(const Tensor& x, Tensor& out);
 void fill_uniform(Tensor& t, uint64_t seed, float lo, float hi);
 void argmax(const Tensor& x, Tensor& out);
 void linear_swiglu(const Tensor& x, const Tensor& gate_up_weight, Tensor& act);

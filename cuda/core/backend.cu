@@ -283,6 +283,7 @@ const ops::OpTable* table() {
     o.kv_cache_write = &kv_cache_write;
     o.gather_rows = &gather_rows;
     o.copy_columns = &copy_columns;
+    o.transpose = &transpose;
     o.fill_uniform = &fill_uniform;
     o.argmax = &argmax;
     o.qkv_rope_cache = &qkv_rope_cache;

@@ -1,4 +1,4 @@
-// Row gathers, column copies and random fills (the CPU op's contracts).
+// Row gathers, column copies, transposes and random fills (the CPU op's contracts).
 #include <cuda_fp16.h>
 
 #include "core/cuda_check.h"
@@ -35,7 +35,32 @@ __global__ void fill_kernel(T* __restrict__ p, int64_t n, uint64_t seed, float l
     put(p + i, lo + (hi - lo) * ops::uniform_at(seed, uint64_t(i)));
 }
 
+// A 32 x 32 tile per block through shared memory (a padded row: no bank conflicts on the column
+// reads), so both the reads and the writes cover whole rows of the tile.
+template <typename T>
+__global__ void transpose_kernel(const T* __restrict__ x, int64_t R, int64_t C, T* __restrict__ out) {
+  __shared__ T tile[32][33];
+  const int64_t r0 = int64_t(blockIdx.y) * 32, c0 = int64_t(blockIdx.x) * 32;
+  for (int i = threadIdx.y; i < 32; i += blockDim.y)
+    if (r0 + i < R && c0 + threadIdx.x < C) tile[i][threadIdx.x] = x[(r0 + i) * C + c0 + threadIdx.x];
+  __syncthreads();
+  for (int i = threadIdx.y; i < 32; i += blockDim.y)
+    if (c0 + i < C && r0 + threadIdx.x < R) out[(c0 + i) * R + r0 + threadIdx.x] = tile[threadIdx.x][i];
+}
+
 }  // namespace
+
+void transpose(const Tensor& x, Tensor& out) {
+  const int64_t R = x.size(0), C = x.size(1);
+  if (R == 0 || C == 0) return;
+  RV_CHECK((C + 31) / 32 <= INT32_MAX && (R + 31) / 32 <= 65535, "CUDA transpose: ", R, " rows is too many");
+  const dim3 grid(unsigned((C + 31) / 32), unsigned((R + 31) / 32)), block(32, 8);
+  if (dtype_size(x.dtype()) == 2)
+    transpose_kernel<<<grid, block, 0, stream()>>>(static_cast<const uint16_t*>(x.data()), R, C, static_cast<uint16_t*>(out.data()));
+  else
+    transpose_kernel<<<grid, block, 0, stream()>>>(static_cast<const uint32_t*>(x.data()), R, C, static_cast<uint32_t*>(out.data()));
+  RV_CUDA_CHECK(cudaGetLastError());
+}
 
 void gather_rows(const Tensor& x, const Tensor& rows, Tensor& out) {
   const int64_t R = rows.numel();

@@ -67,4 +67,14 @@ __device__ __forceinline__ float dot8(const uint4& raw, const float (&x)[8]) {
   return s;
 }
 
+// y[0, 8) += a * (eight halves).
+__device__ __forceinline__ void axpy8(float a, const uint4& raw, float (&y)[8]) {
+  const __half2* h = reinterpret_cast<const __half2*>(&raw);
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const float2 f = __half22float2(h[i]);
+    y[2 * i] += a * f.x, y[2 * i + 1] += a * f.y;
+  }
+}
+
 }  // namespace revolta::cuda

@@ -7,10 +7,13 @@
 // The same tiles serve a grouped GEMM (mixture-of-experts prefill): output rows come in groups,
 // group g multiplying its rows by its own weight matrix, and an output row may read a gathered
 // row of x. Every tile lies within one group; a block finds its group from the tile index.
+// Weights may also be stored transposed, W_t[K, N] (kWeightsKN: the experts' down matrices).
 #pragma once
 
 #include <cuda_fp16.h>
 #include <mma.h>
+
+#include <type_traits>
 
 #include "core/cuda_check.h"
 #include "cuda_ops.h"
@@ -31,7 +34,7 @@ struct Groups {
   int count = 0;
 };
 
-template <int BM, int BN, int WM, int WN, bool kGrouped = false>  // WM x WN warps
+template <int BM, int BN, int WM, int WN, bool kGrouped = false, bool kWeightsKN = false>  // WM x WN warps
 __global__ void __launch_bounds__(WM * WN * 32) gemm_kernel(const float* __restrict__ x, const __half* __restrict__ w,
                                                            const float* __restrict__ bias, float* __restrict__ out,
                                                            int M, int N, int K, Groups groups = {}) {
@@ -39,8 +42,10 @@ __global__ void __launch_bounds__(WM * WN * 32) gemm_kernel(const float* __restr
   constexpr int XV = BM * BK / 4 / kThreads;  // float4 loads of x per thread and step
   constexpr int WV = BN * BK / 8 / kThreads;  // uint4 (8 halves) loads of W per thread and step
   static_assert(XV >= 1 && WV >= 1, "tile too small for the block");
+  // The W tile as staged: [BN][BK] (+ padding) from W[N, K], or [BK][BN] (+ padding) from W_t[K, N].
+  constexpr int kBRow = kWeightsKN ? BN : BK, LDB = kBRow + 8;
   __shared__ __align__(32) __half As[BM * LDS];
-  __shared__ __align__(32) __half Bs[BN * LDS];
+  __shared__ __align__(32) __half Bs[(kWeightsKN ? BK : BN) * LDB];
   __shared__ __align__(32) float Cs[WM * WN][16 * 16];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, wm = warp / WN, wn = warp % WN;
   const int n0 = blockIdx.x * BN;
@@ -76,9 +81,13 @@ __global__ void __launch_bounds__(WM * WN * 32) gemm_kernel(const float* __restr
     }
 #pragma unroll
     for (int i = 0; i < WV; ++i) {
-      const int e = (threadIdx.x + i * kThreads) * 8, r = e / BK, c = e % BK;
-      wr[i] = (n0 + r < N && k0 + c < K) ? __ldg(reinterpret_cast<const uint4*>(w + size_t(n0 + r) * K + k0 + c))
-                                         : make_uint4(0u, 0u, 0u, 0u);
+      const int e = (threadIdx.x + i * kThreads) * 8, r = e / kBRow, c = e % kBRow;
+      if (kWeightsKN)  // row r of the tile is k, c is n (N % 8 == 0: eight columns are all in or all out)
+        wr[i] = (k0 + r < K && n0 + c < N) ? __ldg(reinterpret_cast<const uint4*>(w + size_t(k0 + r) * N + n0 + c))
+                                           : make_uint4(0u, 0u, 0u, 0u);
+      else
+        wr[i] = (n0 + r < N && k0 + c < K) ? __ldg(reinterpret_cast<const uint4*>(w + size_t(n0 + r) * K + k0 + c))
+                                           : make_uint4(0u, 0u, 0u, 0u);
     }
   };
   auto stage = [&] {
@@ -91,8 +100,8 @@ __global__ void __launch_bounds__(WM * WN * 32) gemm_kernel(const float* __restr
     }
 #pragma unroll
     for (int i = 0; i < WV; ++i) {
-      const int e = (threadIdx.x + i * kThreads) * 8, r = e / BK, c = e % BK;
-      *reinterpret_cast<uint4*>(Bs + r * LDS + c) = wr[i];
+      const int e = (threadIdx.x + i * kThreads) * 8, r = e / kBRow, c = e % kBRow;
+      *reinterpret_cast<uint4*>(Bs + r * LDB + c) = wr[i];
     }
   };
 
@@ -111,11 +120,15 @@ __global__ void __launch_bounds__(WM * WN * 32) gemm_kernel(const float* __restr
 #pragma unroll
     for (int kk = 0; kk < BK; kk += 16) {
       wmma::fragment<wmma::matrix_a, 16, 16, 16, __half, wmma::row_major> a[FM];
-      wmma::fragment<wmma::matrix_b, 16, 16, 16, __half, wmma::col_major> b[FN];
+      using BLayout = std::conditional_t<kWeightsKN, wmma::row_major, wmma::col_major>;
+      wmma::fragment<wmma::matrix_b, 16, 16, 16, __half, BLayout> b[FN];
 #pragma unroll
       for (int i = 0; i < FM; ++i) wmma::load_matrix_sync(a[i], As + (wm * FM * 16 + i * 16) * LDS + kk, LDS);
 #pragma unroll
-      for (int j = 0; j < FN; ++j) wmma::load_matrix_sync(b[j], Bs + (wn * FN * 16 + j * 16) * LDS + kk, LDS);
+      for (int j = 0; j < FN; ++j) {
+        const int n = wn * FN * 16 + j * 16;
+        wmma::load_matrix_sync(b[j], kWeightsKN ? Bs + kk * LDB + n : Bs + n * LDB + kk, LDB);
+      }
 #pragma unroll
       for (int i = 0; i < FM; ++i)
 #pragma unroll
@@ -141,11 +154,14 @@ __global__ void __launch_bounds__(WM * WN * 32) gemm_kernel(const float* __restr
 }  // namespace tc
 
 // The grouped form: out[r, :] = x[rows[r] (or r), :] . W_g^T for the rows r of group g (f16
-// weights by address, K a multiple of 8, 16-byte aligned). The grid covers max_tiles tiles of 64
-// rows, an upper bound on the groups' tiles, which are known only on the device.
-inline void grouped_gemm(const float* x, const tc::Groups& groups, int max_tiles, float* out, int N, int K) {
-  tc::gemm_kernel<64, 64, 2, 2, true><<<dim3(unsigned((N + 63) / 64), unsigned(max_tiles)), 128, 0, stream()>>>(
-      x, nullptr, nullptr, out, 0, N, K, groups);
+// weights by address, K a multiple of 8, 16-byte aligned; with weights_kn each W_g is stored as
+// its transpose [K, N], N a multiple of 8). The grid covers max_tiles tiles of 64 rows, an upper
+// bound on the groups' tiles, which are known only on the device.
+inline void grouped_gemm(const float* x, const tc::Groups& groups, int max_tiles, float* out, int N, int K,
+                         bool weights_kn = false) {
+  const dim3 grid(unsigned((N + 63) / 64), unsigned(max_tiles));
+  if (weights_kn) tc::gemm_kernel<64, 64, 2, 2, true, true><<<grid, 128, 0, stream()>>>(x, nullptr, nullptr, out, 0, N, K, groups);
+  else tc::gemm_kernel<64, 64, 2, 2, true><<<grid, 128, 0, stream()>>>(x, nullptr, nullptr, out, 0, N, K, groups);
   RV_CUDA_CHECK(cudaGetLastError());
 }
 constexpr int kGroupedTileRows = 64;

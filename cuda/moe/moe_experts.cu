@@ -1,11 +1,14 @@
 // Decode-sized mixture of experts (ops::moe_experts): the routed ids stay on the device and each
 // (token, slot) pair finds its expert's matrices through the layer's address table, so a decode
-// step needs no copy to the host and can be captured in a graph.
+// step needs no copy to the host and can be captured in a graph. The table holds down transposed
+// ([inter, hidden]), so every block's share of an expert is three contiguous runs of bytes.
 //  1. slices: a block per (pair, S intermediates) computes act = silu(gate . x) * (up . x) for its
-//     slice into shared memory, then the slice's share of every hidden row, down[:, slice] . act,
+//     slice into shared memory, then the slice's share of every hidden column, act . down_t[slice],
 //     times the pair's routing weight, into a partial row of its own. One kernel streams all of a
 //     step's expert bytes: the down rows of a finished slice are read while other slices still
-//     read gate / up rows, instead of a second kernel that waits for every activation.
+//     read gate / up rows, instead of a second kernel that waits for every activation. (Down as
+//     [hidden, inter], a slice read 2 x S bytes of every hidden row: 431 against 445 tok/s at
+//     concurrency 1, 966 against 1006 at 8 on the H200.)
 //  2. combine: a block per 64 hidden columns of a token sums the token's partial rows in a fixed
 //     order; with a residual norm, the token's last block adds the row to the residual stream and
 //     normalises it. (Summing inside the slice kernel, by the last slice of a pair and then the
@@ -66,33 +69,32 @@ __device__ __forceinline__ void gate_up_dots(const __half* const (&wg)[P], const
 }
 
 // Block (slice, pair): act[i] for the S intermediates i0 + [0, S) of the pair's expert (rows past I
-// give 0), then part[pair * slices + slice][h] = weight * sum_i down[h, i] * act[i] for every h.
-// In the down pass a row's S halves are S / 8 lanes' 16-byte loads, so a warp covers 256 / S rows
-// per load. The first kFirstBatch down loads of a lane are issued before the gate / up rows (they
-// do not depend on the activation), so the block's bytes keep streaming across the hand-over; the
-// rest go kDownBatch at a time.
+// give 0), then part[pair * slices + slice][h] = weight * sum_i act[i] * down_t[i, h] for every h.
+// In the down pass each thread owns 8 columns of each pass over the row (a pass covers
+// kPassColumns) and reads them from each of the slice's S rows: a warp's load is 512 contiguous
+// bytes, and the sums stay in registers. The first kFirstRows rows of the first pass are loaded
+// before the gate / up rows (they do not depend on the activation), so the block's bytes keep
+// streaming across the hand-over; the rest go kDownBatch rows at a time.
 template <int S>
 __global__ void __launch_bounds__(kWarps * 32, 2)
     moe_slice_kernel(const float* __restrict__ x, const int32_t* __restrict__ ids, const float* __restrict__ weights,
                      const int64_t* __restrict__ gu_at, const int64_t* __restrict__ down_at, float* __restrict__ part,
                      int K, int H, int I) {
   constexpr int kPerWarp = S / kWarps, kGroup = kPerWarp < 4 ? kPerWarp : 4;  // intermediates a warp dots at once
-  constexpr int kLanesPerRow = S / 8, kRowsPerLoad = 32 / kLanesPerRow, kFirstBatch = 4, kDownBatch = 16;
-  // Load r of a lane reads row r * kRowsPerStep + (its row in the block): the rows a warp
-  // finishes together are consecutive, so their results go out as one 32-byte write.
-  constexpr int kRowsPerStep = kWarps * kRowsPerLoad;
+  constexpr int kPassColumns = kWarps * 32 * 8, kFirstRows = 8, kDownBatch = 8;
+  static_assert(S % kDownBatch == 0 && S >= kFirstRows, "slice rows in whole batches");
   __shared__ float act[S];
   wait_for_predecessor();
   const int pair = blockIdx.y, t = pair / K, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int i0 = blockIdx.x * S, expert = ids[pair];
-  const int c = (lane % kLanesPerRow) * 8;  // this lane's 8 columns of the slice in the down pass
-  const bool live = i0 + c < I;             // I % 8 == 0: a lane's columns are all in or all out
-  const int row = warp * kRowsPerLoad + lane / kLanesPerRow;
-  const __half* dn = reinterpret_cast<const __half*>(down_at[expert]) + i0 + (live ? c : 0);
-  auto down_row = [&](int r) { return dn + size_t(min(r * kRowsPerStep + row, H - 1)) * I; };
-  uint4 first[kFirstBatch];
+  const __half* dn = reinterpret_cast<const __half*>(down_at[expert]);
+  // Row j of the slice at column h (rows past I re-read row I - 1, whose act is 0; columns past H
+  // re-read the row's last 8, whose sums are not stored).
+  auto down_row = [&](int j, int h) { return dn + size_t(min(i0 + j, I - 1)) * H + min(h, H - 8); };
+  const int h_first = threadIdx.x * 8;
+  uint4 first[kFirstRows];
 #pragma unroll
-  for (int r = 0; r < kFirstBatch; ++r) first[r] = load_weight_raw8(down_row(r));
+  for (int r = 0; r < kFirstRows; ++r) first[r] = load_weight_raw8(down_row(r, h_first));
 
   const __half* gu = reinterpret_cast<const __half*>(gu_at[expert]);
   const float* xt = x + size_t(t) * H;
@@ -116,29 +118,36 @@ __global__ void __launch_bounds__(kWarps * 32, 2)
   }
   __syncthreads();
   let_successor_launch();  // the next kernel's blocks may take their places while the down rows stream
-  float a[8];
-#pragma unroll
-  for (int e = 0; e < 8; ++e) a[e] = live ? act[c + e] : 0.0f;
   const float wk = weights[pair];
   float* out = part + (size_t(pair) * gridDim.x + blockIdx.x) * H;
-  auto finish = [&](const uint4& raw, int r) {  // every lane of the warp calls it (shuffles)
-    float v = dot8(raw, a);
+  float sum[8];
+  auto add_row = [&](const uint4& raw, int j) { axpy8(act[j], raw, sum); };
+  auto rows_from = [&](int j0, int h) {  // rows [j0, S) of the pass at column h
+#pragma unroll 1
+    for (int j = j0; j < S; j += kDownBatch) {
+      uint4 w[kDownBatch];
 #pragma unroll
-    for (int o = kLanesPerRow / 2; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-    const int h = r * kRowsPerStep + row;
-    if (lane % kLanesPerRow == 0 && h < H) out[h] = wk * v;
+      for (int r = 0; r < kDownBatch; ++r) w[r] = load_weight_raw8(down_row(j + r, h));
+#pragma unroll
+      for (int r = 0; r < kDownBatch; ++r) add_row(w[r], j + r);
+    }
+  };
+  auto store = [&](int h) {
+    if (h >= H) return;
+    *reinterpret_cast<float4*>(out + h) = make_float4(wk * sum[0], wk * sum[1], wk * sum[2], wk * sum[3]);
+    *reinterpret_cast<float4*>(out + h + 4) = make_float4(wk * sum[4], wk * sum[5], wk * sum[6], wk * sum[7]);
   };
 #pragma unroll
-  for (int r = 0; r < kFirstBatch; ++r) finish(first[r], r);
-  const int steps = (H + kRowsPerStep - 1) / kRowsPerStep;  // the same in every lane
-  for (int r0 = kFirstBatch; r0 < steps; r0 += kDownBatch) {
-    uint4 w[kDownBatch];
+  for (int e = 0; e < 8; ++e) sum[e] = 0.0f;
 #pragma unroll
-    for (int r = 0; r < kDownBatch; ++r)
-      if (r0 + r < steps) w[r] = load_weight_raw8(down_row(r0 + r));
+  for (int r = 0; r < kFirstRows; ++r) add_row(first[r], r);
+  rows_from(kFirstRows, h_first);
+  store(h_first);
+  for (int h = h_first + kPassColumns; h < H; h += kPassColumns) {
 #pragma unroll
-    for (int r = 0; r < kDownBatch; ++r)
-      if (r0 + r < steps) finish(w[r], r0 + r);
+    for (int e = 0; e < 8; ++e) sum[e] = 0.0f;
+    rows_from(0, h);
+    store(h);
   }
 }
 
@@ -256,7 +265,7 @@ void grouped_experts(const Tensor& x, const Tensor& ids, const Tensor& weights, 
   groups.weights = ex.down.ptr<int64_t>();
   groups.rows = nullptr;  // act is already in grouped order
   Tensor y = Tensor::uninitialized({P, H}, DType::kF32, dev);
-  grouped_gemm(act.ptr<float>(), groups, max_tiles, y.ptr<float>(), int(H), int(I));
+  grouped_gemm(act.ptr<float>(), groups, max_tiles, y.ptr<float>(), int(H), int(I), /*weights_kn=*/true);
   combine_kernel<<<unsigned(T), 256, 0, stream()>>>(y.ptr<float>(), pos_of.ptr<int32_t>(), weights.ptr<float>(), int(K),
                                                     int(H), out.ptr<float>());
   RV_CUDA_CHECK(cudaGetLastError());
@@ -270,6 +279,7 @@ void moe_experts(const Tensor& x, const Tensor& ids, const Tensor& weights, cons
   RV_CHECK(ex.dtype == DType::kF16 && H % 8 == 0 && I % 8 == 0 && x.size(1) == H,
            "CUDA moe_experts: float16 experts with hidden and intermediate sizes divisible by 8 (got ",
            dtype_name(ex.dtype), ", ", H, ", ", I, ")");
+  RV_CHECK(ex.down_transposed, "CUDA moe_experts: down matrices stored transposed, [inter, hidden]");
   if (T == 0) return;
   if (T > kFusedTokens) {
     for (int64_t t0 = 0; t0 < T; t0 += kGroupedSliceTokens) {  // bounds the grouped buffers

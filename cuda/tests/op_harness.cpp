@@ -257,6 +257,25 @@ void test_data_movement() {
   ops::copy_columns(cuda::to_device(x), 130, cdev);
   report("copy_columns 130..200 of 37x300", max_abs_diff(cuda::to_host(cdev), cref), 0.0f);
 
+  for (DType dt : {DType::kF32, DType::kF16}) {  // sizes that end inside the 32 x 32 tiles
+    const int64_t R = 45, C = 70;
+    Tensor h = random_tensor({R, C}, dt), ht = Tensor::empty({C, R}, dt), dt_out = Tensor::empty({C, R}, dt, Device::kCUDA);
+    ops::cpu::transpose(h, ht);
+    ops::transpose(cuda::to_device(h), dt_out);
+    const Tensor got = cuda::to_host(dt_out);
+    const size_t es = dtype_size(dt);
+    const char *src = static_cast<const char*>(h.data()), *cpu = static_cast<const char*>(ht.data()),
+               *gpu = static_cast<const char*>(got.data());
+    int64_t wrong = 0;  // element by element against out[c, r] = x[r, c]
+    for (int64_t r = 0; r < R; ++r)
+      for (int64_t c = 0; c < C; ++c) {
+        const char* want = src + size_t(r * C + c) * es;
+        wrong += std::memcmp(cpu + size_t(c * R + r) * es, want, es) != 0;
+        wrong += std::memcmp(gpu + size_t(c * R + r) * es, want, es) != 0;
+      }
+    report(std::string("transpose 45x70 ") + dtype_name(dt), float(wrong), 0.0f);
+  }
+
   for (DType dt : {DType::kF32, DType::kF16}) {
     Tensor h = Tensor::empty({1000, 77}, dt), d = Tensor::empty({1000, 77}, dt, Device::kCUDA);
     ops::cpu::fill_uniform(h, 42, -0.5f, 0.25f);
@@ -592,25 +611,30 @@ void test_moe_route(int64_t T, int64_t E, int64_t K, int64_t H, bool shared) {
 }
 
 // Experts as separate f16 matrices (as the loader makes them), found through address tables on
-// each side.
+// each side; the device side holds down transposed, as the model places it for the CUDA kernels.
 struct Experts {
   std::vector<Tensor> host_mats, device_mats;
   ops::ExpertTable host, device;
   Experts(int64_t E, int64_t H, int64_t I) {
     Tensor gu_at = Tensor::empty({E}, DType::kI64), dn_at = Tensor::empty({E}, DType::kI64);
     Tensor dgu_at = Tensor::empty({E}, DType::kI64), ddn_at = Tensor::empty({E}, DType::kI64);
-    auto add = [&](Tensor m, Tensor& at, Tensor& dat, int64_t e) {
+    auto add = [&](Tensor m, Tensor& at, Tensor& dat, int64_t e, bool transposed = false) {
       host_mats.push_back(m);
-      device_mats.push_back(cuda::to_device(m));
+      Tensor d = m;
+      if (transposed) {
+        d = Tensor::empty({m.size(1), m.size(0)}, m.dtype());
+        ops::cpu::transpose(m, d);
+      }
+      device_mats.push_back(cuda::to_device(d));
       at.ptr<int64_t>()[e] = int64_t(reinterpret_cast<intptr_t>(host_mats.back().data()));
       dat.ptr<int64_t>()[e] = int64_t(reinterpret_cast<intptr_t>(device_mats.back().data()));
     };
     for (int64_t e = 0; e < E; ++e) {
       add(random_tensor({2 * I, H}, DType::kF16, 1.0f / std::sqrt(float(H))), gu_at, dgu_at, e);
-      add(random_tensor({H, I}, DType::kF16, 1.0f / std::sqrt(float(I))), dn_at, ddn_at, e);
+      add(random_tensor({H, I}, DType::kF16, 1.0f / std::sqrt(float(I))), dn_at, ddn_at, e, /*transposed=*/true);
     }
     host = {gu_at, dn_at, DType::kF16, H, I};
-    device = {cuda::to_device(dgu_at), cuda::to_device(ddn_at), DType::kF16, H, I};
+    device = {cuda::to_device(dgu_at), cuda::to_device(ddn_at), DType::kF16, H, I, /*down_transposed=*/true};
   }
 };
 
@@ -799,6 +823,8 @@ int main(int argc, char** argv) {
     test_moe_experts(512, 64, 10, 2048, 512);    // Qwen3-Next's expert shape in a prefill
     test_moe_experts(8, 64, 10, 2048, 512);
     test_moe_experts(2, 64, 10, 2048, 512);   // 64-intermediate slices
+    test_moe_experts(64, 64, 10, 2048, 512);  // the largest decode batch: 128-intermediate slices
+    test_moe_experts(2, 16, 4, 4104, 64);     // hidden past two passes of the down columns
     test_moe_experts(5, 16, 4, 200, 40);      // a slice past I, hidden rows past the last full pass
     test_argmax(1, 128256);  // a Llama-3 decode step at concurrency 1
     test_argmax(3, 49152);

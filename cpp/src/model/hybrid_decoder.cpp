@@ -52,6 +52,7 @@ struct FeedForwardWeights {
   bool shared_routed = false;  // that shared expert rides with the routed ones as expert E
   Tensor shared_gate;          // [1, hidden]: a shared expert of another size, gated on its own
   ops::ExpertTable table;      // the experts' addresses (+ the shared one), on their device
+  bool down_transposed = false;  // the table's experts hold down as [inter, hidden]
 };
 
 struct Layer {
@@ -290,21 +291,32 @@ class HybridDecoderLM final : public DecoderBase {
   }
 
   void build_expert_tables() {
-    fused_expert_tokens_ = device_ == Device::kCPU ? 1 : kFusedExpertTokensOnDevice;
+    const bool device_kernels = device_ != Device::kCPU && dtype_ == DType::kF16 && cfg_.hidden_size % 8 == 0 &&
+                                cfg_.moe_intermediate_size % 8 == 0;
+    // Past the device kernels' shape limits: host grouping only, no graphs.
+    fused_expert_tokens_ = device_ == Device::kCPU ? 1 : device_kernels ? kFusedExpertTokensOnDevice : 0;
     for (Layer& L : layers_) {
       FeedForwardWeights& f = L.ffn;
       if (!f.moe) continue;
       has_moe_ = true;
       const int64_t E = int64_t(f.experts.size()), n = E + (f.shared_routed ? 1 : 0);
+      if (f.down_transposed != device_kernels) {  // the device kernels stream down as [inter, hidden]
+        for (int64_t e = 0; e < n; ++e) {
+          Tensor& d = e < E ? f.experts[size_t(e)].down : f.shared.down;
+          Tensor t = Tensor::uninitialized({d.size(1), d.size(0)}, d.dtype(), d.device());
+          ops::transpose(d, t);
+          d = t;
+        }
+        f.down_transposed = device_kernels;
+      }
       Tensor gu = Tensor::empty({n}, DType::kI64), dn = Tensor::empty({n}, DType::kI64);
       for (int64_t e = 0; e < n; ++e) {
         const ExpertWeights& x = e < E ? f.experts[size_t(e)] : f.shared;
         gu.ptr<int64_t>()[e] = int64_t(reinterpret_cast<intptr_t>(x.gate_up.data()));
         dn.ptr<int64_t>()[e] = int64_t(reinterpret_cast<intptr_t>(x.down.data()));
       }
-      f.table = {gu.to(device_), dn.to(device_), dtype_, cfg_.hidden_size, cfg_.moe_intermediate_size};
-      if (device_ != Device::kCPU && (dtype_ != DType::kF16 || cfg_.hidden_size % 8 || cfg_.moe_intermediate_size % 8))
-        fused_expert_tokens_ = 0;  // the device kernels' shape limits: host grouping only, no graphs
+      f.table = {gu.to(device_), dn.to(device_), dtype_, cfg_.hidden_size, cfg_.moe_intermediate_size,
+                 f.down_transposed};
     }
   }
 

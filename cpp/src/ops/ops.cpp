@@ -27,7 +27,7 @@ const char* op_name(Op op) {
                                 "gather_rows", "copy_columns", "fill_uniform",   "argmax", "qkv_rope_cache", "sample", "linear_swiglu",
                                 "gated_delta_rule", "causal_conv1d", "l2_norm", "gated_rms_norm",
                                 "sigmoid_mul", "gdn_gates", "scatter_add_rows", "add_gated_rows", "moe_topk", "moe_experts", "gdn_split_qkv",
-                                "moe_route", "gdn_decode"};
+                                "moe_route", "gdn_decode", "transpose"};
   return names[int(op)];
 }
 
@@ -65,6 +65,7 @@ bool supports_op(Device device, Op op) {
     case Op::kGdnSplitQkv: return t->gdn_split_qkv != nullptr;
     case Op::kMoeRoute: return t->moe_route != nullptr;
     case Op::kGdnDecode: return t->gdn_decode != nullptr;
+    case Op::kTranspose: return t->transpose != nullptr;
     case Op::kCount: break;
   }
   return false;
@@ -106,6 +107,14 @@ void gather_rows(const Tensor& x, const Tensor& rows, Tensor& out) {
 }
 void copy_columns(const Tensor& src, int64_t first_column, Tensor& dst) {
   table_for(src.device(), Op::kCopyColumns).copy_columns(src, first_column, dst);
+}
+void transpose(const Tensor& x, Tensor& out) {
+  RV_CHECK(x.dim() == 2 && out.dim() == 2 && out.size(0) == x.size(1) && out.size(1) == x.size(0) &&
+               out.dtype() == x.dtype() && (dtype_size(x.dtype()) == 2 || dtype_size(x.dtype()) == 4) &&
+               x.is_contiguous() && out.is_contiguous() && out.device() == x.device(),
+           "transpose: x [R, C] and out [C, R], contiguous, of one 2- or 4-byte dtype on one device (got ",
+           dtype_name(x.dtype()), " x of ", x.dim(), " dims and ", dtype_name(out.dtype()), " out of ", out.dim(), ")");
+  table_for(x.device(), Op::kTranspose).transpose(x, out);
 }
 void fill_uniform(Tensor& t, uint64_t seed, float lo, float hi) {
   table_for(t.device(), Op::kFillUniform).fill_uniform(t, seed, lo, hi);

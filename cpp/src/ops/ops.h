@@ -55,11 +55,14 @@ struct QkNorm {
 
 // The experts of one MoE layer by address, so a kernel can pick them per token without the host:
 // gate_up[e] points at expert e's [2 * inter, hidden] matrix ([gate; up] rows), down[e] at its
-// [hidden, inter] matrix, all of `dtype`. The address tables are int64 [E] on the experts' device.
+// [hidden, inter] matrix, or with down_transposed at its transpose [inter, hidden] (the layout the
+// CUDA kernels take: a slice of intermediates is then one contiguous run of bytes); all of
+// `dtype`. The address tables are int64 [E] on the experts' device.
 struct ExpertTable {
   Tensor gate_up, down;
   DType dtype = DType::kF32;
   int64_t hidden = 0, inter = 0;
+  bool down_transposed = false;
 };
 
 // The residual add and RMSNorm that follow a block's expert combine, fused into it where a backend
@@ -135,6 +138,7 @@ enum class Op {
   kGdnSplitQkv,
   kMoeRoute,
   kGdnDecode,
+  kTranspose,
   kCount
 };
 const char* op_name(Op op);
@@ -179,6 +183,7 @@ struct OpTable {
   void (*gdn_decode)(const Tensor& fused, const GdnWeights& w, Tensor& conv_states, Tensor& states,
                      const Tensor& seq_starts, const Tensor& seq_slots, Tensor& out) = nullptr;
   void (*gdn_split_qkv)(const Tensor& mixed, float eps, Tensor& q, Tensor& k, Tensor& v) = nullptr;
+  void (*transpose)(const Tensor& x, Tensor& out) = nullptr;
   void (*sample)(const Tensor& logits, const std::vector<SampleRow>& rows, const std::vector<SampleAdjust>& adjust,
                  std::vector<SampleResult>& out) = nullptr;
 };
@@ -214,6 +219,9 @@ void paged_attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cac
 void gather_rows(const Tensor& x, const Tensor& rows, Tensor& out);
 // dst[t, :] = src[t, first_column : first_column + dst.cols] (f32; splits fused projections).
 void copy_columns(const Tensor& src, int64_t first_column, Tensor& dst);
+// out[c, r] = x[r, c]: x [R, C], out [C, R], both of one 2- or 4-byte dtype (weight layouts a
+// backend's kernels prefer, made once at load).
+void transpose(const Tensor& x, Tensor& out);
 // Fills t (f32/f16/bf16) with values uniform in [lo, hi) drawn from a counter-based hash of
 // (seed, index): the same values on every device (random weights for benchmarks).
 void fill_uniform(Tensor& t, uint64_t seed, float lo, float hi);

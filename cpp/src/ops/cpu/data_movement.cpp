@@ -1,4 +1,4 @@
-// Row gathers, column copies, random fills and argmax: the small ops that keep model code free
+// Row gathers, column copies, transposes, random fills and argmax: the small ops that keep model code free
 // of raw memory access, so the same forward runs on every device.
 #include <cstring>
 
@@ -21,6 +21,18 @@ void copy_columns(const Tensor& src, int64_t first_column, Tensor& dst) {
   RV_CHECK(first_column + DC <= SC, "copy_columns: columns [", first_column, ", ", first_column + DC, ") of ", SC);
   for (int64_t t = 0; t < T; ++t)
     std::memcpy(dst.ptr<float>() + t * DC, src.ptr<float>() + t * SC + first_column, size_t(DC) * 4);
+}
+
+void transpose(const Tensor& x, Tensor& out) {
+  const int64_t R = x.size(0), C = x.size(1), es = int64_t(dtype_size(x.dtype()));
+  const char* src = static_cast<const char*>(x.data());
+  char* dst = static_cast<char*>(out.data());
+  constexpr int64_t kTile = 64;  // tiles keep both sides' cache lines in use
+  for (int64_t r0 = 0; r0 < R; r0 += kTile)
+    for (int64_t c0 = 0; c0 < C; c0 += kTile)
+      for (int64_t r = r0; r < std::min(R, r0 + kTile); ++r)
+        for (int64_t c = c0; c < std::min(C, c0 + kTile); ++c)
+          std::memcpy(dst + (c * R + r) * es, src + (r * C + c) * es, size_t(es));
 }
 
 void fill_uniform(Tensor& t, uint64_t seed, float lo, float hi) {

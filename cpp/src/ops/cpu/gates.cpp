@@ -88,6 +88,7 @@ void moe_route(const Tensor& x, const Tensor& router, int64_t E, bool renormaliz
 void moe_experts(const Tensor& x, const Tensor& ids, const Tensor& weights, const ExpertTable& ex, Tensor& out,
                  const ResidualNorm* then) {
   const int64_t T = x.size(0), K = ids.size(1), H = ex.hidden, I = ex.inter;
+  RV_CHECK(!ex.down_transposed, "CPU moe_experts: down matrices as [hidden, inter] (the table has them transposed)");
   const int64_t* gu_at = ex.gate_up.ptr<int64_t>();
   const int64_t* dn_at = ex.down.ptr<int64_t>();
   auto view = [&](int64_t address, std::vector<int64_t> shape) {

@@ -27,6 +27,7 @@ const OpTable* table() {
     o.paged_attention = &paged_attention;
     o.gather_rows = &gather_rows;
     o.copy_columns = &copy_columns;
+    o.transpose = &transpose;
     o.fill_uniform = &fill_uniform;
     o.argmax = &argmax;
     o.qkv_rope_cache = &qkv_rope_cache;
