@@ -7,8 +7,8 @@
 //     times the pair's routing weight, into a partial row of its own. One kernel streams all of a
 //     step's expert bytes: the down rows of a finished slice are read while other slices still
 //     read gate / up rows, instead of a second kernel that waits for every activation. (Down as
-//     [hidden, inter], a slice read 2 x S bytes of every hidden row: 431 against 445 tok/s at
-//     concurrency 1, 966 against 1006 at 8 on the H200.)
+//     [hidden, inter], a slice read 2 x S bytes of every hidden row: 432.9 against 439.6 tok/s
+//     at concurrency 1, 957.3 against 1010.9 at 8 on the H200, same run.)
 //  2. combine: a block per 64 hidden columns of a token sums the token's partial rows in a fixed
 //     order; with a residual norm, the token's last block adds the row to the residual stream and
 //     normalises it. (Summing inside the slice kernel, by the last slice of a pair and then the
@@ -292,10 +292,16 @@ void moe_experts(const Tensor& x, const Tensor& ids, const Tensor& weights, cons
   }
   RV_CHECK(!then || (then->weight->dtype() == DType::kF32 && T <= kArrivalCounters),
            "CUDA moe_experts: a float32 norm weight and at most ", kArrivalCounters, " tokens with a residual norm");
-  // The narrowest slice that keeps the grid within about two blocks per multiprocessor: more
-  // blocks per expert spread a small step over the device, fewer keep the partial rows few.
-  int S = 32;
-  while (S < 128 && T * K * ((I + S - 1) / S) > 2 * sm_count()) S *= 2;
+  // The narrowest slice that keeps the grid within two blocks per multiprocessor (all resident at
+  // once): a block streams its bytes as a chain of round trips, so more, smaller blocks finish
+  // sooner; a second wave, or fewer blocks, cost more than the extra partial rows. (24 rather than
+  // 32 at one token on the H200, 242 blocks against 176: 452.9 against 444.9 tok/s.)
+  int S = 128;
+  for (const int s : {24, 32, 64})
+    if (T * K * ((I + s - 1) / s) <= 2 * sm_count()) {
+      S = s;
+      break;
+    }
   const int64_t slices = (I + S - 1) / S;
   Tensor part = Tensor::uninitialized({T * K * slices, H}, DType::kF32, Device::kCUDA);
   auto slice = [&](auto kernel) {
@@ -303,7 +309,8 @@ void moe_experts(const Tensor& x, const Tensor& ids, const Tensor& weights, cons
                      ids.ptr<int32_t>(), weights.ptr<float>(), ex.gate_up.ptr<int64_t>(), ex.down.ptr<int64_t>(),
                      part.ptr<float>(), int(K), int(H), int(I));
   };
-  if (S == 32) slice(moe_slice_kernel<32>);
+  if (S == 24) slice(moe_slice_kernel<24>);
+  else if (S == 32) slice(moe_slice_kernel<32>);
   else if (S == 64) slice(moe_slice_kernel<64>);
   else slice(moe_slice_kernel<128>);
   RV_CUDA_CHECK(cudaGetLastError());
