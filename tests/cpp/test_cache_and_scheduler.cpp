@@ -18,6 +18,7 @@ using namespace revolta;
 int g_passed = 0, g_failed = 0;
 void run_sampling_tests();     // test_sampling.cpp
 void run_memory_plan_tests();  // test_memory_plan.cpp
+void run_weight_layout_tests();  // test_weight_layout.cpp
 
 static std::unique_ptr<Request> make_request(uint64_t id, int n_tokens, int first = 100) {
   auto r = std::make_unique<Request>();
@@ -160,6 +161,7 @@ int main() {
   test_preemption_recomputes_later();
   run_sampling_tests();
   run_memory_plan_tests();
+  run_weight_layout_tests();
   std::printf("%d passed, %d failed\n", g_passed, g_failed);
   return g_failed == 0 ? 0 : 1;
 }

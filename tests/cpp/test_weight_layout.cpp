@@ -1,0 +1,73 @@
+// Weight layouts made at load: ops::transpose (the experts' down matrices for the CUDA kernels)
+// against its definition, and the expert path of a backend refusing a layout it does not read.
+#include <cstdint>
+#include <cstring>
+#include <functional>
+#include <stdexcept>
+#include <string>
+
+#include "expect.h"
+#include "ops/ops.h"
+
+using namespace revolta;
+
+namespace {
+
+// Sizes that end inside the CPU's 64 x 64 tiles, for both element sizes the op takes.
+void test_transpose_definition() {
+  const int64_t R = 67, C = 130;
+  for (DType dt : {DType::kF32, DType::kF16}) {
+    Tensor x = Tensor::empty({R, C}, dt), out = Tensor::empty({C, R}, dt);
+    ops::fill_uniform(x, 7, -1.0f, 1.0f);
+    ops::transpose(x, out);
+    const size_t es = dtype_size(dt);
+    const char* src = static_cast<const char*>(x.data());
+    const char* dst = static_cast<const char*>(out.data());
+    int64_t wrong = 0;
+    for (int64_t r = 0; r < R; ++r)
+      for (int64_t c = 0; c < C; ++c) wrong += std::memcmp(dst + size_t(c * R + r) * es, src + size_t(r * C + c) * es, es) != 0;
+    EXPECT(wrong == 0);
+    Tensor back = Tensor::empty({R, C}, dt);  // twice is the identity
+    ops::transpose(out, back);
+    EXPECT(std::memcmp(back.data(), x.data(), x.nbytes()) == 0);
+  }
+}
+
+bool throws_naming(const std::function<void()>& f, const std::string& words) {
+  try {
+    f();
+  } catch (const std::exception& e) {
+    return std::string(e.what()).find(words) != std::string::npos;
+  }
+  return false;
+}
+
+void test_transpose_rejects_mismatched_shapes() {
+  Tensor x = Tensor::empty({4, 6}, DType::kF32);
+  Tensor same = Tensor::empty({4, 6}, DType::kF32), half = Tensor::empty({6, 4}, DType::kF16);
+  EXPECT(throws_naming([&] { ops::transpose(x, same); }, "transpose"));
+  EXPECT(throws_naming([&] { ops::transpose(x, half); }, "transpose"));
+}
+
+// The CPU reads down as [hidden, inter]: a table marked transposed is refused, not misread.
+void test_cpu_experts_refuse_transposed_down() {
+  const int64_t H = 8, I = 8;
+  Tensor gu = Tensor::empty({2 * I, H}, DType::kF32), dn = Tensor::empty({I, H}, DType::kF32);
+  Tensor gu_at = Tensor::empty({1}, DType::kI64), dn_at = Tensor::empty({1}, DType::kI64);
+  gu_at.ptr<int64_t>()[0] = int64_t(reinterpret_cast<intptr_t>(gu.data()));
+  dn_at.ptr<int64_t>()[0] = int64_t(reinterpret_cast<intptr_t>(dn.data()));
+  ops::ExpertTable table{gu_at, dn_at, DType::kF32, H, I, /*down_transposed=*/true};
+  Tensor x = Tensor::empty({1, H}, DType::kF32), ids = Tensor::empty({1, 1}, DType::kI32);
+  Tensor w = Tensor::empty({1, 1}, DType::kF32), out = Tensor::empty({1, H}, DType::kF32);
+  EXPECT(throws_naming([&] { ops::moe_experts(x, ids, w, table, out); }, "transposed"));
+  table.down_transposed = false;  // the same call on the layout it reads runs
+  EXPECT(!throws_naming([&] { ops::moe_experts(x, ids, w, table, out); }, ""));
+}
+
+}  // namespace
+
+void run_weight_layout_tests() {
+  test_transpose_definition();
+  test_transpose_rejects_mismatched_shapes();
+  test_cpu_experts_refuse_transposed_down();
+}
