@@ -6,9 +6,9 @@
 //     slice into shared memory, then the slice's share of every hidden column, act . down_t[slice],
 //     times the pair's routing weight, into a partial row of its own. One kernel streams all of a
 //     step's expert bytes: the down rows of a finished slice are read while other slices still
-//     read gate / up rows, instead of a second kernel that waits for every activation. (Down as
-//     [hidden, inter], a slice read 2 x S bytes of every hidden row: 432.9 against 439.6 tok/s
-//     at concurrency 1, 957.3 against 1010.9 at 8 on the H200, same run.)
+//     read gate / up rows, instead of a second kernel that waits for every activation. (One H200 run:
+//     439.6 tok/s at concurrency 1 and 1010.9 at 8, against 432.9 and 957.3 with down as [hidden,
+//     inter], where a slice read 2 x S bytes out of every hidden row.)
 //  2. combine: a block per 64 hidden columns of a token sums the token's partial rows in a fixed
 //     order; with a residual norm, the token's last block adds the row to the residual stream and
 //     normalises it. (Summing inside the slice kernel, by the last slice of a pair and then the
