@@ -53,7 +53,7 @@ __global__ void transpose_kernel(const T* __restrict__ x, int64_t R, int64_t C, 
 void transpose(const Tensor& x, Tensor& out) {
   const int64_t R = x.size(0), C = x.size(1);
   if (R == 0 || C == 0) return;
-  RV_CHECK((C + 31) / 32 <= INT32_MAX && (R + 31) / 32 <= 65535, "CUDA transpose: ", R, " rows is too many");
+  RV_CHECK((R + 31) / 32 <= 65535, "CUDA transpose: ", R, " rows is more than a grid's 65535 tiles of 32 cover");
   const dim3 grid(unsigned((C + 31) / 32), unsigned((R + 31) / 32)), block(32, 8);
   if (dtype_size(x.dtype()) == 2)
     transpose_kernel<<<grid, block, 0, stream()>>>(static_cast<const uint16_t*>(x.data()), R, C, static_cast<uint16_t*>(out.data()));
