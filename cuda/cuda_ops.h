@@ -63,7 +63,7 @@ void add_gated_rows(Tensor& out, const Tensor& y, const Tensor& gate);
 void moe_topk(const Tensor& logits, int64_t num_experts, bool renormalize, Tensor& ids, Tensor& weights);
 void moe_route(const Tensor& x, const Tensor& router, int64_t num_experts, bool renormalize, Tensor& ids, Tensor& weights);
 void gdn_split_qkv(const Tensor& mixed, float eps, Tensor& q, Tensor& k, Tensor& v);
-void gdn_decode(const Tensor& fused, const ops::GdnWeights& w, Tensor& conv_states, Tensor& states,
+void gdn_decode(const Tensor* x, Tensor& fused, const ops::GdnWeights& w, Tensor& conv_states, Tensor& states,
                 const Tensor& seq_starts, const Tensor& seq_slots, Tensor& out);
 void moe_experts(const Tensor& x, const Tensor& ids, const Tensor& weights, const ops::ExpertTable& experts, Tensor& out,
                  const ops::ResidualNorm* then);

@@ -42,4 +42,19 @@ __device__ inline bool last_to_arrive(int* counter, int total) {
   return last;
 }
 
+// Waits until `total` blocks have called it on `counter` (their writes before it are then visible
+// to every thread of this block). All `total` blocks must be resident at once; the counter stays
+// at `total` until the caller re-arms it, once every block is known to be past the wait.
+__device__ inline void arrive_and_wait(int* counter, int total) {
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    __threadfence();
+    atomicAdd(counter, 1);
+    while (*static_cast<volatile int*>(counter) < total) {
+    }
+    __threadfence();
+  }
+  __syncthreads();
+}
+
 }  // namespace revolta::cuda

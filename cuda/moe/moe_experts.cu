@@ -31,42 +31,13 @@
 #include "core/warp_reduce.cuh"
 #include "cuda_ops.h"
 #include "gemm/gemm_tensor_core.cuh"
+#include "gemm/row_dots.cuh"
 #include "norms/residual_norm_tail.cuh"
 
 namespace revolta::cuda {
 namespace {
 
 constexpr int kWarps = 8;
-
-// One warp's P intermediate rows (gate and up) dotted with x: U steps of 8 elements per lane are
-// loaded before any is used, so 2 x P x U 16-byte weight loads are in flight per lane. Each lane
-// ends with its share of the dots (warp_sum completes them).
-template <int P, int U>
-__device__ __forceinline__ void gate_up_dots(const __half* const (&wg)[P], const __half* const (&wu)[P],
-                                             const float* __restrict__ xt, int H, int lane, float (&g)[P], float (&u)[P]) {
-  constexpr int kStep = 32 * 8;
-  int k = lane * 8;
-  for (; k + (U - 1) * kStep < H; k += U * kStep) {  // H % 8 == 0 (checked by the caller)
-    uint4 a[P][U], b[P][U];
-#pragma unroll
-    for (int p = 0; p < P; ++p)
-#pragma unroll
-      for (int s = 0; s < U; ++s) a[p][s] = load_weight_raw8(wg[p] + k + s * kStep), b[p][s] = load_weight_raw8(wu[p] + k + s * kStep);
-#pragma unroll
-    for (int s = 0; s < U; ++s) {
-      float xv[8];
-      load8(xt + k + s * kStep, xv);
-#pragma unroll
-      for (int p = 0; p < P; ++p) g[p] += dot8(a[p][s], xv), u[p] += dot8(b[p][s], xv);
-    }
-  }
-  for (; k < H; k += kStep) {
-    float xv[8];
-    load8(xt + k, xv);
-#pragma unroll
-    for (int p = 0; p < P; ++p) g[p] += dot8(load_weight_raw8(wg[p] + k), xv), u[p] += dot8(load_weight_raw8(wu[p] + k), xv);
-  }
-}
 
 // Block (slice, pair): act[i] for the S intermediates i0 + [0, S) of the pair's expert (rows past I
 // give 0), then part[pair * slices + slice][h] = weight * sum_i act[i] * down_t[i, h] for every h.
@@ -109,7 +80,7 @@ __global__ void __launch_bounds__(kWarps * 32, 2)
       wg[p] = gu + size_t(i) * H, wu[p] = gu + size_t(I + i) * H;
     }
     float g[kGroup] = {}, u[kGroup] = {};
-    gate_up_dots<kGroup, 8 / kGroup>(wg, wu, xt, H, lane, g, u);
+    paired_row_dots<kGroup, 8 / kGroup>(wg, wu, xt, H, lane, g, u);
 #pragma unroll
     for (int p = 0; p < kGroup; ++p) {
       const float gv = warp_sum(g[p]), uv = warp_sum(u[p]);

@@ -458,35 +458,46 @@ void test_gdn_prefill(int64_t T) {
 }
 
 // A DeltaNet block's decode step from its fused projection (gdn_decode) against the CPU's
-// composition of the separate ops; sequences of `lens` tokens plus a padding row (slot -1).
-void test_gdn_decode(std::vector<int32_t> lens, int64_t Hk, int64_t Hv, int64_t Dk, int64_t Dv, int64_t W) {
-  const int64_t S = int64_t(lens.size()) + 1, slots = S + 1, C = 2 * Hk * Dk + Hv * Dv, width = C + Hv * Dv + 2 * Hv + 5;
+// composition of the separate ops; sequences of `lens` tokens plus a padding row (slot -1). With a
+// hidden size, the op starts from the block's input and its f16 projection (no padding row: a
+// step of one token of one sequence takes the CUDA kernel that computes the projection itself).
+void test_gdn_decode(std::vector<int32_t> lens, int64_t Hk, int64_t Hv, int64_t Dk, int64_t Dv, int64_t W,
+                     int64_t hidden = 0) {
+  const bool pad = hidden == 0;
+  const int64_t S = int64_t(lens.size()) + (pad ? 1 : 0), slots = S + 1, C = 2 * Hk * Dk + Hv * Dv;
+  const int64_t width = C + Hv * Dv + 2 * Hv + (pad ? 5 : 0);
   Tensor starts = Tensor::empty({S + 1}, DType::kI32), sl = Tensor::empty({S}, DType::kI32);
-  for (int64_t i = 0; i + 1 < S; ++i) {
+  for (int64_t i = 0; i < int64_t(lens.size()); ++i) {
     starts.ptr<int32_t>()[i + 1] = starts.ptr<int32_t>()[i] + lens[size_t(i)];
     sl.ptr<int32_t>()[i] = int32_t(slots - 1 - i);
   }
-  starts.ptr<int32_t>()[S] = starts.ptr<int32_t>()[S - 1] + 1;  // the padding row
-  sl.ptr<int32_t>()[S - 1] = -1;
+  if (pad) {
+    starts.ptr<int32_t>()[S] = starts.ptr<int32_t>()[S - 1] + 1;  // the padding row
+    sl.ptr<int32_t>()[S - 1] = -1;
+  }
   const int64_t T = starts.ptr<int32_t>()[S];
   Tensor fused = random_tensor({T, width}, DType::kF32, 2.0f), conv = random_tensor({C, W}, DType::kF32, 0.5f);
+  Tensor x = random_tensor({T, std::max<int64_t>(hidden, 1)}), proj = random_tensor({width, std::max<int64_t>(hidden, 1)}, DType::kF16, 0.04f);
   Tensor neg_a = random_tensor({Hv}), dtb = random_tensor({Hv}), nw = random_tensor({Dv});
   for (int64_t h = 0; h < Hv; ++h) neg_a.ptr<float>()[h] = -std::fabs(neg_a.ptr<float>()[h]) - 0.05f;
   Tensor cs = random_tensor({slots, C, W - 1}), ss = random_tensor({slots, Hv, Dk, Dv}, DType::kF32, 0.1f);
   Tensor dcs = cuda::to_device(cs), dss = cuda::to_device(ss);
   Tensor ref = Tensor::empty({T, Hv * Dv}, DType::kF32), dout = Tensor::empty({T, Hv * Dv}, DType::kF32, Device::kCUDA);
-  const ops::GdnWeights hw{&conv, &neg_a, &dtb, &nw, 1e-6f};
-  ops::cpu::gdn_decode(fused, hw, cs, ss, starts, sl, ref);
+  const ops::GdnWeights hw{&proj, &conv, &neg_a, &dtb, &nw, 1e-6f};
+  ops::cpu::gdn_decode(pad ? nullptr : &x, fused, hw, cs, ss, starts, sl, ref);
   Tensor dconv = cuda::to_device(conv), dna = cuda::to_device(neg_a), ddt = cuda::to_device(dtb), dnw = cuda::to_device(nw);
-  const ops::GdnWeights dw{&dconv, &dna, &ddt, &dnw, 1e-6f};
-  Tensor dfused = cuda::to_device(fused), dst = cuda::to_device(starts), dsl = cuda::to_device(sl);
-  ops::gdn_decode(dfused, dw, dcs, dss, dst, dsl, dout);
+  Tensor dproj = cuda::to_device(proj), dx = cuda::to_device(x);
+  const ops::GdnWeights dw{&dproj, &dconv, &dna, &ddt, &dnw, 1e-6f};
+  Tensor dfused = cuda::to_device(pad ? fused : random_tensor({T, width})), dst = cuda::to_device(starts), dsl = cuda::to_device(sl);
+  const Tensor* dxp = pad ? nullptr : &dx;
+  ops::gdn_decode(dxp, dfused, dw, dcs, dss, dst, dsl, dout);
   const std::string tag = std::to_string(S) + " seqs T" + std::to_string(T) + " Hk" + std::to_string(Hk) + "/Hv" +
-                          std::to_string(Hv) + " Dk" + std::to_string(Dk) + " Dv" + std::to_string(Dv) + " W" + std::to_string(W);
+                          std::to_string(Hv) + " Dk" + std::to_string(Dk) + " Dv" + std::to_string(Dv) + " W" + std::to_string(W) +
+                          (pad ? "" : " from hidden " + std::to_string(hidden));
   report("gdn_decode " + tag, std::max({max_abs_diff(cuda::to_host(dout), ref), max_abs_diff(cuda::to_host(dss), ss),
-                                        max_abs_diff(cuda::to_host(dcs), cs)}), 1e-4f);
-  perf("gdn_decode " + tag, double(S * Hv * Dk * Dv * 8),
-       [&] { ops::gdn_decode(dfused, dw, dcs, dss, dst, dsl, dout); });
+                                        max_abs_diff(cuda::to_host(dcs), cs), max_abs_diff(cuda::to_host(dfused), fused)}), 1e-4f);
+  perf("gdn_decode " + tag, double(S * Hv * Dk * Dv * 8) + (pad ? 0.0 : double(proj.nbytes())),
+       [&] { ops::gdn_decode(dxp, dfused, dw, dcs, dss, dst, dsl, dout); });
 }
 
 void test_conv_and_norms(int64_t T, int64_t C, int64_t W, bool silu, int64_t extra_columns = 0) {
@@ -799,6 +810,11 @@ int main(int argc, char** argv) {
     test_gdn_decode({1, 1}, 1, 4, 32, 32, 4);            // four value heads per key head
     test_gdn_decode({2, 1}, 2, 4, 64, 160, 4);           // a ragged last column group
     test_gdn_decode({1, 2, 1, 1, 1}, 8, 16, 64, 160, 4);  // 128-column blocks (a larger batch), ragged
+    test_gdn_decode({1}, 16, 32, 128, 128, 4, 2048);    // Qwen3-Next decode from the block's input
+    test_gdn_decode({1}, 2, 4, 16, 16, 4, 64);          // tiny: an odd share of rows per block
+    test_gdn_decode({1}, 1, 4, 32, 160, 3, 520);        // ragged columns, a hidden size past whole steps
+    test_gdn_decode({1}, 16, 64, 128, 128, 4, 1024);    // 256 blocks: no room for helper copies on an H200
+    test_gdn_decode({2}, 16, 32, 128, 128, 4, 2048);    // two tokens: the projection as a kernel of its own
     test_conv_and_norms(1, 300, 4, true);
     test_conv_and_norms(50, 8192, 4, true);
     test_conv_and_norms(7, 33, 2, false, 21);

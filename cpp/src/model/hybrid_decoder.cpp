@@ -355,15 +355,15 @@ class HybridDecoderLM final : public DecoderBase {
     const int64_t width = L.gdn.proj.size(0);
     const Device dev = x.device();
     Tensor fused = Tensor::uninitialized({T, width}, DType::kF32, dev);
-    ops::linear(x, L.gdn.proj, nullptr, fused);
     const size_t layer = size_t(L.cache_index);
     Tensor normed = Tensor::uninitialized({T, value_dim}, DType::kF32, dev);
-    if (T <= kDecodeTokens) {  // conv, norms, gates, recurrent rule and output norm in one op
-      const ops::GdnWeights w{&L.gdn.conv, &L.gdn.neg_a, &L.gdn.dt_bias, &L.gdn.norm, cfg_.rms_norm_eps};
-      ops::gdn_decode(fused, w, states.conv[layer], states.ssm[layer], b.seq_starts, b.seq_state_slots, normed);
+    if (T <= kDecodeTokens) {  // projection, conv, norms, gates, recurrent rule and output norm in one op
+      const ops::GdnWeights w{&L.gdn.proj, &L.gdn.conv, &L.gdn.neg_a, &L.gdn.dt_bias, &L.gdn.norm, cfg_.rms_norm_eps};
+      ops::gdn_decode(&x, fused, w, states.conv[layer], states.ssm[layer], b.seq_starts, b.seq_state_slots, normed);
       residual_out(normed, L.gdn.out, then);
       return;
     }
+    ops::linear(x, L.gdn.proj, nullptr, fused);
     Tensor conv_out = Tensor::uninitialized({T, conv_dim}, DType::kF32, dev);
     Tensor g = Tensor::uninitialized({T, Hv}, DType::kF32, dev), beta = Tensor::uninitialized({T, Hv}, DType::kF32, dev);
     ops::gdn_gates(fused, conv_dim + value_dim, L.gdn.neg_a, L.gdn.dt_bias, beta, g);

@@ -170,9 +170,10 @@ void moe_route(const Tensor& x, const Tensor& router, int64_t num_experts, bool 
                Tensor& weights) {
   table_for(x.device(), Op::kMoeRoute).moe_route(x, router, num_experts, renormalize, ids, weights);
 }
-void gdn_decode(const Tensor& fused, const GdnWeights& w, Tensor& conv_states, Tensor& states,
+void gdn_decode(const Tensor* x, Tensor& fused, const GdnWeights& w, Tensor& conv_states, Tensor& states,
                 const Tensor& seq_starts, const Tensor& seq_slots, Tensor& out) {
-  table_for(fused.device(), Op::kGdnDecode).gdn_decode(fused, w, conv_states, states, seq_starts, seq_slots, out);
+  RV_CHECK(!x || w.proj, "gdn_decode: an input x needs the input projection (GdnWeights::proj)");
+  table_for(fused.device(), Op::kGdnDecode).gdn_decode(x, fused, w, conv_states, states, seq_starts, seq_slots, out);
 }
 void sample(const Tensor& logits, const std::vector<SampleRow>& rows, const std::vector<SampleAdjust>& adjust,
             std::vector<SampleResult>& out) {

@@ -74,8 +74,9 @@ struct ResidualNorm {
   Tensor* normed = nullptr;
 };
 
-// A Gated DeltaNet block's weights past its input projection (see gdn_decode).
+// A Gated DeltaNet block's weights (see gdn_decode).
 struct GdnWeights {
+  const Tensor* proj = nullptr;    // [width, hidden] input projection, read when gdn_decode is given x
   const Tensor* conv = nullptr;    // [C, W] depthwise conv over [q | k | v]
   const Tensor* neg_a = nullptr;   // [Hv] -exp(A_log)
   const Tensor* dt_bias = nullptr; // [Hv]
@@ -180,7 +181,7 @@ struct OpTable {
                       Tensor& out, const ResidualNorm* then) = nullptr;
   void (*moe_route)(const Tensor& x, const Tensor& router, int64_t num_experts, bool renormalize, Tensor& ids,
                     Tensor& weights) = nullptr;
-  void (*gdn_decode)(const Tensor& fused, const GdnWeights& w, Tensor& conv_states, Tensor& states,
+  void (*gdn_decode)(const Tensor* x, Tensor& fused, const GdnWeights& w, Tensor& conv_states, Tensor& states,
                      const Tensor& seq_starts, const Tensor& seq_slots, Tensor& out) = nullptr;
   void (*gdn_split_qkv)(const Tensor& mixed, float eps, Tensor& q, Tensor& k, Tensor& v) = nullptr;
   void (*transpose)(const Tensor& x, Tensor& out) = nullptr;
@@ -261,7 +262,9 @@ void gated_rms_norm(const Tensor& x, const Tensor& gate, int64_t gate_column, co
 // decode-sized batches: causal_conv1d (silu) over [q | k | v], q / k heads L2-normalised
 // (eps 1e-6), gdn_gates from b and a, the delta rule (recurrent, or one chunk per 64 tokens) on
 // `states`, then gated_rms_norm with z. Backends fuse what they can into one pass.
-void gdn_decode(const Tensor& fused, const GdnWeights& w, Tensor& conv_states, Tensor& states,
+// Given the block's input x [T, hidden], fused is an output: first fused = x . w.proj^T (the
+// CUDA backend computes it inside the decode kernel for a step of one token).
+void gdn_decode(const Tensor* x, Tensor& fused, const GdnWeights& w, Tensor& conv_states, Tensor& states,
                 const Tensor& seq_starts, const Tensor& seq_slots, Tensor& out);
 // x *= sigmoid(gate) elementwise (gated attention's output gate), gate as for gated_rms_norm.
 void sigmoid_mul(Tensor& x, const Tensor& gate, int64_t gate_column);

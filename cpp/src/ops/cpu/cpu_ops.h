@@ -49,7 +49,7 @@ void causal_conv1d_seqs(const Tensor& x, const Tensor& weight, Tensor& conv_stat
                         const Tensor& seq_slots, Tensor& out, bool silu);
 void l2_norm(Tensor& x, int64_t dim, float eps);
 void gdn_split_qkv(const Tensor& mixed, float eps, Tensor& q, Tensor& k, Tensor& v);
-void gdn_decode(const Tensor& fused, const GdnWeights& w, Tensor& conv_states, Tensor& states,
+void gdn_decode(const Tensor* x, Tensor& fused, const GdnWeights& w, Tensor& conv_states, Tensor& states,
                 const Tensor& seq_starts, const Tensor& seq_slots, Tensor& out);
 void gated_rms_norm(const Tensor& x, const Tensor& gate, int64_t gate_column, const Tensor& weight, float eps, Tensor& out);
 

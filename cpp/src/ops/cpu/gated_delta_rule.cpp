@@ -245,8 +245,9 @@ void causal_conv1d_seqs(const Tensor& x, const Tensor& weight, Tensor& conv_stat
 }
 
 // The decode composition of the DeltaNet ops (the contract in ops/ops.h).
-void gdn_decode(const Tensor& fused, const GdnWeights& w, Tensor& conv_states, Tensor& states,
+void gdn_decode(const Tensor* x, Tensor& fused, const GdnWeights& w, Tensor& conv_states, Tensor& states,
                 const Tensor& seq_starts, const Tensor& seq_slots, Tensor& out) {
+  if (x) linear(*x, *w.proj, nullptr, fused);
   const int64_t T = fused.size(0), Hv = w.neg_a->numel(), Dv = w.norm->numel(), Dk = states.size(2);
   const int64_t C = w.conv->size(0), Hk = (C - Hv * Dv) / (2 * Dk);
   RV_CHECK(Hk > 0 && C == 2 * Hk * Dk + Hv * Dv && fused.size(1) >= C + Hv * Dv + 2 * Hv, "gdn_decode: fused ",
