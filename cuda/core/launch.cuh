@@ -18,9 +18,13 @@
 
 namespace revolta::cuda {
 
+// Launches with the attributes asked for: dependent (see above, where enabled) and cooperative
+// (every block resident at once, or the launch fails: for kernels whose blocks wait for each other).
 template <typename... Params, typename... Args>
-void launch_dependent(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, Args&&... args) {
-  if (!dependent_launch_enabled()) {
+void launch_with(bool dependent, bool cooperative, void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem,
+                 Args&&... args) {
+  dependent = dependent && dependent_launch_enabled();
+  if (!dependent && !cooperative) {
     kernel<<<grid, block, smem, stream()>>>(std::forward<Args>(args)...);
     return;
   }
@@ -29,12 +33,24 @@ void launch_dependent(void (*kernel)(Params...), dim3 grid, dim3 block, size_t s
   config.blockDim = block;
   config.dynamicSmemBytes = smem;
   config.stream = stream();
-  cudaLaunchAttribute attribute = {};
-  attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attribute.val.programmaticStreamSerializationAllowed = 1;
-  config.attrs = &attribute;
-  config.numAttrs = 1;
+  cudaLaunchAttribute attributes[2] = {};
+  unsigned n = 0;
+  if (dependent) {
+    attributes[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attributes[n++].val.programmaticStreamSerializationAllowed = 1;
+  }
+  if (cooperative) {
+    attributes[n].id = cudaLaunchAttributeCooperative;
+    attributes[n++].val.cooperative = 1;
+  }
+  config.attrs = attributes;
+  config.numAttrs = n;
   RV_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...));
+}
+
+template <typename... Params, typename... Args>
+void launch_dependent(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, Args&&... args) {
+  launch_with(true, false, kernel, grid, block, smem, std::forward<Args>(args)...);
 }
 
 // Lets the next kernel of the stream be scheduled (once every block of this one has called it or

@@ -20,8 +20,7 @@
 // must all be resident at once, which the host checks. Where two blocks fit per multiprocessor
 // (the H200 at Qwen3-Next's shape), a second copy of the grid helps stream the rows and leaves.
 // (H200, Qwen3-Next shape, 32 layers, concurrency 1, same run: 452.4 / 452.8 / 452.2 tok/s against
-// 447.1 / 445.6 / 441.0 with the projection as a kernel of its own; 440.2 / 439.4 / 432.8 without
-// the helpers, whose 8 warps per multiprocessor stream the rows too slowly.)
+// 447.1 / 445.6 / 441.0 with the projection as a kernel of its own.)
 #include <cuda_fp16.h>
 
 #include <algorithm>
@@ -293,9 +292,12 @@ __global__ void __launch_bounds__(kThreads, 2) gdn_decode_projected_kernel(GDN_D
 }
 #undef GDN_DECODE_PARAMS
 
-// Launches kKernel (a kProject form) through go when every block of the grid can be resident at
-// once, which the group counter's wait needs; with room for two copies of the block set, the
-// second copy (helpers) takes half of each group's projection rows, so twice the warps stream them.
+// Launches kKernel (a kProject form) through go when two copies of the block set can be resident
+// at once (the group counter's wait needs every block resident; the launch is cooperative, so a
+// device shared with other work fails it rather than hangs): the second copy (helpers) takes half
+// of each group's projection rows, so twice the warps stream them. One copy alone streamed them
+// slower than the projection's own kernel (H200: 440.2 / 439.4 / 432.8 against 447.1 / 445.6 /
+// 441.0 tok/s), so without room for two the projection stays a kernel of its own.
 template <auto kKernel, typename Go>
 bool projected(int64_t blocks, Go& go) {
   static const int per_sm = [] {
@@ -303,9 +305,8 @@ bool projected(int64_t blocks, Go& go) {
     RV_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kKernel, kThreads, 0));
     return n;
   }();
-  const int64_t copies = std::min<int64_t>(2, int64_t(per_sm) * sm_count() / blocks);
-  if (copies < 1) return false;
-  go(kKernel, true, unsigned(copies));
+  if (int64_t(per_sm) * sm_count() < 2 * blocks) return false;
+  go(kKernel, true, 2u);
   return true;
 }
 
@@ -338,7 +339,7 @@ void gdn_decode(const Tensor* x, Tensor& fused, const ops::GdnWeights& w, Tensor
                        p->size(1) == x->size(1) && p->size(1) % 8 == 0 && reinterpret_cast<uintptr_t>(x->data()) % 16 == 0 &&
                        reinterpret_cast<uintptr_t>(p->data()) % 16 == 0;
   auto go = [&](auto kernel, bool with_projection, unsigned copies = 1) {
-    launch_dependent(kernel, dim3(grid.x * copies, grid.y), dim3(kThreads), 0, with_projection ? x->ptr<float>() : nullptr,
+    launch_with(true, with_projection, kernel, dim3(grid.x * copies, grid.y), dim3(kThreads), 0, with_projection ? x->ptr<float>() : nullptr,
                      with_projection ? static_cast<const __half*>(p->data()) : nullptr, with_projection ? int(p->size(1)) : 0,
                      fused.ptr<float>(), w.conv->ptr<float>(), w.neg_a->ptr<float>(), w.dt_bias->ptr<float>(),
                      w.norm->ptr<float>(), w.norm_eps, conv_states.ptr<float>(), states.ptr<float>(),

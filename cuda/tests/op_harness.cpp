@@ -813,7 +813,7 @@ int main(int argc, char** argv) {
     test_gdn_decode({1}, 16, 32, 128, 128, 4, 2048);    // Qwen3-Next decode from the block's input
     test_gdn_decode({1}, 2, 4, 16, 16, 4, 64);          // tiny: an odd share of rows per block
     test_gdn_decode({1}, 1, 4, 32, 160, 3, 520);        // ragged columns, a hidden size past whole steps
-    test_gdn_decode({1}, 16, 64, 128, 128, 4, 1024);    // 256 blocks: no room for helper copies on an H200
+    test_gdn_decode({1}, 16, 64, 128, 128, 4, 1024);    // 256 blocks: no room for two copies (an H200), its own kernel
     test_gdn_decode({2}, 16, 32, 128, 128, 4, 2048);    // two tokens: the projection as a kernel of its own
     test_conv_and_norms(1, 300, 4, true);
     test_conv_and_norms(50, 8192, 4, true);
