@@ -1,5 +1,7 @@
 // Weight layouts made at load: ops::transpose (the experts' down matrices for the CUDA kernels)
-// against its definition, and the expert path of a backend refusing a layout it does not read.
+// against its definition, and the expert path of a backend refusing a layout it does not read;
+// gdn_decode given the block's input, which makes its projection part of the op.
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <functional>
@@ -64,10 +66,53 @@ void test_cpu_experts_refuse_transposed_down() {
   EXPECT(!throws_naming([&] { ops::moe_experts(x, ids, w, table, out); }, ""));
 }
 
+// gdn_decode from the block's input: fused becomes x . proj^T and the step is the one taken from
+// that fused row (state, conv windows and output alike); without the projection it is refused.
+void test_gdn_decode_from_input() {
+  const int64_t Hk = 1, Hv = 2, Dk = 8, Dv = 8, W = 4, H = 16, C = 2 * Hk * Dk + Hv * Dv, width = C + Hv * Dv + 2 * Hv;
+  Tensor x = Tensor::empty({1, H}, DType::kF32), proj = Tensor::empty({width, H}, DType::kF32);
+  Tensor conv = Tensor::empty({C, W}, DType::kF32), neg_a = Tensor::empty({Hv}, DType::kF32);
+  Tensor dt_bias = Tensor::empty({Hv}, DType::kF32), norm = Tensor::empty({Dv}, DType::kF32);
+  ops::fill_uniform(x, 1, -1.0f, 1.0f);
+  ops::fill_uniform(proj, 2, -0.5f, 0.5f);
+  ops::fill_uniform(conv, 3, -0.5f, 0.5f);
+  ops::fill_uniform(neg_a, 4, -1.0f, -0.1f);
+  ops::fill_uniform(dt_bias, 5, -0.5f, 0.5f);
+  ops::fill_uniform(norm, 6, 0.5f, 1.5f);
+  Tensor starts = Tensor::empty({2}, DType::kI32), slots = Tensor::empty({1}, DType::kI32);
+  starts.ptr<int32_t>()[1] = 1;
+  struct Run {
+    Tensor fused, conv_states, states, out;
+  };
+  auto fresh = [&] {
+    Run r{Tensor::empty({1, width}, DType::kF32), Tensor::empty({1, C, W - 1}, DType::kF32),
+          Tensor::empty({1, Hv, Dk, Dv}, DType::kF32), Tensor::empty({1, Hv * Dv}, DType::kF32)};
+    ops::fill_uniform(r.conv_states, 7, -1.0f, 1.0f);
+    ops::fill_uniform(r.states, 8, -0.1f, 0.1f);
+    return r;
+  };
+  const ops::GdnWeights w{&proj, &conv, &neg_a, &dt_bias, &norm, 1e-6f};
+  Run a = fresh(), b = fresh();
+  ops::gdn_decode(&x, a.fused, w, a.conv_states, a.states, starts, slots, a.out);
+  ops::linear(x, proj, nullptr, b.fused);
+  ops::gdn_decode(nullptr, b.fused, w, b.conv_states, b.states, starts, slots, b.out);
+  auto same = [](const Tensor& p, const Tensor& q) { return std::memcmp(p.data(), q.data(), p.nbytes()) == 0; };
+  EXPECT(same(a.fused, b.fused) && same(a.out, b.out) && same(a.states, b.states) && same(a.conv_states, b.conv_states));
+  float norm1 = 0.0f;  // the step did something: not all zero
+  for (int64_t i = 0; i < a.out.numel(); ++i) norm1 += std::fabs(a.out.ptr<float>()[i]);
+  EXPECT(norm1 > 0.0f);
+  ops::GdnWeights no_proj = w;
+  no_proj.proj = nullptr;
+  Run c = fresh();
+  EXPECT(throws_naming([&] { ops::gdn_decode(&x, c.fused, no_proj, c.conv_states, c.states, starts, slots, c.out); },
+                       "GdnWeights::proj"));
+}
+
 }  // namespace
 
 void run_weight_layout_tests() {
   test_transpose_definition();
   test_transpose_rejects_mismatched_shapes();
   test_cpu_experts_refuse_transposed_down();
+  test_gdn_decode_from_input();
 }
