@@ -17,8 +17,8 @@
 // head's group split the group's rows of the projection (its q / k channels and its value heads'
 // v, z, b and a columns), write them to `fused` and wait for each other on a group counter, so the
 // step has no projection kernel whose completion every block would wait for. The group's blocks
-// must all be resident at once, which the host checks. Where two blocks fit per multiprocessor
-// (the H200 at Qwen3-Next's shape), a second copy of the grid helps stream the rows and leaves.
+// must all be resident at once (a cooperative launch). A second copy of the grid (helpers) streams
+// half of the rows and leaves; without room for both copies the projection stays a GEMV of its own.
 // (H200, Qwen3-Next shape, 32 layers, concurrency 1, same run: 452.4 / 452.8 / 452.2 tok/s against
 // 447.1 / 445.6 / 441.0 with the projection as a kernel of its own.)
 #include <cuda_fp16.h>
@@ -339,11 +339,12 @@ void gdn_decode(const Tensor* x, Tensor& fused, const ops::GdnWeights& w, Tensor
                        p->size(1) == x->size(1) && p->size(1) % 8 == 0 && reinterpret_cast<uintptr_t>(x->data()) % 16 == 0 &&
                        reinterpret_cast<uintptr_t>(p->data()) % 16 == 0;
   auto go = [&](auto kernel, bool with_projection, unsigned copies = 1) {
-    launch_with(true, with_projection, kernel, dim3(grid.x * copies, grid.y), dim3(kThreads), 0, with_projection ? x->ptr<float>() : nullptr,
-                     with_projection ? static_cast<const __half*>(p->data()) : nullptr, with_projection ? int(p->size(1)) : 0,
-                     fused.ptr<float>(), w.conv->ptr<float>(), w.neg_a->ptr<float>(), w.dt_bias->ptr<float>(),
-                     w.norm->ptr<float>(), w.norm_eps, conv_states.ptr<float>(), states.ptr<float>(),
-                     seq_starts.ptr<int32_t>(), seq_slots.ptr<int32_t>(), out.ptr<float>(), arrival_counters(), sh);
+    launch_with(true, with_projection, kernel, dim3(grid.x * copies, grid.y), dim3(kThreads), 0,
+                with_projection ? x->ptr<float>() : nullptr,
+                with_projection ? static_cast<const __half*>(p->data()) : nullptr, with_projection ? int(p->size(1)) : 0,
+                fused.ptr<float>(), w.conv->ptr<float>(), w.neg_a->ptr<float>(), w.dt_bias->ptr<float>(),
+                w.norm->ptr<float>(), w.norm_eps, conv_states.ptr<float>(), states.ptr<float>(),
+                seq_starts.ptr<int32_t>(), seq_slots.ptr<int32_t>(), out.ptr<float>(), arrival_counters(), sh);
   };
   bool launched = false;
   if (project) {

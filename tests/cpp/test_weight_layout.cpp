@@ -67,7 +67,8 @@ void test_cpu_experts_refuse_transposed_down() {
 }
 
 // gdn_decode from the block's input: fused becomes x . proj^T and the step is the one taken from
-// that fused row (state, conv windows and output alike); without the projection it is refused.
+// that fused row (state, conv windows and output alike); without the projection, or with an input
+// of another width, it is refused.
 void test_gdn_decode_from_input() {
   const int64_t Hk = 1, Hv = 2, Dk = 8, Dv = 8, W = 4, H = 16, C = 2 * Hk * Dk + Hv * Dv, width = C + Hv * Dv + 2 * Hv;
   Tensor x = Tensor::empty({1, H}, DType::kF32), proj = Tensor::empty({width, H}, DType::kF32);
@@ -106,6 +107,9 @@ void test_gdn_decode_from_input() {
   Run c = fresh();
   EXPECT(throws_naming([&] { ops::gdn_decode(&x, c.fused, no_proj, c.conv_states, c.states, starts, slots, c.out); },
                        "GdnWeights::proj"));
+  Tensor narrow = Tensor::empty({1, H / 2}, DType::kF32);  // an input the projection does not take
+  EXPECT(throws_naming([&] { ops::gdn_decode(&narrow, c.fused, w, c.conv_states, c.states, starts, slots, c.out); },
+                       "x [T, hidden]"));
 }
 
 }  // namespace

@@ -173,6 +173,10 @@ void moe_route(const Tensor& x, const Tensor& router, int64_t num_experts, bool 
 void gdn_decode(const Tensor* x, Tensor& fused, const GdnWeights& w, Tensor& conv_states, Tensor& states,
                 const Tensor& seq_starts, const Tensor& seq_slots, Tensor& out) {
   RV_CHECK(!x || w.proj, "gdn_decode: an input x needs the input projection (GdnWeights::proj)");
+  RV_CHECK(!x || (x->dim() == 2 && x->size(0) == fused.size(0) && w.proj->size(0) == fused.size(1) &&
+                  w.proj->size(1) == x->size(1)),
+           "gdn_decode: x [T, hidden], GdnWeights::proj [width, hidden] and fused [T, width] (got x ",
+           x ? x->shape_str() : "", ", proj ", x ? w.proj->shape_str() : "", ", fused ", fused.shape_str(), ")");
   table_for(fused.device(), Op::kGdnDecode).gdn_decode(x, fused, w, conv_states, states, seq_starts, seq_slots, out);
 }
 void sample(const Tensor& logits, const std::vector<SampleRow>& rows, const std::vector<SampleAdjust>& adjust,
