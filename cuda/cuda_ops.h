@@ -61,7 +61,8 @@ void gdn_gates(const Tensor& fused, int64_t first_column, const Tensor& neg_a, c
 void scatter_add_rows(Tensor& out, const Tensor& rows, const Tensor& weights, const Tensor& y);
 void add_gated_rows(Tensor& out, const Tensor& y, const Tensor& gate);
 void moe_topk(const Tensor& logits, int64_t num_experts, bool renormalize, Tensor& ids, Tensor& weights);
-void moe_route(const Tensor& x, const Tensor& router, int64_t num_experts, bool renormalize, Tensor& ids, Tensor& weights);
+void moe_route(const Tensor& x, const Tensor& router, int64_t num_experts, bool renormalize, Tensor& ids, Tensor& weights,
+               const ops::ResidualNorm* first);
 void gdn_split_qkv(const Tensor& mixed, float eps, Tensor& q, Tensor& k, Tensor& v);
 void gdn_decode(const Tensor* x, Tensor& fused, const ops::GdnWeights& w, Tensor& conv_states, Tensor& states,
                 const Tensor& seq_starts, const Tensor& seq_slots, Tensor& out);

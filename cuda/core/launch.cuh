@@ -1,8 +1,8 @@
 // Programmatic dependent launch (compute capability 9.0 and newer): a decode step is a chain of
 // short kernels, and each one otherwise pays its launch and its first memory round trip after the
 // previous one has fully drained. Kernels launched through launch_dependent() may be scheduled
-// while their predecessor's last blocks still run; they stream what does not depend on it (their
-// weights, into L2) and call wait_for_predecessor() before touching anything the predecessor
+// while their predecessor's last blocks still run; they load what does not depend on it (their
+// first weights) and call wait_for_predecessor() before touching anything the predecessor
 // writes or reads. Every kernel launched this way must call it before its first such access.
 //
 // The instructions exist only in code built for sm_90 and newer; on older devices, and for code
@@ -73,14 +73,6 @@ __device__ __forceinline__ void wait_for_predecessor() {
 __device__ __forceinline__ void enter_dependent() {
   let_successor_launch();
   wait_for_predecessor();
-}
-
-// Starts bringing weights into L2 while the predecessor drains (only where dependent launch can
-// overlap the two: elsewhere the load that follows would pay for it twice).
-__device__ __forceinline__ void prefetch_weights_l2(const void* p) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
-#endif
 }
 
 }  // namespace revolta::cuda

@@ -602,23 +602,35 @@ void test_moe_topk(int64_t T, int64_t E, int64_t K, bool renorm, bool shared = f
 }
 
 // Router logits + top-k in one op (one launch for decode batches of up to 4 tokens) against the
-// CPU's linear + moe_topk; twice in a row (the arrival counter resets itself).
-void test_moe_route(int64_t T, int64_t E, int64_t K, int64_t H, bool shared) {
+// CPU's linear + moe_topk; twice in a row (the arrival counter resets itself). With `first`, x is
+// a block's output: the residual add + RMSNorm come first (the CPU's add_rms_norm), and the new
+// residual and normed rows are compared too.
+void test_moe_route(int64_t T, int64_t E, int64_t K, int64_t H, bool shared, bool first = false) {
   const int64_t S = shared ? 1 : 0;
   Tensor x = random_tensor({T, H}), router = random_tensor({E + S, H}, DType::kF32, 1.0f);
+  Tensor res = random_tensor({T, H}), nw = random_tensor({H}), normed = Tensor::empty({T, H}, DType::kF32);
   Tensor ids = Tensor::empty({T, K + S}, DType::kI32), w = Tensor::empty({T, K + S}, DType::kF32);
-  ops::cpu::moe_route(x, router, E, true, ids, w);
+  Tensor dres, dnormed = Tensor::empty({T, H}, DType::kF32, Device::kCUDA), dnw = cuda::to_device(nw);
+  const ops::ResidualNorm cpu_first{&res, &nw, 1e-6f, &normed}, dev_first{&dres, &dnw, 1e-6f, &dnormed};
   Tensor dx = cuda::to_device(x), dr = cuda::to_device(router);
   Tensor dids = Tensor::empty(ids.shape(), DType::kI32, Device::kCUDA), dw = Tensor::empty(w.shape(), DType::kF32, Device::kCUDA);
-  for (int rep = 0; rep < 2; ++rep) ops::moe_route(dx, dr, E, true, dids, dw);
+  for (int rep = 0; rep < 2; ++rep) {
+    dres = cuda::to_device(res);  // the residual before the add, each time
+    ops::moe_route(dx, dr, E, true, dids, dw, first ? &dev_first : nullptr);
+  }
+  ops::cpu::moe_route(x, router, E, true, ids, w, first ? &cpu_first : nullptr);
   const Tensor hid = cuda::to_host(dids);
   int64_t wrong = 0;
   for (int64_t i = 0; i < ids.numel(); ++i) wrong += hid.ptr<int32_t>()[i] != ids.ptr<int32_t>()[i];
   const std::string tag = std::to_string(T) + "x" + std::to_string(H) + " E" + std::to_string(E) + " top" +
-                          std::to_string(K) + (shared ? " + shared" : "");
+                          std::to_string(K) + (shared ? " + shared" : "") + (first ? " after add + norm" : "");
   report("moe_route ids " + tag, float(wrong), 0.0f);
   report("moe_route weights " + tag, max_abs_diff(cuda::to_host(dw), w), 1e-4f);
-  perf("moe_route " + tag, double((E + S) * H * 4), [&] { ops::moe_route(dx, dr, E, true, dids, dw); });
+  if (first) {
+    report("moe_route residual " + tag, max_abs_diff(cuda::to_host(dres), res), 1e-6f);
+    report("moe_route normed " + tag, max_abs_diff(cuda::to_host(dnormed), normed), 1e-5f);
+  }
+  perf("moe_route " + tag, double((E + S) * H * 4), [&] { ops::moe_route(dx, dr, E, true, dids, dw, first ? &dev_first : nullptr); });
 }
 
 // Experts as separate f16 matrices (as the loader makes them), found through address tables on
@@ -832,6 +844,10 @@ int main(int argc, char** argv) {
     test_moe_route(2, 64, 4, 4096, false);   // router rows too long to hold in registers
     test_moe_route(9, 512, 10, 256, true);   // past the fused form: linear + moe_topk
     test_moe_route(16, 512, 10, 2048, true);  // Qwen3-Next routing at concurrency 16
+    test_moe_route(1, 512, 10, 2048, true, true);  // after the block's residual add + norm, one launch
+    test_moe_route(4, 64, 8, 1000, false, true);   // a row of 250 float4s: a ragged last batch
+    test_moe_route(4, 64, 4, 4096, true, true);    // past 48 KB of shared rows: add_rms_norm first
+    test_moe_route(9, 512, 10, 256, true, true);   // past the fused form
     test_moe_experts(1, 64, 10, 2048, 512);   // Qwen3-Next decode, concurrency 1 (GB/s in --perf)
     test_moe_experts(100, 16, 4, 256, 96);     // prefill: grouped by expert on the device
     test_moe_experts(300, 64, 10, 512, 128);

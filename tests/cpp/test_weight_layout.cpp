@@ -112,6 +112,40 @@ void test_gdn_decode_from_input() {
                        "x [T, hidden]"));
 }
 
+// moe_route given a block's output (ResidualNorm first): the same residual, normed rows, ids and
+// weights as add_rms_norm followed by moe_route of the normed rows; a residual of another shape
+// is refused, naming it.
+void test_moe_route_after_add_norm() {
+  const int64_t T = 2, H = 16, E = 8, K = 3;
+  Tensor y = Tensor::empty({T, H}, DType::kF32), router = Tensor::empty({E + 1, H}, DType::kF32);
+  Tensor w = Tensor::empty({H}, DType::kF32), res0 = Tensor::empty({T, H}, DType::kF32);
+  ops::fill_uniform(y, 11, -1.0f, 1.0f);
+  ops::fill_uniform(router, 12, -0.5f, 0.5f);
+  ops::fill_uniform(w, 13, 0.5f, 1.5f);
+  ops::fill_uniform(res0, 14, -1.0f, 1.0f);
+  struct Run {
+    Tensor residual, normed, ids, weights;
+  };
+  auto fresh = [&] {
+    Run r{Tensor::empty({T, H}, DType::kF32), Tensor::empty({T, H}, DType::kF32), Tensor::empty({T, K + 1}, DType::kI32),
+          Tensor::empty({T, K + 1}, DType::kF32)};
+    std::memcpy(r.residual.data(), res0.data(), res0.nbytes());
+    return r;
+  };
+  Run a = fresh(), b = fresh();
+  const ops::ResidualNorm first{&a.residual, &w, 1e-6f, &a.normed};
+  ops::moe_route(y, router, E, true, a.ids, a.weights, &first);
+  ops::add_rms_norm(b.residual, y, w, 1e-6f, b.normed);
+  ops::moe_route(b.normed, router, E, true, b.ids, b.weights);
+  auto same = [](const Tensor& p, const Tensor& q) { return std::memcmp(p.data(), q.data(), p.nbytes()) == 0; };
+  EXPECT(same(a.residual, b.residual) && same(a.normed, b.normed) && same(a.ids, b.ids) && same(a.weights, b.weights));
+  EXPECT(!same(a.residual, res0));  // the add happened
+  Tensor short_res = Tensor::empty({T, H / 2}, DType::kF32);
+  Run c = fresh();
+  const ops::ResidualNorm bad{&short_res, &w, 1e-6f, &c.normed};
+  EXPECT(throws_naming([&] { ops::moe_route(y, router, E, true, c.ids, c.weights, &bad); }, "residual"));
+}
+
 }  // namespace
 
 void run_weight_layout_tests() {
@@ -119,4 +153,5 @@ void run_weight_layout_tests() {
   test_transpose_rejects_mismatched_shapes();
   test_cpu_experts_refuse_transposed_down();
   test_gdn_decode_from_input();
+  test_moe_route_after_add_norm();
 }

@@ -147,15 +147,15 @@ class HybridDecoderLM final : public DecoderBase {
     Tensor x = Tensor::uninitialized({T, H}, DType::kF32, device_);
     ops::embedding(b.token_ids, head_.embed, residual);
     ops::rms_norm(residual, layers_[0].input_norm, eps, x);
-    // Each block adds its output to the residual stream and normalises it for the next block
-    // (ops::ResidualNorm; the expert kernels fuse it): x is the normalised input of every block.
+    // Each block's output is added to the residual stream and normalised for the next block
+    // (ops::ResidualNorm, which the routing and the expert kernels fuse): x is the normalised input
+    // of every block.
     for (size_t l = 0; l < layers_.size(); ++l) {
       const Layer& L = layers_[l];
       const ops::ResidualNorm post{&residual, &L.post_norm, eps, &x};
-      if (L.linear) deltanet(L, b, *caches.state, x, post);
-      else attention(L, b, *caches.kv, x, post);
+      const Tensor y = L.linear ? deltanet(L, b, *caches.state, x) : attention(L, b, *caches.kv, x);
       const Tensor& next = l + 1 < layers_.size() ? layers_[l + 1].input_norm : final_norm_;
-      feed_forward(L.ffn, x, ops::ResidualNorm{&residual, &next, eps, &x});
+      feed_forward(L.ffn, y, post, ops::ResidualNorm{&residual, &next, eps, &x});
     }
     return final_logits(x, b.logits_row_ids, head_.lm_head);
   }
@@ -327,7 +327,8 @@ class HybridDecoderLM final : public DecoderBase {
     return n;
   }
 
-  void attention(const Layer& L, const ForwardBatch& b, KvCache& kv, const Tensor& x, const ops::ResidualNorm& then) {
+  // The attention block's output projection (not yet added to the residual stream).
+  Tensor attention(const Layer& L, const ForwardBatch& b, KvCache& kv, const Tensor& x) {
     const int64_t T = x.size(0), D = cfg_.head_dim, NH = cfg_.num_heads, KVH = cfg_.num_kv_heads;
     const int64_t QO = NH * D, KVO = KVH * D, width = L.attn.proj.size(0);
     const float eps = cfg_.rms_norm_eps;
@@ -344,10 +345,11 @@ class HybridDecoderLM final : public DecoderBase {
       Tensor a2 = attn.view({T, QO});
       ops::sigmoid_mul(a2, fused, QO + 2 * KVO);
     }
-    residual_out(attn.view({T, QO}), L.attn.o, then);
+    return project(attn.view({T, QO}), L.attn.o);
   }
 
-  void deltanet(const Layer& L, const ForwardBatch& b, StateCache& states, const Tensor& x, const ops::ResidualNorm& then) {
+  // The DeltaNet block's output projection (not yet added to the residual stream).
+  Tensor deltanet(const Layer& L, const ForwardBatch& b, StateCache& states, const Tensor& x) {
     const ModelConfig& c = cfg_;
     const int64_t T = x.size(0), Hk = c.linear_num_key_heads, Hv = c.linear_num_value_heads;
     const int64_t Dk = c.linear_key_head_dim, Dv = c.linear_value_head_dim;
@@ -360,8 +362,7 @@ class HybridDecoderLM final : public DecoderBase {
     if (T <= kDecodeTokens) {  // projection, conv, norms, gates, recurrent rule and output norm in one op
       const ops::GdnWeights w{&L.gdn.proj, &L.gdn.conv, &L.gdn.neg_a, &L.gdn.dt_bias, &L.gdn.norm, cfg_.rms_norm_eps};
       ops::gdn_decode(&x, fused, w, states.conv[layer], states.ssm[layer], b.seq_starts, b.seq_state_slots, normed);
-      residual_out(normed, L.gdn.out, then);
-      return;
+      return project(normed, L.gdn.out);
     }
     ops::linear(x, L.gdn.proj, nullptr, fused);
     Tensor conv_out = Tensor::uninitialized({T, conv_dim}, DType::kF32, dev);
@@ -374,13 +375,17 @@ class HybridDecoderLM final : public DecoderBase {
     ops::gdn_split_qkv(conv_out, 1e-6f, q, k, v);
     ops::gated_delta_rule(q, k, v, g, beta, states.ssm[layer], b.seq_starts, b.seq_state_slots, core, kChunk);
     ops::gated_rms_norm(core, fused, conv_dim, L.gdn.norm, cfg_.rms_norm_eps, normed);  // z: columns of the projection
-    residual_out(normed, L.gdn.out, then);
+    return project(normed, L.gdn.out);
   }
 
-  // x is read, then overwritten with the next block's normalised input (then.normed is x).
-  void feed_forward(const FeedForwardWeights& f, const Tensor& x, const ops::ResidualNorm& then) {
+  // The block output y goes into the residual stream and its norm into post.normed (x), the MLP's
+  // input; x is then overwritten with the next block's normalised input (then.normed is x too).
+  void feed_forward(const FeedForwardWeights& f, const Tensor& y, const ops::ResidualNorm& post,
+                    const ops::ResidualNorm& then) {
+    const Tensor& x = *post.normed;
     const int64_t T = x.size(0), H = cfg_.hidden_size;
     if (!f.moe) {
+      ops::add_rms_norm(*post.residual, y, *post.weight, post.eps, *post.normed);
       Tensor act = Tensor::uninitialized({T, f.down.size(1)}, DType::kF32, x.device());
       ops::linear_swiglu(x, f.gate_up, act);
       residual_out(act, f.down, then);
@@ -392,7 +397,7 @@ class HybridDecoderLM final : public DecoderBase {
     // (decode kernels, or grouping by expert on the device for prefill); the CPU groups prefill
     // batches by expert on the host and moves the experts' rows by gather / scatter ops.
     Tensor ids = Tensor::uninitialized({T, K}, DType::kI32, dev), weights = Tensor::uninitialized({T, K}, DType::kF32, dev);
-    ops::moe_route(x, f.router, E, cfg_.norm_topk_prob, ids, weights);
+    ops::moe_route(y, f.router, E, cfg_.norm_topk_prob, ids, weights, &post);  // the add + norm first
     const bool device_experts = device_ != Device::kCPU && fused_expert_tokens_ > 0;
     if (T <= fused_expert_tokens_ || device_experts) {
       Tensor out = Tensor::uninitialized({T, H}, DType::kF32, dev);
@@ -435,9 +440,13 @@ class HybridDecoderLM final : public DecoderBase {
   // A block's output projection, added to the residual stream and normalised for the next block.
   // (A GEMV whose last block did the add + norm measured slower on the H200 than these two launches.)
   static void residual_out(const Tensor& x, const Tensor& weight, const ops::ResidualNorm& then) {
-    Tensor y = Tensor::uninitialized(then.residual->shape(), DType::kF32, x.device());
+    ops::add_rms_norm(*then.residual, project(x, weight), *then.weight, then.eps, *then.normed);
+  }
+
+  static Tensor project(const Tensor& x, const Tensor& weight) {
+    Tensor y = Tensor::uninitialized({x.size(0), weight.size(0)}, DType::kF32, x.device());
     ops::linear(x, weight, nullptr, y);
-    ops::add_rms_norm(*then.residual, y, *then.weight, then.eps, *then.normed);
+    return y;
   }
 
   static void mlp(const Tensor& gate_up, const Tensor& down, const Tensor& x, Tensor& out) {

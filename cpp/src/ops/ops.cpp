@@ -167,8 +167,14 @@ void moe_experts(const Tensor& x, const Tensor& ids, const Tensor& weights, cons
   table_for(x.device(), Op::kMoeExperts).moe_experts(x, ids, weights, experts, out, then);
 }
 void moe_route(const Tensor& x, const Tensor& router, int64_t num_experts, bool renormalize, Tensor& ids,
-               Tensor& weights) {
-  table_for(x.device(), Op::kMoeRoute).moe_route(x, router, num_experts, renormalize, ids, weights);
+               Tensor& weights, const ResidualNorm* first) {
+  RV_CHECK(!first || (first->residual->shape() == x.shape() && first->normed->shape() == x.shape() &&
+                      first->weight->numel() == x.size(1)),
+           "moe_route: residual, normed [T, hidden] like x and a norm weight [hidden] (got x ", x.shape_str(),
+           first ? ", residual " + first->residual->shape_str() + ", normed " + first->normed->shape_str() +
+                       ", weight " + first->weight->shape_str()
+                 : std::string(), ")");
+  table_for(x.device(), Op::kMoeRoute).moe_route(x, router, num_experts, renormalize, ids, weights, first);
 }
 void gdn_decode(const Tensor* x, Tensor& fused, const GdnWeights& w, Tensor& conv_states, Tensor& states,
                 const Tensor& seq_starts, const Tensor& seq_slots, Tensor& out) {

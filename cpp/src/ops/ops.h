@@ -180,7 +180,7 @@ struct OpTable {
   void (*moe_experts)(const Tensor& x, const Tensor& ids, const Tensor& weights, const ExpertTable& experts,
                       Tensor& out, const ResidualNorm* then) = nullptr;
   void (*moe_route)(const Tensor& x, const Tensor& router, int64_t num_experts, bool renormalize, Tensor& ids,
-                    Tensor& weights) = nullptr;
+                    Tensor& weights, const ResidualNorm* first) = nullptr;
   void (*gdn_decode)(const Tensor* x, Tensor& fused, const GdnWeights& w, Tensor& conv_states, Tensor& states,
                      const Tensor& seq_starts, const Tensor& seq_slots, Tensor& out) = nullptr;
   void (*gdn_split_qkv)(const Tensor& mixed, float eps, Tensor& q, Tensor& k, Tensor& v) = nullptr;
@@ -283,9 +283,11 @@ void add_gated_rows(Tensor& out, const Tensor& y, const Tensor& gate);
 // ids int32 [T, K (+ 1)], weights f32 [T, K (+ 1)].
 void moe_topk(const Tensor& logits, int64_t num_experts, bool renormalize, Tensor& ids, Tensor& weights);
 // The router's logits x . router^T (router f32 [E (+ 1), hidden]) and moe_topk over them in one
-// step (a decode batch's routing without a separate top-k launch).
+// step (a decode batch's routing without a separate top-k launch). With `first`, x is a block's
+// output and the routing reads the MoE block's input: first->residual += x and first->normed =
+// its RMSNorm (add_rms_norm) come first, and the logits are first->normed . router^T.
 void moe_route(const Tensor& x, const Tensor& router, int64_t num_experts, bool renormalize, Tensor& ids,
-               Tensor& weights);
+               Tensor& weights, const ResidualNorm* first = nullptr);
 // The routed experts of a few tokens, without grouping them on the host: out[t] = sum over k of
 // weights[t, k] * down_e (silu(gate_e x_t) * up_e x_t), e = ids[t, k]. x, out f32 [T, hidden].
 // For decode-sized batches (every (token, expert) pair reads its expert's weights).

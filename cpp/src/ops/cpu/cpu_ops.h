@@ -29,7 +29,8 @@ void gdn_gates(const Tensor& fused, int64_t first_column, const Tensor& neg_a, c
 void scatter_add_rows(Tensor& out, const Tensor& rows, const Tensor& weights, const Tensor& y);
 void add_gated_rows(Tensor& out, const Tensor& y, const Tensor& gate);
 void moe_topk(const Tensor& logits, int64_t num_experts, bool renormalize, Tensor& ids, Tensor& weights);
-void moe_route(const Tensor& x, const Tensor& router, int64_t num_experts, bool renormalize, Tensor& ids, Tensor& weights);
+void moe_route(const Tensor& x, const Tensor& router, int64_t num_experts, bool renormalize, Tensor& ids, Tensor& weights,
+               const ResidualNorm* first = nullptr);
 void moe_experts(const Tensor& x, const Tensor& ids, const Tensor& weights, const ExpertTable& experts, Tensor& out,
                  const ResidualNorm* then);
 void sample(const Tensor& logits, const std::vector<SampleRow>& rows, const std::vector<SampleAdjust>& adjust,

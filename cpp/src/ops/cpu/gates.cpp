@@ -78,9 +78,11 @@ void moe_topk(const Tensor& logits, int64_t E, bool renormalize, Tensor& ids, Te
   }
 }
 
-void moe_route(const Tensor& x, const Tensor& router, int64_t E, bool renormalize, Tensor& ids, Tensor& weights) {
+void moe_route(const Tensor& x, const Tensor& router, int64_t E, bool renormalize, Tensor& ids, Tensor& weights,
+               const ResidualNorm* first) {
+  if (first) cpu::add_rms_norm(*first->residual, x, *first->weight, first->eps, *first->normed);
   Tensor logits = Tensor::uninitialized({x.size(0), router.size(0)}, DType::kF32);
-  cpu::linear(x, router, nullptr, logits);
+  cpu::linear(first ? *first->normed : x, router, nullptr, logits);
   cpu::moe_topk(logits, E, renormalize, ids, weights);
 }
 
