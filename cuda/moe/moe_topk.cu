@@ -211,14 +211,10 @@ __global__ void __launch_bounds__(kWarps * 32)
   }
   let_successor_launch();
   if (!last_to_arrive(counter, int(gridDim.x))) return;
+  for (int t = threadIdx.x / 32; t < M; t += kWarps) topk_registers_row<16, true>(logits + size_t(t) * R, E, K, S, renorm, ids + t * (K + S), weights + t * (K + S));
   // The warps past the M that pick the experts write the residual and normed rows meanwhile (with
   // no warp to spare, the pickers write them afterwards).
   const int writers_from = M < kWarps ? 32 * M : 0;
-  if (writers_from == 0)
-    for (int t = threadIdx.x / 32; t < M; t += kWarps) topk_registers_row<16, true>(logits + size_t(t) * R, E, K, S, renorm, ids + t * (K + S), weights + t * (K + S));
-  else if (int(threadIdx.x) < writers_from)
-    topk_registers_row<16, true>(logits + size_t(threadIdx.x / 32) * R, E, K, S, renorm, ids + threadIdx.x / 32 * (K + S),
-                                 weights + threadIdx.x / 32 * (K + S));
   if (kNorm && int(threadIdx.x) >= writers_from) {
     const int n4 = H / 4;
     for (int j = threadIdx.x - writers_from; j < M * n4; j += blockDim.x - writers_from) {
