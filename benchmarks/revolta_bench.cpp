@@ -4,7 +4,7 @@
 //
 //   revolta_bench --shape llama-8b|llama-1b|qwen3-next-80b [--layers N] [--device cuda|cpu]
 //                 [--concurrency 1,2,4,8,16,32] [--prefill 2048,8192] [--prompt 128] [--decode 128]
-//                 [--eager] [--no-dependent-launch] [--json FILE]
+//                 [--eager] [--no-dependent-launch] [--async-scheduling auto|on|off] [--json FILE]
 //
 // qwen3-next-80b is Qwen3-Next-80B-A3B's shape (hidden 2048, 512 experts top-10, its attention and
 // Gated DeltaNet dimensions); its 48 layers in fp16 do not fit one 141 GB GPU, so it runs 32 unless
@@ -148,7 +148,7 @@ std::pair<double, int64_t> run_decode(Engine& e, const std::vector<std::vector<i
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::string shape_name = "llama-8b", json_path, device = "cuda";
+  std::string shape_name = "llama-8b", json_path, device = "cuda", async_scheduling = "auto";
   int layers = 0;
   std::vector<int> conc = {1, 2, 4, 8, 16, 32}, prefill = {2048, 8192};
   int prompt = 128, decode = 128;
@@ -166,6 +166,7 @@ int main(int argc, char** argv) {
     else if (a == "--device") device = next();
     else if (a == "--json") json_path = next();
     else if (a == "--no-dependent-launch") dependent_launch = false;
+    else if (a == "--async-scheduling") async_scheduling = next();
     else {
       std::fprintf(stderr, "unknown argument %s\n", a.c_str());
       return 2;
@@ -202,39 +203,45 @@ int main(int argc, char** argv) {
   cfg.max_num_batched_tokens = std::max(2048, std::min(max_prefill, 8192));
   cfg.gpu_memory_utilization = 0.85f;
   cfg.enforce_eager = eager;
+  cfg.async_scheduling = async_scheduling;
   cfg.enable_prefix_caching = false;  // every prefill is measured in full
   Engine engine(cfg);
   const ModelInfo& info = engine.model_info();
   const TokenBytes tb = token_bytes(s);
   std::printf("shape %s: %.2f GB of weights; a decoded token reads %.3f GB of them + %.1f MB of state + KV; "
-              "KV pool %.1f GB; %s\n",
+              "KV pool %.1f GB; %s; async scheduling %s\n",
               shape_name.c_str(), info.weight_bytes / 1e9, (tb.weights + s.top_k * tb.per_expert) / 1e9, tb.state / 1e6,
-              info.kv_cache_bytes / 1e9, eager || device != "cuda" ? "eager" : "decode graphs allowed");
+              info.kv_cache_bytes / 1e9, eager || device != "cuda" ? "eager" : "decode graphs allowed",
+              async_scheduling.c_str());
   std::mt19937 rng(1);
   std::ostringstream js;
   js << "{\"shape\": \"" << shape_name << "\", \"device\": \"" << info.device << "\", \"read_bw_gbs\": " << read_bw / 1e9
      << ", \"weight_bytes\": " << info.weight_bytes << ", \"decode\": [";
   run_decode(engine, {random_prompt(prompt, s.vocab, rng)}, 8);  // warm-up: graphs, allocator
-  std::printf("%-12s %12s %12s %16s %10s %8s\n", "concurrency", "tok/s", "ms/step", "GB read/step", "of read bw",
-              "graphs");
+  std::printf("%-12s %12s %12s %16s %10s %8s %8s\n", "concurrency", "tok/s", "ms/step", "GB read/step", "of read bw",
+              "graphs", "ahead");
   for (size_t i = 0; i < conc.size(); ++i) {
     const int c = conc[i];
     std::vector<std::vector<int32_t>> ps;
     for (int j = 0; j < c; ++j) ps.push_back(random_prompt(prompt, s.vocab, rng));
-    const int64_t replays = engine.stats().graph_replays;
+    const EngineStats before = engine.stats();
     auto [secs, toks] = run_decode(engine, ps, decode);
-    // Decode steps that replayed a captured graph (the timed steps exclude the prefill).
-    const double graphs = double(engine.stats().graph_replays - replays) / std::max(1, decode - 1);
+    // Decode steps that replayed a captured graph (the timed steps exclude the prefill), and those
+    // queued before the host had read the previous step's tokens.
+    const EngineStats after = engine.stats();
+    const double graphs = double(after.graph_replays - before.graph_replays) / std::max(1, decode - 1);
+    const double ahead = double(after.steps_run_ahead - before.steps_run_ahead) / std::max(1, decode - 1);
     const double tps = toks / secs, step_s = c / tps;
     // A step reads the shared weights once, the experts its tokens picked (for random routing
     // E (1 - (1 - K/E)^c) distinct ones per layer), each sequence's state and KV.
     const double experts = s.hybrid() ? s.experts * (1.0 - std::pow(1.0 - double(s.top_k) / s.experts, c)) : 0.0;
     const double bytes = tb.weights + experts * tb.per_expert + c * tb.state + double(c) * (prompt + decode / 2.0) * tb.kv_per_ctx;
     const double frac = read_bw > 0 ? bytes / step_s / read_bw : 0.0;
-    std::printf("%-12d %12.1f %12.2f %16.3f %9.1f%% %7.0f%%\n", c, tps, step_s * 1e3, bytes / 1e9, 100 * frac,
-                100 * std::min(1.0, graphs));
+    std::printf("%-12d %12.1f %12.2f %16.3f %9.1f%% %7.0f%% %7.0f%%\n", c, tps, step_s * 1e3, bytes / 1e9, 100 * frac,
+                100 * std::min(1.0, graphs), 100 * std::min(1.0, ahead));
     js << (i ? ", " : "") << "{\"concurrency\": " << c << ", \"tok_s\": " << tps << ", \"step_ms\": " << step_s * 1e3
-       << ", \"bytes_per_step\": " << bytes << ", \"bw_fraction\": " << frac << ", \"graph_steps\": " << graphs << "}";
+       << ", \"bytes_per_step\": " << bytes << ", \"bw_fraction\": " << frac << ", \"graph_steps\": " << graphs
+       << ", \"steps_run_ahead\": " << ahead << "}";
   }
   js << "], \"prefill\": [";
   for (size_t i = 0; i < prefill.size(); ++i) {

@@ -160,3 +160,49 @@ def test_greedy_under_preemption(case):
     ) as llm:
         assert run(llm, prompts) == expected
         assert llm.stats().num_preemptions > 0
+
+
+def test_greedy_with_async_scheduling(case):
+    """Decode steps queued before the host has read the previous step's tokens (fed on the device;
+    the CPU runs the same bookkeeping): the same tokens, lengths and stops as the plain loop, the
+    step queued past a stop token discarded without a trace, prefix-cache hits, and preemption."""
+    model, path, prompts, expected = case
+    stop = expected[0][10]
+    params = [
+        SamplingParams(temperature=0.0, max_tokens=3, ignore_eos=True),
+        SamplingParams(temperature=0.0, max_tokens=GEN, ignore_eos=True, stop_token_ids=[stop]),
+        SamplingParams(temperature=0.0, max_tokens=9, ignore_eos=True),
+        SamplingParams(temperature=0.0, max_tokens=20, ignore_eos=True),
+    ]
+    varied = [prompts[1], prompts[0], prompts[3], prompts[2]]
+    with LLM(path, kv_cache_memory_bytes=8 << 20, async_scheduling="on") as llm:
+        assert run(llm, prompts) == expected
+        ahead = llm.stats().steps_run_ahead
+        assert ahead > 0
+        outs = llm.generate(varied, params)
+        assert llm.stats().steps_run_ahead > ahead
+        hits_before = llm.stats().prefix_cache_hits
+        assert run(llm, prompts) == expected  # now from the prefix cache
+        stats = llm.stats()
+        assert stats.prefix_cache_hits > hits_before
+        assert stats.num_blocks_used == 0
+    got = [(o.outputs[0].token_ids, o.outputs[0].finish_reason) for o in outs]
+    cut = expected[0].index(stop) + 1
+    assert got == [
+        (expected[1][:3], "length"),
+        (expected[0][:cut], "stop"),
+        (expected[3][:9], "length"),
+        (expected[2][:20], "length"),
+    ]
+    with LLM(path, kv_cache_memory_bytes=8 << 20, async_scheduling="off") as llm:
+        assert [(o.outputs[0].token_ids, o.outputs[0].finish_reason) for o in llm.generate(varied, params)] == got
+        assert llm.stats().steps_run_ahead == 0
+
+    max_len = max(PROMPT_LENGTHS) + GEN + 1
+    block, seqs = 16, 4
+    blocks = -(-max_len // block) + 1
+    with LLM(path, max_model_len=max_len, block_size=block, max_num_seqs=seqs, async_scheduling="on",
+             kv_cache_memory_bytes=blocks * block * kv_bytes_per_token(model) + 2 * seqs * state_bytes_per_slot(model)) as llm:
+        assert run(llm, prompts) == expected
+        stats = llm.stats()
+        assert stats.num_preemptions > 0 and stats.steps_run_ahead > 0

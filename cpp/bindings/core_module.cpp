@@ -69,6 +69,7 @@ NB_MODULE(_core, m) {
       .def_rw("load_format", &EngineConfig::load_format)
       .def_rw("gpu_memory_utilization", &EngineConfig::gpu_memory_utilization)
       .def_rw("enforce_eager", &EngineConfig::enforce_eager)
+      .def_rw("async_scheduling", &EngineConfig::async_scheduling)
       .def_rw("cuda_graph_batch_sizes", &EngineConfig::cuda_graph_batch_sizes)
       .def_rw("max_model_len", &EngineConfig::max_model_len)
       .def_rw("max_num_seqs", &EngineConfig::max_num_seqs)
@@ -113,7 +114,8 @@ NB_MODULE(_core, m) {
       .def_ro("prompt_tokens_computed", &EngineStats::prompt_tokens_computed)
       .def_ro("generation_tokens", &EngineStats::generation_tokens)
       .def_ro("requests_finished", &EngineStats::requests_finished)
-      .def_ro("graph_replays", &EngineStats::graph_replays);
+      .def_ro("graph_replays", &EngineStats::graph_replays)
+      .def_ro("steps_run_ahead", &EngineStats::steps_run_ahead);
 
   nb::class_<ModelInfo>(m, "ModelInfo")
       .def_ro("architecture", &ModelInfo::architecture)

@@ -8,9 +8,11 @@
 
 #include <atomic>
 #include <cstdlib>
+#include <cstring>
 #include <string>
 #include <map>
 #include <mutex>
+#include <vector>
 
 #include "core/arrival.cuh"
 #include "core/cuda_check.h"
@@ -94,6 +96,68 @@ class Graph final : public DeviceGraph {
   std::shared_ptr<Pool> pool_;
 };
 
+// Pinned staging buffers with their completion events, for copies to the host that the caller
+// waits for later. A buffer returns to the pool when its copy is waited for or dropped, and is
+// handed out again only once its event reports the copy done (a dropped copy may still be landing).
+class Staging {
+ public:
+  struct Slot {
+    void* pinned = nullptr;
+    size_t bytes = 0;
+    cudaEvent_t done = nullptr;
+  };
+  Slot take(size_t bytes) {
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      for (size_t i = 0; i < free_.size(); ++i) {
+        if (free_[i].bytes < bytes) continue;
+        const cudaError_t state = cudaEventQuery(free_[i].done);
+        if (state == cudaErrorNotReady) {
+          cudaGetLastError();  // "not ready" is an answer, not a failure: keep it out of later checks
+          continue;
+        }
+        RV_CUDA_CHECK(state);
+        const Slot s = free_[i];
+        free_.erase(free_.begin() + std::ptrdiff_t(i));
+        return s;
+      }
+    }
+    Slot s;
+    s.bytes = std::max<size_t>(bytes, 4096);
+    RV_CUDA_CHECK(cudaHostAlloc(&s.pinned, s.bytes, cudaHostAllocDefault));
+    RV_CUDA_CHECK(cudaEventCreateWithFlags(&s.done, cudaEventDisableTiming));
+    return s;
+  }
+  void give_back(const Slot& s) {
+    std::lock_guard<std::mutex> lk(mu_);
+    free_.push_back(s);
+  }
+
+ private:
+  std::mutex mu_;
+  std::vector<Slot> free_;
+};
+
+class StagedCopy final : public PendingCopy {
+ public:
+  StagedCopy(Staging& staging, void* dst, const void* src, size_t bytes)
+      : staging_(staging), slot_(staging.take(bytes)), dst_(dst), bytes_(bytes) {
+    RV_CUDA_CHECK(cudaMemcpyAsync(slot_.pinned, src, bytes, cudaMemcpyDeviceToHost, stream()));
+    RV_CUDA_CHECK(cudaEventRecord(slot_.done, stream()));
+  }
+  ~StagedCopy() override { staging_.give_back(slot_); }
+  void wait() override {
+    RV_CUDA_CHECK(cudaEventSynchronize(slot_.done));
+    std::memcpy(dst_, slot_.pinned, bytes_);
+  }
+
+ private:
+  Staging& staging_;
+  Staging::Slot slot_;
+  void* dst_;
+  size_t bytes_;
+};
+
 class Runtime final : public DeviceRuntime {
  public:
   std::string name() const override { return device_name(); }
@@ -106,6 +170,9 @@ class Runtime final : public DeviceRuntime {
   }
   void copy_on_device(void* dst, const void* src, size_t n) override {
     RV_CUDA_CHECK(cudaMemcpyAsync(dst, src, n, cudaMemcpyDeviceToDevice, stream()));
+  }
+  std::unique_ptr<PendingCopy> copy_to_host_later(void* dst, const void* src, size_t n) override {
+    return std::make_unique<StagedCopy>(staging_, dst, src, n);
   }
   void fill_zero(void* dst, size_t n) override { RV_CUDA_CHECK(cudaMemsetAsync(dst, 0, n, stream())); }
   void synchronize() override { cuda::synchronize(); }
@@ -138,6 +205,9 @@ class Runtime final : public DeviceRuntime {
     RV_CUDA_CHECK(err);
     return std::make_unique<Graph>(exec, pool);
   }
+
+ private:
+  Staging staging_;
 };
 
 struct Registration {

@@ -21,6 +21,8 @@ class EngineOptions(BaseModel):
     gpu_memory_utilization: float = Field(0.9, ge=0, le=0.99, description="cuda: share of device memory to use "
                                           "(0: size the KV pool by kv_cache_memory_bytes)")
     enforce_eager: bool = Field(False, description="cuda: no decode graphs")
+    async_scheduling: Literal["auto", "on", "off"] = Field(
+        "auto", description="queue a greedy decode step before the host reads the previous one's tokens (auto: on with cuda)")
     max_model_len: int = Field(0, ge=0, description="0: the model's max_position_embeddings")
     max_num_seqs: int = Field(64, ge=1, le=4096)
     max_num_batched_tokens: int = Field(2048, ge=1)

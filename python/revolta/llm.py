@@ -89,6 +89,7 @@ class LLM:
         load_format: str = "auto",
         gpu_memory_utilization: float = 0.9,
         enforce_eager: bool = False,
+        async_scheduling: str = "auto",
     ):
         self.model_path = resolve_model(model)
         cfg = _core.EngineConfig()
@@ -107,6 +108,7 @@ class LLM:
         cfg.load_format = load_format
         cfg.gpu_memory_utilization = gpu_memory_utilization
         cfg.enforce_eager = enforce_eager
+        cfg.async_scheduling = async_scheduling
         self.engine = _core.Engine(cfg)
         self.model_info = self.engine.model_info
         tok_dir = tokenizer or self.model_path

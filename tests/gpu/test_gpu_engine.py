@@ -117,6 +117,38 @@ def test_prefix_cache_hit_gives_the_same_tokens(pair):
     assert second.outputs[0].token_ids == first.outputs[0].token_ids
 
 
+def test_async_scheduling_gives_the_tokens_of_the_plain_loop(pair, model_dir):
+    """Decode steps queued before the host reads the previous step's tokens, which the device feeds
+    to them (the pair's GPU engine: async scheduling is on by default with cuda), against a GPU
+    engine without it: the same tokens, lengths and stops, in decode graphs."""
+    import revolta
+
+    _, gpu = pair
+    ps = prompts(8)
+    plain = [revolta.SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True) for n in (20, 3, 17, 20, 9, 20, 12, 20)]
+    off = revolta.LLM(model_dir, device="cuda", max_model_len=1024, gpu_memory_utilization=0.0, max_num_batched_tokens=128,
+                      max_num_seqs=16, async_scheduling="off")
+    try:
+        ref = off.generate(ps, plain)
+        stop = ref[0].outputs[0].token_ids[6]  # met mid-way: the step queued after it is discarded
+        params = list(plain)
+        params[0] = revolta.SamplingParams(temperature=0.0, max_tokens=20, ignore_eos=True, stop_token_ids=[stop])
+        ref = off.generate(ps, params)
+        assert off.engine.stats().steps_run_ahead == 0
+    finally:
+        off.engine.shutdown()
+        del off
+        gc.collect()
+    before = gpu.engine.stats()
+    got = gpu.generate(ps, params)
+    after = gpu.engine.stats()
+    assert after.steps_run_ahead - before.steps_run_ahead >= 10
+    assert after.graph_replays > before.graph_replays
+    assert ref[0].outputs[0].finish_reason == "stop"
+    for r, g in zip(ref, got):
+        assert (g.outputs[0].token_ids, g.outputs[0].finish_reason) == (r.outputs[0].token_ids, r.outputs[0].finish_reason)
+
+
 def test_sampling_with_seed_on_gpu_is_reproducible(pair):
     import revolta
 

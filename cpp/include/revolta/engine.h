@@ -48,6 +48,10 @@ struct EngineConfig {
   // pool gets what is left. 0: size the KV pool by kv_cache_memory_bytes instead.
   float gpu_memory_utilization = 0.9f;
   bool enforce_eager = false;        // CUDA: no decode graphs
+  // auto (on with cuda) | on | off. On: a decode step of greedy requests is queued before the host
+  // has read the previous step's tokens (the device feeds them to it), so the device does not idle
+  // while the host checks stops and schedules. A request that stops costs one discarded step.
+  std::string async_scheduling = "auto";
   std::vector<int32_t> cuda_graph_batch_sizes = {1, 2, 4, 8, 16, 32};  // capped by max_num_seqs
   int32_t max_model_len = 0;         // 0: the model's max_position_embeddings
   int32_t max_num_seqs = 64;
@@ -103,6 +107,7 @@ struct EngineStats {
   int64_t generation_tokens = 0;
   int64_t requests_finished = 0;
   int64_t graph_replays = 0;              // decode steps served by a captured graph
+  int64_t steps_run_ahead = 0;            // steps queued before the previous step's tokens were read
 };
 
 struct ModelInfo {

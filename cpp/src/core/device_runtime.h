@@ -19,6 +19,15 @@ struct DeviceGraph {
   virtual void replay() = 0;
 };
 
+// A device -> host copy queued in the device's work order while the host goes on (async
+// scheduling reads a step's tokens while the next step is already queued). Dropping it unwaited
+// is allowed: the copy then lands nowhere the caller can see.
+struct PendingCopy {
+  virtual ~PendingCopy() = default;
+  // Returns once the destination holds the bytes.
+  virtual void wait() = 0;
+};
+
 struct DeviceRuntime {
   virtual ~DeviceRuntime() = default;
   virtual std::string name() const = 0;
@@ -27,6 +36,8 @@ struct DeviceRuntime {
   virtual void copy_to_device(void* dst, const void* src, size_t bytes) = 0;
   virtual void copy_to_host(void* dst, const void* src, size_t bytes) = 0;
   virtual void copy_on_device(void* dst, const void* src, size_t bytes) = 0;
+  // Returns at once; dst must stay valid until the copy's wait() returns or the copy is dropped.
+  virtual std::unique_ptr<PendingCopy> copy_to_host_later(void* dst, const void* src, size_t bytes) = 0;
   virtual void fill_zero(void* dst, size_t bytes) = 0;
   virtual void synchronize() = 0;
   // Free and total device memory; cached (freed, reusable) blocks count as free.

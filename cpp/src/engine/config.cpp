@@ -54,6 +54,8 @@ void EngineConfig::validate() const {
                "bf16 checkpoints are converted to float16 with a range check");
   RV_CHECK_ARG(load_format == "auto" || load_format == "dummy", "load_format must be auto or dummy; got '",
                load_format, "'");
+  RV_CHECK_ARG(async_scheduling == "auto" || async_scheduling == "on" || async_scheduling == "off",
+               "async_scheduling must be auto, on or off; got '", async_scheduling, "'");
   RV_CHECK_ARG(gpu_memory_utilization >= 0.0f && gpu_memory_utilization <= 0.99f,
                "gpu_memory_utilization must be in [0, 0.99] (0: size the KV pool by kv_cache_memory_bytes), got ",
                gpu_memory_utilization);

@@ -11,6 +11,7 @@
 #include <limits>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <thread>
 
 #include "cache/cache_manager.h"
@@ -66,7 +67,29 @@ struct Engine::Impl {
 
   explicit Impl(const EngineConfig& c);
   void loop();
-  void step();
+  // A step whose device work is queued and whose greedy tokens are on their way to the host; row
+  // i of ids belongs to samplers[i], null once that request has finished.
+  struct Queued {
+    std::vector<ScheduledRequest> scheduled;
+    std::vector<Request*> samplers;
+    Tensor ids;  // [samplers] int32 on the model's device
+    std::vector<int32_t> host;
+    std::unique_ptr<PendingCopy> copy;
+    const std::vector<int32_t>& tokens();  // waits for the copy
+    void drop(const Request* r);
+  };
+  std::optional<Queued> ahead;  // async scheduling: queued before the previous step's tokens were read
+  bool async_scheduling = false;
+
+  // One scheduler step; with may_run_ahead the step after it may be queued before its tokens are read.
+  void step(bool may_run_ahead);
+  void commit(const std::vector<ScheduledRequest>& scheduled);
+  Queued queue_greedy(const std::vector<ScheduledRequest>& scheduled, StepLogits& result);
+  bool can_run_ahead(const Queued& cur);
+  Queued run_ahead(const Queued& cur);
+  void sample_now(StepLogits& result);
+  // Appends a sampled token; finishes the request (true) or emits it.
+  bool accept(Request& r, TokenOutput tok);
   void emit(Request& r, bool finished);
   void deliver();
   void finish(Request& r, FinishReason reason, int32_t stop_token = -1);
@@ -160,6 +183,7 @@ Engine::Impl::Impl(const EngineConfig& c) : cfg(c), seed_source(c.seed) {
     for (int32_t b : cfg.cuda_graph_batch_sizes)
       if (b <= cfg.max_num_seqs) ropts.graph_batch_sizes.push_back(b);
   runner = std::make_unique<ModelRunner>(*model, *kv, states.get(), ropts);
+  async_scheduling = cfg.async_scheduling == "on" || (cfg.async_scheduling == "auto" && device != Device::kCPU);
   int threads = cfg.num_threads > 0 ? cfg.num_threads : int(std::thread::hardware_concurrency());
   pool = std::make_unique<ThreadPool>(std::max(1, threads));
 
@@ -289,11 +313,8 @@ std::vector<TokenOutput> Engine::Impl::sample_on_device(const Tensor& logits, co
   return out;
 }
 
-void Engine::Impl::step() {
-  SchedulerOutput plan = scheduler->schedule();
-  if (plan.empty()) return;
-  StepLogits result = runner->execute(plan);
-  for (const auto& s : plan.scheduled) {
+void Engine::Impl::commit(const std::vector<ScheduledRequest>& scheduled) {
+  for (const auto& s : scheduled) {
     Request& r = *s.request;
     const int32_t before = r.num_computed_tokens;
     r.num_computed_tokens += s.num_new_tokens;
@@ -303,55 +324,158 @@ void Engine::Impl::step() {
     const int32_t snapshot = kv_manager->snapshot_target(r);
     if (snapshot >= 0) states->copy(r.state_slot, snapshot);
   }
+}
+
+bool Engine::Impl::accept(Request& r, TokenOutput tok) {
+  const int32_t t = tok.token;
+  if (r.last_token_on_device) r.tokens.back() = t;  // the placeholder a queued step was fed for
+  else r.tokens.push_back(t);
+  r.last_token_on_device = false;
+  r.pending.push_back(std::move(tok));
+  ++live.generation_tokens;
+
+  const auto& stops = r.params.stop_token_ids;
+  const auto& eos = model_cfg.eos_token_ids;
+  if (std::find(stops.begin(), stops.end(), t) != stops.end() ||
+      (!r.params.ignore_eos && std::find(eos.begin(), eos.end(), t) != eos.end())) {
+    finish(r, FinishReason::kStop, t);
+    return true;
+  }
+  if (r.num_output_tokens() >= r.params.max_tokens || r.num_tokens() >= cfg.max_model_len) {
+    finish(r, FinishReason::kLength);
+    return true;
+  }
+  emit(r, false);
+  return false;
+}
+
+namespace {
+
+// Greedy with nothing that needs the logits or the token history on the host.
+bool plain_greedy(const Request* r) {
+  const SamplingParams& p = r->params;
+  return p.temperature == 0.0f && p.logprobs < 0 && !p.return_generation_logits && p.repetition_penalty == 1.0f &&
+         p.presence_penalty == 0.0f && p.frequency_penalty == 0.0f && r->num_output_tokens() >= p.min_tokens;
+}
+
+}  // namespace
+
+Engine::Impl::Queued Engine::Impl::queue_greedy(const std::vector<ScheduledRequest>& scheduled, StepLogits& result) {
+  Queued q;
+  q.scheduled = scheduled;
+  q.samplers = result.samplers;
+  const int64_t n = int64_t(q.samplers.size());
+  const Device dev = result.logits.device();
+  q.ids = Tensor::uninitialized({n}, DType::kI32, dev);
+  ops::argmax(result.logits, q.ids);
+  q.host.resize(size_t(n));
+  if (dev == Device::kCPU) std::copy(q.ids.ptr<int32_t>(), q.ids.ptr<int32_t>() + n, q.host.begin());
+  else q.copy = device_runtime(dev).copy_to_host_later(q.host.data(), q.ids.data(), size_t(n) * 4);
+  return q;
+}
+
+const std::vector<int32_t>& Engine::Impl::Queued::tokens() {
+  if (copy) copy->wait();
+  copy.reset();
+  return host;
+}
+
+void Engine::Impl::Queued::drop(const Request* r) {
+  std::replace(samplers.begin(), samplers.end(), const_cast<Request*>(r), static_cast<Request*>(nullptr));
+  scheduled.erase(std::remove_if(scheduled.begin(), scheduled.end(), [&](const ScheduledRequest& s) { return s.request == r; }),
+                  scheduled.end());
+}
+
+bool Engine::Impl::can_run_ahead(const Queued& cur) {
+  if (!async_scheduling || scheduler->num_waiting() > 0) return false;
+  {
+    std::lock_guard<std::mutex> lk(in_mu);  // new requests or aborts: settle the queued step first
+    if (stopping || !inbox.empty() || !abort_box.empty()) return false;
+  }
+  // Exactly the running requests, in the order the next step schedules them, so row i of cur's ids
+  // is the input of the next step's request i.
+  if (scheduler->running() != cur.samplers) return false;
+  const int32_t bs = kv_manager->pool().block_size();
+  int32_t new_blocks = 0;
+  for (const Request* r : cur.samplers) {
+    // It goes on unless its token turns out to be a stop token (that step is then discarded).
+    if (r->num_output_tokens() + 1 >= r->params.max_tokens || r->num_tokens() + 1 >= cfg.max_model_len) return false;
+    new_blocks += (r->num_computed_tokens + 1 + bs - 1) / bs > int32_t(r->block_table.size());
+  }
+  return new_blocks <= kv_manager->pool().num_free();  // no preemption can happen
+}
+
+Engine::Impl::Queued Engine::Impl::run_ahead(const Queued& cur) {
+  for (Request* r : cur.samplers) {
+    r->tokens.push_back(0);  // a placeholder until cur's tokens are read
+    r->last_token_on_device = true;
+  }
+  SchedulerOutput plan = scheduler->schedule();
+  bool same = plan.scheduled.size() == cur.samplers.size();
+  for (size_t i = 0; same && i < plan.scheduled.size(); ++i)
+    same = plan.scheduled[i].request == cur.samplers[i] && plan.scheduled[i].num_new_tokens == 1;
+  RV_CHECK(same, "async scheduling: the step queued ahead is not one decode token of each running request");
+  StepLogits result = runner->execute(plan, &cur.ids);
   ++live.num_steps;
-  const int32_t V = model_cfg.vocab_size;
-  // On a device, a batch of plain greedy requests takes its argmax there and copies only the ids;
-  // anything else brings the logits rows to the host sampler.
-  Tensor logits = result.logits;
-  std::vector<int32_t> greedy;
-  std::vector<TokenOutput> device_sampled;
-  if (logits.device() != Device::kCPU && !result.samplers.empty()) {
-    const bool plain = std::all_of(result.samplers.begin(), result.samplers.end(), [](const Request* r) {
-      const SamplingParams& p = r->params;
-      return p.temperature == 0.0f && p.logprobs < 0 && !p.return_generation_logits && p.repetition_penalty == 1.0f &&
-             p.presence_penalty == 0.0f && p.frequency_penalty == 0.0f && r->num_output_tokens() >= p.min_tokens;
-    });
-    const bool wants_logits = std::any_of(result.samplers.begin(), result.samplers.end(),
-                                          [](const Request* r) { return r->params.return_generation_logits; });
-    if (plain) {
-      Tensor ids = Tensor::uninitialized({int64_t(result.samplers.size())}, DType::kI32, logits.device());
-      ops::argmax(logits, ids);
-      Tensor host = ids.to(Device::kCPU);
-      greedy.assign(host.ptr<int32_t>(), host.ptr<int32_t>() + host.numel());
-    } else if (!wants_logits) {
-      device_sampled = sample_on_device(logits, result.samplers);
-    } else {
-      logits = logits.to(Device::kCPU);  // raw rows are returned: sample them on the host too
+  ++live.steps_run_ahead;
+  return queue_greedy(plan.scheduled, result);
+}
+
+void Engine::Impl::step(bool may_run_ahead) {
+  std::optional<Queued> cur = std::move(ahead);
+  ahead.reset();
+  if (!cur) {
+    SchedulerOutput plan = scheduler->schedule();
+    if (plan.empty()) return;
+    StepLogits result = runner->execute(plan);
+    ++live.num_steps;
+    commit(plan.scheduled);
+    live.graph_replays = runner->graph_replays();
+    const bool queueable = !result.samplers.empty() &&
+                           (result.logits.device() != Device::kCPU || async_scheduling) &&
+                           std::all_of(result.samplers.begin(), result.samplers.end(), plain_greedy);
+    if (!queueable) {
+      sample_now(result);
+      return;
     }
+    cur = queue_greedy(plan.scheduled, result);
+  }
+  // The next step goes in before this one's tokens are read; requests that stop on them drop out
+  // of it (their rows are discarded) before its bookkeeping, which wants the real tokens.
+  std::optional<Queued> next;
+  if (may_run_ahead && can_run_ahead(*cur)) next = run_ahead(*cur);
+  const std::vector<int32_t>& ids = cur->tokens();
+  for (size_t i = 0; i < cur->samplers.size(); ++i) {
+    Request* r = cur->samplers[i];
+    if (!r) continue;
+    TokenOutput tok;
+    tok.token = ids[i];
+    if (accept(*r, std::move(tok)) && next) next->drop(r);
   }
   live.graph_replays = runner->graph_replays();
+  if (!next) return;
+  commit(next->scheduled);
+  if (std::any_of(next->samplers.begin(), next->samplers.end(), [](const Request* r) { return r != nullptr; }))
+    ahead = std::move(next);
+}
+
+// Sampling of a step whose rows are not all plain greedy on a device (or any step on the CPU
+// without async scheduling): the device sampler, or the logits rows on the host.
+void Engine::Impl::sample_now(StepLogits& result) {
+  const int32_t V = model_cfg.vocab_size;
+  Tensor logits = result.logits;
+  std::vector<TokenOutput> device_sampled;
+  if (logits.device() != Device::kCPU && !result.samplers.empty()) {
+    const bool wants_logits = std::any_of(result.samplers.begin(), result.samplers.end(),
+                                          [](const Request* r) { return r->params.return_generation_logits; });
+    if (!wants_logits) device_sampled = sample_on_device(logits, result.samplers);
+    else logits = logits.to(Device::kCPU);  // raw rows are returned: sample them on the host too
+  }
   for (size_t i = 0; i < result.samplers.size(); ++i) {
     Request& r = *result.samplers[i];
     SamplingContext ctx{&r.params, &r.tokens, r.num_prompt_tokens, &model_cfg.eos_token_ids, &r.rng};
-    TokenOutput tok;
-    if (!greedy.empty()) tok.token = greedy[i];
-    else if (!device_sampled.empty()) tok = std::move(device_sampled[i]);
-    else tok = sample_token(logits.ptr<float>() + int64_t(i) * V, V, ctx);
-    const int32_t t = tok.token;
-    r.tokens.push_back(t);
-    r.pending.push_back(std::move(tok));
-    ++live.generation_tokens;
-
-    const auto& stops = r.params.stop_token_ids;
-    const auto& eos = model_cfg.eos_token_ids;
-    if (std::find(stops.begin(), stops.end(), t) != stops.end() ||
-        (!r.params.ignore_eos && std::find(eos.begin(), eos.end(), t) != eos.end())) {
-      finish(r, FinishReason::kStop, t);
-    } else if (r.num_output_tokens() >= r.params.max_tokens || r.num_tokens() >= cfg.max_model_len) {
-      finish(r, FinishReason::kLength);
-    } else {
-      emit(r, false);
-    }
+    accept(r, !device_sampled.empty() ? std::move(device_sampled[i])
+                                      : sample_token(logits.ptr<float>() + int64_t(i) * V, V, ctx));
   }
 }
 
@@ -364,12 +488,14 @@ void Engine::Impl::loop() {
       {
         std::unique_lock<std::mutex> lk(in_mu);
         in_cv.wait(lk, [&] {
-          return stopping || !inbox.empty() || !abort_box.empty() || scheduler->has_work();
+          return stopping || !inbox.empty() || !abort_box.empty() || scheduler->has_work() || ahead;
         });
         if (stopping) break;
         fresh.swap(inbox);
         aborts.swap(abort_box);
       }
+      // A queued step holds its requests: read its tokens before anything joins or leaves.
+      if (ahead && (!fresh.empty() || !aborts.empty())) step(false);
       for (auto& r : fresh) scheduler->add(std::move(r));
       for (uint64_t id : aborts) {
         if (auto r = scheduler->remove(id)) {
@@ -378,7 +504,7 @@ void Engine::Impl::loop() {
           emit(*r, true);
         }
       }
-      if (scheduler->has_work()) step();
+      if (scheduler->has_work() || ahead) step(true);
       publish_stats();
       deliver();
     }
@@ -387,6 +513,7 @@ void Engine::Impl::loop() {
     fatal_error = e.what();
   }
   // Shutdown or fatal error: every live request ends now, so no caller waits forever.
+  ahead.reset();  // its device work lands in buffers no one reads
   const bool fatal = !fatal_error.empty();
   std::deque<std::unique_ptr<Request>> fresh;
   {

@@ -1,6 +1,7 @@
 #include "runtime/model_runner.h"
 
 #include <algorithm>
+#include <cstring>
 
 #include "core/error.h"
 
@@ -76,7 +77,7 @@ ModelRunner::ModelRunner(CausalLM& model, KvCache& cache, StateCache* states, Ru
 ModelRunner::~ModelRunner() = default;
 
 ModelRunner::Metadata ModelRunner::build(const SchedulerOutput& step, StepLogits& out, int32_t pad_to,
-                                         int32_t max_blocks) {
+                                         int32_t max_blocks, bool fed) {
   const int32_t S = int32_t(step.scheduled.size());
   const int32_t bs = cache_.block_size;
   Metadata m;
@@ -91,6 +92,10 @@ ModelRunner::Metadata ModelRunner::build(const SchedulerOutput& step, StepLogits
     Request& r = *step.scheduled[size_t(s)].request;
     const int32_t n = step.scheduled[size_t(s)].num_new_tokens;
     const int32_t start = r.num_computed_tokens;
+    // Fed ids replace the first S token ids: every request then feeds exactly its one new token.
+    RV_CHECK(r.last_token_on_device == fed && (!fed || (n == 1 && t == s && start + 1 == r.num_tokens())),
+             "model runner: request ", r.id, fed ? " is not a decode of a token still on the device, yet ids are fed"
+                                               : "'s input token is still on the device and is not fed to this step");
     for (int32_t i = 0; i < n; ++i, ++t) {
       const int32_t p = start + i;
       m.ids.push_back(r.tokens[size_t(p)]);
@@ -143,7 +148,7 @@ ModelRunner::DecodeGraph* ModelRunner::graph_for(const SchedulerOutput& step) {
   g->batch = size;
   g->max_blocks = (opts_.max_model_len + cache_.block_size - 1) / cache_.block_size;
   StepLogits unused;
-  Metadata m = build(SchedulerOutput{}, unused, size, g->max_blocks);
+  Metadata m = build(SchedulerOutput{}, unused, size, g->max_blocks, false);
   const Packed p = pack(m);
   g->meta = Tensor::empty({int64_t(p.host.size())}, DType::kI32, model_.device());
   device_runtime(model_.device()).copy_to_device(g->meta.data(), p.host.data(), p.host.size() * 4);
@@ -163,28 +168,41 @@ ModelRunner::DecodeGraph* ModelRunner::graph_for(const SchedulerOutput& step) {
   return raw;
 }
 
-StepLogits ModelRunner::run_graph(DecodeGraph& g, const SchedulerOutput& step) {
+void ModelRunner::feed(Tensor& meta, size_t ids_at, const Tensor& fed_ids) {
+  RV_CHECK(fed_ids.dtype() == DType::kI32 && fed_ids.device() == meta.device(),
+           "model runner: fed token ids must be int32 on the model's device");
+  int32_t* dst = meta.ptr<int32_t>() + ids_at;
+  const size_t bytes = size_t(fed_ids.numel()) * 4;
+  if (meta.device() == Device::kCPU) std::memcpy(dst, fed_ids.data(), bytes);
+  else device_runtime(meta.device()).copy_on_device(dst, fed_ids.data(), bytes);
+}
+
+StepLogits ModelRunner::run_graph(DecodeGraph& g, const SchedulerOutput& step, const Tensor* fed_ids) {
   StepLogits out;
-  Metadata m = build(step, out, g.batch, g.max_blocks);
+  Metadata m = build(step, out, g.batch, g.max_blocks, fed_ids != nullptr);
   RV_CHECK(m.max_blocks == g.max_blocks, "decode graph: block table longer than max_model_len allows");
   const Packed p = pack(m);
   device_runtime(model_.device()).copy_to_device(g.meta.data(), p.host.data(), p.host.size() * 4);
+  if (fed_ids) feed(g.meta, p.at[kIds], *fed_ids);
   g.graph->replay();
   ++graph_replays_;
   out.logits = g.logits.slice_rows(0, int64_t(out.samplers.size()));
   return out;
 }
 
-StepLogits ModelRunner::execute(const SchedulerOutput& step) {
-  if (DecodeGraph* g = graph_for(step)) return run_graph(*g, step);
+StepLogits ModelRunner::execute(const SchedulerOutput& step, const Tensor* fed_ids) {
+  RV_CHECK(!fed_ids || fed_ids->numel() == int64_t(step.scheduled.size()), "model runner: ",
+           fed_ids ? fed_ids->numel() : 0, " fed token ids for ", step.scheduled.size(), " scheduled requests");
+  if (DecodeGraph* g = graph_for(step)) return run_graph(*g, step, fed_ids);
   StepLogits out;
-  Metadata m = build(step, out, 0, 1);
+  Metadata m = build(step, out, 0, 1, fed_ids != nullptr);
   const int32_t T = int32_t(m.ids.size()), S = int32_t(step.scheduled.size());
   const Device dev = model_.device();
   const Packed p = pack(m);
   Tensor meta = Tensor::uninitialized({int64_t(std::max<size_t>(1, p.host.size()))}, DType::kI32, dev);
   if (dev == Device::kCPU) std::copy(p.host.begin(), p.host.end(), meta.ptr<int32_t>());
   else device_runtime(dev).copy_to_device(meta.data(), p.host.data(), p.host.size() * 4);
+  if (fed_ids) feed(meta, p.at[kIds], *fed_ids);
   ForwardBatch b;
   bind(b, meta, p, m, T, S, cache_.block_size);
   ModelCaches caches{&cache_, states_};

@@ -32,7 +32,10 @@ class ModelRunner {
  public:
   ModelRunner(CausalLM& model, KvCache& cache, StateCache* states, RunnerOptions options = {});
   ~ModelRunner();
-  StepLogits execute(const SchedulerOutput& step);
+  // fed_ids (async scheduling): [scheduled.size()] int32 on the model's device, the input token of
+  // each scheduled request (one new token each), produced by the previous step and not yet read by
+  // the host; those requests' last token is a placeholder (Request::last_token_on_device).
+  StepLogits execute(const SchedulerOutput& step, const Tensor* fed_ids = nullptr);
   int64_t graph_replays() const { return graph_replays_; }
 
  private:
@@ -42,8 +45,10 @@ class ModelRunner {
     std::vector<int32_t> ids, positions, slots, rows, query_start, seq_lens, tables, token_seq, state_slots;
     int32_t max_blocks = 1, max_seq_len = 0;
   };
-  Metadata build(const SchedulerOutput& step, StepLogits& out, int32_t pad_to, int32_t max_blocks);
-  StepLogits run_graph(DecodeGraph& g, const SchedulerOutput& step);
+  Metadata build(const SchedulerOutput& step, StepLogits& out, int32_t pad_to, int32_t max_blocks, bool fed);
+  StepLogits run_graph(DecodeGraph& g, const SchedulerOutput& step, const Tensor* fed_ids);
+  // Overwrites the token ids of the packed metadata on the device with fed_ids.
+  void feed(Tensor& meta, size_t ids_at, const Tensor& fed_ids);
   DecodeGraph* graph_for(const SchedulerOutput& step);
 
   CausalLM& model_;

@@ -15,6 +15,9 @@ enum class RequestStatus { kWaiting, kRunning, kFinished };
 struct Request {
   uint64_t id = 0;
   std::vector<int32_t> tokens;  // prompt followed by the generated tokens
+  // Async scheduling: tokens.back() is a placeholder for a token a queued step produces on the
+  // device; the step after it reads the token there, and the host fills it in when it arrives.
+  bool last_token_on_device = false;
   int32_t num_prompt_tokens = 0;
   SamplingParams params;
   OutputCallback callback;

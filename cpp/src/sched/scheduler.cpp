@@ -109,6 +109,12 @@ std::unique_ptr<Request> Scheduler::remove(uint64_t id) {
   return r;
 }
 
+std::vector<Request*> Scheduler::running() const {
+  std::vector<Request*> out;
+  for (const auto& r : running_) out.push_back(r.get());
+  return out;
+}
+
 std::vector<uint64_t> Scheduler::all_ids() const {
   std::vector<uint64_t> ids;
   for (const auto& r : running_) ids.push_back(r->id);

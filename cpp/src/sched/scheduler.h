@@ -43,6 +43,8 @@ class Scheduler {
   int64_t num_waiting() const { return int64_t(waiting_.size()); }
   int64_t num_preemptions() const { return preemptions_; }
   bool has_work() const { return !running_.empty() || !waiting_.empty(); }
+  // The running requests in the order a step schedules them.
+  std::vector<Request*> running() const;
   // Every live request, for shutdown.
   std::vector<uint64_t> all_ids() const;
 
