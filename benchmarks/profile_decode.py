@@ -3,7 +3,7 @@ Qwen3-Next-80B-A3B shape under torch.profiler (CUPTI sees the engine's kernels, 
 included), sorted by total time.
 
     python benchmarks/profile_decode.py [--shape llama-8b|qwen3-next-80b] [--layers N] [--prompt 512]
-                                        [--tokens 16] [--eager]
+                                        [--tokens 16] [--eager] [--async-scheduling auto|on|off]
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=16, help="decode steps profiled")
     ap.add_argument("--concurrency", type=int, default=1, help="sequences decoded together")
     ap.add_argument("--eager", action="store_true", help="no decode graphs")
+    ap.add_argument("--async-scheduling", default="auto", choices=["auto", "on", "off"])
     ap.add_argument("--timeline", action="store_true",
                     help="also print one decode step kernel by kernel: start, duration and how far each moved "
                          "the step's end (with dependent launch kernels overlap, so durations alone mislead)")
@@ -50,13 +51,13 @@ def main() -> None:
     d = Path(tempfile.mkdtemp())
     (d / "config.json").write_text(json.dumps(cfg))
     llm = revolta.LLM(str(d), device="cuda", load_format="dummy", max_model_len=4096, gpu_memory_utilization=0.5,
-                      enforce_eager=args.eager)
+                      enforce_eager=args.eager, async_scheduling=args.async_scheduling)
     prompt = [{"prompt_token_ids": list(range(100 + i, 100 + i + args.prompt))} for i in range(args.concurrency)]
     sp = revolta.SamplingParams(temperature=0.0, max_tokens=args.tokens + 1, ignore_eos=True)
     llm.generate(prompt, sp)  # warm-up: graphs recorded, pools sized
     t = time.perf_counter()
     llm.generate(prompt, sp)
-    print(f"{args.shape}, eager={args.eager}, {args.concurrency} sequences: prefill {args.prompt} + {args.tokens} decode steps in "
+    print(f"{args.shape}, eager={args.eager}, async scheduling {args.async_scheduling}, {args.concurrency} sequences: prefill {args.prompt} + {args.tokens} decode steps in "
           f"{(time.perf_counter() - t) * 1e3:.1f} ms")
     with profile(activities=[ProfilerActivity.CUDA]) as p:
         llm.generate(prompt, sp)
@@ -83,6 +84,13 @@ def print_timeline(p) -> None:
     first, last = ends[-3] + 1, ends[-2]
     t0, latest = kernels[first][0], kernels[first][0]
     print(f"timeline of one decode step ({last - first + 1} kernels, {kernels[last][1] - t0:.1f} us):")
+    # Device idle time between steps: what the host spends reading tokens and queueing the next step,
+    # where async scheduling does not hide it.
+    gaps = [kernels[i + 1][0] - kernels[i][1] for i in ends[:-1] if i + 1 < len(kernels)]
+    gaps = sorted(gaps[len(gaps) // 2:])  # the later steps: decode ones
+    if gaps:
+        print(f"device idle between steps: median {gaps[len(gaps) // 2]:.1f} us, max {gaps[-1]:.1f} us "
+              f"({len(gaps)} steps)")
     print(f"{'start':>8} {'dur':>7} {'end':>8} {'marginal':>8}  kernel")
     for s, e, name in kernels[first:last + 1]:
         name = re.sub(r"^void |\(anonymous namespace\)::|revolta::cuda::", "", name)
