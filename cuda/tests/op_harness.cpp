@@ -605,9 +605,15 @@ void test_moe_topk(int64_t T, int64_t E, int64_t K, bool renorm, bool shared = f
 // CPU's linear + moe_topk; twice in a row (the arrival counter resets itself). With `first`, x is
 // a block's output: the residual add + RMSNorm come first (the CPU's add_rms_norm), and the new
 // residual and normed rows are compared too.
-void test_moe_route(int64_t T, int64_t E, int64_t K, int64_t H, bool shared, bool first = false) {
+// ties (token 0, x given as is): 1, 40 experts tie at the top (ranked by id among the block's
+// candidates); 2, every logit ties (the warp's rounds take over).
+void test_moe_route(int64_t T, int64_t E, int64_t K, int64_t H, bool shared, bool first = false, int ties = 0) {
   const int64_t S = shared ? 1 : 0;
   Tensor x = random_tensor({T, H}), router = random_tensor({E + S, H}, DType::kF32, 1.0f);
+  for (int64_t e = 0; ties && e < (ties == 1 ? 40 : E + S); ++e) {  // rows along x[0]: the same, largest logit
+    float* row = router.ptr<float>() + (ties == 1 ? (e * 7) % E : e) * H;
+    for (int64_t k = 0; k < H; ++k) row[k] = 2.0f * x.ptr<float>()[k];
+  }
   Tensor res = random_tensor({T, H}), nw = random_tensor({H}), normed = Tensor::empty({T, H}, DType::kF32);
   Tensor ids = Tensor::empty({T, K + S}, DType::kI32), w = Tensor::empty({T, K + S}, DType::kF32);
   Tensor dres, dnormed = Tensor::empty({T, H}, DType::kF32, Device::kCUDA), dnw = cuda::to_device(nw);
@@ -623,7 +629,8 @@ void test_moe_route(int64_t T, int64_t E, int64_t K, int64_t H, bool shared, boo
   int64_t wrong = 0;
   for (int64_t i = 0; i < ids.numel(); ++i) wrong += hid.ptr<int32_t>()[i] != ids.ptr<int32_t>()[i];
   const std::string tag = std::to_string(T) + "x" + std::to_string(H) + " E" + std::to_string(E) + " top" +
-                          std::to_string(K) + (shared ? " + shared" : "") + (first ? " after add + norm" : "");
+                          std::to_string(K) + (shared ? " + shared" : "") + (first ? " after add + norm" : "") +
+                          (ties == 1 ? " 40 tied at the top" : ties == 2 ? " all tied" : "");
   report("moe_route ids " + tag, float(wrong), 0.0f);
   report("moe_route weights " + tag, max_abs_diff(cuda::to_host(dw), w), 1e-4f);
   if (first) {
@@ -840,6 +847,8 @@ int main(int argc, char** argv) {
     test_moe_topk(3, 700, 4, true, true);  // past the register-held form
     test_moe_experts(3, 16, 4, 256, 96);
     test_moe_route(1, 512, 10, 2048, true);  // Qwen3-Next decode routing
+    test_moe_route(1, 512, 10, 2048, true, false, 1);  // the block's top-k ranks ties by id
+    test_moe_route(1, 512, 10, 2048, true, false, 2);  // too many ties for the block: the warp's rounds
     test_moe_route(3, 64, 8, 256, false);
     test_moe_route(2, 64, 4, 4096, false);   // router rows too long to hold in registers
     test_moe_route(9, 512, 10, 256, true);   // past the fused form: linear + moe_topk
