@@ -103,3 +103,24 @@ def test_stop_strings(llm):
     out = llm.generate(prompt, SamplingParams(temperature=0.0, max_tokens=16, stop=[two]))[0].outputs[0]
     assert out.text == full[: full.index(two)]
     assert llm.stats().num_running == 0
+
+
+def test_async_scheduling_on_the_real_weights(llm, demo_model_dir):
+    """Decode steps queued before the host reads the previous step's tokens (as on a GPU): chats
+    that end on their own end-of-turn token (the step queued past it is discarded) and a stop
+    string (an abort from Python while a step is queued) give exactly what the plain loop gives."""
+    convs = [[{"role": "user", "content": q}] for q in
+             ("What is the capital of France?", "Name three primary colors.", "Say hi.", "Count from 1 to 20.")]
+    params = SamplingParams(temperature=0.0, max_tokens=48)
+    prompt, cut = "The capital of France is", SamplingParams(temperature=0.0, max_tokens=16, stop=["."])
+    ref = [(o.outputs[0].token_ids, o.outputs[0].finish_reason) for o in llm.chat(convs, params)]
+    ref_cut = llm.generate(prompt, cut)[0].outputs[0]
+    assert llm.stats().steps_run_ahead == 0  # auto: off on the CPU
+    assert any(reason == "stop" for _, reason in ref)
+    with LLM(demo_model_dir, kv_cache_memory_bytes=128 << 20, max_model_len=2048, async_scheduling="on") as ahead:
+        got = [(o.outputs[0].token_ids, o.outputs[0].finish_reason) for o in ahead.chat(convs, params)]
+        got_cut = ahead.generate(prompt, cut)[0].outputs[0]
+        stats = ahead.stats()
+    assert got == ref
+    assert (got_cut.text, got_cut.finish_reason, got_cut.stop_reason) == (ref_cut.text, "stop", ".")
+    assert stats.steps_run_ahead > 0 and stats.num_running == 0 and stats.num_blocks_used == 0
