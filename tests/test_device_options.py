@@ -35,6 +35,8 @@ def test_cuda_requests_fail_at_startup_naming_the_option(tiny_dir):
         revolta.LLM(tiny_dir, kv_cache_dtype="float16")
     with pytest.raises(ValueError, match="load_format"):
         revolta.LLM(tiny_dir, load_format="pt")
+    with pytest.raises(ValueError, match="async_scheduling must be auto, on or off"):
+        revolta.LLM(tiny_dir, async_scheduling="always")
 
 
 def test_dummy_weights_for_a_hybrid_model(tmp_path):
