@@ -1,0 +1,97 @@
+// The engine's state behind the public Engine (pimpl), shared by engine.cpp (construction, the
+// thread's loop, the public calls) and engine_step.cpp (one scheduler step: sampling, async
+// scheduling and the bookkeeping after a forward).
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "cache/cache_manager.h"
+#include "cache/kv_cache.h"
+#include "cache/state_cache.h"
+#include "core/device_runtime.h"
+#include "core/thread_pool.h"
+#include "model/model.h"
+#include "revolta/engine.h"
+#include "runtime/model_runner.h"
+#include "sample/rng.h"
+#include "sched/scheduler.h"
+
+namespace revolta {
+
+struct Engine::Impl {
+  EngineConfig cfg;
+  ModelInfo info;
+  ModelConfig model_cfg;
+  std::unique_ptr<CausalLM> model;
+  std::unique_ptr<KvCache> kv;
+  std::unique_ptr<StateCache> states;
+  std::unique_ptr<KvCacheManager> kv_manager;
+  std::unique_ptr<Scheduler> scheduler;
+  std::unique_ptr<ModelRunner> runner;
+  std::unique_ptr<ThreadPool> pool;
+  Rng seed_source;
+
+  std::mutex in_mu;
+  std::condition_variable in_cv;
+  std::deque<std::unique_ptr<Request>> inbox;
+  std::vector<uint64_t> abort_box;
+  bool stopping = false;
+
+  std::mutex out_mu;
+  std::condition_variable out_cv;
+  std::vector<RequestOutput> outbox;
+  std::string fatal_error;
+
+  mutable std::mutex stats_mu;
+  EngineStats stats;  // the engine thread's copy is `live`; this one is published per step
+  EngineStats live;
+
+  // Outputs of the current iteration; delivered after the stats are published, so a caller that
+  // sees a request finish also sees the blocks it released.
+  std::vector<std::pair<RequestOutput, OutputCallback>> staged;
+
+  std::atomic<uint64_t> next_id{1};
+  std::thread thread;
+
+  explicit Impl(const EngineConfig& c);
+  void loop();
+  // A step whose device work is queued and whose greedy tokens are on their way to the host; row
+  // i of ids belongs to samplers[i], null once that request has finished.
+  struct Queued {
+    std::vector<ScheduledRequest> scheduled;
+    std::vector<Request*> samplers;
+    Tensor ids;  // [samplers] int32 on the model's device
+    std::vector<int32_t> host;
+    std::unique_ptr<PendingCopy> copy;
+    const std::vector<int32_t>& tokens();  // waits for the copy
+    void drop(const Request* r);
+  };
+  std::optional<Queued> ahead;  // async scheduling: queued before the previous step's tokens were read
+  bool async_scheduling = false;
+
+  // One scheduler step; with may_run_ahead the step after it may be queued before its tokens are read.
+  void step(bool may_run_ahead);
+  void commit(const std::vector<ScheduledRequest>& scheduled);
+  Queued queue_greedy(const std::vector<ScheduledRequest>& scheduled, StepLogits& result);
+  bool can_run_ahead(const Queued& cur);
+  Queued run_ahead(const Queued& cur);
+  void sample_now(StepLogits& result);
+  // Appends a sampled token; finishes the request (true) or emits it.
+  bool accept(Request& r, TokenOutput tok);
+  void emit(Request& r, bool finished);
+  void deliver();
+  void finish(Request& r, FinishReason reason, int32_t stop_token = -1);
+  void publish_stats();
+  std::vector<TokenOutput> sample_on_device(const Tensor& logits, const std::vector<Request*>& rows);
+};
+
+}  // namespace revolta

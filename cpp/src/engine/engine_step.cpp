@@ -1,0 +1,229 @@
+// One scheduler step of the engine thread: the forward, the bookkeeping after it, sampling (on
+// the host, on the device, or greedy ids read a step later under async scheduling) and the
+// tokens' effects on the requests (stops, lengths, outputs).
+#include <algorithm>
+
+#include "core/error.h"
+#include "engine/engine_impl.h"
+#include "ops/ops.h"
+#include "sample/sampler.h"
+
+namespace revolta {
+
+// Sampling rows for ops::sample: the per-token adjustments (min_tokens masks, penalties) are
+// listed from the request's tokens here; the draw's uniform comes from the request's generator,
+// one per non-greedy sample as on the host.
+std::vector<TokenOutput> Engine::Impl::sample_on_device(const Tensor& logits, const std::vector<Request*>& reqs) {
+  std::vector<ops::SampleRow> rows;
+  std::vector<ops::SampleAdjust> adjust;
+  const int32_t V = model_cfg.vocab_size;
+  for (Request* r : reqs) {
+    const SamplingParams& p = r->params;
+    ops::SampleRow row;
+    row.temperature = p.temperature;
+    row.top_p = p.top_p;
+    row.top_k = p.top_k;
+    row.min_p = p.min_p;
+    row.repetition_penalty = p.repetition_penalty;
+    row.presence_penalty = p.presence_penalty;
+    row.frequency_penalty = p.frequency_penalty;
+    row.num_logprobs = p.logprobs;
+    row.adjust_begin = int32_t(adjust.size());
+    std::map<int32_t, ops::SampleAdjust> by_token;
+    if (r->num_output_tokens() < p.min_tokens) {
+      if (!p.ignore_eos)
+        for (int32_t e : model_cfg.eos_token_ids) by_token[e].masked = 1;
+      for (int32_t t : p.stop_token_ids) by_token[t].masked = 1;
+    }
+    if (p.repetition_penalty != 1.0f)
+      for (int32_t t : r->tokens) by_token[t].seen = 1;
+    if (p.presence_penalty != 0.0f || p.frequency_penalty != 0.0f)
+      for (size_t i = size_t(r->num_prompt_tokens); i < r->tokens.size(); ++i) ++by_token[r->tokens[i]].out_count;
+    for (auto& [t, a] : by_token)
+      if (t >= 0 && t < V) {
+        a.token = t;
+        adjust.push_back(a);
+      }
+    row.adjust_end = int32_t(adjust.size());
+    if (p.temperature > 1e-5f) row.uniform = float(r->rng.uniform());
+    rows.push_back(row);
+  }
+  std::vector<ops::SampleResult> res;
+  ops::sample(logits, rows, adjust, res);
+  std::vector<TokenOutput> out(res.size());
+  for (size_t i = 0; i < res.size(); ++i) {
+    out[i].token = res[i].token;
+    out[i].logprob = res[i].logprob;
+    for (int32_t j = 0; j < std::min(reqs[i]->params.logprobs, int32_t(ops::kMaxTopLogprobs)); ++j)
+      out[i].top_logprobs.push_back({res[i].top_ids[j], res[i].top_logprobs[j]});
+  }
+  return out;
+}
+
+void Engine::Impl::commit(const std::vector<ScheduledRequest>& scheduled) {
+  for (const auto& s : scheduled) {
+    Request& r = *s.request;
+    const int32_t before = r.num_computed_tokens;
+    r.num_computed_tokens += s.num_new_tokens;
+    live.prompt_tokens_computed +=
+        std::max(0, std::min(r.num_computed_tokens, r.num_prompt_tokens) - before);
+    kv_manager->cache_full_blocks(r);
+    const int32_t snapshot = kv_manager->snapshot_target(r);
+    if (snapshot >= 0) states->copy(r.state_slot, snapshot);
+  }
+}
+
+bool Engine::Impl::accept(Request& r, TokenOutput tok) {
+  const int32_t t = tok.token;
+  if (r.last_token_on_device) r.tokens.back() = t;  // the placeholder a queued step was fed for
+  else r.tokens.push_back(t);
+  r.last_token_on_device = false;
+  r.pending.push_back(std::move(tok));
+  ++live.generation_tokens;
+
+  const auto& stops = r.params.stop_token_ids;
+  const auto& eos = model_cfg.eos_token_ids;
+  if (std::find(stops.begin(), stops.end(), t) != stops.end() ||
+      (!r.params.ignore_eos && std::find(eos.begin(), eos.end(), t) != eos.end())) {
+    finish(r, FinishReason::kStop, t);
+    return true;
+  }
+  if (r.num_output_tokens() >= r.params.max_tokens || r.num_tokens() >= cfg.max_model_len) {
+    finish(r, FinishReason::kLength);
+    return true;
+  }
+  emit(r, false);
+  return false;
+}
+
+namespace {
+
+// Greedy with nothing that needs the logits or the token history on the host.
+bool plain_greedy(const Request* r) {
+  const SamplingParams& p = r->params;
+  return p.temperature == 0.0f && p.logprobs < 0 && !p.return_generation_logits && p.repetition_penalty == 1.0f &&
+         p.presence_penalty == 0.0f && p.frequency_penalty == 0.0f && r->num_output_tokens() >= p.min_tokens;
+}
+
+}  // namespace
+
+Engine::Impl::Queued Engine::Impl::queue_greedy(const std::vector<ScheduledRequest>& scheduled, StepLogits& result) {
+  Queued q;
+  q.scheduled = scheduled;
+  q.samplers = result.samplers;
+  const int64_t n = int64_t(q.samplers.size());
+  const Device dev = result.logits.device();
+  q.ids = Tensor::uninitialized({n}, DType::kI32, dev);
+  ops::argmax(result.logits, q.ids);
+  q.host.resize(size_t(n));
+  if (dev == Device::kCPU) std::copy(q.ids.ptr<int32_t>(), q.ids.ptr<int32_t>() + n, q.host.begin());
+  else q.copy = device_runtime(dev).copy_to_host_later(q.host.data(), q.ids.data(), size_t(n) * 4);
+  return q;
+}
+
+const std::vector<int32_t>& Engine::Impl::Queued::tokens() {
+  if (copy) copy->wait();
+  copy.reset();
+  return host;
+}
+
+void Engine::Impl::Queued::drop(const Request* r) {
+  std::replace(samplers.begin(), samplers.end(), const_cast<Request*>(r), static_cast<Request*>(nullptr));
+  scheduled.erase(std::remove_if(scheduled.begin(), scheduled.end(), [&](const ScheduledRequest& s) { return s.request == r; }),
+                  scheduled.end());
+}
+
+bool Engine::Impl::can_run_ahead(const Queued& cur) {
+  if (!async_scheduling || scheduler->num_waiting() > 0) return false;
+  {
+    std::lock_guard<std::mutex> lk(in_mu);  // new requests or aborts: settle the queued step first
+    if (stopping || !inbox.empty() || !abort_box.empty()) return false;
+  }
+  // Exactly the running requests, in the order the next step schedules them, so row i of cur's ids
+  // is the input of the next step's request i.
+  if (scheduler->running() != cur.samplers) return false;
+  const int32_t bs = kv_manager->pool().block_size();
+  int32_t new_blocks = 0;
+  for (const Request* r : cur.samplers) {
+    // It goes on unless its token turns out to be a stop token (that step is then discarded).
+    if (r->num_output_tokens() + 1 >= r->params.max_tokens || r->num_tokens() + 1 >= cfg.max_model_len) return false;
+    new_blocks += (r->num_computed_tokens + 1 + bs - 1) / bs > int32_t(r->block_table.size());
+  }
+  return new_blocks <= kv_manager->pool().num_free();  // no preemption can happen
+}
+
+Engine::Impl::Queued Engine::Impl::run_ahead(const Queued& cur) {
+  for (Request* r : cur.samplers) {
+    r->tokens.push_back(0);  // a placeholder until cur's tokens are read
+    r->last_token_on_device = true;
+  }
+  SchedulerOutput plan = scheduler->schedule();
+  bool same = plan.scheduled.size() == cur.samplers.size();
+  for (size_t i = 0; same && i < plan.scheduled.size(); ++i)
+    same = plan.scheduled[i].request == cur.samplers[i] && plan.scheduled[i].num_new_tokens == 1;
+  RV_CHECK(same, "async scheduling: the step queued ahead is not one decode token of each running request");
+  StepLogits result = runner->execute(plan, &cur.ids);
+  ++live.num_steps;
+  ++live.steps_run_ahead;
+  return queue_greedy(plan.scheduled, result);
+}
+
+void Engine::Impl::step(bool may_run_ahead) {
+  std::optional<Queued> cur = std::move(ahead);
+  ahead.reset();
+  if (!cur) {
+    SchedulerOutput plan = scheduler->schedule();
+    if (plan.empty()) return;
+    StepLogits result = runner->execute(plan);
+    ++live.num_steps;
+    commit(plan.scheduled);
+    live.graph_replays = runner->graph_replays();
+    const bool queueable = !result.samplers.empty() &&
+                           (result.logits.device() != Device::kCPU || async_scheduling) &&
+                           std::all_of(result.samplers.begin(), result.samplers.end(), plain_greedy);
+    if (!queueable) {
+      sample_now(result);
+      return;
+    }
+    cur = queue_greedy(plan.scheduled, result);
+  }
+  // The next step goes in before this one's tokens are read; requests that stop on them drop out
+  // of it (their rows are discarded) before its bookkeeping, which wants the real tokens.
+  std::optional<Queued> next;
+  if (may_run_ahead && can_run_ahead(*cur)) next = run_ahead(*cur);
+  const std::vector<int32_t>& ids = cur->tokens();
+  for (size_t i = 0; i < cur->samplers.size(); ++i) {
+    Request* r = cur->samplers[i];
+    if (!r) continue;
+    TokenOutput tok;
+    tok.token = ids[i];
+    if (accept(*r, std::move(tok)) && next) next->drop(r);
+  }
+  live.graph_replays = runner->graph_replays();
+  if (!next) return;
+  commit(next->scheduled);
+  if (std::any_of(next->samplers.begin(), next->samplers.end(), [](const Request* r) { return r != nullptr; }))
+    ahead = std::move(next);
+}
+
+// Sampling of a step whose rows are not all plain greedy on a device (or any step on the CPU
+// without async scheduling): the device sampler, or the logits rows on the host.
+void Engine::Impl::sample_now(StepLogits& result) {
+  const int32_t V = model_cfg.vocab_size;
+  Tensor logits = result.logits;
+  std::vector<TokenOutput> device_sampled;
+  if (logits.device() != Device::kCPU && !result.samplers.empty()) {
+    const bool wants_logits = std::any_of(result.samplers.begin(), result.samplers.end(),
+                                          [](const Request* r) { return r->params.return_generation_logits; });
+    if (!wants_logits) device_sampled = sample_on_device(logits, result.samplers);
+    else logits = logits.to(Device::kCPU);  // raw rows are returned: sample them on the host too
+  }
+  for (size_t i = 0; i < result.samplers.size(); ++i) {
+    Request& r = *result.samplers[i];
+    SamplingContext ctx{&r.params, &r.tokens, r.num_prompt_tokens, &model_cfg.eos_token_ids, &r.rng};
+    accept(r, !device_sampled.empty() ? std::move(device_sampled[i])
+                                      : sample_token(logits.ptr<float>() + int64_t(i) * V, V, ctx));
+  }
+}
+
+}  // namespace revolta
