@@ -142,8 +142,13 @@ class StagedCopy final : public PendingCopy {
  public:
   StagedCopy(Staging& staging, void* dst, const void* src, size_t bytes)
       : staging_(staging), slot_(staging.take(bytes)), dst_(dst), bytes_(bytes) {
-    RV_CUDA_CHECK(cudaMemcpyAsync(slot_.pinned, src, bytes, cudaMemcpyDeviceToHost, stream()));
-    RV_CUDA_CHECK(cudaEventRecord(slot_.done, stream()));
+    try {
+      RV_CUDA_CHECK(cudaMemcpyAsync(slot_.pinned, src, bytes, cudaMemcpyDeviceToHost, stream()));
+      RV_CUDA_CHECK(cudaEventRecord(slot_.done, stream()));
+    } catch (...) {
+      staging_.give_back(slot_);  // no destructor runs for a constructor that throws
+      throw;
+    }
   }
   ~StagedCopy() override { staging_.give_back(slot_); }
   void wait() override {
