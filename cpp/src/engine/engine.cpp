@@ -132,6 +132,7 @@ void Engine::Impl::publish_stats() {
     live.prefix_cache_hits = kv_manager->hits();
   }
   if (scheduler) live.num_preemptions = scheduler->num_preemptions();
+  if (runner) live.graph_replays = runner->graph_replays();
   std::lock_guard<std::mutex> lk(stats_mu);
   stats = live;
   {

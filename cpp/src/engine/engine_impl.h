@@ -73,7 +73,7 @@ struct Engine::Impl {
     std::vector<int32_t> host;
     std::unique_ptr<PendingCopy> copy;
     const std::vector<int32_t>& tokens();  // waits for the copy
-    void drop(const Request* r);
+    void drop(Request* r);
   };
   std::optional<Queued> ahead;  // async scheduling: queued before the previous step's tokens were read
   bool async_scheduling = false;

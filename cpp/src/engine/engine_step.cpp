@@ -127,8 +127,8 @@ const std::vector<int32_t>& Engine::Impl::Queued::tokens() {
   return host;
 }
 
-void Engine::Impl::Queued::drop(const Request* r) {
-  std::replace(samplers.begin(), samplers.end(), const_cast<Request*>(r), static_cast<Request*>(nullptr));
+void Engine::Impl::Queued::drop(Request* r) {
+  std::replace(samplers.begin(), samplers.end(), r, static_cast<Request*>(nullptr));
   scheduled.erase(std::remove_if(scheduled.begin(), scheduled.end(), [&](const ScheduledRequest& s) { return s.request == r; }),
                   scheduled.end());
 }
@@ -177,7 +177,6 @@ void Engine::Impl::step(bool may_run_ahead) {
     StepLogits result = runner->execute(plan);
     ++live.num_steps;
     commit(plan.scheduled);
-    live.graph_replays = runner->graph_replays();
     const bool queueable = !result.samplers.empty() &&
                            (result.logits.device() != Device::kCPU || async_scheduling) &&
                            std::all_of(result.samplers.begin(), result.samplers.end(), plain_greedy);
@@ -199,7 +198,6 @@ void Engine::Impl::step(bool may_run_ahead) {
     tok.token = ids[i];
     if (accept(*r, std::move(tok)) && next) next->drop(r);
   }
-  live.graph_replays = runner->graph_replays();
   if (!next) return;
   commit(next->scheduled);
   if (std::any_of(next->samplers.begin(), next->samplers.end(), [](const Request* r) { return r != nullptr; }))
