@@ -41,7 +41,7 @@ void silu_mul(const Tensor& gate_up, Tensor& out);
 void linear(const Tensor& x, const Tensor& weight, const Tensor* bias, Tensor& out);
 void rope(Tensor& x, const Tensor& positions, const ops::RopeTables& tables);
 void paged_attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, const ops::AttentionBatch& batch,
-                     float scale, Tensor& out);
+                     float scale, Tensor& out, const ops::OutputGate* gate = nullptr);
 void kv_cache_write(const Tensor& k, const Tensor& v, const Tensor& slot_mapping, Tensor& k_cache, Tensor& v_cache);
 void gather_rows(const Tensor& x, const Tensor& rows, Tensor& out);
 void copy_columns(const Tensor& src, int64_t first_column, Tensor& dst);

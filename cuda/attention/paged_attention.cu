@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "attention/prefill_attention.cuh"
+#include "core/activations.cuh"
 #include "core/cuda_check.h"
 #include "core/element.cuh"
 #include "core/arrival.cuh"
@@ -53,6 +54,13 @@ __device__ __forceinline__ float group_sum(float v) {
   return v;
 }
 
+// ops::OutputGate on the device (g null: no gate).
+struct Gate {
+  const float* g = nullptr;
+  int64_t stride = 0;
+  int64_t column = 0;
+};
+
 // Grid (rows, heads, splits). A split covers at least kMinSplitLen positions, so for a short
 // context the trailing splits have nothing to do: they return at once and nobody waits for them
 // (a captured graph sizes the grid for the longest context it may see). Each working split
@@ -65,10 +73,12 @@ __global__ void __launch_bounds__(kThreads)
                             const int32_t* __restrict__ block_tables, const int32_t* __restrict__ seq_of,
                             const int32_t* __restrict__ token_list, int max_blocks, int block_size, int H, int KVH,
                             int D, float scale, float* __restrict__ out, float* __restrict__ part,
-                            int* __restrict__ counters) {
+                            int* __restrict__ counters, Gate gate) {
   wait_for_predecessor();
   const int t = token_list ? token_list[blockIdx.x] : int(blockIdx.x);
   const int h = blockIdx.y, kvh = h / (H / KVH);
+  // The output gate of this thread's column (d = threadIdx.x below), loaded with the first keys.
+  const float gv = gate.g && int(threadIdx.x) < D ? gate.g[size_t(t) * gate.stride + gate.column + h * D + threadIdx.x] : 0.0f;
   const int group = threadIdx.x / kGroupLanes, first = (threadIdx.x % kGroupLanes) * EPL;
   const int s = seq_of[t];
   const int q_len = query_start[s + 1] - query_start[s];
@@ -152,8 +162,9 @@ __global__ void __launch_bounds__(kThreads)
     if (d < D) res += c * sacc[w][d];
   }
   float* dst = out + (size_t(t) * H + h) * D;
+  const float g = gate.g ? sigmoid(gv) : 1.0f;
   if (splits == 1) {
-    if (d < D) dst[d] = res / total;
+    if (d < D) dst[d] = res / total * g;
     return;
   }
   float* const base = part + (size_t(blockIdx.x) * H + h) * gridDim.z * (D + 2);
@@ -191,7 +202,7 @@ __global__ void __launch_bounds__(kThreads)
       a += wsplit[i] * x0 + wsplit[i + 1] * x1 + wsplit[i + 2] * x2 + wsplit[i + 3] * x3;
     }
     for (; i < splits; ++i) a += wsplit[i] * load_l2(col + i * (D + 2));
-    dst[d] = a / sum;
+    dst[d] = a / sum * g;
   }
   if (threadIdx.x == 0) *counter = 0;  // re-armed for the next call (and graph replay)
 }
@@ -203,12 +214,13 @@ struct Shape {
 template <typename C, int EPL>
 void launch_decode_kernel(dim3 grid, const Tensor& q, const C* kc, const C* vc, const ops::AttentionBatch& b,
                           const Shape& sh, const int32_t* qs, const int32_t* lens, const int32_t* tables,
-                          const int32_t* seq_of, const int32_t* token_list, float scale, Tensor& out, float* part) {
+                          const int32_t* seq_of, const int32_t* token_list, float scale, Tensor& out, float* part,
+                          const Gate& gate) {
   constexpr int P = EPL <= 16 ? 2 : 1;  // two positions per group where registers allow
   auto go = [&](auto kernel) {
     launch_dependent(kernel, grid, dim3(kThreads), 0, q.ptr<float>(), kc, vc, qs, lens, tables, seq_of, token_list,
                      b.max_blocks_per_seq, b.block_size, int(sh.H), int(sh.KVH), int(sh.D), scale, out.ptr<float>(), part,
-                     grid.z > 1 ? arrival_counters() : nullptr);
+                     grid.z > 1 ? arrival_counters() : nullptr, gate);
   };
   constexpr bool kCanVec = (EPL * sizeof(C)) % 16 == 0;
   if (kCanVec && sh.D == kGroupLanes * EPL) go(decode_attention_kernel<C, EPL, kCanVec, P>);
@@ -220,7 +232,7 @@ void launch_decode_kernel(dim3 grid, const Tensor& q, const C* kc, const C* vc, 
 template <typename C>
 void launch_decode(const Tensor& q, const C* kc, const C* vc, const ops::AttentionBatch& b, const Shape& sh,
                    const int32_t* qs, const int32_t* lens, const int32_t* tables, const int32_t* seq_of,
-                   const int32_t* token_list, int64_t n, int max_ctx, float scale, Tensor& out) {
+                   const int32_t* token_list, int64_t n, int max_ctx, float scale, Tensor& out, const Gate& gate) {
   if (n == 0) return;
   // Split the context so that about 4 blocks per SM are in flight when the batch alone leaves
   // SMs idle, at least kMinSplitLen positions per split.
@@ -233,22 +245,23 @@ void launch_decode(const Tensor& q, const C* kc, const C* vc, const ops::Attenti
   if (splits > 1) part = Tensor::uninitialized({n, sh.H, splits, sh.D + 2}, DType::kF32, Device::kCUDA);
   const dim3 grid{unsigned(n), unsigned(sh.H), unsigned(splits)};
   float* p = splits > 1 ? part.ptr<float>() : nullptr;
-  if (sh.D <= 32) launch_decode_kernel<C, 4>(grid, q, kc, vc, b, sh, qs, lens, tables, seq_of, token_list, scale, out, p);
-  else if (sh.D <= 64) launch_decode_kernel<C, 8>(grid, q, kc, vc, b, sh, qs, lens, tables, seq_of, token_list, scale, out, p);
-  else if (sh.D <= 128) launch_decode_kernel<C, 16>(grid, q, kc, vc, b, sh, qs, lens, tables, seq_of, token_list, scale, out, p);
-  else launch_decode_kernel<C, 32>(grid, q, kc, vc, b, sh, qs, lens, tables, seq_of, token_list, scale, out, p);
+  if (sh.D <= 32) launch_decode_kernel<C, 4>(grid, q, kc, vc, b, sh, qs, lens, tables, seq_of, token_list, scale, out, p, gate);
+  else if (sh.D <= 64) launch_decode_kernel<C, 8>(grid, q, kc, vc, b, sh, qs, lens, tables, seq_of, token_list, scale, out, p, gate);
+  else if (sh.D <= 128) launch_decode_kernel<C, 16>(grid, q, kc, vc, b, sh, qs, lens, tables, seq_of, token_list, scale, out, p, gate);
+  else launch_decode_kernel<C, 32>(grid, q, kc, vc, b, sh, qs, lens, tables, seq_of, token_list, scale, out, p, gate);
 }
 
 template <typename C>
 void run(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, const ops::AttentionBatch& b, float scale,
-         Tensor& out) {
+         Tensor& out, const ops::OutputGate* og) {
+  const Gate gate = og ? Gate{og->gate->ptr<float>(), og->gate->size(1), og->column} : Gate{};
   const Shape sh{q.size(1), k_cache.size(2), q.size(2)};
   const int64_t T = q.size(0);
   const C* kc = k_cache.ptr<C>();
   const C* vc = v_cache.ptr<C>();
   if (b.decode_only && b.dev_query_start) {  // the captured-graph path: device metadata only
     launch_decode(q, kc, vc, b, sh, b.dev_query_start, b.dev_seq_lens, b.dev_block_tables, b.dev_token_seq, nullptr, T,
-                  b.max_seq_len, scale, out);
+                  b.max_seq_len, scale, out, gate);
     return;
   }
   // Plan on the host: decode rows for the per-token kernel, 64-row tiles of the multi-token
@@ -291,23 +304,28 @@ void run(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, const op
   const int32_t* tables = n_meta ? d + 2 * S + 1 : b.dev_block_tables;
   const int32_t* seq_of = n_meta ? d + 2 * S + 1 + size_t(S) * b.max_blocks_per_seq : b.dev_token_seq;
   const bool all_rows = decode_rows.size() == size_t(T);
+  // With prefill tiles the gate is applied to every row afterwards (the tiles do not take it).
   launch_decode(q, kc, vc, b, sh, qs, lens, tables, seq_of, all_rows ? nullptr : d + n_meta, int64_t(decode_rows.size()),
-                max_ctx, scale, out);
-  if (!tiles.empty())
-    launch_prefill(q.ptr<float>(), kc, vc, qs, lens, tables, d + n_meta + decode_rows.size(), int(tiles.size() / 2),
-                   b.max_blocks_per_seq, b.block_size, int(sh.H), int(sh.KVH), int(sh.D), scale, out.ptr<float>());
+                max_ctx, scale, out, tiles.empty() ? gate : Gate{});
+  if (tiles.empty()) return;
+  launch_prefill(q.ptr<float>(), kc, vc, qs, lens, tables, d + n_meta + decode_rows.size(), int(tiles.size() / 2),
+                 b.max_blocks_per_seq, b.block_size, int(sh.H), int(sh.KVH), int(sh.D), scale, out.ptr<float>());
+  if (og) {
+    Tensor flat = out.view({T, sh.H * sh.D});
+    sigmoid_mul(flat, *og->gate, og->column);
+  }
 }
 
 }  // namespace
 
 void paged_attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, const ops::AttentionBatch& b,
-                     float scale, Tensor& out) {
+                     float scale, Tensor& out, const ops::OutputGate* gate) {
   const int64_t D = q.size(2);
   RV_CHECK(D <= kMaxD && q.size(1) % k_cache.size(2) == 0, "CUDA paged_attention: head_dim ", D,
            " (<= 256) / heads ", q.size(1), "/", k_cache.size(2));
   if (q.size(0) == 0) return;
-  if (k_cache.dtype() == DType::kF32) run<float>(q, k_cache, v_cache, b, scale, out);
-  else if (k_cache.dtype() == DType::kF16) run<__half>(q, k_cache, v_cache, b, scale, out);
+  if (k_cache.dtype() == DType::kF32) run<float>(q, k_cache, v_cache, b, scale, out, gate);
+  else if (k_cache.dtype() == DType::kF16) run<__half>(q, k_cache, v_cache, b, scale, out, gate);
   else throw std::invalid_argument("CUDA paged_attention: the KV cache must be float32 or float16");
 }
 

@@ -44,12 +44,15 @@ struct Shape {
 
 // Group member `member` of `members`: its share of key head hk's rows of the input projection
 // (q and k channels, then the group's v, z, b and a columns), two consecutive rows per warp at a
-// time, into fused row 0. The warps of a block cover 16 consecutive rows per round.
+// time, into fused row 0. The warps of a block cover 16 consecutive rows per round. An odd last
+// row of the share is split by columns over the whole block, its loads issued with the first
+// round's: as a pair of its own it took one warp a round trip more than every other warp of the
+// group, and the group waits for its slowest warp (Qwen3-Next: 772 rows over 16 members, 48 or 49).
 __device__ __forceinline__ void project_group_rows(const float* __restrict__ x, const __half* __restrict__ proj,
                                                    int hidden, float* fused, const Shape& sh, int hk, int R,
                                                    int member, int members) {
   const int Dk = sh.Dk, RV = R * sh.Dv, n = 2 * Dk + 2 * RV + 2 * R;
-  const int begin = member * n / members, end = (member + 1) * n / members;
+  const int begin = member * n / members, end = (member + 1) * n / members, paired = begin + (end - begin) / 2 * 2;
   auto row_of = [&](int j) {
     if (j < 2 * Dk) return (j < Dk ? hk : sh.Hk + hk - 1) * Dk + j;
     j -= 2 * Dk;
@@ -60,14 +63,32 @@ __device__ __forceinline__ void project_group_rows(const float* __restrict__ x, 
     return sh.C + sh.Hv * sh.Dv + (j < R ? hk * R + j : sh.Hv + hk * R + j - R);
   };
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  for (int j = begin + 2 * warp; j < end; j += 2 * kWarps) {
-    const int ra = row_of(j), rb = row_of(min(j + 1, end - 1));  // an odd last row goes twice
+  const bool odd = paired < end;
+  const __half* const odd_row = proj + size_t(row_of(odd ? paired : begin)) * hidden;
+  const int k0 = threadIdx.x * 8;  // the odd row: 8 columns a thread, kThreads * 8 a step
+  const uint4 first = odd && k0 < hidden ? load_weight_raw8(odd_row + k0) : uint4{};
+  for (int j = begin + 2 * warp; j < paired; j += 2 * kWarps) {
+    const int ra = row_of(j), rb = row_of(j + 1);
     const __half* const wa[1] = {proj + size_t(ra) * hidden};
     const __half* const wb[1] = {proj + size_t(rb) * hidden};
     float a[1] = {}, b[1] = {};
     paired_row_dots<1, 8>(wa, wb, x, hidden, lane, a, b);
     a[0] = warp_sum(a[0]), b[0] = warp_sum(b[0]);
     if (lane == 0) fused[ra] = a[0], fused[rb] = b[0];
+  }
+  if (!odd) return;  // (uniform over the block)
+  float xv[8], d = 0.0f;
+  if (k0 < hidden) load8(x + k0, xv), d = dot8(first, xv);
+  for (int k = k0 + kThreads * 8; k < hidden; k += kThreads * 8) load8(x + k, xv), d += dot8(load_weight_raw8(odd_row + k), xv);
+  __shared__ float odd_part[kWarps];
+  d = warp_sum(d);
+  if (lane == 0) odd_part[warp] = d;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    float sum = 0.0f;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) sum += odd_part[w];
+    fused[row_of(paired)] = sum;
   }
 }
 

@@ -39,6 +39,102 @@ namespace {
 
 constexpr int kWarps = 8;
 
+struct Tail {
+  float* residual;
+  const float* weight;
+  float eps;
+  float* normed;
+  int* counters;  // one per token
+};
+
+// Column group `group` (64 columns) of token t: out[t, cols] = the sum of the token's `parts`
+// partial rows, taken in a fixed order (16 row groups of 16 lanes x float4, then the groups in
+// order), so the result does not depend on block timing. By a whole block of kWarps warps.
+constexpr int kCombineColumns = 64, kCombineGroups = kWarps * 32 / (kCombineColumns / 4);
+
+__device__ __forceinline__ void sum_column_group(const float* __restrict__ part, int parts, int H, float* out, int t,
+                                                 int group) {
+  __shared__ float4 sums[kCombineGroups][kCombineColumns / 4];
+  const int rg = threadIdx.x / (kCombineColumns / 4), q = threadIdx.x % (kCombineColumns / 4);
+  const int col = group * kCombineColumns + q * 4;
+  const bool live = col < H;  // H % 8 == 0: a float4 is all in or all out
+  const float* rows = part + size_t(t) * parts * H + (live ? col : 0);
+  float4 acc = {0.0f, 0.0f, 0.0f, 0.0f};
+  constexpr int kBatch = 8;  // a token's 242 partial rows at concurrency 1: two round trips per thread
+  for (int r = rg; r < parts; r += kBatch * kCombineGroups) {
+    float4 v[kBatch];
+#pragma unroll
+    for (int b = 0; b < kBatch; ++b) {
+      const int row = r + b * kCombineGroups;
+      // L2 loads: other blocks wrote these rows (the read-only path is for data no kernel writes)
+      v[b] = row < parts ? load_l2(reinterpret_cast<const float4*>(rows + size_t(row) * H)) : float4{0.0f, 0.0f, 0.0f, 0.0f};
+    }
+#pragma unroll
+    for (int b = 0; b < kBatch; ++b) acc.x += v[b].x, acc.y += v[b].y, acc.z += v[b].z, acc.w += v[b].w;
+  }
+  sums[rg][q] = acc;
+  __syncthreads();
+  if (threadIdx.x < kCombineColumns / 4 && live) {
+    float4 s = sums[0][threadIdx.x];
+#pragma unroll
+    for (int g = 1; g < kCombineGroups; ++g) {
+      const float4 v = sums[g][threadIdx.x];
+      s.x += v.x, s.y += v.y, s.z += v.z, s.w += v.w;
+    }
+    *reinterpret_cast<float4*>(out + size_t(t) * H + col) = s;
+  }
+  __syncthreads();  // sums is reused by the next group
+}
+
+// The combine folded into the slice kernel (kFold): every block of token t takes a ticket once
+// its partial row is out; the last `summers` blocks of the token wait for all of its partial rows
+// (every block of the grid is resident: the host folds only then) and sum a column group each, so
+// the kernel after the experts follows the slices directly instead of a short combine kernel
+// between them. The last summer runs the residual norm; it also re-arms the two counters.
+__device__ __forceinline__ void fold_combine(const float* part, int parts, int H, float* out, const Tail& tail,
+                                             int* tickets, int t) {
+  __shared__ int ticket;
+  __shared__ bool last;
+  __threadfence();
+  __syncthreads();
+  if (threadIdx.x == 0) ticket = atomicAdd(tickets + 2 * t, 1);
+  __syncthreads();
+  const int groups = (H + kCombineColumns - 1) / kCombineColumns, summers = min(groups, parts);
+  const int first = parts - summers;
+  if (ticket < first) return;
+  if (threadIdx.x == 0) {
+    while (*static_cast<volatile int*>(tickets + 2 * t) < parts) {
+    }
+    __threadfence();
+  }
+  __syncthreads();
+  for (int g = ticket - first; g < groups; g += summers) sum_column_group(part, parts, H, out, t, g);
+  __threadfence();
+  if (threadIdx.x == 0) {
+    last = atomicAdd(tickets + 2 * t + 1, 1) == summers - 1;
+    if (last) tickets[2 * t] = 0, tickets[2 * t + 1] = 0;  // every summer is past its wait
+  }
+  __syncthreads();
+  if (!last || !tail.residual) return;
+  __threadfence();
+  residual_norm_row(tail.residual + size_t(t) * H, out + size_t(t) * H, tail.weight, tail.eps,
+                    tail.normed + size_t(t) * H, H);
+}
+
+// Block (column group, token): one column group of the combine (sum_column_group). With a
+// residual norm (kTail), the token's last block adds the row to the residual stream and
+// normalises it.
+template <bool kTail>
+__global__ void __launch_bounds__(kWarps * 32)
+    moe_combine_kernel(const float* __restrict__ part, int parts, int H, float* out, Tail tail) {
+  enter_dependent();
+  const int t = blockIdx.y;
+  sum_column_group(part, parts, H, out, t, int(blockIdx.x));
+  if (kTail && last_to_arrive(tail.counters + t, int(gridDim.x)))
+    residual_norm_row(tail.residual + size_t(t) * H, out + size_t(t) * H, tail.weight, tail.eps,
+                      tail.normed + size_t(t) * H, H);
+}
+
 // Block (slice, pair): act[i] for the S intermediates i0 + [0, S) of the pair's expert (rows past I
 // give 0), then part[pair * slices + slice][h] = weight * sum_i act[i] * down_t[i, h] for every h.
 // In the down pass each thread owns 8 columns of each pass over the row (a pass covers
@@ -46,11 +142,11 @@ constexpr int kWarps = 8;
 // bytes, and the sums stay in registers. The first kFirstRows rows of the first pass are loaded
 // before the gate / up rows (they do not depend on the activation), so the block's bytes keep
 // streaming across the hand-over; the rest go kDownBatch rows at a time.
-template <int S>
+template <int S, bool kFold>
 __global__ void __launch_bounds__(kWarps * 32, 2)
     moe_slice_kernel(const float* __restrict__ x, const int32_t* __restrict__ ids, const float* __restrict__ weights,
                      const int64_t* __restrict__ gu_at, const int64_t* __restrict__ down_at, float* __restrict__ part,
-                     int K, int H, int I) {
+                     int K, int H, int I, float* combined, Tail tail, int* tickets) {
   constexpr int kPerWarp = S / kWarps, kGroup = kPerWarp < 4 ? kPerWarp : 4;  // intermediates a warp dots at once
   constexpr int kPassColumns = kWarps * 32 * 8, kFirstRows = 8, kDownBatch = 8;
   static_assert(S % kDownBatch == 0 && S >= kFirstRows, "slice rows in whole batches");
@@ -120,58 +216,7 @@ __global__ void __launch_bounds__(kWarps * 32, 2)
     rows_from(0, h);
     store(h);
   }
-}
-
-struct Tail {
-  float* residual;
-  const float* weight;
-  float eps;
-  float* normed;
-  int* counters;  // one per token
-};
-
-// Block (column group, token): out[t, c0 + [0, 64)) = the sum of the token's `parts` partial rows,
-// taken in a fixed order (16 row groups of 16 lanes x float4, then the groups in order), so the
-// result does not depend on block timing. With a residual norm (kTail), the token's last block
-// adds the row to the residual stream and normalises it.
-constexpr int kCombineColumns = 64, kCombineGroups = kWarps * 32 / (kCombineColumns / 4);
-
-template <bool kTail>
-__global__ void __launch_bounds__(kWarps * 32)
-    moe_combine_kernel(const float* __restrict__ part, int parts, int H, float* out, Tail tail) {
-  enter_dependent();
-  __shared__ float4 sums[kCombineGroups][kCombineColumns / 4];
-  const int t = blockIdx.y, group = threadIdx.x / (kCombineColumns / 4), q = threadIdx.x % (kCombineColumns / 4);
-  const int col = blockIdx.x * kCombineColumns + q * 4;
-  const bool live = col < H;  // H % 8 == 0: a float4 is all in or all out
-  const float* rows = part + size_t(t) * parts * H + (live ? col : 0);
-  float4 acc = {0.0f, 0.0f, 0.0f, 0.0f};
-  constexpr int kBatch = 8;  // a token's 176 partial rows at concurrency 1: two round trips per thread
-  for (int r = group; r < parts; r += kBatch * kCombineGroups) {
-    float4 v[kBatch];
-#pragma unroll
-    for (int b = 0; b < kBatch; ++b) {
-      const int row = r + b * kCombineGroups;
-      // L2 loads: the slice kernel wrote these rows (the read-only path is for data no kernel writes)
-      v[b] = row < parts ? load_l2(reinterpret_cast<const float4*>(rows + size_t(row) * H)) : float4{0.0f, 0.0f, 0.0f, 0.0f};
-    }
-#pragma unroll
-    for (int b = 0; b < kBatch; ++b) acc.x += v[b].x, acc.y += v[b].y, acc.z += v[b].z, acc.w += v[b].w;
-  }
-  sums[group][q] = acc;
-  __syncthreads();
-  if (threadIdx.x < kCombineColumns / 4 && live) {
-    float4 s = sums[0][threadIdx.x];
-#pragma unroll
-    for (int g = 1; g < kCombineGroups; ++g) {
-      const float4 v = sums[g][threadIdx.x];
-      s.x += v.x, s.y += v.y, s.z += v.z, s.w += v.w;
-    }
-    *reinterpret_cast<float4*>(out + size_t(t) * H + col) = s;
-  }
-  if (kTail && last_to_arrive(tail.counters + t, int(gridDim.x)))
-    residual_norm_row(tail.residual + size_t(t) * H, out + size_t(t) * H, tail.weight, tail.eps,
-                      tail.normed + size_t(t) * H, H);
+  if (kFold) fold_combine(part, K * int(gridDim.x), H, combined, tail, tickets, t);
 }
 
 constexpr int64_t kFusedTokens = 64, kGroupedSliceTokens = 2048;
@@ -275,19 +320,35 @@ void moe_experts(const Tensor& x, const Tensor& ids, const Tensor& weights, cons
     }
   const int64_t slices = (I + S - 1) / S;
   Tensor part = Tensor::uninitialized({T * K * slices, H}, DType::kF32, Device::kCUDA);
-  auto slice = [&](auto kernel) {
-    launch_dependent(kernel, dim3{unsigned(slices), unsigned(T * K)}, dim3(kWarps * 32), 0, x.ptr<float>(),
-                     ids.ptr<int32_t>(), weights.ptr<float>(), ex.gate_up.ptr<int64_t>(), ex.down.ptr<int64_t>(),
-                     part.ptr<float>(), int(K), int(H), int(I));
-  };
-  if (S == 24) slice(moe_slice_kernel<24>);
-  else if (S == 32) slice(moe_slice_kernel<32>);
-  else if (S == 64) slice(moe_slice_kernel<64>);
-  else slice(moe_slice_kernel<128>);
-  RV_CUDA_CHECK(cudaGetLastError());
   const Tail tail = then ? Tail{then->residual->ptr<float>(), then->weight->ptr<float>(), then->eps,
                                 then->normed->ptr<float>(), arrival_counters()}
                          : Tail{};
+  // The combine folds into the slice kernel when every block of its grid is resident at once.
+  auto fits = [&](auto kernel) {
+    int per_sm = 0;
+    RV_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kWarps * 32, 0));
+    return T * K * slices <= int64_t(per_sm) * sm_count() && 2 * T <= kArrivalCounters / 2;
+  };
+  int* const tickets = arrival_counters() + kArrivalCounters / 2;  // a region no other kernel uses
+  bool folded = false;
+  auto slice = [&](auto plain, auto fold) {
+    folded = fits(fold);
+    const dim3 grid{unsigned(slices), unsigned(T * K)};
+    if (folded)
+      launch_dependent(fold, grid, dim3(kWarps * 32), 0, x.ptr<float>(), ids.ptr<int32_t>(), weights.ptr<float>(),
+                       ex.gate_up.ptr<int64_t>(), ex.down.ptr<int64_t>(), part.ptr<float>(), int(K), int(H), int(I),
+                       out.ptr<float>(), tail, tickets);
+    else
+      launch_dependent(plain, grid, dim3(kWarps * 32), 0, x.ptr<float>(), ids.ptr<int32_t>(), weights.ptr<float>(),
+                       ex.gate_up.ptr<int64_t>(), ex.down.ptr<int64_t>(), part.ptr<float>(), int(K), int(H), int(I),
+                       out.ptr<float>(), tail, tickets);
+  };
+  if (S == 24) slice(moe_slice_kernel<24, false>, moe_slice_kernel<24, true>);
+  else if (S == 32) slice(moe_slice_kernel<32, false>, moe_slice_kernel<32, true>);
+  else if (S == 64) slice(moe_slice_kernel<64, false>, moe_slice_kernel<64, true>);
+  else slice(moe_slice_kernel<128, false>, moe_slice_kernel<128, true>);
+  RV_CUDA_CHECK(cudaGetLastError());
+  if (folded) return;
   auto combine = [&](auto kernel) {
     launch_dependent(kernel, dim3{unsigned((H + kCombineColumns - 1) / kCombineColumns), unsigned(T)}, dim3(kWarps * 32),
                      0, part.ptr<float>(), int(K * slices), int(H), out.ptr<float>(), tail);

@@ -227,6 +227,118 @@ __global__ void __launch_bounds__(kWarps * 32)
   }
 }
 
+// The routing after the add + norm for one token with rows of up to 2048 columns, split by
+// columns instead of by rows: warp w of a block holds, for each of the block's kWarps router rows,
+// the columns {p * 1024 + w * 256 + lane * 8 + [0, 8)} (loaded with the norm weight before the
+// wait, times the norm weight), so after the wait a lane loads only its 16 columns of y and the
+// residual (one round trip)
+// and the block needs one barrier to combine the warps' partial dots and sums of squares; no copy
+// of the row goes through shared memory. logit = inv * sum((w * nw) * h) (the scale after the
+// dot, not before it as on the CPU: equal up to rounding). The last block writes the residual and the
+// normed row from the warps' registers while warp 0 picks the experts.
+constexpr int kNorm1Passes = 2, kNorm1Columns = kNorm1Passes * kWarps * 256;
+
+__global__ void __launch_bounds__(kWarps * 32, 1)
+    route_norm1_kernel(const float* __restrict__ x, const float* __restrict__ router, float* logits, int E, int S, int H,
+                       int K, bool renorm, int32_t* __restrict__ ids, float* __restrict__ weights, int* counter,
+                       PreNorm pre) {
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, R = E + S, r0 = blockIdx.x * kWarps;
+  auto column = [&](int p) { return p * (kWarps * 256) + warp * 256 + lane * 8; };
+  // The router columns times the norm weight's, before the wait: after it the lane holds only
+  // these and its 16 columns of y and the residual, all loaded at once.
+  float wv[kWarps][kNorm1Passes][8];
+#pragma unroll
+  for (int p = 0; p < kNorm1Passes; ++p) {
+    const int c = column(p);
+    float nw[8];
+    if (c < H) load8(pre.weight + c, nw);
+#pragma unroll
+    for (int r = 0; r < kWarps; ++r) {
+      if (c < H) load_weight8(router + size_t(min(r0 + r, R - 1)) * H + c, wv[r][p]);
+#pragma unroll
+      for (int i = 0; i < 8; ++i) wv[r][p][i] = c < H ? wv[r][p][i] * nw[i] : 0.0f;
+    }
+  }
+  wait_for_predecessor();
+  // Both passes' loads in one asm statement, so that one round trip covers them (separate loads,
+  // even volatile ones, were compiled pass by pass: the second pass issued after the first was used).
+  static_assert(kNorm1Passes == 2, "the load statement below covers two passes");
+  float4 a[kNorm1Passes][2], b[kNorm1Passes][2];
+  {
+    const float* x0 = x + min(column(0), H - 8);  // past H: a valid address, weights 0
+    const float* x1 = x + min(column(1), H - 8);
+    const float* r0p = pre.residual + min(column(0), H - 8);
+    const float* r1p = pre.residual + min(column(1), H - 8);
+    asm volatile(
+        "ld.global.cg.v4.f32 {%0, %1, %2, %3}, [%32];\n\t"
+        "ld.global.cg.v4.f32 {%4, %5, %6, %7}, [%32+16];\n\t"
+        "ld.global.cg.v4.f32 {%8, %9, %10, %11}, [%33];\n\t"
+        "ld.global.cg.v4.f32 {%12, %13, %14, %15}, [%33+16];\n\t"
+        "ld.global.cg.v4.f32 {%16, %17, %18, %19}, [%34];\n\t"
+        "ld.global.cg.v4.f32 {%20, %21, %22, %23}, [%34+16];\n\t"
+        "ld.global.cg.v4.f32 {%24, %25, %26, %27}, [%35];\n\t"
+        "ld.global.cg.v4.f32 {%28, %29, %30, %31}, [%35+16];"
+        : "=f"(a[0][0].x), "=f"(a[0][0].y), "=f"(a[0][0].z), "=f"(a[0][0].w), "=f"(a[0][1].x), "=f"(a[0][1].y),
+          "=f"(a[0][1].z), "=f"(a[0][1].w), "=f"(a[1][0].x), "=f"(a[1][0].y), "=f"(a[1][0].z), "=f"(a[1][0].w),
+          "=f"(a[1][1].x), "=f"(a[1][1].y), "=f"(a[1][1].z), "=f"(a[1][1].w), "=f"(b[0][0].x), "=f"(b[0][0].y),
+          "=f"(b[0][0].z), "=f"(b[0][0].w), "=f"(b[0][1].x), "=f"(b[0][1].y), "=f"(b[0][1].z), "=f"(b[0][1].w),
+          "=f"(b[1][0].x), "=f"(b[1][0].y), "=f"(b[1][0].z), "=f"(b[1][0].w), "=f"(b[1][1].x), "=f"(b[1][1].y),
+          "=f"(b[1][1].z), "=f"(b[1][1].w)
+        : "l"(x0), "l"(x1), "l"(r0p), "l"(r1p)
+        : "memory");
+  }
+  float h[kNorm1Passes][8];
+#pragma unroll
+  for (int p = 0; p < kNorm1Passes; ++p) {
+    const float keep = column(p) < H ? 1.0f : 0.0f;
+#pragma unroll
+    for (int q = 0; q < 2; ++q) {
+      h[p][4 * q] = keep * (a[p][q].x + b[p][q].x), h[p][4 * q + 1] = keep * (a[p][q].y + b[p][q].y);
+      h[p][4 * q + 2] = keep * (a[p][q].z + b[p][q].z), h[p][4 * q + 3] = keep * (a[p][q].w + b[p][q].w);
+    }
+  }
+  float ss = 0.0f, dot[kWarps] = {};
+#pragma unroll
+  for (int p = 0; p < kNorm1Passes; ++p)
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      ss += h[p][i] * h[p][i];
+#pragma unroll
+      for (int r = 0; r < kWarps; ++r) dot[r] += wv[r][p][i] * h[p][i];
+    }
+  __shared__ float part[kWarps][kWarps + 1];  // [warp][row], then the warp's sum of squares
+  ss = warp_sum(ss);
+#pragma unroll
+  for (int r = 0; r < kWarps; ++r) dot[r] = warp_sum(dot[r]);
+  if (lane == 0) {
+#pragma unroll
+    for (int r = 0; r < kWarps; ++r) part[warp][r] = dot[r];
+    part[warp][kWarps] = ss;
+  }
+  __syncthreads();
+  float total = 0.0f, d = 0.0f;
+#pragma unroll
+  for (int w = 0; w < kWarps; ++w) total += part[w][kWarps], d += part[w][warp];
+  const float inv = rsqrtf(total / float(H) + pre.eps);
+  if (lane == 0 && r0 + warp < R) logits[r0 + warp] = d * inv;
+  let_successor_launch();
+  if (!last_to_arrive(counter, int(gridDim.x))) return;
+  // Every block has read the old residual before it arrived: the last one writes the new rows.
+#pragma unroll
+  for (int p = 0; p < kNorm1Passes; ++p) {
+    const int c = column(p);
+    if (c >= H) continue;
+    float4* res = reinterpret_cast<float4*>(pre.residual + c);
+    float4* nrm = reinterpret_cast<float4*>(pre.normed + c);
+    float nw[8];
+    load8(pre.weight + c, nw);
+    res[0] = {h[p][0], h[p][1], h[p][2], h[p][3]}, res[1] = {h[p][4], h[p][5], h[p][6], h[p][7]};
+    nrm[0] = {nw[0] * (h[p][0] * inv), nw[1] * (h[p][1] * inv), nw[2] * (h[p][2] * inv), nw[3] * (h[p][3] * inv)};
+    nrm[1] = {nw[4] * (h[p][4] * inv), nw[5] * (h[p][5] * inv), nw[6] * (h[p][6] * inv), nw[7] * (h[p][7] * inv)};
+  }
+  if (warp == 0) topk_registers_row<16, true>(logits, E, K, S, renorm, ids, weights);
+}
+
 }  // namespace
 
 void moe_route(const Tensor& x, const Tensor& router, int64_t E, bool renormalize, Tensor& ids, Tensor& weights,
@@ -257,6 +369,13 @@ void moe_route(const Tensor& x, const Tensor& router, int64_t E, bool renormaliz
                      router.ptr<float>(), logits.ptr<float>(), int(E), int(S), int(H), int(K), renormalize,
                      ids.ptr<int32_t>(), weights.ptr<float>(), arrival_counters(), pre);
   };
+  if (first && T == 1 && H <= kNorm1Columns) {  // one token, rows of up to 2048 columns
+    launch_dependent(route_norm1_kernel, dim3(blocks), dim3(kWarps * 32), 0, x.ptr<float>(), router.ptr<float>(),
+                     logits.ptr<float>(), int(E), int(S), int(H), int(K), renormalize, ids.ptr<int32_t>(),
+                     weights.ptr<float>(), arrival_counters(), pre);
+    RV_CUDA_CHECK(cudaGetLastError());
+    return;
+  }
   auto go_m = [&](auto m) {
     constexpr int M = decltype(m)::value;
     if (first) go(route_kernel<M, true>);

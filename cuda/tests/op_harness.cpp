@@ -161,7 +161,8 @@ void test_linear(int64_t M, int64_t N, int64_t K, DType dt, bool with_bias) {
 // A batch of sequences, each with a cached prefix and new query tokens (prefill chunks of several
 // tokens next to decode tokens), with block tables over a shuffled pool of blocks.
 void test_paged_attention(std::vector<std::pair<int, int>> seqs /* (cached, new) */, int H, int KVH, int D, int bs,
-                          DType kv_dtype = DType::kF32, bool device_metadata = false, int graph_max_len = 0) {
+                          DType kv_dtype = DType::kF32, bool device_metadata = false, int graph_max_len = 0,
+                          bool gated = false) {
   int total_blocks = 0, T = 0, max_blocks = 0;
   for (auto [cached, fresh] : seqs) {
     const int nb = (cached + fresh + bs - 1) / bs;
@@ -201,7 +202,11 @@ void test_paged_attention(std::vector<std::pair<int, int>> seqs /* (cached, new)
   }
   Tensor ref = Tensor::empty({T, H, D}, DType::kF32);
   const float scale = 1.0f / std::sqrt(float(D));
-  ops::cpu::paged_attention(q, kc, vc, b, scale, ref);
+  // gated: the output gate in columns [7, 7 + H * D) of a wider tensor, as in a fused projection
+  Tensor gate = gated ? random_tensor({T, H * D + 11}, DType::kF32, 2.0f) : Tensor();
+  Tensor dgate = gated ? cuda::to_device(gate) : Tensor();
+  const ops::OutputGate hg{&gate, 7}, dg{&dgate, 7};
+  ops::cpu::paged_attention(q, kc, vc, b, scale, ref, gated ? &hg : nullptr);
   Tensor dq = cuda::to_device(q);
   Tensor dmeta;
   bool all_decode = true;
@@ -227,7 +232,7 @@ void test_paged_attention(std::vector<std::pair<int, int>> seqs /* (cached, new)
     b.decode_only = all_decode;
   }
   Tensor dout = Tensor::empty({T, H, D}, DType::kF32, Device::kCUDA);
-  ops::paged_attention(dq, dk, dv, b, scale, dout);
+  ops::paged_attention(dq, dk, dv, b, scale, dout, gated ? &dg : nullptr);
   int64_t kv_bytes = 0;
   double flops = 0;
   for (auto [cached, fresh] : seqs) {
@@ -236,8 +241,8 @@ void test_paged_attention(std::vector<std::pair<int, int>> seqs /* (cached, new)
   }
   const std::string tag = std::to_string(seqs.size()) + " seqs " + std::to_string(T) + " tokens H" + std::to_string(H) + "/KV" +
                           std::to_string(KVH) + " D" + std::to_string(D) + " " + dtype_name(kv_dtype) +
-                          (device_metadata ? (all_decode ? " dev-meta decode" : " dev-meta") : "");
-  perf("paged_attention " + tag, double(kv_bytes), [&] { ops::paged_attention(dq, dk, dv, b, scale, dout); }, flops);
+                          (device_metadata ? (all_decode ? " dev-meta decode" : " dev-meta") : "") + (gated ? " gated" : "");
+  perf("paged_attention " + tag, double(kv_bytes), [&] { ops::paged_attention(dq, dk, dv, b, scale, dout, gated ? &dg : nullptr); }, flops);
   // Multi-token sequences with head_dim 64/128 run on tensor cores (Q and P rounded to f16).
   const bool tensor_cores = !all_decode && (D == 64 || D == 128);
   report("paged_attention " + tag, max_abs_diff(cuda::to_host(dout), ref), tensor_cores ? 2e-2f : 1e-4f);
@@ -872,6 +877,14 @@ int main(int argc, char** argv) {
     test_argmax(32, 151936);
     test_kv_cache_write(1, 8, 16, 3, 64);
     test_kv_cache_write(100, 16, 16, 8, 128);
+    // Cases added last, so that their random tensors leave the cases above as they were. Gated
+    // attention's output gate: one decode token per sequence (Qwen3-Next's heads; split-K), a
+    // graph's device metadata, and a prefill tile (the gate applied after the tiles).
+    test_paged_attention({{40, 1}, {3000, 1}}, 16, 2, 256, 16, DType::kF16, false, 0, true);
+    test_paged_attention({{100, 1}, {7, 1}}, 16, 2, 256, 16, DType::kF16, true, 4096, true);
+    test_paged_attention({{30, 1}, {0, 70}}, 8, 2, 128, 16, DType::kF16, false, 0, true);
+    test_gdn_decode({1}, 2, 4, 16, 16, 4, 4104);  // an odd row per share past one block-wide step of its columns
+    test_moe_route(1, 60, 4, 1000, true, true);  // after the add + norm, one token: columns past the row, a partial last block
   } catch (const std::exception& e) {
     std::printf("FAIL exception: %s\n", e.what());
     ++g_failed;

@@ -98,9 +98,13 @@ void kv_cache_write(const Tensor& k, const Tensor& v, const Tensor& slot_mapping
   table_for(k.device(), Op::kKvCacheWrite).kv_cache_write(k, v, slot_mapping, k_cache, v_cache);
 }
 void paged_attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
-                     const AttentionBatch& batch, float scale, Tensor& out) {
+                     const AttentionBatch& batch, float scale, Tensor& out, const OutputGate* gate) {
+  RV_CHECK(!gate || (gate->gate->dim() == 2 && gate->gate->size(0) == q.size(0) &&
+                     gate->column + q.size(1) * q.size(2) <= gate->gate->size(1) && gate->gate->dtype() == DType::kF32),
+           "paged_attention: an output gate f32 [T, >= column + heads * head_dim] (got ",
+           gate ? gate->gate->shape_str() : std::string(), " from column ", gate ? gate->column : 0, ")");
   table_for(q.device(), Op::kPagedAttention)
-      .paged_attention(q, k_cache, v_cache, batch, scale, out);
+      .paged_attention(q, k_cache, v_cache, batch, scale, out, gate);
 }
 void gather_rows(const Tensor& x, const Tensor& rows, Tensor& out) {
   table_for(x.device(), Op::kGatherRows).gather_rows(x, rows, out);

@@ -65,6 +65,12 @@ struct ExpertTable {
   bool down_transposed = false;
 };
 
+// Gated attention's output gate: columns [column, column + heads * head_dim) of gate [T, >= ...].
+struct OutputGate {
+  const Tensor* gate = nullptr;
+  int64_t column = 0;
+};
+
 // The residual add and RMSNorm that follow a block's expert combine, fused into it where a backend
 // can (decode-sized batches): residual += y; normed = rms_norm(residual) * weight (f32 [n]).
 struct ResidualNorm {
@@ -155,7 +161,7 @@ struct OpTable {
   void (*kv_cache_write)(const Tensor& k, const Tensor& v, const Tensor& slot_mapping,
                          Tensor& k_cache, Tensor& v_cache) = nullptr;
   void (*paged_attention)(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
-                          const AttentionBatch& batch, float scale, Tensor& out) = nullptr;
+                          const AttentionBatch& batch, float scale, Tensor& out, const OutputGate* gate) = nullptr;
   void (*gather_rows)(const Tensor& x, const Tensor& rows, Tensor& out) = nullptr;
   void (*copy_columns)(const Tensor& src, int64_t first_column, Tensor& dst) = nullptr;
   void (*fill_uniform)(Tensor& t, uint64_t seed, float lo, float hi) = nullptr;
@@ -213,9 +219,10 @@ void silu_mul(const Tensor& gate_up, Tensor& out);
 void kv_cache_write(const Tensor& k, const Tensor& v, const Tensor& slot_mapping, Tensor& k_cache,
                     Tensor& v_cache);
 // q: [T, heads, head_dim]; out: [T, heads, head_dim]. Causal within each sequence; heads map to
-// kv heads in groups of heads / kv_heads (GQA).
+// kv heads in groups of heads / kv_heads (GQA). With gate, the output is gated as sigmoid_mul does:
+// out[t, j] *= sigmoid(gate[t, column + j]) over the flattened heads (gated attention).
 void paged_attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
-                     const AttentionBatch& batch, float scale, Tensor& out);
+                     const AttentionBatch& batch, float scale, Tensor& out, const OutputGate* gate = nullptr);
 // out[r, :] = x[rows[r], :]; x, out f32, rows int32 [R] on the same device.
 void gather_rows(const Tensor& x, const Tensor& rows, Tensor& out);
 // dst[t, :] = src[t, first_column : first_column + dst.cols] (f32; splits fused projections).

@@ -29,7 +29,7 @@ void kv_cache_write(const Tensor& k, const Tensor& v, const Tensor& slot_mapping
 }
 
 void paged_attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
-                     const AttentionBatch& b, float scale, Tensor& out) {
+                     const AttentionBatch& b, float scale, Tensor& out, const OutputGate* gate) {
   const int64_t T = q.size(0), H = q.size(1), D = q.size(2);
   const int64_t KVH = k_cache.size(2), BS = b.block_size;
   RV_CHECK(k_cache.size(3) == D && H % KVH == 0, "paged_attention: q ", q.shape_str(),
@@ -118,6 +118,10 @@ void paged_attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cac
       const float inv = 1.0f / total;
       for (int64_t d = 0; d < D; ++d) dst[d] *= inv;
     }
+  }
+  if (gate) {
+    Tensor flat = out.view({T, H * D});
+    sigmoid_mul(flat, *gate->gate, gate->column);
   }
 }
 

@@ -16,7 +16,7 @@ void silu_mul(const Tensor& gate_up, Tensor& out);
 void kv_cache_write(const Tensor& k, const Tensor& v, const Tensor& slot_mapping, Tensor& k_cache,
                     Tensor& v_cache);
 void paged_attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
-                     const AttentionBatch& batch, float scale, Tensor& out);
+                     const AttentionBatch& batch, float scale, Tensor& out, const OutputGate* gate = nullptr);
 void gather_rows(const Tensor& x, const Tensor& rows, Tensor& out);
 void copy_columns(const Tensor& src, int64_t first_column, Tensor& dst);
 void transpose(const Tensor& x, Tensor& out);
