@@ -217,9 +217,12 @@ void gemv(const float* xp, const W* w, const float* bias, float* op, int M, int 
                      N, K);
   };
   switch (M) {
-    case 1:  // four rows per warp share x loads, but only when that still leaves >= 4 blocks per SM;
-             // otherwise a row per warp with 8 loads per lane in flight (few warps: latency bound)
-      if (N >= 4 * kWarpsPerBlock * 4 * sm_count()) launch(gemv_kernel<W, 1, 4, 1>, 4);
+    case 1:  // four rows per warp share x loads, but only when that still leaves >= 8 blocks per SM;
+             // otherwise a row per warp with 8 loads per lane in flight (few warps: latency bound).
+             // Qwen3-Next's attention QKV (9216 rows) takes the latter: inside the decode chain it
+             // starts early and its first round trip carries twice the bytes (H200, 32 layers,
+             // concurrency 1: +0.3%, though alone in the harness it is the slower form).
+      if (N >= 8 * kWarpsPerBlock * 4 * sm_count()) launch(gemv_kernel<W, 1, 4, 1>, 4);
       else launch(gemv_kernel<W, 1, 1, 8>, 1);
       break;
     case 2: launch(gemv_kernel<W, 2, 2, 2>, 2); break;

@@ -142,19 +142,25 @@ __global__ void __launch_bounds__(kWarps * 32)
 // bytes, and the sums stay in registers. The first kFirstRows rows of the first pass are loaded
 // before the gate / up rows (they do not depend on the activation), so the block's bytes keep
 // streaming across the hand-over; the rest go kDownBatch rows at a time.
+// With table_len > 0 (dependent launch, a table of up to kSharedTable experts) the block copies
+// the expert address tables into shared memory before its wait, so that after it an expert's
+// addresses are one shared-memory read behind its id instead of another L2 round trip.
 template <int S, bool kFold>
 __global__ void __launch_bounds__(kWarps * 32, 2)
     moe_slice_kernel(const float* __restrict__ x, const int32_t* __restrict__ ids, const float* __restrict__ weights,
-                     const int64_t* __restrict__ gu_at, const int64_t* __restrict__ down_at, float* __restrict__ part,
-                     int K, int H, int I, float* combined, Tail tail, int* tickets) {
+                     const int64_t* __restrict__ gu_at, const int64_t* __restrict__ down_at, int table_len,
+                     float* __restrict__ part, int K, int H, int I, float* combined, Tail tail, int* tickets) {
   constexpr int kPerWarp = S / kWarps, kGroup = kPerWarp < 4 ? kPerWarp : 4;  // intermediates a warp dots at once
   constexpr int kPassColumns = kWarps * 32 * 8, kFirstRows = 8, kDownBatch = 8;
   static_assert(S % kDownBatch == 0 && S >= kFirstRows, "slice rows in whole batches");
   __shared__ float act[S];
+  extern __shared__ int64_t table[];  // [table_len] gate / up addresses, then [table_len] down ones
+  for (int e = threadIdx.x; e < table_len; e += kWarps * 32) table[e] = gu_at[e], table[table_len + e] = down_at[e];
   wait_for_predecessor();
+  if (table_len > 0) __syncthreads();
   const int pair = blockIdx.y, t = pair / K, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int i0 = blockIdx.x * S, expert = ids[pair];
-  const __half* dn = reinterpret_cast<const __half*>(down_at[expert]);
+  const __half* dn = reinterpret_cast<const __half*>(table_len > 0 ? table[table_len + expert] : down_at[expert]);
   // Row j of the slice at column h (rows past I re-read row I - 1, whose act is 0; columns past H
   // re-read the row's last 8, whose sums are not stored).
   auto down_row = [&](int j, int h) { return dn + size_t(min(i0 + j, I - 1)) * H + min(h, H - 8); };
@@ -163,7 +169,7 @@ __global__ void __launch_bounds__(kWarps * 32, 2)
 #pragma unroll
   for (int r = 0; r < kFirstRows; ++r) first[r] = load_weight_raw8(down_row(r, h_first));
 
-  const __half* gu = reinterpret_cast<const __half*>(gu_at[expert]);
+  const __half* gu = reinterpret_cast<const __half*>(table_len > 0 ? table[expert] : gu_at[expert]);
   const float* xt = x + size_t(t) * H;
 #pragma unroll
   for (int q = 0; q < kPerWarp; q += kGroup) {
@@ -219,7 +225,7 @@ __global__ void __launch_bounds__(kWarps * 32, 2)
   if (kFold) fold_combine(part, K * int(gridDim.x), H, combined, tail, tickets, t);
 }
 
-constexpr int64_t kFusedTokens = 64, kGroupedSliceTokens = 2048;
+constexpr int64_t kFusedTokens = 64, kGroupedSliceTokens = 2048, kSharedTable = 1024;
 
 __global__ void count_kernel(const int32_t* __restrict__ ids, int P, int32_t* __restrict__ counts) {
   const int p = blockIdx.x * blockDim.x + threadIdx.x;
@@ -324,24 +330,25 @@ void moe_experts(const Tensor& x, const Tensor& ids, const Tensor& weights, cons
                                 then->normed->ptr<float>(), arrival_counters()}
                          : Tail{};
   // The combine folds into the slice kernel when every block of its grid is resident at once.
-  auto fits = [&](auto kernel) {
+  auto fits = [&](auto kernel, size_t smem) {
     int per_sm = 0;
-    RV_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kWarps * 32, 0));
+    RV_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kWarps * 32, smem));
     return T * K * slices <= int64_t(per_sm) * sm_count() && 2 * T <= kArrivalCounters / 2;
   };
   int* const tickets = arrival_counters() + kArrivalCounters / 2;  // a region no other kernel uses
+  // The address tables go to shared memory only where every block's copy overlaps the wait: with
+  // dependent launch, and the whole grid resident (the combine folds then too). A second wave's
+  // blocks would copy after the wait (concurrency 8, H200: 1052.0 / 1051.8 against 1058.0 / 1057.9).
+  const int n_table = dependent_launch_enabled() && ex.gate_up.numel() <= kSharedTable ? int(ex.gate_up.numel()) : 0;
   bool folded = false;
   auto slice = [&](auto plain, auto fold) {
-    folded = fits(fold);
+    folded = fits(fold, size_t(2 * n_table) * sizeof(int64_t));
+    const int table_len = folded ? n_table : 0;
+    const size_t table_bytes = size_t(2 * table_len) * sizeof(int64_t);
     const dim3 grid{unsigned(slices), unsigned(T * K)};
-    if (folded)
-      launch_dependent(fold, grid, dim3(kWarps * 32), 0, x.ptr<float>(), ids.ptr<int32_t>(), weights.ptr<float>(),
-                       ex.gate_up.ptr<int64_t>(), ex.down.ptr<int64_t>(), part.ptr<float>(), int(K), int(H), int(I),
-                       out.ptr<float>(), tail, tickets);
-    else
-      launch_dependent(plain, grid, dim3(kWarps * 32), 0, x.ptr<float>(), ids.ptr<int32_t>(), weights.ptr<float>(),
-                       ex.gate_up.ptr<int64_t>(), ex.down.ptr<int64_t>(), part.ptr<float>(), int(K), int(H), int(I),
-                       out.ptr<float>(), tail, tickets);
+    launch_dependent(folded ? fold : plain, grid, dim3(kWarps * 32), table_bytes, x.ptr<float>(), ids.ptr<int32_t>(),
+                     weights.ptr<float>(), ex.gate_up.ptr<int64_t>(), ex.down.ptr<int64_t>(), table_len,
+                     part.ptr<float>(), int(K), int(H), int(I), out.ptr<float>(), tail, tickets);
   };
   if (S == 24) slice(moe_slice_kernel<24, false>, moe_slice_kernel<24, true>);
   else if (S == 32) slice(moe_slice_kernel<32, false>, moe_slice_kernel<32, true>);

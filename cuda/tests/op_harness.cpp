@@ -885,6 +885,8 @@ int main(int argc, char** argv) {
     test_paged_attention({{30, 1}, {0, 70}}, 8, 2, 128, 16, DType::kF16, false, 0, true);
     test_gdn_decode({1}, 2, 4, 16, 16, 4, 4104);  // an odd row per share past one block-wide step of its columns
     test_moe_route(1, 60, 4, 1000, true, true);  // after the add + norm, one token: columns past the row, a partial last block
+    test_moe_experts(1, 1100, 4, 64, 32);  // an expert table past what the slice kernel copies to shared memory
+    test_linear(1, 9217, 2048, DType::kF16, true);  // one token, a ragged last row group (QKV-sized)
   } catch (const std::exception& e) {
     std::printf("FAIL exception: %s\n", e.what());
     ++g_failed;
