@@ -34,7 +34,7 @@ void set_dependent_launch(bool allowed);
 // True when this device and this build support it and it was not turned off.
 bool dependent_launch_enabled();
 
-void embedding(const Tensor& ids, const Tensor& table, Tensor& out);
+void embedding(const Tensor& ids, const Tensor& table, Tensor& out, const ops::NormInto* norm = nullptr);
 void rms_norm(const Tensor& x, const Tensor& weight, float eps, Tensor& out);
 void add_rms_norm(Tensor& residual, const Tensor& x, const Tensor& weight, float eps, Tensor& out);
 void silu_mul(const Tensor& gate_up, Tensor& out);

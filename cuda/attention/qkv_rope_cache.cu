@@ -16,48 +16,66 @@ namespace {
 
 constexpr int kWarps = 4, kMaxD = 256;
 
+// A head per warp (the grid covers every head once). Before the wait the lane loads what no kernel
+// in flight writes (the batch layout, the norm weight, the rope tables at its token's position), so
+// that after it one round trip is left: its loads of the head's row, all in flight together.
 template <typename C>
 __global__ void qkv_rope_cache_kernel(const float* __restrict__ qkv, const float* __restrict__ q_norm,
                                       const float* __restrict__ k_norm, float eps, const int32_t* __restrict__ pos,
                                       const float* __restrict__ cos_t, const float* __restrict__ sin_t, int half,
                                       const int32_t* __restrict__ slots, float* __restrict__ q, C* __restrict__ kc,
                                       C* __restrict__ vc, int H, int KVH, int D, int64_t row_width) {
-  enter_dependent();
+  constexpr int kPer = kMaxD / 32;
   __shared__ float buf[kWarps][kMaxD];
-  const int t = blockIdx.x, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int t = blockIdx.x, warp = threadIdx.x / 32, lane = threadIdx.x % 32, h = blockIdx.y * kWarps + warp;
   const int64_t slot = slots[t];
-  const float* row = qkv + int64_t(t) * row_width;
+  const bool is_q = h < H, is_k = !is_q && h < H + KVH;
+  const float* w = is_q ? q_norm : is_k ? k_norm : nullptr;
   const float* c = cos_t + int64_t(pos[t]) * half;
   const float* s = sin_t + int64_t(pos[t]) * half;
+  float wv[kPer], cv[kPer], sv[kPer];
+#pragma unroll
+  for (int i = 0; i < kPer; ++i) {
+    const int d = lane + 32 * i;
+    wv[i] = w && d < D ? w[d] : 1.0f;
+    cv[i] = (is_q || is_k) && d < half ? c[d] : 0.0f;
+    sv[i] = (is_q || is_k) && d < half ? s[d] : 0.0f;
+  }
+  enter_dependent();
+  if (h >= H + 2 * KVH || (!is_q && slot < 0)) return;  // a padding row writes no cache slot
+  const float* row = qkv + int64_t(t) * row_width + int64_t(h) * D;
+  float v[kPer];
+#pragma unroll
+  for (int i = 0; i < kPer; ++i) v[i] = lane + 32 * i < D ? row[lane + 32 * i] : 0.0f;
+  if (w) {
+    float ss = 0.0f;
+#pragma unroll
+    for (int i = 0; i < kPer; ++i) ss += v[i] * v[i];
+    const float r = rsqrtf(warp_sum(ss) / float(D) + eps);
+#pragma unroll
+    for (int i = 0; i < kPer; ++i) v[i] = v[i] * r * wv[i];
+  }
   float* b = buf[warp];
-  for (int h = blockIdx.y * kWarps + warp; h < H + 2 * KVH; h += gridDim.y * kWarps) {
-    const bool is_q = h < H, is_k = !is_q && h < H + KVH;
-    if (!is_q && slot < 0) continue;  // a padding row writes no cache slot
-    for (int d = lane; d < D; d += 32) b[d] = row[int64_t(h) * D + d];
-    const float* w = is_q ? q_norm : is_k ? k_norm : nullptr;
-    if (w) {
-      float ss = 0.0f;
-      for (int d = lane; d < D; d += 32) ss += b[d] * b[d];
-      ss = warp_sum(ss);
-      const float r = rsqrtf(ss / float(D) + eps);
-      for (int d = lane; d < D; d += 32) b[d] = b[d] * r * w[d];
+#pragma unroll
+  for (int i = 0; i < kPer; ++i)
+    if (lane + 32 * i < D) b[lane + 32 * i] = v[i];
+  __syncwarp();
+  if (is_q || is_k) {  // rotate-half pairs (d, d + half) can sit in different lanes
+#pragma unroll
+    for (int i = 0; i < kPer; ++i) {
+      const int d = lane + 32 * i;
+      if (d >= half) continue;
+      const float x1 = b[d], x2 = b[d + half];
+      b[d] = x1 * cv[i] - x2 * sv[i];
+      b[d + half] = x2 * cv[i] + x1 * sv[i];
     }
     __syncwarp();
-    if (is_q || is_k) {
-      for (int i = lane; i < half; i += 32) {
-        const float x1 = b[i], x2 = b[i + half];
-        b[i] = x1 * c[i] - x2 * s[i];
-        b[i + half] = x2 * c[i] + x1 * s[i];
-      }
-      __syncwarp();
-    }
-    if (is_q) {
-      for (int d = lane; d < D; d += 32) q[(int64_t(t) * H + h) * D + d] = b[d];
-    } else {
-      C* dst = (is_k ? kc : vc) + (slot * KVH + (is_k ? h - H : h - H - KVH)) * D;
-      for (int d = lane; d < D; d += 32) store(dst + d, b[d]);
-    }
-    __syncwarp();
+  }
+  if (is_q) {
+    for (int d = lane; d < D; d += 32) q[(int64_t(t) * H + h) * D + d] = b[d];
+  } else {
+    C* dst = (is_k ? kc : vc) + (slot * KVH + (is_k ? h - H : h - H - KVH)) * D;
+    for (int d = lane; d < D; d += 32) store(dst + d, b[d]);
   }
 }
 

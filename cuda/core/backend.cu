@@ -163,11 +163,34 @@ class StagedCopy final : public PendingCopy {
   size_t bytes_;
 };
 
+constexpr size_t kStagedUploadBytes = size_t(1) << 20;
+
 class Runtime final : public DeviceRuntime {
  public:
   std::string name() const override { return device_name(); }
+  // Small uploads (a step's metadata) go through pinned staging: from pageable memory the driver
+  // may wait for the stream to drain before it stages a copy, which holds the host back until the
+  // step queued before has run, so async scheduling's early queueing of the next step is lost. The
+  // slot returns to the pool at once; the pool hands it out again only after its copy is done.
+  // Large copies (weights at load) and copies being captured into a graph (which would keep the
+  // slot's address) stay direct.
   void copy_to_device(void* dst, const void* src, size_t n) override {
-    RV_CUDA_CHECK(cudaMemcpyAsync(dst, src, n, cudaMemcpyHostToDevice, stream()));
+    cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+    RV_CUDA_CHECK(cudaStreamIsCapturing(stream(), &capture));
+    if (n > kStagedUploadBytes || capture != cudaStreamCaptureStatusNone) {
+      RV_CUDA_CHECK(cudaMemcpyAsync(dst, src, n, cudaMemcpyHostToDevice, stream()));
+      return;
+    }
+    const Staging::Slot slot = staging_.take(n);
+    try {
+      std::memcpy(slot.pinned, src, n);
+      RV_CUDA_CHECK(cudaMemcpyAsync(dst, slot.pinned, n, cudaMemcpyHostToDevice, stream()));
+      RV_CUDA_CHECK(cudaEventRecord(slot.done, stream()));
+    } catch (...) {
+      staging_.give_back(slot);
+      throw;
+    }
+    staging_.give_back(slot);
   }
   void copy_to_host(void* dst, const void* src, size_t n) override {
     RV_CUDA_CHECK(cudaMemcpyAsync(dst, src, n, cudaMemcpyDeviceToHost, stream()));

@@ -23,6 +23,9 @@
 #include <cuda_fp16.h>
 
 #include <algorithm>
+#include <map>
+#include <mutex>
+#include <utility>
 
 #include "core/activations.cuh"
 #include "core/cuda_check.h"
@@ -227,6 +230,20 @@ __global__ void __launch_bounds__(kWarps * 32, 2)
 
 constexpr int64_t kFusedTokens = 64, kGroupedSliceTokens = 2048, kSharedTable = 1024;
 
+// Resident blocks per multiprocessor of a slice kernel with `smem` bytes of dynamic shared memory,
+// asked of the runtime once per pair: every eager decode step's MoE layers ask it.
+int slice_blocks_per_sm(const void* kernel, size_t smem) {
+  static std::mutex mu;
+  static std::map<std::pair<const void*, size_t>, int> known;
+  std::lock_guard<std::mutex> lock(mu);
+  auto it = known.find({kernel, smem});
+  if (it != known.end()) return it->second;
+  int n = 0;
+  RV_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, kWarps * 32, smem));
+  known[{kernel, smem}] = n;
+  return n;
+}
+
 __global__ void count_kernel(const int32_t* __restrict__ ids, int P, int32_t* __restrict__ counts) {
   const int p = blockIdx.x * blockDim.x + threadIdx.x;
   if (p < P) atomicAdd(counts + ids[p], 1);
@@ -331,8 +348,7 @@ void moe_experts(const Tensor& x, const Tensor& ids, const Tensor& weights, cons
                          : Tail{};
   // The combine folds into the slice kernel when every block of its grid is resident at once.
   auto fits = [&](auto kernel, size_t smem) {
-    int per_sm = 0;
-    RV_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kWarps * 32, smem));
+    const int per_sm = slice_blocks_per_sm(reinterpret_cast<const void*>(kernel), smem);
     return T * K * slices <= int64_t(per_sm) * sm_count() && 2 * T <= kArrivalCounters / 2;
   };
   int* const tickets = arrival_counters() + kArrivalCounters / 2;  // a region no other kernel uses
@@ -346,9 +362,11 @@ void moe_experts(const Tensor& x, const Tensor& ids, const Tensor& weights, cons
     const int table_len = folded ? n_table : 0;
     const size_t table_bytes = size_t(2 * table_len) * sizeof(int64_t);
     const dim3 grid{unsigned(slices), unsigned(T * K)};
-    launch_dependent(folded ? fold : plain, grid, dim3(kWarps * 32), table_bytes, x.ptr<float>(), ids.ptr<int32_t>(),
-                     weights.ptr<float>(), ex.gate_up.ptr<int64_t>(), ex.down.ptr<int64_t>(), table_len,
-                     part.ptr<float>(), int(K), int(H), int(I), out.ptr<float>(), tail, tickets);
+    // Folded, the summers wait for every block of the grid: a cooperative launch, so that a device
+    // shared with other work fails it rather than hangs (as gdn_decode's group wait does).
+    launch_with(true, folded, folded ? fold : plain, grid, dim3(kWarps * 32), table_bytes, x.ptr<float>(),
+                ids.ptr<int32_t>(), weights.ptr<float>(), ex.gate_up.ptr<int64_t>(), ex.down.ptr<int64_t>(), table_len,
+                part.ptr<float>(), int(K), int(H), int(I), out.ptr<float>(), tail, tickets);
   };
   if (S == 24) slice(moe_slice_kernel<24, false>, moe_slice_kernel<24, true>);
   else if (S == 32) slice(moe_slice_kernel<32, false>, moe_slice_kernel<32, true>);

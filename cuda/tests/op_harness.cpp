@@ -107,8 +107,18 @@ void test_embedding(int64_t vocab, int64_t hidden, int64_t T, DType dt) {
   Tensor dout = Tensor::empty({T, hidden}, DType::kF32, Device::kCUDA);
   Tensor dids = cuda::to_device(ids), dtab = cuda::to_device(table);
   ops::embedding(dids, dtab, dout);
-  report("embedding " + std::string(dtype_name(dt)) + " " + std::to_string(T) + "x" + std::to_string(hidden),
-         max_abs_diff(cuda::to_host(dout), ref), 0.0f);
+  const std::string tag = std::string(dtype_name(dt)) + " " + std::to_string(T) + "x" + std::to_string(hidden);
+  report("embedding " + tag, max_abs_diff(cuda::to_host(dout), ref), 0.0f);
+  // with the first block's input norm (a fixed weight: the random stream of later cases stays as it was)
+  Tensor w = Tensor::empty({hidden}, DType::kF32), normed = Tensor::empty({T, hidden}, DType::kF32);
+  for (int64_t i = 0; i < hidden; ++i) w.ptr<float>()[i] = 0.5f + 0.1f * float(i % 7);
+  const ops::NormInto hn{&w, 1e-6f, &normed};
+  ops::cpu::embedding(ids, table, ref, &hn);
+  Tensor dw = cuda::to_device(w), dnormed = Tensor::empty({T, hidden}, DType::kF32, Device::kCUDA);
+  const ops::NormInto dn{&dw, 1e-6f, &dnormed};
+  ops::embedding(dids, dtab, dout, &dn);
+  report("embedding + norm " + tag,
+         std::max(max_abs_diff(cuda::to_host(dout), ref), max_abs_diff(cuda::to_host(dnormed), normed)), 1e-4f);
 }
 
 void test_rope(int64_t T, int64_t heads, int64_t D, double partial, const char* type) {
@@ -887,6 +897,7 @@ int main(int argc, char** argv) {
     test_moe_route(1, 60, 4, 1000, true, true);  // after the add + norm, one token: columns past the row, a partial last block
     test_moe_experts(1, 1100, 4, 64, 32);  // an expert table past what the slice kernel copies to shared memory
     test_linear(1, 9217, 2048, DType::kF16, true);  // one token, a ragged last row group (QKV-sized)
+    test_embedding(300, 1001, 3, DType::kF16);  // a row of no whole 16-byte loads: the scalar path
   } catch (const std::exception& e) {
     std::printf("FAIL exception: %s\n", e.what());
     ++g_failed;

@@ -38,7 +38,8 @@ class DecoderBase : public CausalLM {
   int64_t bytes_ = 0;
 };
 
-// f32 logits [R, vocab] of the rows (int32 [R], on x's device) of the final hidden states x [T, hidden].
-Tensor final_logits(const Tensor& x, const Tensor& rows, const Tensor& lm_head);
+// f32 logits [R, vocab] of the batch's logits rows of the final hidden states x [T, hidden]. When
+// they are every row in order (decode steps, and so every decode graph), x goes to the LM head as it is.
+Tensor final_logits(const Tensor& x, const ForwardBatch& batch, const Tensor& lm_head);
 
 }  // namespace revolta

@@ -145,8 +145,8 @@ class HybridDecoderLM final : public DecoderBase {
     const float eps = cfg_.rms_norm_eps;
     Tensor residual = Tensor::uninitialized({T, H}, DType::kF32, device_);
     Tensor x = Tensor::uninitialized({T, H}, DType::kF32, device_);
-    ops::embedding(b.token_ids, head_.embed, residual);
-    ops::rms_norm(residual, layers_[0].input_norm, eps, x);
+    const ops::NormInto first_norm{&layers_[0].input_norm, eps, &x};
+    ops::embedding(b.token_ids, head_.embed, residual, &first_norm);
     // Each block's output is added to the residual stream and normalised for the next block
     // (ops::ResidualNorm, which the routing and the expert kernels fuse): x is the normalised input
     // of every block.
@@ -157,7 +157,7 @@ class HybridDecoderLM final : public DecoderBase {
       const Tensor& next = l + 1 < layers_.size() ? layers_[l + 1].input_norm : final_norm_;
       feed_forward(L.ffn, y, post, ops::ResidualNorm{&residual, &next, eps, &x});
     }
-    return final_logits(x, b.logits_row_ids, head_.lm_head);
+    return final_logits(x, b, head_.lm_head);
   }
 
   // Weights are prepared on the host (reordered, stacked, (1 + w) norms), then moved here.

@@ -74,8 +74,11 @@ bool supports_op(Device device, Op op) {
 void set_cpu_thread_pool(ThreadPool* pool) { t_pool = pool; }
 ThreadPool* cpu_thread_pool() { return t_pool; }
 
-void embedding(const Tensor& ids, const Tensor& table, Tensor& out) {
-  table_for(out.device(), Op::kEmbedding).embedding(ids, table, out);
+void embedding(const Tensor& ids, const Tensor& table, Tensor& out, const NormInto* norm) {
+  RV_CHECK(!norm || (norm->weight->numel() == table.size(1) && norm->weight->dtype() == DType::kF32 &&
+                     norm->normed->numel() == out.numel() && norm->normed->dtype() == DType::kF32),
+           "embedding: a norm weight f32 [", table.size(1), "] and a normed tensor like out ", out.shape_str());
+  table_for(out.device(), Op::kEmbedding).embedding(ids, table, out, norm);
 }
 void rms_norm(const Tensor& x, const Tensor& weight, float eps, Tensor& out) {
   table_for(x.device(), Op::kRmsNorm).rms_norm(x, weight, eps, out);

@@ -65,6 +65,13 @@ struct ExpertTable {
   bool down_transposed = false;
 };
 
+// An RMSNorm of an op's output rows into another tensor: normed = rms_norm(out) * weight (f32 [n]).
+struct NormInto {
+  const Tensor* weight = nullptr;
+  float eps = 0.0f;
+  Tensor* normed = nullptr;
+};
+
 // Gated attention's output gate: columns [column, column + heads * head_dim) of gate [T, >= ...].
 struct OutputGate {
   const Tensor* gate = nullptr;
@@ -151,7 +158,7 @@ enum class Op {
 const char* op_name(Op op);
 
 struct OpTable {
-  void (*embedding)(const Tensor& ids, const Tensor& table, Tensor& out) = nullptr;
+  void (*embedding)(const Tensor& ids, const Tensor& table, Tensor& out, const NormInto* norm) = nullptr;
   void (*rms_norm)(const Tensor& x, const Tensor& weight, float eps, Tensor& out) = nullptr;
   void (*add_rms_norm)(Tensor& residual, const Tensor& x, const Tensor& weight, float eps,
                        Tensor& out) = nullptr;
@@ -202,8 +209,9 @@ bool supports_op(Device device, Op op);
 void set_cpu_thread_pool(ThreadPool* pool);
 ThreadPool* cpu_thread_pool();
 
-// ids: int32 [T]; table: [vocab, hidden] any float dtype; out: f32 [T, hidden].
-void embedding(const Tensor& ids, const Tensor& table, Tensor& out);
+// ids: int32 [T]; table: [vocab, hidden] any float dtype; out: f32 [T, hidden]. With norm, also
+// norm->normed = rms_norm(out) * norm->weight (the first block's input norm, fused where a backend can).
+void embedding(const Tensor& ids, const Tensor& table, Tensor& out, const NormInto* norm = nullptr);
 // Row-wise RMSNorm over the last dimension: out = x / rms(x) * weight. x and out may alias.
 void rms_norm(const Tensor& x, const Tensor& weight, float eps, Tensor& out);
 // residual += x; out = rms_norm(residual).

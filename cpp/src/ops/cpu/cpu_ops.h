@@ -7,7 +7,7 @@
 
 namespace revolta::ops::cpu {
 
-void embedding(const Tensor& ids, const Tensor& table, Tensor& out);
+void embedding(const Tensor& ids, const Tensor& table, Tensor& out, const NormInto* norm = nullptr);
 void rms_norm(const Tensor& x, const Tensor& weight, float eps, Tensor& out);
 void add_rms_norm(Tensor& residual, const Tensor& x, const Tensor& weight, float eps, Tensor& out);
 void linear(const Tensor& x, const Tensor& weight, const Tensor* bias, Tensor& out);

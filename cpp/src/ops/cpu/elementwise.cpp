@@ -27,7 +27,7 @@ void rms_row(const float* x, const float* w, float eps, int64_t n, float* out) {
 
 }  // namespace
 
-void embedding(const Tensor& ids, const Tensor& table, Tensor& out) {
+void embedding(const Tensor& ids, const Tensor& table, Tensor& out, const NormInto* norm) {
   const int64_t T = ids.numel(), H = table.size(1), V = table.size(0);
   RV_CHECK(out.numel() == T * H, "embedding: out ", out.shape_str());
   const int32_t* id = ids.ptr<int32_t>();
@@ -37,6 +37,7 @@ void embedding(const Tensor& ids, const Tensor& table, Tensor& out) {
     convert_to_f32(static_cast<const char*>(table.data()) + size_t(id[t]) * row_bytes,
                    table.dtype(), out.ptr<float>() + t * H, size_t(H));
   }
+  if (norm) rms_norm(out, *norm->weight, norm->eps, *norm->normed);
 }
 
 void rms_norm(const Tensor& x, const Tensor& weight, float eps, Tensor& out) {
