@@ -96,9 +96,10 @@ class Graph final : public DeviceGraph {
   std::shared_ptr<Pool> pool_;
 };
 
-// Pinned staging buffers with their completion events, for copies to the host that the caller
-// waits for later. A buffer returns to the pool when its copy is waited for or dropped, and is
-// handed out again only once its event reports the copy done (a dropped copy may still be landing).
+// Pinned staging buffers with their completion events: for copies to the host that the caller
+// waits for later, and for small uploads (Runtime::copy_to_device). A buffer returns to the pool
+// when its copy is waited for, dropped or queued, and is handed out again only once its event
+// reports the copy done (a dropped or queued copy may still be in flight).
 class Staging {
  public:
   struct Slot {

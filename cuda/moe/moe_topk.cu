@@ -364,22 +364,18 @@ void moe_route(const Tensor& x, const Tensor& router, int64_t E, bool renormaliz
                                       first->normed->ptr<float>()}
                             : PreNorm{};
   const unsigned blocks = unsigned((R + kWarps - 1) / kWarps);
-  auto go = [&](auto kernel) {
-    launch_dependent(kernel, dim3(blocks), dim3(kWarps * 32), first ? size_t(T * H * 4) : 0, x.ptr<float>(),
-                     router.ptr<float>(), logits.ptr<float>(), int(E), int(S), int(H), int(K), renormalize,
-                     ids.ptr<int32_t>(), weights.ptr<float>(), arrival_counters(), pre);
-  };
-  if (first && T == 1 && H <= kNorm1Columns) {  // one token, rows of up to 2048 columns
-    launch_dependent(route_norm1_kernel, dim3(blocks), dim3(kWarps * 32), 0, x.ptr<float>(), router.ptr<float>(),
+  auto go = [&](auto kernel, size_t smem) {
+    launch_dependent(kernel, dim3(blocks), dim3(kWarps * 32), smem, x.ptr<float>(), router.ptr<float>(),
                      logits.ptr<float>(), int(E), int(S), int(H), int(K), renormalize, ids.ptr<int32_t>(),
                      weights.ptr<float>(), arrival_counters(), pre);
     RV_CUDA_CHECK(cudaGetLastError());
-    return;
-  }
+  };
+  if (first && T == 1 && H <= kNorm1Columns) return go(route_norm1_kernel, 0);  // one token, rows of <= 2048 columns
+  const size_t rows_smem = first ? size_t(T * H * 4) : 0;  // route_kernel's copies of the normed rows
   auto go_m = [&](auto m) {
     constexpr int M = decltype(m)::value;
-    if (first) go(route_kernel<M, true>);
-    else go(route_kernel<M, false>);
+    if (first) go(route_kernel<M, true>, rows_smem);
+    else go(route_kernel<M, false>, rows_smem);
   };
   switch (T) {
     case 1: go_m(std::integral_constant<int, 1>{}); break;
@@ -387,7 +383,6 @@ void moe_route(const Tensor& x, const Tensor& router, int64_t E, bool renormaliz
     case 3: go_m(std::integral_constant<int, 3>{}); break;
     default: go_m(std::integral_constant<int, 4>{}); break;
   }
-  RV_CUDA_CHECK(cudaGetLastError());
 }
 
 void moe_topk(const Tensor& logits, int64_t E, bool renormalize, Tensor& ids, Tensor& weights) {
