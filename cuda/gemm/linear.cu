@@ -2,6 +2,8 @@
 // accumulation, for the SM70 instruction set.
 //  - decode-sized M (<= 8): a GEMV per warp, each warp streaming one weight row with 16-byte loads
 //    and keeping M accumulators per lane: bound by the weight bytes, as decode is;
+//  - one token with f16 rows of exactly 4096 columns (output projections): each warp's whole row
+//    from before the predecessor's end, x staged in shared memory (gemv_row_kernel);
 //  - decode batches of 9..64 rows with f16 weights: split-K tensor-core fragments (gemm_skinny.cuh);
 //  - larger M with f16 weights: tensor-core tiles (gemm_tensor_core.cuh);
 //  - larger M with f32 weights: a shared-memory tiled SIMT GEMM (64 x 64 tiles).
@@ -123,6 +125,43 @@ __global__ void gemv_kernel(const float* __restrict__ x, const W* __restrict__ w
     }
 }
 
+// One row per warp of a single-token GEMV with f16 weights and K = 256 * kSteps (an output
+// projection: K = 4096 at Qwen3-Next's shape): the whole row is loaded before the wait, as raw
+// halves (the registers that half a row of floats took), and after it the block stages x in
+// shared memory with one round trip and every warp dots its row from there. Inside a decode
+// step the blocks start while the predecessor's tail runs (a chain of round trips that leaves
+// the memory idle), so after the wait no weight bytes are left to stream.
+template <int kSteps>
+__global__ void __launch_bounds__(32 * kWarpsPerBlock)
+    gemv_row_kernel(const float* __restrict__ x, const __half* __restrict__ w, const float* __restrict__ bias,
+                    float* __restrict__ out, int N) {
+  constexpr int K = 256 * kSteps, kPerThread = K / 4 / (32 * kWarpsPerBlock);
+  static_assert(K % (4 * 32 * kWarpsPerBlock) == 0, "x staged in whole float4 rounds");
+  __shared__ float4 xs[K / 4];
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, n = blockIdx.x * kWarpsPerBlock + warp;
+  const __half* row = w + size_t(min(n, N - 1)) * K + lane * 8;  // (warps past N load the last row, unused)
+  uint4 wr[kSteps];
+#pragma unroll
+  for (int u = 0; u < kSteps; ++u) wr[u] = load_weight_raw8(row + u * 256);
+  wait_for_predecessor();
+  float4 xv[kPerThread];
+#pragma unroll
+  for (int i = 0; i < kPerThread; ++i) xv[i] = __ldg(reinterpret_cast<const float4*>(x) + i * 32 * kWarpsPerBlock + threadIdx.x);
+#pragma unroll
+  for (int i = 0; i < kPerThread; ++i) xs[i * 32 * kWarpsPerBlock + threadIdx.x] = xv[i];
+  __syncthreads();
+  let_successor_launch();
+  float acc = 0.0f;
+#pragma unroll
+  for (int u = 0; u < kSteps; ++u) {
+    const float4 a = xs[(u * 256 + lane * 8) / 4], b = xs[(u * 256 + lane * 8) / 4 + 1];
+    const float v[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
+    acc += dot8(wr[u], v);
+  }
+  acc = warp_sum(acc);
+  if (lane == 0 && n < N) out[n] = acc + (bias ? bias[n] : 0.0f);
+}
+
 // The MLP's first half for decode: a warp takes P consecutive outputs i and reads both their
 // gate row i and up row I + i, so the activation silu(g) * u is written directly (no gate_up
 // tensor, no separate silu_mul launch).
@@ -208,6 +247,15 @@ __global__ void gemm_kernel(const float* __restrict__ x, const W* __restrict__ w
     }
 }
 
+// The whole-row form for one row of f16 weights with K = 4096, where it applies.
+bool gemv_row(const float*, const float*, const float*, float*, int, int) { return false; }
+bool gemv_row(const float* xp, const __half* w, const float* bias, float* op, int N, int K) {
+  if (K != 4096 || reinterpret_cast<uintptr_t>(xp) % 16 != 0 || reinterpret_cast<uintptr_t>(w) % 16 != 0) return false;
+  launch_dependent(gemv_row_kernel<16>, dim3(unsigned((N + kWarpsPerBlock - 1) / kWarpsPerBlock)),
+                   dim3(32 * kWarpsPerBlock), 0, xp, w, bias, op, N);
+  return true;
+}
+
 // The GEMV for M <= 8 rows.
 template <typename W>
 void gemv(const float* xp, const W* w, const float* bias, float* op, int M, int N, int K) {
@@ -223,7 +271,7 @@ void gemv(const float* xp, const W* w, const float* bias, float* op, int M, int 
              // starts early and its first round trip carries twice the bytes (H200, 32 layers,
              // concurrency 1: +0.3%, though alone in the harness it is the slower form).
       if (N >= 8 * kWarpsPerBlock * 4 * sm_count()) launch(gemv_kernel<W, 1, 4, 1>, 4);
-      else launch(gemv_kernel<W, 1, 1, 8>, 1);
+      else if (!gemv_row(xp, w, bias, op, N, K)) launch(gemv_kernel<W, 1, 1, 8>, 1);
       break;
     case 2: launch(gemv_kernel<W, 2, 2, 2>, 2); break;
     case 3: launch(gemv_kernel<W, 3, 2, 2>, 2); break;

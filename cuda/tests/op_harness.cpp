@@ -897,6 +897,7 @@ int main(int argc, char** argv) {
     test_moe_route(1, 60, 4, 1000, true, true);  // after the add + norm, one token: columns past the row, a partial last block
     test_moe_experts(1, 1100, 4, 64, 32);  // an expert table past what the slice kernel copies to shared memory
     test_linear(1, 9217, 2048, DType::kF16, true);  // one token, a ragged last row group (QKV-sized)
+    test_linear(1, 2047, 4096, DType::kF16, true);  // the whole-row form, a block with a warp past N
     test_embedding(300, 1001, 3, DType::kF16);  // a row of no whole 16-byte loads: the scalar path
   } catch (const std::exception& e) {
     std::printf("FAIL exception: %s\n", e.what());
