@@ -130,7 +130,10 @@ __global__ void gemv_kernel(const float* __restrict__ x, const W* __restrict__ w
 // halves (the registers that half a row of floats took), and after it the block stages x in
 // shared memory with one round trip and every warp dots its row from there. Inside a decode
 // step the blocks start while the predecessor's tail runs (a chain of round trips that leaves
-// the memory idle), so after the wait no weight bytes are left to stream.
+// the memory idle), so after the wait no weight bytes are left to stream. (H200, Qwen3-Next shape,
+// concurrency 1: 497.1 / 498.5 against 492.0 / 491.2 tok/s with half a row of floats before the
+// wait; in the start probe the blocks' last x staging ends ~1 us after the wait, against 3.4-5.2 us
+// for the loop over the second half-row.)
 template <int kSteps>
 __global__ void __launch_bounds__(32 * kWarpsPerBlock)
     gemv_row_kernel(const float* __restrict__ x, const __half* __restrict__ w, const float* __restrict__ bias,
