@@ -2,8 +2,9 @@
 // accumulation, for the SM70 instruction set.
 //  - decode-sized M (<= 8): a GEMV per warp, each warp streaming one weight row with 16-byte loads
 //    and keeping M accumulators per lane: bound by the weight bytes, as decode is;
-//  - one token with f16 rows of exactly 4096 columns (output projections): each warp's whole row
-//    from before the predecessor's end, x staged in shared memory (gemv_row_kernel);
+//  - one token with f16 rows of exactly 4096 columns and a grid resident at once (Qwen3-Next's
+//    output projections): each warp's whole row from before the predecessor's end, x staged in
+//    shared memory (gemv_row_kernel);
 //  - decode batches of 9..64 rows with f16 weights: split-K tensor-core fragments (gemm_skinny.cuh);
 //  - larger M with f16 weights: tensor-core tiles (gemm_tensor_core.cuh);
 //  - larger M with f32 weights: a shared-memory tiled SIMT GEMM (64 x 64 tiles).
@@ -250,12 +251,21 @@ __global__ void gemm_kernel(const float* __restrict__ x, const W* __restrict__ w
     }
 }
 
-// The whole-row form for one row of f16 weights with K = 4096, where it applies.
+// The whole-row form for one row of f16 weights with K = 4096, where it applies: only for grids
+// that are resident at once, since its gain is every block's row loaded before the wait (a later
+// wave's blocks start after it). Measured on Qwen3-Next's output projections (512 blocks); wider
+// ones (Llama-8B's q / k / v, 1,536 blocks) keep the half-row form they were measured with.
 bool gemv_row(const float*, const float*, const float*, float*, int, int) { return false; }
 bool gemv_row(const float* xp, const __half* w, const float* bias, float* op, int N, int K) {
   if (K != 4096 || reinterpret_cast<uintptr_t>(xp) % 16 != 0 || reinterpret_cast<uintptr_t>(w) % 16 != 0) return false;
-  launch_dependent(gemv_row_kernel<16>, dim3(unsigned((N + kWarpsPerBlock - 1) / kWarpsPerBlock)),
-                   dim3(32 * kWarpsPerBlock), 0, xp, w, bias, op, N);
+  static const int per_sm = [] {
+    int n = 0;
+    RV_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, gemv_row_kernel<16>, 32 * kWarpsPerBlock, 0));
+    return n;
+  }();
+  const int64_t blocks = (N + kWarpsPerBlock - 1) / kWarpsPerBlock;
+  if (blocks > int64_t(per_sm) * sm_count()) return false;
+  launch_dependent(gemv_row_kernel<16>, dim3(unsigned(blocks)), dim3(32 * kWarpsPerBlock), 0, xp, w, bias, op, N);
   return true;
 }
 
