@@ -17,6 +17,9 @@ const ops::OpTable* table();
 // The stream every kernel and copy of the backend runs on (graphs are recorded from it).
 cudaStream_t stream();
 int sm_count();
+// Blocks of `kernel` resident at once per multiprocessor with `threads` per block and `smem` bytes
+// of dynamic shared memory, asked of the runtime once per triple (decode steps ask it per layer).
+int blocks_per_sm(const void* kernel, int threads, size_t smem);
 
 // Copies between host and device memory (to_host waits for the data).
 Tensor to_device(const Tensor& host);

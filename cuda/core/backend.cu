@@ -9,9 +9,10 @@
 #include <atomic>
 #include <cstdlib>
 #include <cstring>
-#include <string>
 #include <map>
 #include <mutex>
+#include <string>
+#include <tuple>
 #include <vector>
 
 #include "core/arrival.cuh"
@@ -366,6 +367,19 @@ int sm_count() {
     RV_CUDA_CHECK(cudaDeviceGetAttribute(&v, cudaDevAttrMultiProcessorCount, 0));
     return v;
   }();
+  return n;
+}
+
+int blocks_per_sm(const void* kernel, int threads, size_t smem) {
+  static std::mutex mu;
+  static std::map<std::tuple<const void*, int, size_t>, int> known;
+  std::lock_guard<std::mutex> lock(mu);
+  const auto key = std::make_tuple(kernel, threads, smem);
+  auto it = known.find(key);
+  if (it != known.end()) return it->second;
+  int n = 0;
+  RV_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, threads, smem));
+  known[key] = n;
   return n;
 }
 

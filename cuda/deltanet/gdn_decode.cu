@@ -321,11 +321,7 @@ __global__ void __launch_bounds__(kThreads, 2) gdn_decode_projected_kernel(GDN_D
 // 441.0 tok/s), so without room for two the projection stays a kernel of its own.
 template <auto kKernel, typename Go>
 bool projected(int64_t blocks, Go& go) {
-  static const int per_sm = [] {
-    int n = 0;
-    RV_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kKernel, kThreads, 0));
-    return n;
-  }();
+  const int per_sm = blocks_per_sm(reinterpret_cast<const void*>(kKernel), kThreads, 0);
   if (int64_t(per_sm) * sm_count() < 2 * blocks) return false;
   go(kKernel, true, 2u);
   return true;

@@ -258,12 +258,8 @@ __global__ void gemm_kernel(const float* __restrict__ x, const W* __restrict__ w
 bool gemv_row(const float*, const float*, const float*, float*, int, int) { return false; }
 bool gemv_row(const float* xp, const __half* w, const float* bias, float* op, int N, int K) {
   if (K != 4096 || reinterpret_cast<uintptr_t>(xp) % 16 != 0 || reinterpret_cast<uintptr_t>(w) % 16 != 0) return false;
-  static const int per_sm = [] {
-    int n = 0;
-    RV_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, gemv_row_kernel<16>, 32 * kWarpsPerBlock, 0));
-    return n;
-  }();
   const int64_t blocks = (N + kWarpsPerBlock - 1) / kWarpsPerBlock;
+  const int per_sm = blocks_per_sm(reinterpret_cast<const void*>(gemv_row_kernel<16>), 32 * kWarpsPerBlock, 0);
   if (blocks > int64_t(per_sm) * sm_count()) return false;
   launch_dependent(gemv_row_kernel<16>, dim3(unsigned(blocks)), dim3(32 * kWarpsPerBlock), 0, xp, w, bias, op, N);
   return true;

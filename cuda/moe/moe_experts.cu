@@ -23,9 +23,6 @@
 #include <cuda_fp16.h>
 
 #include <algorithm>
-#include <map>
-#include <mutex>
-#include <utility>
 
 #include "core/activations.cuh"
 #include "core/cuda_check.h"
@@ -230,20 +227,6 @@ __global__ void __launch_bounds__(kWarps * 32, 2)
 
 constexpr int64_t kFusedTokens = 64, kGroupedSliceTokens = 2048, kSharedTable = 1024;
 
-// Resident blocks per multiprocessor of a slice kernel with `smem` bytes of dynamic shared memory,
-// asked of the runtime once per pair: every eager decode step's MoE layers ask it.
-int slice_blocks_per_sm(const void* kernel, size_t smem) {
-  static std::mutex mu;
-  static std::map<std::pair<const void*, size_t>, int> known;
-  std::lock_guard<std::mutex> lock(mu);
-  auto it = known.find({kernel, smem});
-  if (it != known.end()) return it->second;
-  int n = 0;
-  RV_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, kWarps * 32, smem));
-  known[{kernel, smem}] = n;
-  return n;
-}
-
 __global__ void count_kernel(const int32_t* __restrict__ ids, int P, int32_t* __restrict__ counts) {
   const int p = blockIdx.x * blockDim.x + threadIdx.x;
   if (p < P) atomicAdd(counts + ids[p], 1);
@@ -348,7 +331,7 @@ void moe_experts(const Tensor& x, const Tensor& ids, const Tensor& weights, cons
                          : Tail{};
   // The combine folds into the slice kernel when every block of its grid is resident at once.
   auto fits = [&](auto kernel, size_t smem) {
-    const int per_sm = slice_blocks_per_sm(reinterpret_cast<const void*>(kernel), smem);
+    const int per_sm = blocks_per_sm(reinterpret_cast<const void*>(kernel), kWarps * 32, smem);
     return T * K * slices <= int64_t(per_sm) * sm_count() && 2 * T <= kArrivalCounters / 2;
   };
   int* const tickets = arrival_counters() + kArrivalCounters / 2;  // a region no other kernel uses
