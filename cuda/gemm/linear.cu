@@ -2,9 +2,9 @@
 // accumulation, for the SM70 instruction set.
 //  - decode-sized M (<= 8): a GEMV per warp, each warp streaming one weight row with 16-byte loads
 //    and keeping M accumulators per lane: bound by the weight bytes, as decode is;
-//  - one token with f16 rows of exactly 4096 columns and a grid resident at once (Qwen3-Next's
-//    output projections): each warp's whole row from before the predecessor's end, x staged in
-//    shared memory (gemv_row_kernel);
+//  - one token with f16 rows of 4096 columns and a grid resident at once (Qwen3-Next's output
+//    projections), or of 2048 columns and up to four waves (its attention QKV, Llama-1B): each
+//    warp's whole rows from before the predecessor's end, x staged in shared memory (gemv_row_kernel);
 //  - decode batches of 9..64 rows with f16 weights: split-K tensor-core fragments (gemm_skinny.cuh);
 //  - larger M with f16 weights: tensor-core tiles (gemm_tensor_core.cuh);
 //  - larger M with f32 weights: a shared-memory tiled SIMT GEMM (64 x 64 tiles).
@@ -134,19 +134,24 @@ __global__ void gemv_kernel(const float* __restrict__ x, const W* __restrict__ w
 // the memory idle), so after the wait no weight bytes are left to stream. (H200, Qwen3-Next shape,
 // concurrency 1: 497.1 / 498.5 against 492.0 / 491.2 tok/s with half a row of floats before the
 // wait; in the start probe the blocks' last x staging ends ~1 us after the wait, against 3.4-5.2 us
-// for the loop over the second half-row.)
-template <int kSteps>
+// for the loop over the second half-row.) R rows per warp share each x read from shared memory:
+// two for K = 2048 (92 registers; Qwen3-Next's attention QKV and Llama-1B's projections: 500.8
+// against 498.8 tok/s, and Llama-1B 1,127 against 1,063, against the half-row form in one run).
+template <int kSteps, int R>
 __global__ void __launch_bounds__(32 * kWarpsPerBlock)
     gemv_row_kernel(const float* __restrict__ x, const __half* __restrict__ w, const float* __restrict__ bias,
                     float* __restrict__ out, int N) {
   constexpr int K = 256 * kSteps, kPerThread = K / 4 / (32 * kWarpsPerBlock);
   static_assert(K % (4 * 32 * kWarpsPerBlock) == 0, "x staged in whole float4 rounds");
   __shared__ float4 xs[K / 4];
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, n = blockIdx.x * kWarpsPerBlock + warp;
-  const __half* row = w + size_t(min(n, N - 1)) * K + lane * 8;  // (warps past N load the last row, unused)
-  uint4 wr[kSteps];
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, n0 = (blockIdx.x * kWarpsPerBlock + warp) * R;
+  uint4 wr[R][kSteps];
 #pragma unroll
-  for (int u = 0; u < kSteps; ++u) wr[u] = load_weight_raw8(row + u * 256);
+  for (int r = 0; r < R; ++r) {
+    const __half* row = w + size_t(min(n0 + r, N - 1)) * K + lane * 8;  // (rows past N load the last row, unused)
+#pragma unroll
+    for (int u = 0; u < kSteps; ++u) wr[r][u] = load_weight_raw8(row + u * 256);
+  }
   wait_for_predecessor();
   float4 xv[kPerThread];
 #pragma unroll
@@ -155,15 +160,19 @@ __global__ void __launch_bounds__(32 * kWarpsPerBlock)
   for (int i = 0; i < kPerThread; ++i) xs[i * 32 * kWarpsPerBlock + threadIdx.x] = xv[i];
   __syncthreads();
   let_successor_launch();
-  float acc = 0.0f;
+  float acc[R] = {};
 #pragma unroll
   for (int u = 0; u < kSteps; ++u) {
     const float4 a = xs[(u * 256 + lane * 8) / 4], b = xs[(u * 256 + lane * 8) / 4 + 1];
     const float v[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
-    acc += dot8(wr[u], v);
+#pragma unroll
+    for (int r = 0; r < R; ++r) acc[r] += dot8(wr[r][u], v);
   }
-  acc = warp_sum(acc);
-  if (lane == 0 && n < N) out[n] = acc + (bias ? bias[n] : 0.0f);
+#pragma unroll
+  for (int r = 0; r < R; ++r) {
+    const float v = warp_sum(acc[r]);
+    if (lane == 0 && n0 + r < N) out[n0 + r] = v + (bias ? bias[n0 + r] : 0.0f);
+  }
 }
 
 // The MLP's first half for decode: a warp takes P consecutive outputs i and reads both their
@@ -251,18 +260,25 @@ __global__ void gemm_kernel(const float* __restrict__ x, const W* __restrict__ w
     }
 }
 
-// The whole-row form for one row of f16 weights with K = 4096, where it applies: only for grids
-// that are resident at once, since its gain is every block's row loaded before the wait (a later
-// wave's blocks start after it). Measured on Qwen3-Next's output projections (512 blocks); wider
-// ones (Llama-8B's q / k / v, 1,536 blocks) keep the half-row form they were measured with.
+// The whole-row form for one token of f16 weights, where it applies. K = 4096: only for grids that
+// are resident at once, since its gain is every block's row loaded before the wait (a later wave's
+// blocks start after it). Measured on Qwen3-Next's output projections (512 blocks); wider ones
+// (Llama-8B's q / k / v, 1,536 blocks) keep the half-row form they were measured with.
 bool gemv_row(const float*, const float*, const float*, float*, int, int) { return false; }
 bool gemv_row(const float* xp, const __half* w, const float* bias, float* op, int N, int K) {
-  if (K != 4096 || reinterpret_cast<uintptr_t>(xp) % 16 != 0 || reinterpret_cast<uintptr_t>(w) % 16 != 0) return false;
-  const int64_t blocks = (N + kWarpsPerBlock - 1) / kWarpsPerBlock;
-  const int per_sm = blocks_per_sm(reinterpret_cast<const void*>(gemv_row_kernel<16>), 32 * kWarpsPerBlock, 0);
-  if (blocks > int64_t(per_sm) * sm_count()) return false;
-  launch_dependent(gemv_row_kernel<16>, dim3(unsigned(blocks)), dim3(32 * kWarpsPerBlock), 0, xp, w, bias, op, N);
-  return true;
+  if ((K != 4096 && K != 2048) || reinterpret_cast<uintptr_t>(xp) % 16 != 0 || reinterpret_cast<uintptr_t>(w) % 16 != 0)
+    return false;
+  auto go = [&](auto kernel, int rows, int waves) {
+    const int64_t blocks = (N + kWarpsPerBlock * rows - 1) / (kWarpsPerBlock * rows);
+    const int per_sm = blocks_per_sm(reinterpret_cast<const void*>(kernel), 32 * kWarpsPerBlock, 0);
+    if (blocks > int64_t(waves) * per_sm * sm_count()) return false;
+    launch_dependent(kernel, dim3(unsigned(blocks)), dim3(32 * kWarpsPerBlock), 0, xp, w, bias, op, N);
+    return true;
+  };
+  if (K == 4096) return go(gemv_row_kernel<16, 1>, 1, 1);
+  // K = 2048 (Qwen3-Next's attention QKV, 9216 rows: 1,152 blocks): up to four waves, since what
+  // it buys there is x shared by two rows and fewer blocks, not only the rows before the wait.
+  return go(gemv_row_kernel<8, 2>, 2, 4);
 }
 
 // The GEMV for M <= 8 rows.
@@ -275,10 +291,8 @@ void gemv(const float* xp, const W* w, const float* bias, float* op, int M, int 
   };
   switch (M) {
     case 1:  // four rows per warp share x loads, but only when that still leaves >= 8 blocks per SM;
-             // otherwise a row per warp with 8 loads per lane in flight (few warps: latency bound).
-             // Qwen3-Next's attention QKV (9216 rows) takes the latter: inside the decode chain it
-             // starts early and its first round trip carries twice the bytes (H200, 32 layers,
-             // concurrency 1: +0.3%, though alone in the harness it is the slower form).
+             // otherwise the whole-row form where it applies, else a row per warp with 8 loads per
+             // lane in flight (few warps: latency bound).
       if (N >= 8 * kWarpsPerBlock * 4 * sm_count()) launch(gemv_kernel<W, 1, 4, 1>, 4);
       else if (!gemv_row(xp, w, bias, op, N, K)) launch(gemv_kernel<W, 1, 1, 8>, 1);
       break;
