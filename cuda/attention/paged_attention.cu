@@ -28,7 +28,14 @@ namespace {
 // context is short next to the latency of a dependent walk; many positions in flight is what
 // keeps a decode step from waiting on it.
 constexpr int kThreads = 256, kGroupLanes = 8, kGroups = kThreads / kGroupLanes, kWarps = kThreads / 32;
-constexpr int kMaxD = 256, kMinSplitLen = 64, kMaxSplits = 64;
+constexpr int kMaxD = 256, kMaxSplits = 64, kMergeBatch = 16;
+
+// A split covers at least one round of positions: P per group (two where a lane's slice of the
+// head is at most 16 elements, head_dim <= 128), so a split of a short context is one round trip
+// for its keys and values. (Qwen3-Next's head_dim 256 took two rounds of 32 positions a split
+// before: H200, 32 layers, concurrency 1, 503.9 against 501.9 tok/s together with the merge's
+// loads in one batch; prefill 2K / 8K level.)
+__host__ __device__ constexpr int positions_per_round(int D) { return (D <= 128 ? 2 : 1) * kGroups; }
 
 // The EPL elements of a head row that this lane holds, from element `first` on, as floats.
 template <int EPL, bool kVec, typename C>
@@ -61,7 +68,7 @@ struct Gate {
   int64_t column = 0;
 };
 
-// Grid (rows, heads, splits). A split covers at least kMinSplitLen positions, so for a short
+// Grid (rows, heads, splits). A split covers at least a round of positions, so for a short
 // context the trailing splits have nothing to do: they return at once and nobody waits for them
 // (a captured graph sizes the grid for the longest context it may see). Each working split
 // writes [max, sum, D unnormalised outputs]; the one that finishes last merges them, saving a
@@ -83,7 +90,7 @@ __global__ void __launch_bounds__(kThreads)
   const int s = seq_of[t];
   const int q_len = query_start[s + 1] - query_start[s], written = seq_lens[s] - q_len;
   const int ctx = written + (t - query_start[s]) + 1;
-  const int seg = max(kMinSplitLen, (ctx + int(gridDim.z) - 1) / int(gridDim.z));
+  const int seg = max(P * kGroups, (ctx + int(gridDim.z) - 1) / int(gridDim.z));
   const int splits = (ctx + seg - 1) / seg, split = blockIdx.z;
   if (split >= splits) return;  // (the working splits wait: this kernel completes after its predecessor)
   const int j0 = split * seg, j1 = min(ctx, j0 + seg);
@@ -200,6 +207,12 @@ __global__ void __launch_bounds__(kThreads)
   __syncthreads();
   if (!last) return;
   __threadfence();
+  // The splits' columns are loaded with their maxima and sums, kMergeBatch at a time (one round
+  // trip for a short context's splits), before the weights that scale them are known.
+  const float* col = base + 2 + min(d, D - 1);
+  float x[kMergeBatch];
+#pragma unroll
+  for (int i = 0; i < kMergeBatch; ++i) x[i] = i < splits ? load_l2(col + i * (D + 2)) : 0.0f;
   __shared__ float wsplit[kMaxSplits], lsplit[kMaxSplits];
   if (threadIdx.x < splits) {
     wsplit[threadIdx.x] = load_l2(base + threadIdx.x * (D + 2));
@@ -213,18 +226,16 @@ __global__ void __launch_bounds__(kThreads)
   __syncthreads();
   float sum = 0.0f;
   for (int i = 0; i < splits; ++i) sum += wsplit[i] * lsplit[i];
-  if (d < D) {
-    const float* col = base + 2 + d;
-    float a = 0.0f;
-    int i = 0;
-    for (; i + 4 <= splits; i += 4) {  // four loads in flight at a time
-      const float x0 = load_l2(col + i * (D + 2)), x1 = load_l2(col + (i + 1) * (D + 2));
-      const float x2 = load_l2(col + (i + 2) * (D + 2)), x3 = load_l2(col + (i + 3) * (D + 2));
-      a += wsplit[i] * x0 + wsplit[i + 1] * x1 + wsplit[i + 2] * x2 + wsplit[i + 3] * x3;
-    }
-    for (; i < splits; ++i) a += wsplit[i] * load_l2(col + i * (D + 2));
-    dst[d] = a / sum * g;
+  float a = 0.0f;
+#pragma unroll
+  for (int i = 0; i < kMergeBatch; ++i) a += i < splits ? wsplit[i] * x[i] : 0.0f;
+  for (int i0 = kMergeBatch; i0 < splits; i0 += kMergeBatch) {
+#pragma unroll
+    for (int i = 0; i < kMergeBatch; ++i) x[i] = i0 + i < splits ? load_l2(col + (i0 + i) * (D + 2)) : 0.0f;
+#pragma unroll
+    for (int i = 0; i < kMergeBatch; ++i) a += i0 + i < splits ? wsplit[i0 + i] * x[i] : 0.0f;
   }
+  if (d < D) dst[d] = a / sum * g;
   if (threadIdx.x == 0) *counter = 0;  // re-armed for the next call (and graph replay)
 }
 
@@ -256,12 +267,12 @@ void launch_decode(const Tensor& q, const C* kc, const C* vc, const ops::Attenti
                    const int32_t* token_list, int64_t n, int max_ctx, float scale, Tensor& out, const Gate& gate) {
   if (n == 0) return;
   // Split the context so that about 4 blocks per SM are in flight when the batch alone leaves
-  // SMs idle, at least kMinSplitLen positions per split.
-  const int64_t work = n * sh.H, sms = sm_count();
+  // SMs idle, at least a round of positions per split.
+  const int64_t work = n * sh.H, sms = sm_count(), min_len = positions_per_round(int(sh.D));
   int splits = 1;
   if (work < 4 * sms && work <= kArrivalCounters)
     splits = int(std::clamp<int64_t>((4 * sms + work - 1) / work, 1,
-                                     std::min<int64_t>(kMaxSplits, (max_ctx + kMinSplitLen - 1) / kMinSplitLen)));
+                                     std::min<int64_t>(kMaxSplits, (max_ctx + min_len - 1) / min_len)));
   Tensor part;
   if (splits > 1) part = Tensor::uninitialized({n, sh.H, splits, sh.D + 2}, DType::kF32, Device::kCUDA);
   const dim3 grid{unsigned(n), unsigned(sh.H), unsigned(splits)};

@@ -134,8 +134,10 @@ __global__ void gemv_kernel(const float* __restrict__ x, const W* __restrict__ w
 // the memory idle), so after the wait no weight bytes are left to stream. (H200, Qwen3-Next shape,
 // concurrency 1: 497.1 / 498.5 against 492.0 / 491.2 tok/s with half a row of floats before the
 // wait; in the start probe the blocks' last x staging ends ~1 us after the wait, against 3.4-5.2 us
-// for the loop over the second half-row.) R rows per warp share each x read from shared memory:
-// two for K = 2048 (92 registers; Qwen3-Next's attention QKV and Llama-1B's projections: 500.8
+// for the loop over the second half-row.) R rows per warp share each x read from shared memory,
+// and fewer blocks stage x (each block reads all of it from L2 at the same moment): two rows for
+// K = 4096 (170 registers, 256 blocks at Qwen3-Next's shape: 509.2 against 501.9 tok/s with one)
+// and for K = 2048 (92 registers; Qwen3-Next's attention QKV and Llama-1B's projections: 500.8
 // against 498.8 tok/s, and Llama-1B 1,127 against 1,063, against the half-row form in one run).
 template <int kSteps, int R>
 __global__ void __launch_bounds__(32 * kWarpsPerBlock)
@@ -261,9 +263,9 @@ __global__ void gemm_kernel(const float* __restrict__ x, const W* __restrict__ w
 }
 
 // The whole-row form for one token of f16 weights, where it applies. K = 4096: only for grids that
-// are resident at once, since its gain is every block's row loaded before the wait (a later wave's
-// blocks start after it). Measured on Qwen3-Next's output projections (512 blocks); wider ones
-// (Llama-8B's q / k / v, 1,536 blocks) keep the half-row form they were measured with.
+// are resident at once, since its gain is every block's rows loaded before the wait (a later
+// wave's blocks start after it). Measured on Qwen3-Next's output projections (256 blocks); wider
+// ones (Llama-8B's q / k / v, 768 blocks) keep the half-row form they were measured with.
 bool gemv_row(const float*, const float*, const float*, float*, int, int) { return false; }
 bool gemv_row(const float* xp, const __half* w, const float* bias, float* op, int N, int K) {
   if ((K != 4096 && K != 2048) || reinterpret_cast<uintptr_t>(xp) % 16 != 0 || reinterpret_cast<uintptr_t>(w) % 16 != 0)
@@ -275,7 +277,7 @@ bool gemv_row(const float* xp, const __half* w, const float* bias, float* op, in
     launch_dependent(kernel, dim3(unsigned(blocks)), dim3(32 * kWarpsPerBlock), 0, xp, w, bias, op, N);
     return true;
   };
-  if (K == 4096) return go(gemv_row_kernel<16, 1>, 1, 1);
+  if (K == 4096) return go(gemv_row_kernel<16, 2>, 2, 1);
   // K = 2048 (Qwen3-Next's attention QKV, 9216 rows: 1,152 blocks): up to four waves, since what
   // it buys there is x shared by two rows and fewer blocks, not only the rows before the wait.
   return go(gemv_row_kernel<8, 2>, 2, 4);
