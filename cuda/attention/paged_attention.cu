@@ -30,11 +30,11 @@ namespace {
 constexpr int kThreads = 256, kGroupLanes = 8, kGroups = kThreads / kGroupLanes, kWarps = kThreads / 32;
 constexpr int kMaxD = 256, kMaxSplits = 64, kMergeBatch = 16;
 
-// A split covers at least one round of positions: P per group (two where a lane's slice of the
-// head is at most 16 elements, head_dim <= 128), so a split of a short context is one round trip
-// for its keys and values. (Qwen3-Next's head_dim 256 took two rounds of 32 positions a split
-// before: H200, 32 layers, concurrency 1, 503.9 against 501.9 tok/s together with the merge's
-// loads in one batch; prefill 2K / 8K level.)
+// A round of positions: P per group (two where a lane's slice of the head is at most 16 elements,
+// head_dim <= 128). A split covers at least one, so that a split of a short context can be one
+// round trip for its keys and values (Qwen3-Next's head_dim 256 took two rounds of 32 positions a
+// split before), and at least two rounds' worth of 32 where one-round splits would not all be
+// resident (decode_attention_kernel).
 __host__ __device__ constexpr int positions_per_round(int D) { return (D <= 128 ? 2 : 1) * kGroups; }
 
 // The EPL elements of a head row that this lane holds, from element `first` on, as floats.
@@ -80,7 +80,7 @@ __global__ void __launch_bounds__(kThreads)
                             const int32_t* __restrict__ block_tables, const int32_t* __restrict__ seq_of,
                             const int32_t* __restrict__ token_list, int max_blocks, int block_size, int H, int KVH,
                             int D, float scale, float* __restrict__ out, float* __restrict__ part,
-                            int* __restrict__ counters, Gate gate) {
+                            int* __restrict__ counters, Gate gate, int resident) {
   // Before the wait: the batch layout (uploaded before the step's first kernel) and the first
   // round's keys and values at the positions that earlier steps wrote, [0, seq_len - q_len); the
   // predecessor (qkv_rope_cache) writes only this step's positions, which are loaded after it.
@@ -90,7 +90,13 @@ __global__ void __launch_bounds__(kThreads)
   const int s = seq_of[t];
   const int q_len = query_start[s + 1] - query_start[s], written = seq_lens[s] - q_len;
   const int ctx = written + (t - query_start[s]) + 1;
-  const int seg = max(P * kGroups, (ctx + int(gridDim.z) - 1) / int(gridDim.z));
+  // Splits of one round when the batch's working blocks would then all be resident at once
+  // (`resident` blocks of this kernel fit the device), else of two: a second wave costs more than
+  // the round trip saved (H200, Qwen3-Next shape: one-round splits at concurrency 2 and 8 measured
+  // 0.7% and 0.6% slower, at 1 0.35% faster).
+  const int round_len = P * kGroups, one_round = min(int(gridDim.z), (ctx + round_len - 1) / round_len);
+  const int min_len = int(gridDim.x) * int(gridDim.y) * one_round <= resident ? round_len : 2 * kGroups;
+  const int seg = max(min_len, (ctx + int(gridDim.z) - 1) / int(gridDim.z));
   const int splits = (ctx + seg - 1) / seg, split = blockIdx.z;
   if (split >= splits) return;  // (the working splits wait: this kernel completes after its predecessor)
   const int j0 = split * seg, j1 = min(ctx, j0 + seg);
@@ -252,7 +258,8 @@ void launch_decode_kernel(dim3 grid, const Tensor& q, const C* kc, const C* vc, 
   auto go = [&](auto kernel) {
     launch_dependent(kernel, grid, dim3(kThreads), 0, q.ptr<float>(), kc, vc, qs, lens, tables, seq_of, token_list,
                      b.max_blocks_per_seq, b.block_size, int(sh.H), int(sh.KVH), int(sh.D), scale, out.ptr<float>(), part,
-                     grid.z > 1 ? arrival_counters() : nullptr, gate);
+                     grid.z > 1 ? arrival_counters() : nullptr, gate,
+                     blocks_per_sm(reinterpret_cast<const void*>(kernel), kThreads, 0) * sm_count());
   };
   constexpr bool kCanVec = (EPL * sizeof(C)) % 16 == 0;
   if (kCanVec && sh.D == kGroupLanes * EPL) go(decode_attention_kernel<C, EPL, kCanVec, P>);
