@@ -30,13 +30,6 @@ namespace {
 constexpr int kThreads = 256, kGroupLanes = 8, kGroups = kThreads / kGroupLanes, kWarps = kThreads / 32;
 constexpr int kMaxD = 256, kMaxSplits = 64, kMergeBatch = 16;
 
-// A round of positions: P per group (two where a lane's slice of the head is at most 16 elements,
-// head_dim <= 128). A split covers at least one, so that a split of a short context can be one
-// round trip for its keys and values (Qwen3-Next's head_dim 256 took two rounds of 32 positions a
-// split before), and at least two rounds' worth of 32 where one-round splits would not all be
-// resident (decode_attention_kernel).
-__host__ __device__ constexpr int positions_per_round(int D) { return (D <= 128 ? 2 : 1) * kGroups; }
-
 // The EPL elements of a head row that this lane holds, from element `first` on, as floats.
 template <int EPL, bool kVec, typename C>
 __device__ __forceinline__ void load_slice(const C* __restrict__ p, int first, int D, float (&v)[EPL]) {
@@ -80,7 +73,7 @@ __global__ void __launch_bounds__(kThreads)
                             const int32_t* __restrict__ block_tables, const int32_t* __restrict__ seq_of,
                             const int32_t* __restrict__ token_list, int max_blocks, int block_size, int H, int KVH,
                             int D, float scale, float* __restrict__ out, float* __restrict__ part,
-                            int* __restrict__ counters, Gate gate, int resident) {
+                            int* __restrict__ counters, Gate gate) {
   // Before the wait: the batch layout (uploaded before the step's first kernel) and the first
   // round's keys and values at the positions that earlier steps wrote, [0, seq_len - q_len); the
   // predecessor (qkv_rope_cache) writes only this step's positions, which are loaded after it.
@@ -90,13 +83,7 @@ __global__ void __launch_bounds__(kThreads)
   const int s = seq_of[t];
   const int q_len = query_start[s + 1] - query_start[s], written = seq_lens[s] - q_len;
   const int ctx = written + (t - query_start[s]) + 1;
-  // Splits of one round when the batch's working blocks would then all be resident at once
-  // (`resident` blocks of this kernel fit the device), else of two: a second wave costs more than
-  // the round trip saved (H200, Qwen3-Next shape: one-round splits at concurrency 2 and 8 measured
-  // 0.7% and 0.6% slower, at 1 0.35% faster).
-  const int round_len = P * kGroups, one_round = min(int(gridDim.z), (ctx + round_len - 1) / round_len);
-  const int min_len = int(gridDim.x) * int(gridDim.y) * one_round <= resident ? round_len : 2 * kGroups;
-  const int seg = max(min_len, (ctx + int(gridDim.z) - 1) / int(gridDim.z));
+  const int seg = max(P * kGroups, (ctx + int(gridDim.z) - 1) / int(gridDim.z));
   const int splits = (ctx + seg - 1) / seg, split = blockIdx.z;
   if (split >= splits) return;  // (the working splits wait: this kernel completes after its predecessor)
   const int j0 = split * seg, j1 = min(ctx, j0 + seg);
@@ -249,19 +236,29 @@ struct Shape {
   int64_t H, KVH, D;
 };
 
+// Splits the context over the blocks of one wave of the chosen kernel when the batch alone leaves
+// room: a second wave costs more than the round trip a shorter split saves (H200, Qwen3-Next shape:
+// one-round splits of two waves at concurrency 2 and 8 measured 0.7% and 0.6% slower than splits of
+// two rounds). A split covers at least a round of positions.
 template <typename C, int EPL>
-void launch_decode_kernel(dim3 grid, const Tensor& q, const C* kc, const C* vc, const ops::AttentionBatch& b,
-                          const Shape& sh, const int32_t* qs, const int32_t* lens, const int32_t* tables,
-                          const int32_t* seq_of, const int32_t* token_list, float scale, Tensor& out, float* part,
-                          const Gate& gate) {
+void launch_decode_kernel(const Tensor& q, const C* kc, const C* vc, const ops::AttentionBatch& b, const Shape& sh,
+                          const int32_t* qs, const int32_t* lens, const int32_t* tables, const int32_t* seq_of,
+                          const int32_t* token_list, int64_t n, int max_ctx, float scale, Tensor& out, const Gate& gate) {
   constexpr int P = EPL <= 16 ? 2 : 1;  // two positions per group where registers allow
-  auto go = [&](auto kernel) {
-    launch_dependent(kernel, grid, dim3(kThreads), 0, q.ptr<float>(), kc, vc, qs, lens, tables, seq_of, token_list,
-                     b.max_blocks_per_seq, b.block_size, int(sh.H), int(sh.KVH), int(sh.D), scale, out.ptr<float>(), part,
-                     grid.z > 1 ? arrival_counters() : nullptr, gate,
-                     blocks_per_sm(reinterpret_cast<const void*>(kernel), kThreads, 0) * sm_count());
-  };
   constexpr bool kCanVec = (EPL * sizeof(C)) % 16 == 0;
+  auto go = [&](auto kernel) {
+    const int64_t work = n * sh.H, round_len = P * kGroups;
+    const int64_t resident = int64_t(blocks_per_sm(reinterpret_cast<const void*>(kernel), kThreads, 0)) * sm_count();
+    int64_t splits = 1;
+    if (work < resident && work <= kArrivalCounters)
+      splits = std::clamp<int64_t>(resident / work, 1, std::min<int64_t>(kMaxSplits, (max_ctx + round_len - 1) / round_len));
+    Tensor part;
+    if (splits > 1) part = Tensor::uninitialized({n, sh.H, splits, sh.D + 2}, DType::kF32, Device::kCUDA);
+    launch_dependent(kernel, dim3(unsigned(n), unsigned(sh.H), unsigned(splits)), dim3(kThreads), 0, q.ptr<float>(), kc,
+                     vc, qs, lens, tables, seq_of, token_list, b.max_blocks_per_seq, b.block_size, int(sh.H), int(sh.KVH),
+                     int(sh.D), scale, out.ptr<float>(), splits > 1 ? part.ptr<float>() : nullptr,
+                     splits > 1 ? arrival_counters() : nullptr, gate);
+  };
   if (kCanVec && sh.D == kGroupLanes * EPL) go(decode_attention_kernel<C, EPL, kCanVec, P>);
   else go(decode_attention_kernel<C, EPL, false, P>);
   RV_CUDA_CHECK(cudaGetLastError());
@@ -273,21 +270,10 @@ void launch_decode(const Tensor& q, const C* kc, const C* vc, const ops::Attenti
                    const int32_t* qs, const int32_t* lens, const int32_t* tables, const int32_t* seq_of,
                    const int32_t* token_list, int64_t n, int max_ctx, float scale, Tensor& out, const Gate& gate) {
   if (n == 0) return;
-  // Split the context so that about 4 blocks per SM are in flight when the batch alone leaves
-  // SMs idle, at least a round of positions per split.
-  const int64_t work = n * sh.H, sms = sm_count(), min_len = positions_per_round(int(sh.D));
-  int splits = 1;
-  if (work < 4 * sms && work <= kArrivalCounters)
-    splits = int(std::clamp<int64_t>((4 * sms + work - 1) / work, 1,
-                                     std::min<int64_t>(kMaxSplits, (max_ctx + min_len - 1) / min_len)));
-  Tensor part;
-  if (splits > 1) part = Tensor::uninitialized({n, sh.H, splits, sh.D + 2}, DType::kF32, Device::kCUDA);
-  const dim3 grid{unsigned(n), unsigned(sh.H), unsigned(splits)};
-  float* p = splits > 1 ? part.ptr<float>() : nullptr;
-  if (sh.D <= 32) launch_decode_kernel<C, 4>(grid, q, kc, vc, b, sh, qs, lens, tables, seq_of, token_list, scale, out, p, gate);
-  else if (sh.D <= 64) launch_decode_kernel<C, 8>(grid, q, kc, vc, b, sh, qs, lens, tables, seq_of, token_list, scale, out, p, gate);
-  else if (sh.D <= 128) launch_decode_kernel<C, 16>(grid, q, kc, vc, b, sh, qs, lens, tables, seq_of, token_list, scale, out, p, gate);
-  else launch_decode_kernel<C, 32>(grid, q, kc, vc, b, sh, qs, lens, tables, seq_of, token_list, scale, out, p, gate);
+  if (sh.D <= 32) launch_decode_kernel<C, 4>(q, kc, vc, b, sh, qs, lens, tables, seq_of, token_list, n, max_ctx, scale, out, gate);
+  else if (sh.D <= 64) launch_decode_kernel<C, 8>(q, kc, vc, b, sh, qs, lens, tables, seq_of, token_list, n, max_ctx, scale, out, gate);
+  else if (sh.D <= 128) launch_decode_kernel<C, 16>(q, kc, vc, b, sh, qs, lens, tables, seq_of, token_list, n, max_ctx, scale, out, gate);
+  else launch_decode_kernel<C, 32>(q, kc, vc, b, sh, qs, lens, tables, seq_of, token_list, n, max_ctx, scale, out, gate);
 }
 
 template <typename C>
