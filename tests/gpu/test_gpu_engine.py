@@ -177,7 +177,8 @@ def test_dummy_weights(tmp_path):
 def test_startup_errors_name_the_option(tmp_path):
     """Startup errors of a CUDA engine: the memory budget, bf16, a shape beyond the kernels.
     (Formatting the first message once crashed a build that had a second, static libstdc++
-    linked in through nvcc's host compiler; CMakeLists.txt now keeps it out.)"""
+    linked in through nvcc's host compiler, and later one built by a GCC without a shared
+    libstdc++; CMakeLists.txt keeps the first out and refuses such a compiler.)"""
     import revolta
 
     d = tmp_path / "m"
