@@ -71,6 +71,9 @@ void gdn_decode(const Tensor* x, Tensor& fused, const ops::GdnWeights& w, Tensor
                 const Tensor& seq_starts, const Tensor& seq_slots, Tensor& out);
 void moe_experts(const Tensor& x, const Tensor& ids, const Tensor& weights, const ops::ExpertTable& experts, Tensor& out,
                  const ops::ResidualNorm* then);
+void moe_route_experts(const Tensor& x, const Tensor& router, int64_t num_experts, bool renormalize,
+                       const ops::ResidualNorm& first, Tensor& ids, Tensor& weights, const ops::ExpertTable& experts,
+                       Tensor& out, const ops::ResidualNorm* then);
 void sample(const Tensor& logits, const std::vector<ops::SampleRow>& rows, const std::vector<ops::SampleAdjust>& adjust,
             std::vector<ops::SampleResult>& out);
 void qkv_rope_cache(const Tensor& qkv, const ops::QkNorm& norm, const Tensor& positions, const ops::RopeTables& rope,

@@ -32,94 +32,12 @@
 #include "cuda_ops.h"
 #include "gemm/gemm_tensor_core.cuh"
 #include "gemm/row_dots.cuh"
-#include "norms/residual_norm_tail.cuh"
+#include "moe/expert_slice.cuh"
 
 namespace revolta::cuda {
 namespace {
 
-constexpr int kWarps = 8;
-
-struct Tail {
-  float* residual;
-  const float* weight;
-  float eps;
-  float* normed;
-  int* counters;  // one per token
-};
-
-// Column group `group` (64 columns) of token t: out[t, cols] = the sum of the token's `parts`
-// partial rows, taken in a fixed order (16 row groups of 16 lanes x float4, then the groups in
-// order), so the result does not depend on block timing. By a whole block of kWarps warps.
-constexpr int kCombineColumns = 64, kCombineGroups = kWarps * 32 / (kCombineColumns / 4);
-
-__device__ __forceinline__ void sum_column_group(const float* __restrict__ part, int parts, int H, float* out, int t,
-                                                 int group) {
-  __shared__ float4 sums[kCombineGroups][kCombineColumns / 4];
-  const int rg = threadIdx.x / (kCombineColumns / 4), q = threadIdx.x % (kCombineColumns / 4);
-  const int col = group * kCombineColumns + q * 4;
-  const bool live = col < H;  // H % 8 == 0: a float4 is all in or all out
-  const float* rows = part + size_t(t) * parts * H + (live ? col : 0);
-  float4 acc = {0.0f, 0.0f, 0.0f, 0.0f};
-  constexpr int kBatch = 8;  // a token's 242 partial rows at concurrency 1: two round trips per thread
-  for (int r = rg; r < parts; r += kBatch * kCombineGroups) {
-    float4 v[kBatch];
-#pragma unroll
-    for (int b = 0; b < kBatch; ++b) {
-      const int row = r + b * kCombineGroups;
-      // L2 loads: other blocks wrote these rows (the read-only path is for data no kernel writes)
-      v[b] = row < parts ? load_l2(reinterpret_cast<const float4*>(rows + size_t(row) * H)) : float4{0.0f, 0.0f, 0.0f, 0.0f};
-    }
-#pragma unroll
-    for (int b = 0; b < kBatch; ++b) acc.x += v[b].x, acc.y += v[b].y, acc.z += v[b].z, acc.w += v[b].w;
-  }
-  sums[rg][q] = acc;
-  __syncthreads();
-  if (threadIdx.x < kCombineColumns / 4 && live) {
-    float4 s = sums[0][threadIdx.x];
-#pragma unroll
-    for (int g = 1; g < kCombineGroups; ++g) {
-      const float4 v = sums[g][threadIdx.x];
-      s.x += v.x, s.y += v.y, s.z += v.z, s.w += v.w;
-    }
-    *reinterpret_cast<float4*>(out + size_t(t) * H + col) = s;
-  }
-  __syncthreads();  // sums is reused by the next group
-}
-
-// The combine folded into the slice kernel (kFold): every block of token t takes a ticket once
-// its partial row is out; the last `summers` blocks of the token wait for all of its partial rows
-// (every block of the grid is resident: the host folds only then) and sum a column group each, so
-// the kernel after the experts follows the slices directly instead of a short combine kernel
-// between them. The last summer runs the residual norm; it also re-arms the two counters.
-__device__ __forceinline__ void fold_combine(const float* part, int parts, int H, float* out, const Tail& tail,
-                                             int* tickets, int t) {
-  __shared__ int ticket;
-  __shared__ bool last;
-  __threadfence();
-  __syncthreads();
-  if (threadIdx.x == 0) ticket = atomicAdd(tickets + 2 * t, 1);
-  __syncthreads();
-  const int groups = (H + kCombineColumns - 1) / kCombineColumns, summers = min(groups, parts);
-  const int first = parts - summers;
-  if (ticket < first) return;
-  if (threadIdx.x == 0) {
-    while (*static_cast<volatile int*>(tickets + 2 * t) < parts) {
-    }
-    __threadfence();
-  }
-  __syncthreads();
-  for (int g = ticket - first; g < groups; g += summers) sum_column_group(part, parts, H, out, t, g);
-  __threadfence();
-  if (threadIdx.x == 0) {
-    last = atomicAdd(tickets + 2 * t + 1, 1) == summers - 1;
-    if (last) tickets[2 * t] = 0, tickets[2 * t + 1] = 0;  // every summer is past its wait
-  }
-  __syncthreads();
-  if (!last || !tail.residual) return;
-  __threadfence();
-  residual_norm_row(tail.residual + size_t(t) * H, out + size_t(t) * H, tail.weight, tail.eps,
-                    tail.normed + size_t(t) * H, H);
-}
+constexpr int kWarps = kSliceWarps;
 
 // Block (column group, token): one column group of the combine (sum_column_group). With a
 // residual norm (kTail), the token's last block adds the row to the residual stream and
@@ -135,13 +53,7 @@ __global__ void __launch_bounds__(kWarps * 32)
                       tail.normed + size_t(t) * H, H);
 }
 
-// Block (slice, pair): act[i] for the S intermediates i0 + [0, S) of the pair's expert (rows past I
-// give 0), then part[pair * slices + slice][h] = weight * sum_i act[i] * down_t[i, h] for every h.
-// In the down pass each thread owns 8 columns of each pass over the row (a pass covers
-// kPassColumns) and reads them from each of the slice's S rows: a warp's load is 512 contiguous
-// bytes, and the sums stay in registers. The first kFirstRows rows of the first pass are loaded
-// before the gate / up rows (they do not depend on the activation), so the block's bytes keep
-// streaming across the hand-over; the rest go kDownBatch rows at a time.
+// Block (slice, pair): expert_slice for the pair's expert, into part[pair * slices + slice].
 // With table_len > 0 (dependent launch, a table of up to kSharedTable experts) the block copies
 // the expert address tables into shared memory before its wait, so that after it an expert's
 // addresses are one shared-memory read behind its id instead of another L2 round trip.
@@ -150,82 +62,20 @@ __global__ void __launch_bounds__(kWarps * 32, 2)
     moe_slice_kernel(const float* __restrict__ x, const int32_t* __restrict__ ids, const float* __restrict__ weights,
                      const int64_t* __restrict__ gu_at, const int64_t* __restrict__ down_at, int table_len,
                      float* __restrict__ part, int K, int H, int I, float* combined, Tail tail, int* tickets) {
-  constexpr int kPerWarp = S / kWarps, kGroup = kPerWarp < 4 ? kPerWarp : 4;  // intermediates a warp dots at once
-  constexpr int kPassColumns = kWarps * 32 * 8, kFirstRows = 8, kDownBatch = 8;
-  static_assert(S % kDownBatch == 0 && S >= kFirstRows, "slice rows in whole batches");
-  __shared__ float act[S];
   extern __shared__ int64_t table[];  // [table_len] gate / up addresses, then [table_len] down ones
   for (int e = threadIdx.x; e < table_len; e += kWarps * 32) table[e] = gu_at[e], table[table_len + e] = down_at[e];
   wait_for_predecessor();
   if (table_len > 0) __syncthreads();
-  const int pair = blockIdx.y, t = pair / K, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int i0 = blockIdx.x * S, expert = ids[pair];
+  const int pair = blockIdx.y, t = pair / K, expert = ids[pair];
   const __half* dn = reinterpret_cast<const __half*>(table_len > 0 ? table[table_len + expert] : down_at[expert]);
-  // Row j of the slice at column h (rows past I re-read row I - 1, whose act is 0; columns past H
-  // re-read the row's last 8, whose sums are not stored).
-  auto down_row = [&](int j, int h) { return dn + size_t(min(i0 + j, I - 1)) * H + min(h, H - 8); };
-  const int h_first = threadIdx.x * 8;
-  uint4 first[kFirstRows];
-#pragma unroll
-  for (int r = 0; r < kFirstRows; ++r) first[r] = load_weight_raw8(down_row(r, h_first));
-
   const __half* gu = reinterpret_cast<const __half*>(table_len > 0 ? table[expert] : gu_at[expert]);
   const float* xt = x + size_t(t) * H;
-#pragma unroll
-  for (int q = 0; q < kPerWarp; q += kGroup) {
-    const int j0 = warp * kPerWarp + q;  // within the slice
-    const __half* wg[kGroup];
-    const __half* wu[kGroup];
-#pragma unroll
-    for (int p = 0; p < kGroup; ++p) {
-      const int i = min(i0 + j0 + p, I - 1);  // rows past I recompute row I - 1; their act is 0
-      wg[p] = gu + size_t(i) * H, wu[p] = gu + size_t(I + i) * H;
-    }
-    float g[kGroup] = {}, u[kGroup] = {};
-    paired_row_dots<kGroup, 8 / kGroup>(wg, wu, xt, H, lane, g, u);
-#pragma unroll
-    for (int p = 0; p < kGroup; ++p) {
-      const float gv = warp_sum(g[p]), uv = warp_sum(u[p]);
-      if (lane == 0) act[j0 + p] = i0 + j0 + p < I ? silu(gv) * uv : 0.0f;
-    }
-  }
-  __syncthreads();
-  let_successor_launch();  // the next kernel's blocks may take their places while the down rows stream
-  const float wk = weights[pair];
-  float* out = part + (size_t(pair) * gridDim.x + blockIdx.x) * H;
-  float sum[8];
-  auto add_row = [&](const uint4& raw, int j) { axpy8(act[j], raw, sum); };
-  auto rows_from = [&](int j0, int h) {  // rows [j0, S) of the pass at column h
-#pragma unroll 1
-    for (int j = j0; j < S; j += kDownBatch) {
-      uint4 w[kDownBatch];
-#pragma unroll
-      for (int r = 0; r < kDownBatch; ++r) w[r] = load_weight_raw8(down_row(j + r, h));
-#pragma unroll
-      for (int r = 0; r < kDownBatch; ++r) add_row(w[r], j + r);
-    }
-  };
-  auto store = [&](int h) {
-    if (h >= H) return;
-    *reinterpret_cast<float4*>(out + h) = make_float4(wk * sum[0], wk * sum[1], wk * sum[2], wk * sum[3]);
-    *reinterpret_cast<float4*>(out + h + 4) = make_float4(wk * sum[4], wk * sum[5], wk * sum[6], wk * sum[7]);
-  };
-#pragma unroll
-  for (int e = 0; e < 8; ++e) sum[e] = 0.0f;
-#pragma unroll
-  for (int r = 0; r < kFirstRows; ++r) add_row(first[r], r);
-  rows_from(kFirstRows, h_first);
-  store(h_first);
-  for (int h = h_first + kPassColumns; h < H; h += kPassColumns) {
-#pragma unroll
-    for (int e = 0; e < 8; ++e) sum[e] = 0.0f;
-    rows_from(0, h);
-    store(h);
-  }
+  expert_slice<S>(gu, dn, [xt](int k, float (&xv)[8]) { load8(xt + k, xv); }, [&] { return weights[pair]; },
+                  part + (size_t(pair) * gridDim.x + blockIdx.x) * H, H, I, int(blockIdx.x) * S);
   if (kFold) fold_combine(part, K * int(gridDim.x), H, combined, tail, tickets, t);
 }
 
-constexpr int64_t kFusedTokens = 64, kGroupedSliceTokens = 2048, kSharedTable = 1024;
+constexpr int64_t kFusedTokens = 64, kGroupedSliceTokens = 2048;
 
 __global__ void count_kernel(const int32_t* __restrict__ ids, int P, int32_t* __restrict__ counts) {
   const int p = blockIdx.x * blockDim.x + threadIdx.x;
@@ -314,16 +164,7 @@ void moe_experts(const Tensor& x, const Tensor& ids, const Tensor& weights, cons
   }
   RV_CHECK(!then || (then->weight->dtype() == DType::kF32 && T <= kArrivalCounters),
            "CUDA moe_experts: a float32 norm weight and at most ", kArrivalCounters, " tokens with a residual norm");
-  // The narrowest slice that keeps the grid within two blocks per multiprocessor (all resident at
-  // once): a block streams its bytes as a chain of round trips, so more, smaller blocks finish
-  // sooner; a second wave, or fewer blocks, cost more than the extra partial rows. (24 rather than
-  // 32 at one token on the H200, 242 blocks against 176: 452.9 against 444.9 tok/s.)
-  int S = 128;
-  for (const int s : {24, 32, 64})
-    if (T * K * ((I + s - 1) / s) <= 2 * sm_count()) {
-      S = s;
-      break;
-    }
+  const int S = slice_size(T * K, I);
   const int64_t slices = (I + S - 1) / S;
   Tensor part = Tensor::uninitialized({T * K * slices, H}, DType::kF32, Device::kCUDA);
   const Tail tail = then ? Tail{then->residual->ptr<float>(), then->weight->ptr<float>(), then->eps,
@@ -334,7 +175,7 @@ void moe_experts(const Tensor& x, const Tensor& ids, const Tensor& weights, cons
     const int per_sm = blocks_per_sm(reinterpret_cast<const void*>(kernel), kWarps * 32, smem);
     return T * K * slices <= int64_t(per_sm) * sm_count() && 2 * T <= kArrivalCounters / 2;
   };
-  int* const tickets = arrival_counters() + kArrivalCounters / 2;  // a region no other kernel uses
+  int* const tickets = slice_tickets();
   // The address tables go to shared memory only where every block's copy overlaps the wait: with
   // dependent launch, and the whole grid resident (the combine folds then too). A second wave's
   // blocks would copy after the wait (concurrency 8, H200: 1052.0 / 1051.8 against 1058.0 / 1057.9).

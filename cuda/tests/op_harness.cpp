@@ -717,6 +717,46 @@ void test_moe_experts(int64_t T, int64_t E, int64_t K, int64_t H, int64_t I) {
        T > 64 ? double(T * K * 3 * H * I * 2) : 0.0);
 }
 
+// The MoE block from the previous block's output (moe_route_experts: routing inside the experts'
+// kernel for one token) against the CPU's moe_route + moe_experts, twice in a row (the counters
+// re-arm). As in the model, `then` adds the experts' output to the same residual and writes the same
+// normed tensor. shared: router row E is the shared expert's gate, the table's expert E the expert.
+void test_moe_route_experts(int64_t T, int64_t E, int64_t K, int64_t H, int64_t I, bool shared, bool with_then) {
+  const int64_t S = shared ? 1 : 0;
+  const Experts ex(E + S, H, I);
+  Tensor x = random_tensor({T, H}), router = random_tensor({E + S, H}, DType::kF32, 1.0f);
+  Tensor res = random_tensor({T, H}), nw = random_tensor({H}), nw2 = random_tensor({H});
+  Tensor normed = Tensor::empty({T, H}, DType::kF32), out = Tensor::empty({T, H}, DType::kF32);
+  Tensor ids = Tensor::empty({T, K + S}, DType::kI32), w = Tensor::empty({T, K + S}, DType::kF32);
+  Tensor res_ref = Tensor::empty({T, H}, DType::kF32);
+  std::memcpy(res_ref.data(), res.data(), res.nbytes());
+  const ops::ResidualNorm cpu_first{&res_ref, &nw, 1e-6f, &normed}, cpu_then{&res_ref, &nw2, 1e-6f, &normed};
+  ops::cpu::moe_route_experts(x, router, E, true, cpu_first, ids, w, ex.host, out, with_then ? &cpu_then : nullptr);
+  Tensor dx = cuda::to_device(x), dr = cuda::to_device(router), dnw = cuda::to_device(nw), dnw2 = cuda::to_device(nw2);
+  Tensor dres, dnormed = Tensor::empty({T, H}, DType::kF32, Device::kCUDA), dout = Tensor::empty({T, H}, DType::kF32, Device::kCUDA);
+  Tensor dids = Tensor::empty(ids.shape(), DType::kI32, Device::kCUDA), dw = Tensor::empty(w.shape(), DType::kF32, Device::kCUDA);
+  const ops::ResidualNorm dev_first{&dres, &dnw, 1e-6f, &dnormed}, dev_then{&dres, &dnw2, 1e-6f, &dnormed};
+  for (int rep = 0; rep < 2; ++rep) {
+    dres = cuda::to_device(res);  // the residual before the add, each time
+    ops::moe_route_experts(dx, dr, E, true, dev_first, dids, dw, ex.device, dout, with_then ? &dev_then : nullptr);
+  }
+  const Tensor hid = cuda::to_host(dids);
+  int64_t wrong = 0;
+  for (int64_t i = 0; i < ids.numel(); ++i) wrong += hid.ptr<int32_t>()[i] != ids.ptr<int32_t>()[i];
+  const std::string tag = std::to_string(T) + "x" + std::to_string(H) + " E" + std::to_string(E) + " top" +
+                          std::to_string(K) + " I" + std::to_string(I) + (shared ? " + shared" : "") +
+                          (with_then ? " + residual norm" : "");
+  report("moe_route_experts ids " + tag, float(wrong), 0.0f);
+  report("moe_route_experts weights " + tag, max_abs_diff(cuda::to_host(dw), w), 1e-4f);
+  report("moe_route_experts out " + tag, max_abs_diff(cuda::to_host(dout), out), 1e-3f);
+  report("moe_route_experts residual + normed " + tag,
+         std::max(max_abs_diff(cuda::to_host(dres), res_ref), max_abs_diff(cuda::to_host(dnormed), normed)),
+         with_then ? 4e-3f : 1e-5f);
+  perf("moe_route_experts " + tag, double(T * (K + S) * 3 * H * I * 2 + (E + S) * H * 4), [&] {
+    ops::moe_route_experts(dx, dr, E, true, dev_first, dids, dw, ex.device, dout, with_then ? &dev_then : nullptr);
+  });
+}
+
 void test_argmax(int64_t R, int64_t V) {
   Tensor x = random_tensor({R, V}), ref = Tensor::empty({R}, DType::kI32);
   for (int64_t r = 0; r < R; ++r) {  // plant a tie for the maximum: the lower index must win
@@ -899,6 +939,12 @@ int main(int argc, char** argv) {
     test_linear(1, 9217, 2048, DType::kF16, true);  // one token, a ragged last row group (QKV-sized)
     test_linear(1, 2047, 4096, DType::kF16, true);  // the whole-row form, a block with a warp past N
     test_embedding(300, 1001, 3, DType::kF16);  // a row of no whole 16-byte loads: the scalar path
+    test_moe_route_experts(1, 512, 10, 2048, 512, true, true);  // Qwen3-Next decode: one kernel (GB/s in --perf)
+    test_moe_route_experts(1, 512, 10, 2048, 512, true, false);
+    test_moe_route_experts(1, 30, 4, 1000, 40, true, true);    // columns past the row, blocks past the router rows
+    test_moe_route_experts(1, 64, 8, 256, 96, false, true);    // no shared expert
+    test_moe_route_experts(3, 64, 8, 256, 96, true, true);     // three tokens: moe_route + moe_experts
+    test_moe_route_experts(1, 64, 4, 4096, 64, true, true);    // rows past 2048 columns: moe_route + moe_experts
   } catch (const std::exception& e) {
     std::printf("FAIL exception: %s\n", e.what());
     ++g_failed;

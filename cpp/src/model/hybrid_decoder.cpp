@@ -394,13 +394,17 @@ class HybridDecoderLM final : public DecoderBase {
     // (decode kernels, or grouping by expert on the device for prefill); the CPU groups prefill
     // batches by expert on the host and moves the experts' rows by gather / scatter ops.
     Tensor ids = Tensor::uninitialized({T, K}, DType::kI32, dev), weights = Tensor::uninitialized({T, K}, DType::kF32, dev);
-    ops::moe_route(y, f.router, E, cfg_.norm_topk_prob, ids, weights, &post);  // the add + norm first
     const bool device_experts = device_ != Device::kCPU && fused_expert_tokens_ > 0;
+    const bool gated_shared = f.shared_gate.defined();  // added after the routed experts
+    if ((T <= fused_expert_tokens_ || device_experts) && !gated_shared) {  // the add + norm, routing, experts
+      Tensor out = Tensor::uninitialized({T, H}, DType::kF32, dev);
+      ops::moe_route_experts(y, f.router, E, cfg_.norm_topk_prob, post, ids, weights, f.table, out, &then);
+      return;
+    }
+    ops::moe_route(y, f.router, E, cfg_.norm_topk_prob, ids, weights, &post);  // the add + norm first
     if (T <= fused_expert_tokens_ || device_experts) {
       Tensor out = Tensor::uninitialized({T, H}, DType::kF32, dev);
-      const bool gated_shared = f.shared_gate.defined();  // added after the routed experts
-      ops::moe_experts(x, ids, weights, f.table, out, gated_shared ? nullptr : &then);
-      if (!gated_shared) return;
+      ops::moe_experts(x, ids, weights, f.table, out, nullptr);
       add_shared_expert(f, x, out);
       ops::add_rms_norm(*then.residual, out, *then.weight, then.eps, *then.normed);
       return;

@@ -27,7 +27,7 @@ const char* op_name(Op op) {
                                 "gather_rows", "copy_columns", "fill_uniform",   "argmax", "qkv_rope_cache", "sample", "linear_swiglu",
                                 "gated_delta_rule", "causal_conv1d", "l2_norm", "gated_rms_norm",
                                 "sigmoid_mul", "gdn_gates", "scatter_add_rows", "add_gated_rows", "moe_topk", "moe_experts", "gdn_split_qkv",
-                                "moe_route", "gdn_decode", "transpose"};
+                                "moe_route", "gdn_decode", "transpose", "moe_route_experts"};
   return names[int(op)];
 }
 
@@ -66,6 +66,7 @@ bool supports_op(Device device, Op op) {
     case Op::kMoeRoute: return t->moe_route != nullptr;
     case Op::kGdnDecode: return t->gdn_decode != nullptr;
     case Op::kTranspose: return t->transpose != nullptr;
+    case Op::kMoeRouteExperts: return t->moe_route_experts != nullptr;
     case Op::kCount: break;
   }
   return false;
@@ -169,19 +170,35 @@ void gdn_split_qkv(const Tensor& mixed, float eps, Tensor& q, Tensor& k, Tensor&
   table_for(mixed.device(), Op::kGdnSplitQkv).gdn_split_qkv(mixed, eps, q, k, v);
 }
 
+namespace {
+void check_route_first(const Tensor& x, const ResidualNorm* first, const char* op) {
+  RV_CHECK(!first || (first->residual->shape() == x.shape() && first->normed->shape() == x.shape() &&
+                      first->weight->numel() == x.size(1)),
+           op, ": residual, normed [T, hidden] like x and a norm weight [hidden] (got x ", x.shape_str(),
+           first ? ", residual " + first->residual->shape_str() + ", normed " + first->normed->shape_str() +
+                       ", weight " + first->weight->shape_str()
+                 : std::string(), ")");
+}
+}  // namespace
+
 void moe_experts(const Tensor& x, const Tensor& ids, const Tensor& weights, const ExpertTable& experts, Tensor& out,
                  const ResidualNorm* then) {
   table_for(x.device(), Op::kMoeExperts).moe_experts(x, ids, weights, experts, out, then);
 }
 void moe_route(const Tensor& x, const Tensor& router, int64_t num_experts, bool renormalize, Tensor& ids,
                Tensor& weights, const ResidualNorm* first) {
-  RV_CHECK(!first || (first->residual->shape() == x.shape() && first->normed->shape() == x.shape() &&
-                      first->weight->numel() == x.size(1)),
-           "moe_route: residual, normed [T, hidden] like x and a norm weight [hidden] (got x ", x.shape_str(),
-           first ? ", residual " + first->residual->shape_str() + ", normed " + first->normed->shape_str() +
-                       ", weight " + first->weight->shape_str()
-                 : std::string(), ")");
+  check_route_first(x, first, "moe_route");
   table_for(x.device(), Op::kMoeRoute).moe_route(x, router, num_experts, renormalize, ids, weights, first);
+}
+void moe_route_experts(const Tensor& x, const Tensor& router, int64_t num_experts, bool renormalize,
+                       const ResidualNorm& first, Tensor& ids, Tensor& weights, const ExpertTable& experts, Tensor& out,
+                       const ResidualNorm* then) {
+  check_route_first(x, &first, "moe_route_experts");
+  RV_CHECK(out.shape() == x.shape() && ids.shape() == weights.shape() && ids.size(0) == x.size(0),
+           "moe_route_experts: out like x ", x.shape_str(), " and ids, weights [T, slots] (got out ", out.shape_str(),
+           ", ids ", ids.shape_str(), ", weights ", weights.shape_str(), ")");
+  table_for(x.device(), Op::kMoeRouteExperts)
+      .moe_route_experts(x, router, num_experts, renormalize, first, ids, weights, experts, out, then);
 }
 void gdn_decode(const Tensor* x, Tensor& fused, const GdnWeights& w, Tensor& conv_states, Tensor& states,
                 const Tensor& seq_starts, const Tensor& seq_slots, Tensor& out) {

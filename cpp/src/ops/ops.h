@@ -153,6 +153,7 @@ enum class Op {
   kMoeRoute,
   kGdnDecode,
   kTranspose,
+  kMoeRouteExperts,
   kCount
 };
 const char* op_name(Op op);
@@ -194,6 +195,9 @@ struct OpTable {
                       Tensor& out, const ResidualNorm* then) = nullptr;
   void (*moe_route)(const Tensor& x, const Tensor& router, int64_t num_experts, bool renormalize, Tensor& ids,
                     Tensor& weights, const ResidualNorm* first) = nullptr;
+  void (*moe_route_experts)(const Tensor& x, const Tensor& router, int64_t num_experts, bool renormalize,
+                            const ResidualNorm& first, Tensor& ids, Tensor& weights, const ExpertTable& experts,
+                            Tensor& out, const ResidualNorm* then) = nullptr;
   void (*gdn_decode)(const Tensor* x, Tensor& fused, const GdnWeights& w, Tensor& conv_states, Tensor& states,
                      const Tensor& seq_starts, const Tensor& seq_slots, Tensor& out) = nullptr;
   void (*gdn_split_qkv)(const Tensor& mixed, float eps, Tensor& q, Tensor& k, Tensor& v) = nullptr;
@@ -308,6 +312,14 @@ void moe_route(const Tensor& x, const Tensor& router, int64_t num_experts, bool 
 // For decode-sized batches (every (token, expert) pair reads its expert's weights).
 void moe_experts(const Tensor& x, const Tensor& ids, const Tensor& weights, const ExpertTable& experts, Tensor& out,
                  const ResidualNorm* then = nullptr);
+// A MoE block from its input to its output in one op: moe_route with `first` (x is the previous
+// block's output, added to first.residual and normalised into first.normed), then moe_experts on
+// first.normed with the ids / weights it chose (and `then`'s residual norm). The CUDA backend
+// routes a step of one token inside the experts' kernel, so the experts start without waiting
+// for a routing kernel to finish.
+void moe_route_experts(const Tensor& x, const Tensor& router, int64_t num_experts, bool renormalize,
+                       const ResidualNorm& first, Tensor& ids, Tensor& weights, const ExpertTable& experts, Tensor& out,
+                       const ResidualNorm* then = nullptr);
 // Samples one token per row of logits [R, vocab] (on any device; results on the host). Kept sets
 // are thresholds on the adjusted logits (ties at a top-k / top-p boundary broken by lower index),
 // and the draw walks the kept tokens in index order: the same distribution as the host sampler,

@@ -114,4 +114,10 @@ void moe_experts(const Tensor& x, const Tensor& ids, const Tensor& weights, cons
   if (then) cpu::add_rms_norm(*then->residual, out, *then->weight, then->eps, *then->normed);
 }
 
+void moe_route_experts(const Tensor& x, const Tensor& router, int64_t E, bool renormalize, const ResidualNorm& first,
+                       Tensor& ids, Tensor& weights, const ExpertTable& experts, Tensor& out, const ResidualNorm* then) {
+  cpu::moe_route(x, router, E, renormalize, ids, weights, &first);
+  cpu::moe_experts(*first.normed, ids, weights, experts, out, then);
+}
+
 }  // namespace revolta::ops::cpu

@@ -1,0 +1,209 @@
+// ops::moe_route_experts on the device: a MoE block from the previous block's output to its own.
+// A step of one token runs it as one cooperative kernel: every block of the experts' slice grid
+// first takes a few rows of the router, then the blocks meet on a counter and each picks the
+// token's experts itself from the logits. Against moe_route + moe_experts this removes a
+// kernel's drain and launch between the routing and the experts, and the round trip that read
+// the chosen ids back; the shared expert's blocks need no routing at all and start at once.
+// Other batches run moe_route and moe_experts.
+//
+// Block b of the grid (slices x slots) before its wait: the address tables to shared memory, the
+// norm weight and rows [b * rows, (b + 1) * rows) of the router (times the norm weight), a thread
+// holding 8 columns of each. After it: the residual and the block output's columns (one round
+// trip), the row's RMSNorm into shared memory (the experts' input), the block's logits, the
+// arrival. A routed block then waits for every arrival, ranks the logits (topk_registers_row)
+// and streams its slice of its expert; block 0 also writes the new residual, the normed row and
+// the ids / weights. The folded combine sums the slices and runs `then`'s residual norm.
+#include <cuda_fp16.h>
+
+#include "core/activations.cuh"
+#include "core/arrival.cuh"
+#include "core/cuda_check.h"
+#include "core/element.cuh"
+#include "core/launch.cuh"
+#include "core/warp_reduce.cuh"
+#include "cuda_ops.h"
+#include "moe/expert_slice.cuh"
+#include "moe/topk_row.cuh"
+
+namespace revolta::cuda {
+namespace {
+
+constexpr int kWarps = kSliceWarps, kColumns = kWarps * 32 * 8;  // a row of up to 2048 columns, 8 a thread
+constexpr int kRouteRows = 4;                                     // router rows a block may take
+constexpr int kMaxExperts = 32 * 16;                              // topk_registers_row<16>
+constexpr int kMaxSlots = 32;
+
+struct Route {
+  const float* y;       // the previous block's output [H]
+  const float* router;  // f32 [E + shared, H]
+  float* residual;
+  const float* norm_w;
+  float eps;
+  float* normed;
+  int E, shared, K;  // experts, 1 with a shared expert (router row E is its gate), routed slots
+  bool renorm;
+  float* logits;  // [E + shared]
+  int32_t* ids;   // [K + shared]
+  float* weights;
+  int* barrier;  // arrivals of the grid's blocks
+};
+
+template <int S>
+__global__ void __launch_bounds__(kWarps * 32, 2)
+    moe_route_slice_kernel(Route rt, const int64_t* __restrict__ gu_at, const int64_t* __restrict__ down_at,
+                           int table_len, float* __restrict__ part, int H, int I, float* combined, Tail tail,
+                           int* tickets) {
+  extern __shared__ int64_t table[];  // [table_len] gate / up addresses, then [table_len] down ones
+  __shared__ float4 xs[kColumns / 4];  // the normed row
+  __shared__ float red[kWarps][kRouteRows + 1];
+  __shared__ int32_t chosen_id[kMaxSlots];
+  __shared__ float chosen_w[kMaxSlots];
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int blocks = int(gridDim.x * gridDim.y), b = int(blockIdx.y * gridDim.x + blockIdx.x);
+  const int R = rt.E + rt.shared, rows = (R + blocks - 1) / blocks, r0 = b * rows;
+  const int c = threadIdx.x * 8;
+  const bool live = c < H;
+  const int cc = live ? c : 0;  // a thread past the row reads column 0 and weighs it 0
+  for (int e = threadIdx.x; e < table_len; e += kWarps * 32) table[e] = gu_at[e], table[table_len + e] = down_at[e];
+  float nw[8], wv[kRouteRows][8];
+  load8(rt.norm_w + cc, nw);
+#pragma unroll
+  for (int j = 0; j < kRouteRows; ++j) {
+    const bool mine = live && j < rows && r0 + j < R;
+    if (mine) load_weight8(rt.router + size_t(r0 + j) * H + cc, wv[j]);
+#pragma unroll
+    for (int i = 0; i < 8; ++i) wv[j][i] = mine ? wv[j][i] * nw[i] : 0.0f;
+  }
+  wait_for_predecessor();
+  // The block output and the residual are written by earlier kernels (L2 loads, all four in flight).
+  const float4 ya = load_l2(reinterpret_cast<const float4*>(rt.y + cc)), yb = load_l2(reinterpret_cast<const float4*>(rt.y + cc + 4));
+  const float4 ra = load_l2(reinterpret_cast<const float4*>(rt.residual + cc)),
+               rb = load_l2(reinterpret_cast<const float4*>(rt.residual + cc + 4));
+  const float keep = live ? 1.0f : 0.0f;
+  const float h[8] = {keep * (ya.x + ra.x), keep * (ya.y + ra.y), keep * (ya.z + ra.z), keep * (ya.w + ra.w),
+                      keep * (yb.x + rb.x), keep * (yb.y + rb.y), keep * (yb.z + rb.z), keep * (yb.w + rb.w)};
+  float ss = 0.0f, dot[kRouteRows] = {};
+#pragma unroll
+  for (int i = 0; i < 8; ++i) {
+    ss += h[i] * h[i];
+#pragma unroll
+    for (int j = 0; j < kRouteRows; ++j) dot[j] += wv[j][i] * h[i];
+  }
+  ss = warp_sum(ss);
+#pragma unroll
+  for (int j = 0; j < kRouteRows; ++j) dot[j] = warp_sum(dot[j]);
+  if (lane == 0) {
+#pragma unroll
+    for (int j = 0; j < kRouteRows; ++j) red[warp][j] = dot[j];
+    red[warp][kRouteRows] = ss;
+  }
+  __syncthreads();
+  float total = 0.0f;
+#pragma unroll
+  for (int w = 0; w < kWarps; ++w) total += red[w][kRouteRows];
+  const float inv = rsqrtf(total / float(H) + rt.eps);
+  if (threadIdx.x < rows && r0 + int(threadIdx.x) < R) {
+    float d = 0.0f;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) d += red[w][threadIdx.x];
+    rt.logits[r0 + threadIdx.x] = d * inv;
+    __threadfence();  // before the arrival below
+  }
+  float n[8];
+#pragma unroll
+  for (int i = 0; i < 8; ++i) n[i] = nw[i] * (h[i] * inv);
+  if (live) xs[c / 4] = {n[0], n[1], n[2], n[3]}, xs[c / 4 + 1] = {n[4], n[5], n[6], n[7]};
+  __syncthreads();  // the logits are out, xs and the tables are in
+  if (threadIdx.x == 0) __threadfence(), atomicAdd(rt.barrier, 1);
+  auto pass_barrier = [&] {
+    if (threadIdx.x == 0) {
+      while (*static_cast<volatile int*>(rt.barrier) < blocks) {
+      }
+      __threadfence();
+    }
+    __syncthreads();
+  };
+  const int slot = int(blockIdx.y);
+  const bool shared_slot = rt.shared && slot == rt.K;
+  int expert = rt.E;
+  if (!shared_slot) {
+    pass_barrier();
+    if (b == 0 && live) {  // every block has read the old residual before it arrived
+      *reinterpret_cast<float4*>(rt.residual + c) = {h[0], h[1], h[2], h[3]};
+      *reinterpret_cast<float4*>(rt.residual + c + 4) = {h[4], h[5], h[6], h[7]};
+      *reinterpret_cast<float4*>(rt.normed + c) = xs[c / 4];
+      *reinterpret_cast<float4*>(rt.normed + c + 4) = xs[c / 4 + 1];
+    }
+    if (warp == 0) topk_registers_row<16, true>(rt.logits, rt.E, rt.K, rt.shared, rt.renorm, chosen_id, chosen_w);
+    __syncthreads();
+    if (b == 0 && int(threadIdx.x) < rt.K + rt.shared)
+      rt.ids[threadIdx.x] = chosen_id[threadIdx.x], rt.weights[threadIdx.x] = chosen_w[threadIdx.x];
+    expert = chosen_id[slot];
+  }
+  // The shared expert's gate is a logit of some other block: read once its slice's rows are in.
+  auto weight = [&] {
+    if (!shared_slot) return chosen_w[slot];
+    pass_barrier();
+    return sigmoid(load_l2(rt.logits + rt.E));
+  };
+  const __half* dn = reinterpret_cast<const __half*>(table_len > 0 ? table[table_len + expert] : down_at[expert]);
+  const __half* gu = reinterpret_cast<const __half*>(table_len > 0 ? table[expert] : gu_at[expert]);
+  auto x8 = [&](int k, float (&xv)[8]) {
+    const float4 lo = xs[k / 4], hi = xs[k / 4 + 1];
+    xv[0] = lo.x, xv[1] = lo.y, xv[2] = lo.z, xv[3] = lo.w, xv[4] = hi.x, xv[5] = hi.y, xv[6] = hi.z, xv[7] = hi.w;
+  };
+  expert_slice<S>(gu, dn, x8, weight, part + size_t(b) * H, H, I, int(blockIdx.x) * S);
+  fold_combine(part, blocks, H, combined, tail, tickets, 0, rt.barrier);
+}
+
+}  // namespace
+
+void moe_route_experts(const Tensor& x, const Tensor& router, int64_t E, bool renormalize, const ops::ResidualNorm& first,
+                       Tensor& ids, Tensor& weights, const ops::ExpertTable& ex, Tensor& out,
+                       const ops::ResidualNorm* then) {
+  const int64_t T = x.size(0), H = x.size(1), R = router.size(0), shared = R - E, slots = ids.size(1), I = ex.inter;
+  auto aligned = [](const Tensor* t) { return reinterpret_cast<uintptr_t>(t->data()) % 16 == 0; };
+  bool one_kernel = T == 1 && H % 8 == 0 && H <= kColumns && H == ex.hidden && E <= kMaxExperts && slots <= kMaxSlots &&
+                    (shared == 0 || shared == 1) && slots > shared && router.dtype() == DType::kF32 &&
+                    router.size(1) == H && x.dtype() == DType::kF32 && first.weight->dtype() == DType::kF32 &&
+                    aligned(&x) && aligned(&router) && aligned(first.residual) && aligned(first.normed) &&
+                    aligned(first.weight) && ex.dtype == DType::kF16 && ex.down_transposed && I % 8 == 0 &&
+                    (!then || then->weight->dtype() == DType::kF32);
+  const int S = one_kernel ? slice_size(slots, I) : 0;
+  const int64_t slices = one_kernel ? (I + S - 1) / S : 0, blocks = slices * slots;
+  one_kernel = one_kernel && blocks * kRouteRows >= R;
+  const int n_table = dependent_launch_enabled() && ex.gate_up.numel() <= kSharedTable ? int(ex.gate_up.numel()) : 0;
+  const size_t table_bytes = size_t(2 * n_table) * sizeof(int64_t);
+  auto resident = [&](auto kernel) {  // the blocks wait for each other: all of them at once, or not this way
+    return blocks <= int64_t(blocks_per_sm(reinterpret_cast<const void*>(kernel), kWarps * 32, table_bytes)) * sm_count();
+  };
+  auto go = [&](auto kernel) {
+    if (!resident(kernel)) return false;
+    Tensor logits = Tensor::uninitialized({R}, DType::kF32, Device::kCUDA);
+    Tensor part = Tensor::uninitialized({blocks, H}, DType::kF32, Device::kCUDA);
+    int* const tickets = slice_tickets();
+    const Route rt{x.ptr<float>(), router.ptr<float>(), first.residual->ptr<float>(), first.weight->ptr<float>(),
+                   first.eps, first.normed->ptr<float>(), int(E), int(shared), int(slots - shared), renormalize,
+                   logits.ptr<float>(), ids.ptr<int32_t>(), weights.ptr<float>(), tickets + 2};
+    const Tail tail = then ? Tail{then->residual->ptr<float>(), then->weight->ptr<float>(), then->eps,
+                                  then->normed->ptr<float>(), arrival_counters()}
+                           : Tail{};
+    launch_with(true, true, kernel, dim3(unsigned(slices), unsigned(slots)), dim3(kWarps * 32), table_bytes, rt,
+                ex.gate_up.ptr<int64_t>(), ex.down.ptr<int64_t>(), n_table, part.ptr<float>(), int(H), int(I),
+                out.ptr<float>(), tail, tickets);
+    RV_CUDA_CHECK(cudaGetLastError());
+    return true;
+  };
+  bool launched = false;
+  if (one_kernel) {
+    if (S == 24) launched = go(moe_route_slice_kernel<24>);
+    else if (S == 32) launched = go(moe_route_slice_kernel<32>);
+    else if (S == 64) launched = go(moe_route_slice_kernel<64>);
+    else launched = go(moe_route_slice_kernel<128>);
+  }
+  if (launched) return;
+  revolta::cuda::moe_route(x, router, E, renormalize, ids, weights, &first);
+  revolta::cuda::moe_experts(*first.normed, ids, weights, ex, out, then);
+}
+
+}  // namespace revolta::cuda
