@@ -5,12 +5,16 @@
 //   revolta_bench --shape llama-8b|llama-1b|qwen3-next-80b [--layers N] [--device cuda|cpu]
 //                 [--concurrency 1,2,4,8,16,32] [--prefill 2048,8192] [--prompt 128] [--decode 128]
 //                 [--eager] [--no-dependent-launch] [--async-scheduling auto|on|off] [--json FILE]
+//                 [--probe FILE]
 //
 // qwen3-next-80b is Qwen3-Next-80B-A3B's shape (hidden 2048, 512 experts top-10, its attention and
 // Gated DeltaNet dimensions); its 48 layers in fp16 do not fit one 141 GB GPU, so it runs 32 unless
 // --layers says otherwise (printed). Bytes per decode step count what a token touches: the
 // non-expert weights, the router, the top-k and shared experts, the head, the recurrent state
 // (read and written) and the KV of its context.
+// --probe FILE (a build with -DREVOLTA_PROBE=ON): after the decode runs, a few more decode steps of
+// one sequence with the decode kernels' phase timestamps logged, written to FILE as CSV
+// (kind,point,block,time_ns; benchmarks/probe_summary.py reads it).
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -148,7 +152,7 @@ std::pair<double, int64_t> run_decode(Engine& e, const std::vector<std::vector<i
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::string shape_name = "llama-8b", json_path, device = "cuda", async_scheduling = "auto";
+  std::string shape_name = "llama-8b", json_path, probe_path, device = "cuda", async_scheduling = "auto";
   int layers = 0;
   std::vector<int> conc = {1, 2, 4, 8, 16, 32}, prefill = {2048, 8192};
   int prompt = 128, decode = 128;
@@ -167,6 +171,7 @@ int main(int argc, char** argv) {
     else if (a == "--json") json_path = next();
     else if (a == "--no-dependent-launch") dependent_launch = false;
     else if (a == "--async-scheduling") async_scheduling = next();
+    else if (a == "--probe") probe_path = next();
     else {
       std::fprintf(stderr, "unknown argument %s\n", a.c_str());
       return 2;
@@ -183,6 +188,7 @@ int main(int argc, char** argv) {
 #if REVOLTA_WITH_CUDA
   if (device == "cuda") {
     cuda::set_dependent_launch(dependent_launch);
+    if (!probe_path.empty()) cuda::probe_enable();  // before the first kernel
     read_bw = cuda::measure_read_bandwidth(size_t(4) << 30);
     std::printf("device: %s\nmeasured streaming-read bandwidth: %.0f GB/s\ndependent kernel launch: %s\n",
                 cuda::device_name().c_str(), read_bw / 1e9, cuda::dependent_launch_enabled() ? "on" : "off");
@@ -243,6 +249,18 @@ int main(int argc, char** argv) {
        << ", \"bytes_per_step\": " << bytes << ", \"bw_fraction\": " << frac << ", \"graph_steps\": " << graphs
        << ", \"steps_run_ahead\": " << ahead << "}";
   }
+#if REVOLTA_WITH_CUDA
+  if (!probe_path.empty() && device == "cuda") {
+    cuda::probe_take();  // what the runs above logged
+    run_decode(engine, {random_prompt(prompt, s.vocab, rng)}, 9);
+    const auto records = cuda::probe_take();
+    std::ofstream f(probe_path);
+    f << "kind,point,block,time_ns\n";
+    for (const auto& r : records) f << r.kind << "," << r.point << "," << r.block << "," << r.time_ns << "\n";
+    std::printf("probe: %zu records of 9 decode steps at concurrency 1 in %s%s\n", records.size(), probe_path.c_str(),
+                records.empty() ? " (none: a build without -DREVOLTA_PROBE=ON?)" : "");
+  }
+#endif
   js << "], \"prefill\": [";
   for (size_t i = 0; i < prefill.size(); ++i) {
     const int p = prefill[i];

@@ -36,6 +36,17 @@ std::string device_name();
 void set_dependent_launch(bool allowed);
 // True when this device and this build support it and it was not turned off.
 bool dependent_launch_enabled();
+// Phase timestamps of the decode kernels, in a build configured with -DREVOLTA_PROBE=ON
+// (core/probe.cuh): kind (which kernel), point (which phase), block, global timer in ns.
+struct ProbeRecord {
+  uint16_t kind, point;
+  uint32_t block;
+  uint64_t time_ns;
+};
+// Starts the log (before the first kernel; a build without the probes logs nothing), and takes the
+// records logged so far (the log is then emptied).
+void probe_enable();
+std::vector<ProbeRecord> probe_take();
 
 void embedding(const Tensor& ids, const Tensor& table, Tensor& out, const ops::NormInto* norm = nullptr);
 void rms_norm(const Tensor& x, const Tensor& weight, float eps, Tensor& out);

@@ -27,3 +27,32 @@ def test_revolta_bench_rejects_an_unknown_shape():
     exe = Path(revolta.__file__).parent / "bin" / "revolta_bench"
     proc = subprocess.run([str(exe), "--shape", "llama-70b"], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2 and "--shape" in proc.stderr
+
+
+def test_probe_summary_groups_blocks_into_launches(tmp_path):
+    """The probe log's reader (benchmarks/probe_summary.py): records of one block are consecutive,
+    blocks of a launch start close together, a launch ends where a block id repeats."""
+    rows = ["kind,point,block,time_ns"]
+    t = 10_000_000
+    for launch in range(3):
+        for kind, blocks, marks in ((3, 4, {0: 0, 1: 1500, 2: 2500, 7: 4000}),
+                                    (2, 6, {0: 0, 1: 1000, 3: 3000, 7: 18000})):
+            for b in reversed(range(blocks)):  # blocks log in any order
+                rows += [f"{kind},{p},{b},{t + 100 * b + dt}" for p, dt in marks.items()]
+            t += max(marks.values()) + 100 * blocks + 1000
+    path = tmp_path / "probe.csv"
+    path.write_text("\n".join(rows) + "\n")
+    script = Path(__file__).parent.parent / "benchmarks" / "probe_summary.py"
+    proc = subprocess.run(["python3", str(script), str(path), "--launches", "4"], capture_output=True, text=True,
+                          timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    out = proc.stdout
+    assert "moe_route_experts: 3 launches" in out and "gemv_row: 3 launches" in out
+    # gemv_row's wait: its first block 1.5 us after the launch started, its last (block 3) 0.3 us later
+    gemv = out.split("gemv_row: 3 launches")[1]
+    wait = next(l for l in gemv.splitlines() if l.strip().startswith("wait returned")).split()
+    assert wait[-3:] == ["1.50", "1.65", "1.80"]
+    timeline = out.split("first 4 launches")[1].splitlines()[2:6]
+    assert [l.split()[0] for l in timeline] == ["gemv_row", "moe_route_experts"] * 2
+    # the moe launch started 1.0 us after the gemv's last block (at 4.3 us) left; its first wait 1.0 us later
+    assert timeline[1].split()[1:] == ["5.40", "6.40", "6.90", "23.90", "2.10"]

@@ -29,11 +29,13 @@
 #include "core/arrival.cuh"
 #include "core/cuda_check.h"
 #include "core/launch.cuh"
+#include "core/probe.cuh"
 #include "core/warp_reduce.cuh"
 #include "cuda_ops.h"
 #include "gemm/row_dots.cuh"
 
 namespace revolta::cuda {
+RV_PROBE_TU();
 namespace {
 
 constexpr int kThreads = 256, kWarps = kThreads / 32, kMaxW = 8, kMaxDv = 256;
@@ -172,6 +174,7 @@ __device__ __forceinline__ void gdn_decode_block(GDN_DECODE_PARAMS) {
   // the device, so its successor waits for its reads.
   if (CPT == 1 && !kProject) let_successor_launch();
   wait_for_predecessor();
+  RV_PROBE_MARK(1);
   if (kProject) {
     project_group_rows(x, proj, hidden, fused, sh, hk, R, member, members);
     if (copy > 0) {  // a helper: its rows are out
@@ -179,8 +182,10 @@ __device__ __forceinline__ void gdn_decode_block(GDN_DECODE_PARAMS) {
       if (threadIdx.x == 0) __threadfence(), atomicAdd(group_ready, 1);
       return;
     }
+    RV_PROBE_MARK(2);
     load_state();
     arrive_and_wait(group_ready, members);
+    RV_PROBE_MARK(3);
     let_successor_launch();
   }
   auto in = [](const float* p) { return kProject ? load_l2(p) : __ldg(p); };  // a value of fused
@@ -257,11 +262,13 @@ __device__ __forceinline__ void gdn_decode_block(GDN_DECODE_PARAMS) {
           out[size_t(t) * out_width + h * Dv + col[c]] = sum;
         }
   }
+  RV_PROBE_MARK(4);
   if (CPT != 1) let_successor_launch();  // what is left are stores and the group's norm
   // The group's last block reads only the outputs above: the arrival's fence waits for those
   // stores alone, and the state and window stores go out after it (the next step reads them once
   // this kernel has completed).
   const bool last = last_to_arrive(counters + size_t(s) * sh.Hk + hk, R * groups);
+  RV_PROBE_MARK(5);
 #pragma unroll
   for (int r = 0; r < RPT; ++r)
 #pragma unroll
@@ -308,6 +315,7 @@ __global__ void __launch_bounds__(kThreads) gdn_decode_kernel(GDN_DECODE_PARAMS)
 // also makes the compiler keep a row pair's 16 weight loads in flight (without it, it spaced them).
 template <int RPT>
 __global__ void __launch_bounds__(kThreads, 2) gdn_decode_projected_kernel(GDN_DECODE_PARAMS) {
+  RV_PROBE_BLOCK(ProbeKind::kGdnDecode);
   gdn_decode_block<RPT, 1, true>(x, proj, hidden, fused, conv_w, neg_a, dt_bias, norm_w, norm_eps, conv_states,
                                  states, starts, slots, out, counters, sh);
 }

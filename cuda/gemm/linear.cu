@@ -19,10 +19,12 @@
 #include "core/cuda_check.h"
 #include "core/element.cuh"
 #include "core/launch.cuh"
+#include "core/probe.cuh"
 #include "core/warp_reduce.cuh"
 #include "cuda_ops.h"
 
 namespace revolta::cuda {
+RV_PROBE_TU();
 namespace {
 
 constexpr int kWarpsPerBlock = 4;
@@ -147,6 +149,7 @@ __global__ void __launch_bounds__(32 * kWarpsPerBlock)
   static_assert(K % (4 * 32 * kWarpsPerBlock) == 0, "x staged in whole float4 rounds");
   __shared__ float4 xs[K / 4];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, n0 = (blockIdx.x * kWarpsPerBlock + warp) * R;
+  RV_PROBE_BLOCK(ProbeKind::kGemvRow);
   uint4 wr[R][kSteps];
 #pragma unroll
   for (int r = 0; r < R; ++r) {
@@ -155,12 +158,14 @@ __global__ void __launch_bounds__(32 * kWarpsPerBlock)
     for (int u = 0; u < kSteps; ++u) wr[r][u] = load_weight_raw8(row + u * 256);
   }
   wait_for_predecessor();
+  RV_PROBE_MARK(1);
   float4 xv[kPerThread];
 #pragma unroll
   for (int i = 0; i < kPerThread; ++i) xv[i] = __ldg(reinterpret_cast<const float4*>(x) + i * 32 * kWarpsPerBlock + threadIdx.x);
 #pragma unroll
   for (int i = 0; i < kPerThread; ++i) xs[i * 32 * kWarpsPerBlock + threadIdx.x] = xv[i];
   __syncthreads();
+  RV_PROBE_MARK(2);
   let_successor_launch();
   float acc[R] = {};
 #pragma unroll

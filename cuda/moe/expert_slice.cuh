@@ -8,6 +8,7 @@
 #include "core/arrival.cuh"
 #include "core/element.cuh"
 #include "core/launch.cuh"
+#include "core/probe.cuh"
 #include "core/warp_reduce.cuh"
 #include "cuda_ops.h"
 #include "gemm/row_dots.cuh"
@@ -145,6 +146,7 @@ __device__ __forceinline__ void expert_slice(const __half* gu, const __half* dn,
     }
   }
   __syncthreads();
+  RV_PROBE_MARK(5);
   let_successor_launch();  // the next kernel's blocks may take their places while the down rows stream
   const float wk = weight();
   float sum[8];

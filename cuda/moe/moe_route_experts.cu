@@ -20,12 +20,14 @@
 #include "core/cuda_check.h"
 #include "core/element.cuh"
 #include "core/launch.cuh"
+#include "core/probe.cuh"
 #include "core/warp_reduce.cuh"
 #include "cuda_ops.h"
 #include "moe/expert_slice.cuh"
 #include "moe/topk_row.cuh"
 
 namespace revolta::cuda {
+RV_PROBE_TU();
 namespace {
 
 constexpr int kWarps = kSliceWarps, kColumns = kWarps * 32 * 8;  // a row of up to 2048 columns, 8 a thread
@@ -53,6 +55,7 @@ __global__ void __launch_bounds__(kWarps * 32, 2)
     moe_route_slice_kernel(Route rt, const int64_t* __restrict__ gu_at, const int64_t* __restrict__ down_at,
                            int table_len, float* __restrict__ part, int H, int I, float* combined, Tail tail,
                            int* tickets) {
+  RV_PROBE_BLOCK(ProbeKind::kMoeRouteExperts);
   extern __shared__ int64_t table[];  // [table_len] gate / up addresses, then [table_len] down ones
   __shared__ float4 xs[kColumns / 4];  // the normed row
   __shared__ float red[kWarps][kRouteRows + 1];
@@ -75,6 +78,7 @@ __global__ void __launch_bounds__(kWarps * 32, 2)
     for (int i = 0; i < 8; ++i) wv[j][i] = mine ? wv[j][i] * nw[i] : 0.0f;
   }
   wait_for_predecessor();
+  RV_PROBE_MARK(1);
   // The block output and the residual are written by earlier kernels (L2 loads, all four in flight).
   const float4 ya = load_l2(reinterpret_cast<const float4*>(rt.y + cc)), yb = load_l2(reinterpret_cast<const float4*>(rt.y + cc + 4));
   const float4 ra = load_l2(reinterpret_cast<const float4*>(rt.residual + cc)),
@@ -115,6 +119,7 @@ __global__ void __launch_bounds__(kWarps * 32, 2)
   if (live) xs[c / 4] = {n[0], n[1], n[2], n[3]}, xs[c / 4 + 1] = {n[4], n[5], n[6], n[7]};
   __syncthreads();  // the logits are out, xs and the tables are in
   if (threadIdx.x == 0) __threadfence(), atomicAdd(rt.barrier, 1);
+  RV_PROBE_MARK(2);
   auto pass_barrier = [&] {
     if (threadIdx.x == 0) {
       while (*static_cast<volatile int*>(rt.barrier) < blocks) {
@@ -122,6 +127,7 @@ __global__ void __launch_bounds__(kWarps * 32, 2)
       __threadfence();
     }
     __syncthreads();
+    RV_PROBE_MARK(3);
   };
   const int slot = int(blockIdx.y);
   const bool shared_slot = rt.shared && slot == rt.K;
@@ -139,6 +145,7 @@ __global__ void __launch_bounds__(kWarps * 32, 2)
     if (b == 0 && int(threadIdx.x) < rt.K + rt.shared)
       rt.ids[threadIdx.x] = chosen_id[threadIdx.x], rt.weights[threadIdx.x] = chosen_w[threadIdx.x];
     expert = chosen_id[slot];
+    RV_PROBE_MARK(4);
   }
   // The shared expert's gate is a logit of some other block: read once its slice's rows are in.
   auto weight = [&] {
@@ -153,6 +160,7 @@ __global__ void __launch_bounds__(kWarps * 32, 2)
     xv[0] = lo.x, xv[1] = lo.y, xv[2] = lo.z, xv[3] = lo.w, xv[4] = hi.x, xv[5] = hi.y, xv[6] = hi.z, xv[7] = hi.w;
   };
   expert_slice<S>(gu, dn, x8, weight, part + size_t(b) * H, H, I, int(blockIdx.x) * S);
+  RV_PROBE_MARK(6);
   fold_combine(part, blocks, H, combined, tail, tickets, 0, rt.barrier);
 }
 
