@@ -3,8 +3,10 @@
 // first takes a few rows of the router, then the blocks meet on a counter and each picks the
 // token's experts itself from the logits. Against moe_route + moe_experts this removes a
 // kernel's drain and launch between the routing and the experts, and the round trip that read
-// the chosen ids back; the shared expert's blocks need no routing at all and start at once.
-// Other batches run moe_route and moe_experts.
+// the chosen ids back; the shared expert's blocks need no routing at all and start at once
+// (H200, Qwen3-Next shape, 32 layers, concurrency 1, same run: 514.6 / 515.5 / 516.3 tok/s against
+// 507.7 / 508.4 / 508.2 with the routing kernel and the slice kernel). Other batches run
+// moe_route and moe_experts.
 //
 // Block b of the grid (slices x slots) before its wait: the address tables to shared memory, the
 // norm weight and rows [b * rows, (b + 1) * rows) of the router (times the norm weight), a thread
