@@ -22,4 +22,18 @@ __device__ __forceinline__ int warp_max(int v) {
   return v;
 }
 
+// A warp's N partial dot products and its partial sum of squares (the routing kernels' norm and
+// router rows), each summed over the warp; lane 0 writes them to row[0, N) and row[N].
+template <int N>
+__device__ __forceinline__ void warp_dots_and_squares(float (&dot)[N], float ss, float* row) {
+  ss = warp_sum(ss);
+#pragma unroll
+  for (int j = 0; j < N; ++j) dot[j] = warp_sum(dot[j]);
+  if (threadIdx.x % 32 == 0) {
+#pragma unroll
+    for (int j = 0; j < N; ++j) row[j] = dot[j];
+    row[N] = ss;
+  }
+}
+
 }  // namespace revolta::cuda

@@ -190,8 +190,19 @@ inline int slice_size(int64_t pairs, int64_t I) {
   return 128;
 }
 
-// Address tables of up to kSharedTable experts go to shared memory (see moe_slice_kernel).
+// Address tables of up to kSharedTable experts go to shared memory (see moe_slice_kernel), and only
+// with dependent launch, where every block's copy overlaps its wait: the entries a block copies.
 constexpr int64_t kSharedTable = 1024;
+inline int shared_table_len(const ops::ExpertTable& ex) {
+  return dependent_launch_enabled() && ex.gate_up.numel() <= kSharedTable ? int(ex.gate_up.numel()) : 0;
+}
+
+// The folded combine's residual norm (`then`), or none.
+inline Tail tail_of(const ops::ResidualNorm* then) {
+  return then ? Tail{then->residual->ptr<float>(), then->weight->ptr<float>(), then->eps, then->normed->ptr<float>(),
+                     arrival_counters()}
+              : Tail{};
+}
 
 // The folded combine's tickets: a region of the arrival counters no other kernel uses.
 inline int* slice_tickets() { return arrival_counters() + kArrivalCounters / 2; }

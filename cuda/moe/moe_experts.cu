@@ -167,19 +167,17 @@ void moe_experts(const Tensor& x, const Tensor& ids, const Tensor& weights, cons
   const int S = slice_size(T * K, I);
   const int64_t slices = (I + S - 1) / S;
   Tensor part = Tensor::uninitialized({T * K * slices, H}, DType::kF32, Device::kCUDA);
-  const Tail tail = then ? Tail{then->residual->ptr<float>(), then->weight->ptr<float>(), then->eps,
-                                then->normed->ptr<float>(), arrival_counters()}
-                         : Tail{};
+  const Tail tail = tail_of(then);
   // The combine folds into the slice kernel when every block of its grid is resident at once.
   auto fits = [&](auto kernel, size_t smem) {
     const int per_sm = blocks_per_sm(reinterpret_cast<const void*>(kernel), kWarps * 32, smem);
     return T * K * slices <= int64_t(per_sm) * sm_count() && 2 * T <= kArrivalCounters / 2;
   };
   int* const tickets = slice_tickets();
-  // The address tables go to shared memory only where every block's copy overlaps the wait: with
-  // dependent launch, and the whole grid resident (the combine folds then too). A second wave's
-  // blocks would copy after the wait (concurrency 8, H200: 1052.0 / 1051.8 against 1058.0 / 1057.9).
-  const int n_table = dependent_launch_enabled() && ex.gate_up.numel() <= kSharedTable ? int(ex.gate_up.numel()) : 0;
+  // The tables go to shared memory only with the whole grid resident (the combine folds then too):
+  // a second wave's blocks would copy after the wait (concurrency 8, H200: 1052.0 / 1051.8 against
+  // 1058.0 / 1057.9).
+  const int n_table = shared_table_len(ex);
   bool folded = false;
   auto slice = [&](auto plain, auto fold) {
     folded = fits(fold, size_t(2 * n_table) * sizeof(int64_t));

@@ -63,7 +63,7 @@ __global__ void __launch_bounds__(kWarps * 32, 2)
   __shared__ float red[kWarps][kRouteRows + 1];
   __shared__ int32_t chosen_id[kMaxSlots];
   __shared__ float chosen_w[kMaxSlots];
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int warp = threadIdx.x / 32;
   const int blocks = int(gridDim.x * gridDim.y), b = int(blockIdx.y * gridDim.x + blockIdx.x);
   const int R = rt.E + rt.shared, rows = (R + blocks - 1) / blocks, r0 = b * rows;
   const int c = threadIdx.x * 8;
@@ -95,14 +95,7 @@ __global__ void __launch_bounds__(kWarps * 32, 2)
 #pragma unroll
     for (int j = 0; j < kRouteRows; ++j) dot[j] += wv[j][i] * h[i];
   }
-  ss = warp_sum(ss);
-#pragma unroll
-  for (int j = 0; j < kRouteRows; ++j) dot[j] = warp_sum(dot[j]);
-  if (lane == 0) {
-#pragma unroll
-    for (int j = 0; j < kRouteRows; ++j) red[warp][j] = dot[j];
-    red[warp][kRouteRows] = ss;
-  }
+  warp_dots_and_squares(dot, ss, red[warp]);
   __syncthreads();
   float total = 0.0f;
 #pragma unroll
@@ -182,7 +175,7 @@ void moe_route_experts(const Tensor& x, const Tensor& router, int64_t E, bool re
   const int S = one_kernel ? slice_size(slots, I) : 0;
   const int64_t slices = one_kernel ? (I + S - 1) / S : 0, blocks = slices * slots;
   one_kernel = one_kernel && blocks * kRouteRows >= R;
-  const int n_table = dependent_launch_enabled() && ex.gate_up.numel() <= kSharedTable ? int(ex.gate_up.numel()) : 0;
+  const int n_table = shared_table_len(ex);
   const size_t table_bytes = size_t(2 * n_table) * sizeof(int64_t);
   auto resident = [&](auto kernel) {  // the blocks wait for each other: all of them at once, or not this way
     return blocks <= int64_t(blocks_per_sm(reinterpret_cast<const void*>(kernel), kWarps * 32, table_bytes)) * sm_count();
@@ -195,9 +188,7 @@ void moe_route_experts(const Tensor& x, const Tensor& router, int64_t E, bool re
     const Route rt{x.ptr<float>(), router.ptr<float>(), first.residual->ptr<float>(), first.weight->ptr<float>(),
                    first.eps, first.normed->ptr<float>(), int(E), int(shared), int(slots - shared), renormalize,
                    logits.ptr<float>(), ids.ptr<int32_t>(), weights.ptr<float>(), tickets + 2};
-    const Tail tail = then ? Tail{then->residual->ptr<float>(), then->weight->ptr<float>(), then->eps,
-                                  then->normed->ptr<float>(), arrival_counters()}
-                           : Tail{};
+    const Tail tail = tail_of(then);
     launch_with(true, true, kernel, dim3(unsigned(slices), unsigned(slots)), dim3(kWarps * 32), table_bytes, rt,
                 ex.gate_up.ptr<int64_t>(), ex.down.ptr<int64_t>(), n_table, part.ptr<float>(), int(H), int(I),
                 out.ptr<float>(), tail, tickets);

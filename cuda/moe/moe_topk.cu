@@ -307,14 +307,7 @@ __global__ void __launch_bounds__(kWarps * 32, 1)
       for (int r = 0; r < kWarps; ++r) dot[r] += wv[r][p][i] * h[p][i];
     }
   __shared__ float part[kWarps][kWarps + 1];  // [warp][row], then the warp's sum of squares
-  ss = warp_sum(ss);
-#pragma unroll
-  for (int r = 0; r < kWarps; ++r) dot[r] = warp_sum(dot[r]);
-  if (lane == 0) {
-#pragma unroll
-    for (int r = 0; r < kWarps; ++r) part[warp][r] = dot[r];
-    part[warp][kWarps] = ss;
-  }
+  warp_dots_and_squares(dot, ss, part[warp]);
   __syncthreads();
   float total = 0.0f, d = 0.0f;
 #pragma unroll
