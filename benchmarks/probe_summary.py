@@ -16,12 +16,14 @@ import csv
 import statistics
 from collections import defaultdict
 
+EXIT = 11  # cuda/core/probe.cuh: kProbePoints - 1, the block's exit
 POINTS = {
     1: ("gdn_decode", {0: "start", 1: "wait returned", 2: "own rows projected", 3: "group ready",
-                       4: "recurrence done", 5: "arrived", 7: "left"}),
+                       4: "recurrence done", 5: "arrived", 6: "group's norm begun", EXIT: "left"}),
     2: ("moe_route_experts", {0: "start", 1: "wait returned", 2: "logits out, arrived", 3: "barrier passed",
-                              4: "experts ranked", 5: "gate/up done", 6: "down rows done", 7: "left"}),
-    3: ("gemv_row", {0: "start", 1: "wait returned", 2: "x staged", 7: "left"}),
+                              4: "experts ranked", 5: "gate/up done", 6: "down rows done", 8: "ticket taken",
+                              9: "summer's wait passed", 10: "column sums done", EXIT: "left"}),
+    3: ("gemv_row", {0: "start", 1: "wait returned", 2: "x staged", EXIT: "left"}),
 }
 
 
@@ -34,7 +36,7 @@ def block_visits(path: str) -> list[tuple[int, int, dict[int, int]]]:
             if point == 0 or not visits or visits[-1][0] != kind or visits[-1][1] != block:
                 visits.append((kind, block, {}))
             visits[-1][2][point] = t
-    return [v for v in visits if 0 in v[2]]
+    return [v for v in visits if 0 in v[2] and EXIT in v[2] and v[0] in POINTS]
 
 
 def launches(visits) -> list[tuple[int, list[dict[int, int]]]]:
@@ -89,7 +91,7 @@ def main() -> None:
         name = POINTS.get(kind, (f"kind {kind}", {}))[0]
         start = min(m[0] for m in blocks)
         waits = [m[1] for m in blocks if 1 in m]
-        left = max(m[7] for m in blocks if 7 in m)
+        left = max(m[EXIT] for m in blocks)
         hand = f"{(min(waits) - prev_left) / 1e3:9.2f}" if waits and prev_left else f"{'':9s}"
         w1 = f"{(min(waits) - origin) / 1e3:9.2f}" if waits else f"{'':9s}"
         w2 = f"{(max(waits) - origin) / 1e3:9.2f}" if waits else f"{'':9s}"

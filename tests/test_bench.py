@@ -35,8 +35,8 @@ def test_probe_summary_groups_blocks_into_launches(tmp_path):
     rows = ["kind,point,block,time_ns"]
     t = 10_000_000
     for launch in range(3):
-        for kind, blocks, marks in ((3, 4, {0: 0, 1: 1500, 2: 2500, 7: 4000}),
-                                    (2, 6, {0: 0, 1: 1000, 3: 3000, 7: 18000})):
+        for kind, blocks, marks in ((3, 4, {0: 0, 1: 1500, 2: 2500, 11: 4000}),
+                                    (2, 6, {0: 0, 1: 1000, 3: 3000, 11: 18000})):
             for b in reversed(range(blocks)):  # blocks log in any order
                 rows += [f"{kind},{p},{b},{t + 100 * b + dt}" for p, dt in marks.items()]
             t += max(marks.values()) + 100 * blocks + 1000

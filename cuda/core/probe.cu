@@ -10,7 +10,7 @@
 namespace revolta::cuda {
 namespace {
 
-constexpr unsigned kProbeCapacity = 1u << 20;  // records: 16 MB, a few decode steps at any size
+constexpr unsigned kProbeCapacity = 1u << 22;  // records: 64 MB, a few decode steps at any size
 std::mutex g_probe_mu;
 ProbeLog* g_log = nullptr;
 ProbeRecord* g_records = nullptr;

@@ -19,7 +19,7 @@ namespace revolta::cuda {
 // The kernels instrumented (a record's kind).
 enum class ProbeKind : uint16_t { kGdnDecode = 1, kMoeRouteExperts = 2, kGemvRow = 3 };
 
-constexpr int kProbePoints = 8;
+constexpr int kProbePoints = 12;  // the last is the block's exit
 
 struct ProbeLog {
   unsigned int count, capacity;

@@ -280,6 +280,7 @@ __device__ __forceinline__ void gdn_decode_block(GDN_DECODE_PARAMS) {
   };
   store_windows(2 * Dk, nch);  // this block's own v channels
   if (!last) return;
+  RV_PROBE_MARK(6);
   if (kProject && threadIdx.x == 0) *group_ready = 0;  // every block of the group is past it
   store_windows(0, 2 * Dk);  // nobody reads the old q / k windows any more
   // Gated RMSNorm of the group's rows (R value heads x tokens), a warp per row; a row's loads

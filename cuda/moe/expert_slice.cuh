@@ -78,6 +78,7 @@ __device__ __forceinline__ void fold_combine(const float* part, int parts, int H
   __syncthreads();
   if (threadIdx.x == 0) ticket = atomicAdd(tickets + 2 * t, 1);
   __syncthreads();
+  RV_PROBE_MARK(8);
   const int groups = (H + kCombineColumns - 1) / kCombineColumns, summers = min(groups, parts);
   const int first = parts - summers;
   if (ticket < first) return;
@@ -87,7 +88,9 @@ __device__ __forceinline__ void fold_combine(const float* part, int parts, int H
     __threadfence();
   }
   __syncthreads();
+  RV_PROBE_MARK(9);
   for (int g = ticket - first; g < groups; g += summers) sum_column_group(part, parts, H, out, t, g);
+  RV_PROBE_MARK(10);
   __threadfence();
   if (threadIdx.x == 0) {
     last = atomicAdd(tickets + 2 * t + 1, 1) == summers - 1;
