@@ -40,6 +40,7 @@ def test_probe_summary_groups_blocks_into_launches(tmp_path):
             for b in reversed(range(blocks)):  # blocks log in any order
                 rows += [f"{kind},{p},{b},{t + 100 * b + dt}" for p, dt in marks.items()]
             t += max(marks.values()) + 100 * blocks + 1000
+    rows += [f"3,0,0,{t}", f"3,1,0,{t + 1500}"]  # a fourth launch's block, cut off by a full log before its exit
     path = tmp_path / "probe.csv"
     path.write_text("\n".join(rows) + "\n")
     script = Path(__file__).parent.parent / "benchmarks" / "probe_summary.py"
@@ -47,7 +48,7 @@ def test_probe_summary_groups_blocks_into_launches(tmp_path):
                           timeout=60)
     assert proc.returncode == 0, proc.stderr
     out = proc.stdout
-    assert "moe_route_experts: 3 launches" in out and "gemv_row: 3 launches" in out
+    assert "moe_route_experts: 3 launches" in out and "gemv_row: 3 launches" in out  # not a fourth
     # gemv_row's wait: its first block 1.5 us after the launch started, its last (block 3) 0.3 us later
     gemv = out.split("gemv_row: 3 launches")[1]
     wait = next(l for l in gemv.splitlines() if l.strip().startswith("wait returned")).split()

@@ -68,12 +68,12 @@ struct ProbeBlock {
     marks[kProbePoints - 1] = probe_now();
     int n = 0;
     for (int p = 0; p < kProbePoints; ++p) n += marks[p] != 0;
-    const unsigned at = atomicAdd(&g_probe_log->count, unsigned(n));
-    if (at + n > g_probe_log->capacity) return;
-    ProbeRecord* r = g_probe_log->records + at;
+    // A block at the end of a full log writes the records that fit (every slot the reader takes is
+    // then written); without its exit record, the summary leaves it out.
+    unsigned at = atomicAdd(&g_probe_log->count, unsigned(n));
     const uint32_t block = blockIdx.y * gridDim.x + blockIdx.x;
-    for (int p = 0; p < kProbePoints; ++p)
-      if (marks[p]) *r++ = ProbeRecord{uint16_t(kind), uint16_t(p), block, marks[p]};
+    for (int p = 0; p < kProbePoints && at < g_probe_log->capacity; ++p)
+      if (marks[p]) g_probe_log->records[at++] = ProbeRecord{uint16_t(kind), uint16_t(p), block, marks[p]};
   }
 };
 #define RV_PROBE_BLOCK(kind) const ::revolta::cuda::ProbeBlock rv_probe_block_(kind)
