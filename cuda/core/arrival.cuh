@@ -21,6 +21,12 @@ __device__ __forceinline__ float load_l2(const float* p) {
   return v;
 }
 
+// A load for spinning on a word another block will write: a volatile load reads the coherence
+// point every time, where a weak load in a loop (even ld.cg, whose cache operator is only a hint)
+// may keep returning the stale copy it first saw (a poll built on load_l2 spun for seconds on
+// words that were long set, H200).
+__device__ __forceinline__ unsigned load_polled(const unsigned* p) { return *static_cast<const volatile unsigned*>(p); }
+
 __device__ __forceinline__ float4 load_l2(const float4* p) {
   float4 v;
   asm volatile("ld.global.cg.v4.f32 {%0, %1, %2, %3}, [%4];" : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w) : "l"(p));

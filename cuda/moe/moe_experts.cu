@@ -37,7 +37,7 @@
 namespace revolta::cuda {
 namespace {
 
-constexpr int kWarps = kSliceWarps;
+constexpr int kWarps = kSliceWarps, kCombineColumns = 64;
 
 // Block (column group, token): one column group of the combine (sum_column_group). With a
 // residual norm (kTail), the token's last block adds the row to the residual stream and
@@ -47,7 +47,7 @@ __global__ void __launch_bounds__(kWarps * 32)
     moe_combine_kernel(const float* __restrict__ part, int parts, int H, float* out, Tail tail) {
   enter_dependent();
   const int t = blockIdx.y;
-  sum_column_group(part, parts, H, out, t, int(blockIdx.x));
+  sum_column_group<kCombineColumns>(part, parts, H, out, t, int(blockIdx.x));
   if (kTail && last_to_arrive(tail.counters + t, int(gridDim.x)))
     residual_norm_row(tail.residual + size_t(t) * H, out + size_t(t) * H, tail.weight, tail.eps,
                       tail.normed + size_t(t) * H, H);
@@ -72,7 +72,7 @@ __global__ void __launch_bounds__(kWarps * 32, 2)
   const float* xt = x + size_t(t) * H;
   expert_slice<S>(gu, dn, [xt](int k, float (&xv)[8]) { load8(xt + k, xv); }, [&] { return weights[pair]; },
                   part + (size_t(pair) * gridDim.x + blockIdx.x) * H, H, I, int(blockIdx.x) * S);
-  if (kFold) fold_combine(part, K * int(gridDim.x), H, combined, tail, tickets, t);
+  if (kFold) fold_combine<kCombineColumns>(part, K * int(gridDim.x), H, combined, tail, tickets, t);
 }
 
 constexpr int64_t kFusedTokens = 64, kGroupedSliceTokens = 2048;
@@ -171,7 +171,7 @@ void moe_experts(const Tensor& x, const Tensor& ids, const Tensor& weights, cons
   // The combine folds into the slice kernel when every block of its grid is resident at once.
   auto fits = [&](auto kernel, size_t smem) {
     const int per_sm = blocks_per_sm(reinterpret_cast<const void*>(kernel), kWarps * 32, smem);
-    return T * K * slices <= int64_t(per_sm) * sm_count() && 2 * T <= kArrivalCounters / 2;
+    return T * K * slices <= int64_t(per_sm) * sm_count() && 2 * T <= kFoldTickets;
   };
   int* const tickets = slice_tickets();
   // The tables go to shared memory only with the whole grid resident (the combine folds then too):

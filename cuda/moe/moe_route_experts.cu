@@ -1,20 +1,26 @@
 // ops::moe_route_experts on the device: a MoE block from the previous block's output to its own.
 // A step of one token runs it as one cooperative kernel: every block of the experts' slice grid
-// first takes a few rows of the router, then the blocks meet on a counter and each picks the
-// token's experts itself from the logits. Against moe_route + moe_experts this removes a
-// kernel's drain and launch between the routing and the experts, and the round trip that read
-// the chosen ids back; the shared expert's blocks need no routing at all and start at once
-// (H200, Qwen3-Next shape, 32 layers, concurrency 1, same run: 514.6 / 515.5 / 516.3 tok/s against
-// 507.7 / 508.4 / 508.2 with the routing kernel and the slice kernel). Other batches run
-// moe_route and moe_experts.
+// first takes a few rows of the router, then each block picks the token's experts itself from
+// the logits the others wrote. Against moe_route + moe_experts this removes a kernel's drain and
+// launch between the routing and the experts, and the round trip that read the chosen ids back;
+// the shared expert's blocks need no routing at all and start at once (H200, Qwen3-Next shape, 32
+// layers, concurrency 1, same run: 514.6 / 515.5 / 516.3 tok/s against 507.7 / 508.4 / 508.2 with
+// the routing kernel and the slice kernel). Other batches run moe_route and moe_experts.
 //
-// Block b of the grid (slices x slots) before its wait: the address tables to shared memory, the
-// norm weight and rows [b * rows, (b + 1) * rows) of the router (times the norm weight), a thread
-// holding 8 columns of each. After it: the residual and the block output's columns (one round
-// trip), the row's RMSNorm into shared memory (the experts' input), the block's logits, the
-// arrival. A routed block then waits for every arrival, ranks the logits (topk_registers_row)
-// and streams its slice of its expert; block 0 also writes the new residual, the normed row and
-// the ids / weights. The folded combine sums the slices and runs `then`'s residual norm.
+// Block b of the grid (slices x slots) before its wait loads, without using them, the address
+// tables, the norm weight and rows [b * rows, (b + 1) * rows) of the router, a thread holding 8
+// columns of each: when the block starts only after its predecessor has completed (the output
+// projection's blocks hold the registers until they leave), a use would stall it a memory round
+// trip before the block output's loads instead of beside them. After the wait: the residual and
+// the block output's columns, the row's RMSNorm into shared memory (the experts' input), the
+// block's logits. The logits go through exchange words that hold a logit's complement, so a zero
+// word is one not yet written (no logit is the all-ones NaN): a routed block polls the row until
+// every word is set, with no counter and fence between the writes and the reads, ranks it
+// (topk_registers_with) and streams its slice of its expert; the shared expert's blocks poll only
+// their gate's word, before their down rows. Block 0 writes the normed row and the ids / weights.
+// The residual is left as it was: every block reads it after its wait, and the folded combine's
+// last summer, which runs after every block has taken its ticket, adds the block output and the
+// experts' output to it (in the order the two adds take), normalises it and zeroes the exchange.
 #include <cuda_fp16.h>
 
 #include "core/activations.cuh"
@@ -34,23 +40,26 @@ namespace {
 
 constexpr int kWarps = kSliceWarps, kColumns = kWarps * 32 * 8;  // a row of up to 2048 columns, 8 a thread
 constexpr int kRouteRows = 4;                                     // router rows a block may take
-constexpr int kMaxExperts = 32 * 16;                              // topk_registers_row<16>
+constexpr int kMaxExperts = 32 * 16;                              // topk_registers_with<16>
+static_assert(kFoldTickets + kMaxExperts + 1 <= kArrivalCounters / 2, "the exchange words fit the counters");
 constexpr int kMaxSlots = 32;
+constexpr int kCombineColumns = 16;  // a summer per 16 columns (sum_column_group)
 
 struct Route {
   const float* y;       // the previous block's output [H]
   const float* router;  // f32 [E + shared, H]
-  float* residual;
+  const float* residual;
   const float* norm_w;
   float eps;
   float* normed;
   int E, shared, K;  // experts, 1 with a shared expert (router row E is its gate), routed slots
   bool renorm;
-  float* logits;  // [E + shared]
-  int32_t* ids;   // [K + shared]
+  unsigned* exchange;  // [E + shared] complemented logits, zero until written
+  int32_t* ids;        // [K + shared]
   float* weights;
-  int* barrier;  // arrivals of the grid's blocks
 };
+
+constexpr int kTableLoads = int(kSharedTable) / (kWarps * 32);  // address-table entries a thread copies
 
 template <int S>
 __global__ void __launch_bounds__(kWarps * 32, 2)
@@ -69,22 +78,34 @@ __global__ void __launch_bounds__(kWarps * 32, 2)
   const int c = threadIdx.x * 8;
   const bool live = c < H;
   const int cc = live ? c : 0;  // a thread past the row reads column 0 and weighs it 0
-  for (int e = threadIdx.x; e < table_len; e += kWarps * 32) table[e] = gu_at[e], table[table_len + e] = down_at[e];
+  int64_t gu_e[kTableLoads], dn_e[kTableLoads];
+#pragma unroll
+  for (int k = 0; k < kTableLoads; ++k) {
+    const int e = int(threadIdx.x) + k * kWarps * 32;
+    if (e < table_len) gu_e[k] = gu_at[e], dn_e[k] = down_at[e];
+  }
   float nw[8], wv[kRouteRows][8];
   load8(rt.norm_w + cc, nw);
 #pragma unroll
-  for (int j = 0; j < kRouteRows; ++j) {
-    const bool mine = live && j < rows && r0 + j < R;
-    if (mine) load_weight8(rt.router + size_t(r0 + j) * H + cc, wv[j]);
-#pragma unroll
-    for (int i = 0; i < 8; ++i) wv[j][i] = mine ? wv[j][i] * nw[i] : 0.0f;
-  }
+  for (int j = 0; j < kRouteRows; ++j)
+    if (live && j < rows && r0 + j < R) load_weight8(rt.router + size_t(r0 + j) * H + cc, wv[j]);
   wait_for_predecessor();
   RV_PROBE_MARK(1);
   // The block output and the residual are written by earlier kernels (L2 loads, all four in flight).
   const float4 ya = load_l2(reinterpret_cast<const float4*>(rt.y + cc)), yb = load_l2(reinterpret_cast<const float4*>(rt.y + cc + 4));
   const float4 ra = load_l2(reinterpret_cast<const float4*>(rt.residual + cc)),
                rb = load_l2(reinterpret_cast<const float4*>(rt.residual + cc + 4));
+#pragma unroll
+  for (int k = 0; k < kTableLoads; ++k) {
+    const int e = int(threadIdx.x) + k * kWarps * 32;
+    if (e < table_len) table[e] = gu_e[k], table[table_len + e] = dn_e[k];
+  }
+#pragma unroll
+  for (int j = 0; j < kRouteRows; ++j) {
+    const bool mine = live && j < rows && r0 + j < R;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) wv[j][i] = mine ? wv[j][i] * nw[i] : 0.0f;
+  }
   const float keep = live ? 1.0f : 0.0f;
   const float h[8] = {keep * (ya.x + ra.x), keep * (ya.y + ra.y), keep * (ya.z + ra.z), keep * (ya.w + ra.w),
                       keep * (yb.x + rb.x), keep * (yb.y + rb.y), keep * (yb.z + rb.z), keep * (yb.w + rb.w)};
@@ -105,48 +126,55 @@ __global__ void __launch_bounds__(kWarps * 32, 2)
     float d = 0.0f;
 #pragma unroll
     for (int w = 0; w < kWarps; ++w) d += red[w][threadIdx.x];
-    rt.logits[r0 + threadIdx.x] = d * inv;
-    __threadfence();  // before the arrival below
+    rt.exchange[r0 + threadIdx.x] = ~__float_as_uint(d * inv);
   }
   float n[8];
 #pragma unroll
   for (int i = 0; i < 8; ++i) n[i] = nw[i] * (h[i] * inv);
   if (live) xs[c / 4] = {n[0], n[1], n[2], n[3]}, xs[c / 4 + 1] = {n[4], n[5], n[6], n[7]};
-  __syncthreads();  // the logits are out, xs and the tables are in
-  if (threadIdx.x == 0) __threadfence(), atomicAdd(rt.barrier, 1);
+  if (b == 0 && live) {
+    *reinterpret_cast<float4*>(rt.normed + c) = {n[0], n[1], n[2], n[3]};
+    *reinterpret_cast<float4*>(rt.normed + c + 4) = {n[4], n[5], n[6], n[7]};
+  }
+  __syncthreads();  // xs and the tables are in
   RV_PROBE_MARK(2);
-  auto pass_barrier = [&] {
-    if (threadIdx.x == 0) {
-      while (*static_cast<volatile int*>(rt.barrier) < blocks) {
-      }
-      __threadfence();
-    }
-    __syncthreads();
-    RV_PROBE_MARK(3);
-  };
   const int slot = int(blockIdx.y);
   const bool shared_slot = rt.shared && slot == rt.K;
   int expert = rt.E;
   if (!shared_slot) {
-    pass_barrier();
-    if (b == 0 && live) {  // every block has read the old residual before it arrived
-      *reinterpret_cast<float4*>(rt.residual + c) = {h[0], h[1], h[2], h[3]};
-      *reinterpret_cast<float4*>(rt.residual + c + 4) = {h[4], h[5], h[6], h[7]};
-      *reinterpret_cast<float4*>(rt.normed + c) = xs[c / 4];
-      *reinterpret_cast<float4*>(rt.normed + c + 4) = xs[c / 4 + 1];
+    if (warp == 0) {
+      auto poll = [&](float (&v)[16], float& gate) {
+        const int lane = threadIdx.x % 32;
+        unsigned word[16], g = 1u;
+        for (bool ready = false; !ready;) {
+#pragma unroll
+          for (int i = 0; i < 16; ++i) word[i] = load_polled(rt.exchange + min(lane + 32 * i, rt.E - 1));
+          if (rt.shared) g = load_polled(rt.exchange + rt.E);
+          bool set = g != 0u;
+#pragma unroll
+          for (int i = 0; i < 16; ++i) set = set && word[i] != 0u;
+          ready = __all_sync(0xffffffffu, set);
+        }
+        RV_PROBE_MARK(3);
+#pragma unroll
+        for (int i = 0; i < 16; ++i) v[i] = __uint_as_float(~word[i]);
+        gate = __uint_as_float(~g);
+      };
+      topk_registers_with<16>(poll, rt.E, rt.K, rt.shared, rt.renorm, chosen_id, chosen_w);
     }
-    if (warp == 0) topk_registers_row<16, true>(rt.logits, rt.E, rt.K, rt.shared, rt.renorm, chosen_id, chosen_w);
     __syncthreads();
     if (b == 0 && int(threadIdx.x) < rt.K + rt.shared)
       rt.ids[threadIdx.x] = chosen_id[threadIdx.x], rt.weights[threadIdx.x] = chosen_w[threadIdx.x];
     expert = chosen_id[slot];
     RV_PROBE_MARK(4);
   }
-  // The shared expert's gate is a logit of some other block: read once its slice's rows are in.
+  // The shared expert's gate is a logit of some other block: polled once its slice's rows are in.
   auto weight = [&] {
     if (!shared_slot) return chosen_w[slot];
-    pass_barrier();
-    return sigmoid(load_l2(rt.logits + rt.E));
+    unsigned g;
+    while ((g = load_polled(rt.exchange + rt.E)) == 0u) {
+    }
+    return sigmoid(__uint_as_float(~g));
   };
   const __half* dn = reinterpret_cast<const __half*>(table_len > 0 ? table[table_len + expert] : down_at[expert]);
   const __half* gu = reinterpret_cast<const __half*>(table_len > 0 ? table[expert] : gu_at[expert]);
@@ -156,7 +184,7 @@ __global__ void __launch_bounds__(kWarps * 32, 2)
   };
   expert_slice<S>(gu, dn, x8, weight, part + size_t(b) * H, H, I, int(blockIdx.x) * S);
   RV_PROBE_MARK(6);
-  fold_combine(part, blocks, H, combined, tail, tickets, 0, rt.barrier);
+  fold_combine<kCombineColumns>(part, blocks, H, combined, tail, tickets, 0, rt.exchange, R);
 }
 
 }  // namespace
@@ -171,7 +199,9 @@ void moe_route_experts(const Tensor& x, const Tensor& router, int64_t E, bool re
                     router.size(1) == H && x.dtype() == DType::kF32 && first.weight->dtype() == DType::kF32 &&
                     aligned(&x) && aligned(&router) && aligned(first.residual) && aligned(first.normed) &&
                     aligned(first.weight) && ex.dtype == DType::kF16 && ex.down_transposed && I % 8 == 0 &&
-                    (!then || then->weight->dtype() == DType::kF32);
+                    then && then->weight->dtype() == DType::kF32 && then->residual->data() == first.residual->data();
+  // (The kernel leaves the residual to the last summer's norm, which adds both outputs: `then` on
+  // the same residual, as the model passes it; otherwise the two kernels.)
   const int S = one_kernel ? slice_size(slots, I) : 0;
   const int64_t slices = one_kernel ? (I + S - 1) / S : 0, blocks = slices * slots;
   one_kernel = one_kernel && blocks * kRouteRows >= R;
@@ -182,13 +212,13 @@ void moe_route_experts(const Tensor& x, const Tensor& router, int64_t E, bool re
   };
   auto go = [&](auto kernel) {
     if (!resident(kernel)) return false;
-    Tensor logits = Tensor::uninitialized({R}, DType::kF32, Device::kCUDA);
     Tensor part = Tensor::uninitialized({blocks, H}, DType::kF32, Device::kCUDA);
     int* const tickets = slice_tickets();
     const Route rt{x.ptr<float>(), router.ptr<float>(), first.residual->ptr<float>(), first.weight->ptr<float>(),
                    first.eps, first.normed->ptr<float>(), int(E), int(shared), int(slots - shared), renormalize,
-                   logits.ptr<float>(), ids.ptr<int32_t>(), weights.ptr<float>(), tickets + 2};
-    const Tail tail = tail_of(then);
+                   route_exchange(), ids.ptr<int32_t>(), weights.ptr<float>()};
+    Tail tail = tail_of(then);
+    tail.before = x.ptr<float>();
     launch_with(true, true, kernel, dim3(unsigned(slices), unsigned(slots)), dim3(kWarps * 32), table_bytes, rt,
                 ex.gate_up.ptr<int64_t>(), ex.down.ptr<int64_t>(), n_table, part.ptr<float>(), int(H), int(I),
                 out.ptr<float>(), tail, tickets);

@@ -91,42 +91,22 @@ __device__ __forceinline__ bool topk_threshold(const float (&v)[N], int K, float
 
 // Up to 32 x N experts: each lane keeps its logits in registers (at decode sizes the selection,
 // not the memory, is the cost). A warp routes one token into its ids / weights row (K routed
-// slots, then the shared expert's when S); kFromL2 reads logits other blocks of the same kernel
-// wrote.
-template <int N, bool kFromL2 = false>
-__device__ void topk_registers_row(const float* l, int E, int K, int S, bool renorm, int32_t* ids, float* weights) {
+// slots, then the shared expert's when S). load(v, gate) fills the lane's logits (lane l, slot i:
+// expert l + 32 i; lanes past E read any expert, masked here) and the shared expert's gate logit.
+// Blocks of at most kThresholdWarps warps (a warp's winners go to its row of shared memory).
+// The weights come from the winners alone: the largest logit is the first winner, and with
+// renormalisation the softmax's denominator cancels, so only without it is the whole row summed.
+template <int N, typename Load>
+__device__ void topk_registers_with(Load load, int E, int K, int S, bool renorm, int32_t* ids, float* weights) {
   __shared__ float win_v[kThresholdWarps][32];
   __shared__ int win_i[kThresholdWarps][32];
-  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-  float v[N];
-  float mx = -INFINITY;
-#pragma unroll
-  for (int i = 0; i < N; ++i) {  // every load issued before any is used (lanes past E read E - 1)
-    const int e = min(lane + 32 * i, E - 1);
-    v[i] = kFromL2 ? load_l2(l + e) : l[e];
-  }
-  const float gate = S ? (kFromL2 ? load_l2(l + E) : l[E]) : 0.0f;  // with the others: not a round trip of its own
-#pragma unroll
-  for (int i = 0; i < N; ++i) {
-    if (lane + 32 * i >= E) v[i] = -INFINITY;
-    mx = fmaxf(mx, v[i]);
-  }
-  mx = warp_max(mx);
-  float sum = 0.0f;
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, w = warp % kThresholdWarps;
+  float v[N], gate = 0.0f;
+  load(v, gate);
 #pragma unroll
   for (int i = 0; i < N; ++i)
-    if (lane + 32 * i < E) sum += __expf(v[i] - mx);
-  sum = warp_sum(sum);
-  float top = 0.0f;
-  if (topk_threshold<N>(v, K, win_v[warp % kThresholdWarps], win_i[warp % kThresholdWarps])) {
-    const float p = lane < K ? __expf(win_v[warp][lane] - mx) / sum : 0.0f;
-#pragma unroll
-    for (int k = 0; k < 32; ++k) {  // in slot order, as the rounds add
-      const float pk = __shfl_sync(0xffffffffu, p, k);
-      if (k < K) top += pk;
-    }
-    if (lane < K) ids[lane] = win_i[warp][lane], weights[lane] = renorm ? p / top : p;
-  } else {
+    if (lane + 32 * i >= E) v[i] = -INFINITY;
+  if (!topk_threshold<N>(v, K, win_v[w], win_i[w])) {  // K rounds of warp arg-max
     uint32_t taken = 0;  // bit i: expert lane + 32 i was picked (or does not exist)
 #pragma unroll
     for (int i = 0; i < N; ++i)
@@ -145,14 +125,54 @@ __device__ void topk_registers_row(const float* l, int E, int K, int S, bool ren
 #pragma unroll
       for (int i = 0; i < N; ++i)
         if (lane + 32 * i == bi) taken |= 1u << i;
-      const float p = __expf(bv - mx) / sum;
-      if (lane == 0) ids[k] = bi, weights[k] = p;
-      top += p;
+      if (lane == 0 && k < 32) win_v[w][k] = bv, win_i[w][k] = bi;
+      else if (lane == 0) ids[k] = bi, weights[k] = bv;  // past 32 winners: raw logits, scaled below
     }
-    if (renorm && lane == 0)
-      for (int k = 0; k < K; ++k) weights[k] /= top;
+    __syncwarp();
+  }
+  const float mx = win_v[w][0];
+  float sum = 1.0f;  // the softmax's denominator over exp(l - mx), when renorm does not cancel it
+  if (!renorm) {
+    sum = 0.0f;
+#pragma unroll
+    for (int i = 0; i < N; ++i)
+      if (lane + 32 * i < E) sum += __expf(v[i] - mx);
+    sum = warp_sum(sum);
+  }
+  float top = 0.0f, mine = 0.0f;  // mine: slot `lane`'s probability
+  for (int k0 = 0; k0 < K; k0 += 32) {
+    const int k = k0 + lane;
+    const float p = k < K ? __expf((k < 32 ? win_v[w][k] : weights[k]) - mx) / sum : 0.0f;
+#pragma unroll
+    for (int j = 0; j < 32; ++j) {  // in slot order, as the rounds add
+      const float pj = __shfl_sync(0xffffffffu, p, j);
+      if (k0 + j < K) top += pj;
+    }
+    if (k0 == 0) mine = p;
+    else if (k < K) weights[k] = p;
+  }
+  if (lane < K) ids[lane] = win_i[w][lane], weights[lane] = renorm ? mine / top : mine;
+  if (K > 32 && renorm) {
+    __syncwarp();
+    for (int k = 32 + lane; k < K; k += 32) weights[k] /= top;
   }
   if (S && lane == 0) ids[K] = E, weights[K] = sigmoid(gate);
+}
+
+// topk_registers_with over logits in memory; kFromL2 reads logits other blocks of the same kernel
+// wrote.
+template <int N, bool kFromL2 = false>
+__device__ void topk_registers_row(const float* l, int E, int K, int S, bool renorm, int32_t* ids, float* weights) {
+  auto load = [&](float (&v)[N], float& gate) {
+    const int lane = threadIdx.x % 32;
+#pragma unroll
+    for (int i = 0; i < N; ++i) {  // every load issued before any is used (lanes past E read E - 1)
+      const int e = min(lane + 32 * i, E - 1);
+      v[i] = kFromL2 ? load_l2(l + e) : l[e];
+    }
+    if (S) gate = kFromL2 ? load_l2(l + E) : l[E];  // with the others: not a round trip of its own
+  };
+  topk_registers_with<N>(load, E, K, S, renorm, ids, weights);
 }
 
 }  // namespace revolta::cuda

@@ -8,8 +8,10 @@
 namespace revolta::cuda {
 
 // residual[0, n) += y; normed = residual / rms * w, by the whole block (blockDim a multiple of 32).
+// With `before`, residual[0, n) = y + (before + residual): an earlier add that was left to this one.
 __device__ inline void residual_norm_row(float* residual, const float* y, const float* __restrict__ w, float eps,
-                                         float* normed, int n) {
+                                         float* normed, int n, const float* before = nullptr) {
+  auto old = [&](int i) { return before ? before[i] + residual[i] : residual[i]; };
   __shared__ float sums[32];
   __shared__ float total;
   constexpr int kBatch = 8;  // loads issued before any is used: one memory latency per batch
@@ -19,7 +21,7 @@ __device__ inline void residual_norm_row(float* residual, const float* y, const 
 #pragma unroll
     for (int u = 0; u < kBatch; ++u) {
       const int i = min(u * int(blockDim.x) + int(threadIdx.x), n - 1);
-      v[u] = load_l2(y + i) + residual[i], wv[u] = w[i];
+      v[u] = load_l2(y + i) + old(i), wv[u] = w[i];
     }
 #pragma unroll
     for (int u = 0; u < kBatch; ++u) {
@@ -40,7 +42,7 @@ __device__ inline void residual_norm_row(float* residual, const float* y, const 
 #pragma unroll
     for (int u = 0; u < kBatch; ++u) {
       const int i = base + u * blockDim.x + threadIdx.x;
-      v[u] = i < n ? load_l2(y + i) + residual[i] : 0.0f;
+      v[u] = i < n ? load_l2(y + i) + old(i) : 0.0f;
     }
 #pragma unroll
     for (int u = 0; u < kBatch; ++u) {
