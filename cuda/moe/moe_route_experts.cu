@@ -15,7 +15,9 @@
 // the block output's columns, the row's RMSNorm into shared memory (the experts' input), the
 // block's logits. The logits go through exchange words that hold a logit's complement, so a zero
 // word is one not yet written (no logit is the all-ones NaN): a routed block polls the row until
-// every word is set, with no counter and fence between the writes and the reads, ranks it
+// every word is set, with no counter and fence between the writes and the reads (H200, Qwen3-Next
+// shape, 32 layers, concurrency 1, same run: 532.8 / 535.1 tok/s against 519.6 / 517.3 with an
+// arrival counter and a barrier, a summer per 64 columns and block 0 adding the residual), ranks it
 // (topk_registers_with) and streams its slice of its expert; the shared expert's blocks poll only
 // their gate's word, before their down rows. Block 0 writes the normed row and the ids / weights.
 // The residual is left as it was: every block reads it after its wait, and the folded combine's
