@@ -84,7 +84,7 @@ void moe_experts(const Tensor& x, const Tensor& ids, const Tensor& weights, cons
                  const ops::ResidualNorm* then);
 void moe_route_experts(const Tensor& x, const Tensor& router, int64_t num_experts, bool renormalize,
                        const ops::ResidualNorm& first, Tensor& ids, Tensor& weights, const ops::ExpertTable& experts,
-                       Tensor& out, const ops::ResidualNorm* then);
+                       Tensor& out, const ops::ResidualNorm* then, const Tensor* warm);
 void sample(const Tensor& logits, const std::vector<ops::SampleRow>& rows, const std::vector<ops::SampleAdjust>& adjust,
             std::vector<ops::SampleResult>& out);
 void qkv_rope_cache(const Tensor& qkv, const ops::QkNorm& norm, const Tensor& positions, const ops::RopeTables& rope,

@@ -54,6 +54,22 @@ __device__ __forceinline__ void load_weight8(const float* p, float (&w)[8]) {
 
 __device__ __forceinline__ void load_weight8(const __half* p, float (&w)[8]) { unpack8(load_weight_raw8(p), w); }
 
+// Weights a later kernel of the step reads, pulled into L2 while this one leaves the memory idle
+// (a hint: results do not depend on it): chunk i * stride (kWarmChunk bytes each) of base for i in
+// [0, chunks), thread `thread` of `threads` taking every threads-th. The prefetched lines keep the
+// normal eviction priority, so the streaming loads between here and their use (evict first) do
+// not push them out. sm_90's bulk prefetch takes a chunk in one instruction; other devices skip
+// it (a V100's 6 MB L2 would not keep them past the experts' stream).
+constexpr int kWarmChunk = 1024;
+__device__ __forceinline__ void warm_l2(const char* base, int chunks, int stride, int thread, int threads) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  for (int i = thread; i < chunks; i += threads) {
+    const size_t at = __cvta_generic_to_global(base + size_t(i) * size_t(stride) * kWarmChunk);
+    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(at), "n"(kWarmChunk) : "memory");
+  }
+#endif
+}
+
 // Each half pair converted as it is used (not all eight first): the order the slice kernels were
 // measured with.
 __device__ __forceinline__ float dot8(const uint4& raw, const float (&x)[8]) {

@@ -25,6 +25,9 @@
 // experts' output to it (in the order the two adds take), normalises it and zeroes the exchange.
 #include <cuda_fp16.h>
 
+#include <algorithm>
+#include <cstdlib>
+
 #include "core/activations.cuh"
 #include "core/arrival.cuh"
 #include "core/cuda_check.h"
@@ -47,6 +50,15 @@ static_assert(kFoldTickets + kMaxExperts + 1 <= kArrivalCounters / 2, "the excha
 constexpr int kMaxSlots = 32;
 constexpr int kCombineColumns = 16;  // a summer per 16 columns (sum_column_group)
 
+// Bytes of the next block's weights warmed into L2 during the routing (REVOLTA_L2_WARM_MB, 0: none).
+int64_t warm_bytes() {
+  static const int64_t bytes = [] {
+    const char* mb = std::getenv("REVOLTA_L2_WARM_MB");
+    return (mb ? std::max(0L, std::atol(mb)) : 16L) << 20;
+  }();
+  return bytes;
+}
+
 struct Route {
   const float* y;       // the previous block's output [H]
   const float* router;  // f32 [E + shared, H]
@@ -59,6 +71,8 @@ struct Route {
   unsigned* exchange;  // [E + shared] complemented logits, zero until written
   int32_t* ids;        // [K + shared]
   float* weights;
+  const char* warm;  // what the step reads next (warm_l2): chunks, every stride-th
+  int warm_chunks, warm_stride;
 };
 
 constexpr int kTableLoads = int(kSharedTable) / (kWarps * 32);  // address-table entries a thread copies
@@ -86,6 +100,9 @@ __global__ void __launch_bounds__(kWarps * 32, 2)
     const int e = int(threadIdx.x) + k * kWarps * 32;
     if (e < table_len) gu_e[k] = gu_at[e], dn_e[k] = down_at[e];
   }
+  // The next block's weights into L2 first: the memory is idle from here until the experts are
+  // ranked, apart from this kernel's router rows and the shared expert's blocks.
+  warm_l2(rt.warm, rt.warm_chunks, rt.warm_stride, b * int(blockDim.x) + int(threadIdx.x), blocks * int(blockDim.x));
   float nw[8], wv[kRouteRows][8];
   load8(rt.norm_w + cc, nw);
 #pragma unroll
@@ -193,7 +210,7 @@ __global__ void __launch_bounds__(kWarps * 32, 2)
 
 void moe_route_experts(const Tensor& x, const Tensor& router, int64_t E, bool renormalize, const ops::ResidualNorm& first,
                        Tensor& ids, Tensor& weights, const ops::ExpertTable& ex, Tensor& out,
-                       const ops::ResidualNorm* then) {
+                       const ops::ResidualNorm* then, const Tensor* warm) {
   const int64_t T = x.size(0), H = x.size(1), R = router.size(0), shared = R - E, slots = ids.size(1), I = ex.inter;
   auto aligned = [](const Tensor* t) { return reinterpret_cast<uintptr_t>(t->data()) % 16 == 0; };
   bool one_kernel = T == 1 && H % 8 == 0 && H <= kColumns && H == ex.hidden && E <= kMaxExperts && slots <= kMaxSlots &&
@@ -216,9 +233,15 @@ void moe_route_experts(const Tensor& x, const Tensor& router, int64_t E, bool re
     if (!resident(kernel)) return false;
     Tensor part = Tensor::uninitialized({blocks, H}, DType::kF32, Device::kCUDA);
     int* const tickets = slice_tickets();
-    const Route rt{x.ptr<float>(), router.ptr<float>(), first.residual->ptr<float>(), first.weight->ptr<float>(),
+    Route rt{x.ptr<float>(), router.ptr<float>(), first.residual->ptr<float>(), first.weight->ptr<float>(),
                    first.eps, first.normed->ptr<float>(), int(E), int(shared), int(slots - shared), renormalize,
-                   route_exchange(), ids.ptr<int32_t>(), weights.ptr<float>()};
+                   route_exchange(), ids.ptr<int32_t>(), weights.ptr<float>(), nullptr, 0, 1};
+    if (warm && warm->device() == Device::kCUDA && warm_bytes() > 0) {  // spread evenly over the tensor
+      const int64_t total = int64_t(warm->nbytes()) / kWarmChunk, cap = warm_bytes() / kWarmChunk;
+      rt.warm = static_cast<const char*>(warm->data());
+      rt.warm_stride = int(std::max<int64_t>(1, (total + cap - 1) / cap));
+      rt.warm_chunks = int(total / rt.warm_stride);
+    }
     Tail tail = tail_of(then);
     tail.before = x.ptr<float>();
     launch_with(true, true, kernel, dim3(unsigned(slices), unsigned(slots)), dim3(kWarps * 32), table_bytes, rt,

@@ -721,7 +721,8 @@ void test_moe_experts(int64_t T, int64_t E, int64_t K, int64_t H, int64_t I) {
 // kernel for one token) against the CPU's moe_route + moe_experts, twice in a row (the counters
 // re-arm). As in the model, `then` adds the experts' output to the same residual and writes the same
 // normed tensor. shared: router row E is the shared expert's gate, the table's expert E the expert.
-void test_moe_route_experts(int64_t T, int64_t E, int64_t K, int64_t H, int64_t I, bool shared, bool with_then) {
+void test_moe_route_experts(int64_t T, int64_t E, int64_t K, int64_t H, int64_t I, bool shared, bool with_then,
+                            bool warm = false) {
   const int64_t S = shared ? 1 : 0;
   const Experts ex(E + S, H, I);
   Tensor x = random_tensor({T, H}), router = random_tensor({E + S, H}, DType::kF32, 1.0f);
@@ -736,16 +737,19 @@ void test_moe_route_experts(int64_t T, int64_t E, int64_t K, int64_t H, int64_t 
   Tensor dres, dnormed = Tensor::empty({T, H}, DType::kF32, Device::kCUDA), dout = Tensor::empty({T, H}, DType::kF32, Device::kCUDA);
   Tensor dids = Tensor::empty(ids.shape(), DType::kI32, Device::kCUDA), dw = Tensor::empty(w.shape(), DType::kF32, Device::kCUDA);
   const ops::ResidualNorm dev_first{&dres, &dnw, 1e-6f, &dnormed}, dev_then{&dres, &dnw2, 1e-6f, &dnormed};
+  // warm: the next block's weights (any tensor of ~1 MB: a hint the results must not depend on)
+  const Tensor ahead = warm ? cuda::to_device(random_tensor({257, 1031})) : Tensor();
+  const Tensor* dwarm = warm ? &ahead : nullptr;
   for (int rep = 0; rep < 2; ++rep) {
     dres = cuda::to_device(res);  // the residual before the add, each time
-    ops::moe_route_experts(dx, dr, E, true, dev_first, dids, dw, ex.device, dout, with_then ? &dev_then : nullptr);
+    ops::moe_route_experts(dx, dr, E, true, dev_first, dids, dw, ex.device, dout, with_then ? &dev_then : nullptr, dwarm);
   }
   const Tensor hid = cuda::to_host(dids);
   int64_t wrong = 0;
   for (int64_t i = 0; i < ids.numel(); ++i) wrong += hid.ptr<int32_t>()[i] != ids.ptr<int32_t>()[i];
   const std::string tag = std::to_string(T) + "x" + std::to_string(H) + " E" + std::to_string(E) + " top" +
                           std::to_string(K) + " I" + std::to_string(I) + (shared ? " + shared" : "") +
-                          (with_then ? " + residual norm" : "");
+                          (with_then ? " + residual norm" : "") + (warm ? " + L2 warm" : "");
   report("moe_route_experts ids " + tag, float(wrong), 0.0f);
   report("moe_route_experts weights " + tag, max_abs_diff(cuda::to_host(dw), w), 1e-4f);
   report("moe_route_experts out " + tag, max_abs_diff(cuda::to_host(dout), out), 1e-3f);
@@ -753,7 +757,7 @@ void test_moe_route_experts(int64_t T, int64_t E, int64_t K, int64_t H, int64_t 
          std::max(max_abs_diff(cuda::to_host(dres), res_ref), max_abs_diff(cuda::to_host(dnormed), normed)),
          with_then ? 4e-3f : 1e-5f);
   perf("moe_route_experts " + tag, double(T * (K + S) * 3 * H * I * 2 + (E + S) * H * 4), [&] {
-    ops::moe_route_experts(dx, dr, E, true, dev_first, dids, dw, ex.device, dout, with_then ? &dev_then : nullptr);
+    ops::moe_route_experts(dx, dr, E, true, dev_first, dids, dw, ex.device, dout, with_then ? &dev_then : nullptr, dwarm);
   });
 }
 
@@ -945,6 +949,7 @@ int main(int argc, char** argv) {
     test_moe_route_experts(1, 64, 8, 256, 96, false, true);    // no shared expert
     test_moe_route_experts(3, 64, 8, 256, 96, true, true);     // three tokens: moe_route + moe_experts
     test_moe_route_experts(1, 64, 4, 4096, 64, true, true);    // rows past 2048 columns: moe_route + moe_experts
+    test_moe_route_experts(1, 64, 8, 256, 96, true, true, true);  // the next block's weights warmed into L2 meanwhile
   } catch (const std::exception& e) {
     std::printf("FAIL exception: %s\n", e.what());
     ++g_failed;

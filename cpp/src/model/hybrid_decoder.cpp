@@ -154,8 +154,11 @@ class HybridDecoderLM final : public DecoderBase {
       const Layer& L = layers_[l];
       const ops::ResidualNorm post{&residual, &L.post_norm, eps, &x};
       const Tensor y = L.linear ? deltanet(L, b, *caches.state, x) : attention(L, b, *caches.kv, x);
-      const Tensor& next = l + 1 < layers_.size() ? layers_[l + 1].input_norm : final_norm_;
-      feed_forward(L.ffn, y, post, ops::ResidualNorm{&residual, &next, eps, &x});
+      const bool last = l + 1 == layers_.size();
+      const Tensor& next = last ? final_norm_ : layers_[l + 1].input_norm;
+      // what the step reads after this block: the next block's input projection, or the LM head
+      const Tensor& ahead = last ? head_.lm_head : layers_[l + 1].linear ? layers_[l + 1].gdn.proj : layers_[l + 1].attn.proj;
+      feed_forward(L.ffn, y, post, ops::ResidualNorm{&residual, &next, eps, &x}, ahead);
     }
     return final_logits(x, b, head_.lm_head);
   }
@@ -377,8 +380,9 @@ class HybridDecoderLM final : public DecoderBase {
 
   // The block output y goes into the residual stream and its norm into post.normed (x), the MLP's
   // input; x is then overwritten with the next block's normalised input (then.normed is x too).
+  // ahead: the weights the step reads after this block (ops::moe_route_experts' warm hint).
   void feed_forward(const FeedForwardWeights& f, const Tensor& y, const ops::ResidualNorm& post,
-                    const ops::ResidualNorm& then) {
+                    const ops::ResidualNorm& then, const Tensor& ahead) {
     const Tensor& x = *post.normed;
     const int64_t T = x.size(0), H = cfg_.hidden_size;
     if (!f.moe) {
@@ -398,7 +402,7 @@ class HybridDecoderLM final : public DecoderBase {
     const bool gated_shared = f.shared_gate.defined();  // added after the routed experts
     if ((T <= fused_expert_tokens_ || device_experts) && !gated_shared) {  // the add + norm, routing, experts
       Tensor out = Tensor::uninitialized({T, H}, DType::kF32, dev);
-      ops::moe_route_experts(y, f.router, E, cfg_.norm_topk_prob, post, ids, weights, f.table, out, &then);
+      ops::moe_route_experts(y, f.router, E, cfg_.norm_topk_prob, post, ids, weights, f.table, out, &then, &ahead);
       return;
     }
     ops::moe_route(y, f.router, E, cfg_.norm_topk_prob, ids, weights, &post);  // the add + norm first

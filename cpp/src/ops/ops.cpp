@@ -192,13 +192,13 @@ void moe_route(const Tensor& x, const Tensor& router, int64_t num_experts, bool 
 }
 void moe_route_experts(const Tensor& x, const Tensor& router, int64_t num_experts, bool renormalize,
                        const ResidualNorm& first, Tensor& ids, Tensor& weights, const ExpertTable& experts, Tensor& out,
-                       const ResidualNorm* then) {
+                       const ResidualNorm* then, const Tensor* warm) {
   check_route_first(x, &first, "moe_route_experts");
   RV_CHECK(out.shape() == x.shape() && ids.shape() == weights.shape() && ids.size(0) == x.size(0),
            "moe_route_experts: out like x ", x.shape_str(), " and ids, weights [T, slots] (got out ", out.shape_str(),
            ", ids ", ids.shape_str(), ", weights ", weights.shape_str(), ")");
   table_for(x.device(), Op::kMoeRouteExperts)
-      .moe_route_experts(x, router, num_experts, renormalize, first, ids, weights, experts, out, then);
+      .moe_route_experts(x, router, num_experts, renormalize, first, ids, weights, experts, out, then, warm);
 }
 void gdn_decode(const Tensor* x, Tensor& fused, const GdnWeights& w, Tensor& conv_states, Tensor& states,
                 const Tensor& seq_starts, const Tensor& seq_slots, Tensor& out) {

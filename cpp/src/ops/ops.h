@@ -197,7 +197,7 @@ struct OpTable {
                     Tensor& weights, const ResidualNorm* first) = nullptr;
   void (*moe_route_experts)(const Tensor& x, const Tensor& router, int64_t num_experts, bool renormalize,
                             const ResidualNorm& first, Tensor& ids, Tensor& weights, const ExpertTable& experts,
-                            Tensor& out, const ResidualNorm* then) = nullptr;
+                            Tensor& out, const ResidualNorm* then, const Tensor* warm) = nullptr;
   void (*gdn_decode)(const Tensor* x, Tensor& fused, const GdnWeights& w, Tensor& conv_states, Tensor& states,
                      const Tensor& seq_starts, const Tensor& seq_slots, Tensor& out) = nullptr;
   void (*gdn_split_qkv)(const Tensor& mixed, float eps, Tensor& q, Tensor& k, Tensor& v) = nullptr;
@@ -316,10 +316,12 @@ void moe_experts(const Tensor& x, const Tensor& ids, const Tensor& weights, cons
 // block's output, added to first.residual and normalised into first.normed), then moe_experts on
 // first.normed with the ids / weights it chose (and `then`'s residual norm). The CUDA backend
 // routes a step of one token inside the experts' kernel, so the experts start without waiting
-// for a routing kernel to finish.
+// for a routing kernel to finish. `warm`: weights the step reads next (the next block's input
+// projection), a hint: the CUDA backend pulls part of them into L2 while the routing leaves the
+// memory idle; results do not depend on it.
 void moe_route_experts(const Tensor& x, const Tensor& router, int64_t num_experts, bool renormalize,
                        const ResidualNorm& first, Tensor& ids, Tensor& weights, const ExpertTable& experts, Tensor& out,
-                       const ResidualNorm* then = nullptr);
+                       const ResidualNorm* then = nullptr, const Tensor* warm = nullptr);
 // Samples one token per row of logits [R, vocab] (on any device; results on the host). Kept sets
 // are thresholds on the adjusted logits (ties at a top-k / top-p boundary broken by lower index),
 // and the draw walks the kept tokens in index order: the same distribution as the host sampler,

@@ -115,7 +115,8 @@ void moe_experts(const Tensor& x, const Tensor& ids, const Tensor& weights, cons
 }
 
 void moe_route_experts(const Tensor& x, const Tensor& router, int64_t E, bool renormalize, const ResidualNorm& first,
-                       Tensor& ids, Tensor& weights, const ExpertTable& experts, Tensor& out, const ResidualNorm* then) {
+                       Tensor& ids, Tensor& weights, const ExpertTable& experts, Tensor& out, const ResidualNorm* then,
+                       const Tensor* /*warm: no cache to warm*/) {
   cpu::moe_route(x, router, E, renormalize, ids, weights, &first);
   cpu::moe_experts(*first.normed, ids, weights, experts, out, then);
 }
