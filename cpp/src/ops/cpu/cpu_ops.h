@@ -35,7 +35,7 @@ void moe_experts(const Tensor& x, const Tensor& ids, const Tensor& weights, cons
                  const ResidualNorm* then);
 void moe_route_experts(const Tensor& x, const Tensor& router, int64_t num_experts, bool renormalize,
                        const ResidualNorm& first, Tensor& ids, Tensor& weights, const ExpertTable& experts, Tensor& out,
-                       const ResidualNorm* then, const Tensor* warm);
+                       const ResidualNorm* then, const Tensor* warm = nullptr);
 void sample(const Tensor& logits, const std::vector<SampleRow>& rows, const std::vector<SampleAdjust>& adjust,
             std::vector<SampleResult>& out);
 void qkv_rope_cache(const Tensor& qkv, const QkNorm& norm, const Tensor& positions, const RopeTables& rope,
