@@ -237,8 +237,8 @@ void moe_route_experts(const Tensor& x, const Tensor& router, int64_t E, bool re
     Tensor part = Tensor::uninitialized({blocks, H}, DType::kF32, Device::kCUDA);
     int* const tickets = slice_tickets();
     Route rt{x.ptr<float>(), router.ptr<float>(), first.residual->ptr<float>(), first.weight->ptr<float>(),
-                   first.eps, first.normed->ptr<float>(), int(E), int(shared), int(slots - shared), renormalize,
-                   route_exchange(), ids.ptr<int32_t>(), weights.ptr<float>(), nullptr, 0, 1};
+             first.eps, first.normed->ptr<float>(), int(E), int(shared), int(slots - shared), renormalize,
+             route_exchange(), ids.ptr<int32_t>(), weights.ptr<float>(), nullptr, 0, 1};
     if (warm && warm->device() == Device::kCUDA && warm_bytes() > 0) {  // spread evenly over the tensor
       const int64_t total = int64_t(warm->nbytes()) / kWarmChunk, cap = warm_bytes() / kWarmChunk;
       rt.warm = static_cast<const char*>(warm->data());
