@@ -53,6 +53,7 @@ void rms_norm(const Tensor& x, const Tensor& weight, float eps, Tensor& out);
 void add_rms_norm(Tensor& residual, const Tensor& x, const Tensor& weight, float eps, Tensor& out);
 void silu_mul(const Tensor& gate_up, Tensor& out);
 void linear(const Tensor& x, const Tensor& weight, const Tensor* bias, Tensor& out);
+void linear_scaled(const Tensor& x, const ops::GroupScale& scale, const Tensor& weight, Tensor& out);
 void rope(Tensor& x, const Tensor& positions, const ops::RopeTables& tables);
 void paged_attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, const ops::AttentionBatch& batch,
                      float scale, Tensor& out, const ops::OutputGate* gate = nullptr);
@@ -79,7 +80,7 @@ void moe_route(const Tensor& x, const Tensor& router, int64_t num_experts, bool 
                const ops::ResidualNorm* first);
 void gdn_split_qkv(const Tensor& mixed, float eps, Tensor& q, Tensor& k, Tensor& v);
 void gdn_decode(const Tensor* x, Tensor& fused, const ops::GdnWeights& w, Tensor& conv_states, Tensor& states,
-                const Tensor& seq_starts, const Tensor& seq_slots, Tensor& out);
+                const Tensor& seq_starts, const Tensor& seq_slots, Tensor& out, Tensor* squares);
 void moe_experts(const Tensor& x, const Tensor& ids, const Tensor& weights, const ops::ExpertTable& experts, Tensor& out,
                  const ops::ResidualNorm* then);
 void moe_route_experts(const Tensor& x, const Tensor& router, int64_t num_experts, bool renormalize,

@@ -101,7 +101,8 @@ __device__ __forceinline__ void project_group_rows(const float* __restrict__ x, 
   const float *x, const __half *__restrict__ proj, int hidden, float *fused, const float *__restrict__ conv_w,    \
       const float *__restrict__ neg_a, const float *__restrict__ dt_bias, const float *__restrict__ norm_w,       \
       float norm_eps, float *__restrict__ conv_states, float *__restrict__ states,                                \
-      const int32_t *__restrict__ starts, const int32_t *__restrict__ slots, float *out, int *counters, Shape sh
+      const int32_t *__restrict__ starts, const int32_t *__restrict__ slots, float *out, float *squares,         \
+      int *counters, Shape sh
 template <int RPT, int CPT, bool kProject>
 __device__ __forceinline__ void gdn_decode_block(GDN_DECODE_PARAMS) {
   constexpr int Dk = kWarps * RPT, kCols = 32 * CPT;
@@ -126,14 +127,19 @@ __device__ __forceinline__ void gdn_decode_block(GDN_DECODE_PARAMS) {
   // The last W - 1 inputs of the channels this block convolves: q, k of key head hk, its v columns.
   __shared__ float window[2 * Dk + kCols][kMaxW - 1];
   __shared__ float taps[2 * Dk + kCols][kMaxW];  // their conv weights
+  // squares (ops::gdn_decode's deferred norm): a sum per 32 columns of the head, this block's from cg * CPT.
+  const int parts = (Dv + 31) / 32;
+  auto square_at = [&](int t, int c) { return (size_t(t) * sh.Hv + h) * parts + cg * CPT + c; };
   const int t0 = starts[s], t1 = starts[s + 1], slot = slots[s];
   if (slot < 0) {  // a padding row (every block of the group returns here): no state, zero output
     wait_for_predecessor();
     if (copy > 0) return;
     for (int t = t0; t < t1; ++t)
 #pragma unroll
-      for (int c = 0; c < CPT; ++c)
+      for (int c = 0; c < CPT; ++c) {
         if (warp == 0 && has_col[c]) out[size_t(t) * out_width + h * Dv + col[c]] = 0.0f;
+        if (squares && threadIdx.x == 0 && cg * kCols + 32 * c < Dv) squares[square_at(t, c)] = 0.0f;
+      }
     return;
   }
   const int nch = 2 * Dk + min(kCols, Dv - cg * kCols);
@@ -195,6 +201,12 @@ __device__ __forceinline__ void gdn_decode_block(GDN_DECODE_PARAMS) {
     // The head's gate inputs (b, then a columns), loaded by every thread with the conv inputs.
     const int first = sh.C + sh.Hv * Dv;
     const float b_in = in(row + first + h), a_in = in(row + first + sh.Hv + h);
+    float z[CPT], gain[CPT];  // squares: the output gate's inputs and the norm weight of this lane's columns
+#pragma unroll
+    for (int c = 0; c < CPT; ++c) {
+      const bool used = squares && warp == 0 && has_col[c];
+      z[c] = used ? in(row + sh.C + h * Dv + col[c]) : 0.0f, gain[c] = used ? norm_w[col[c]] : 0.0f;
+    }
     for (int c = threadIdx.x; c < nch; c += kThreads) {  // conv + silu, window shifted
       float* win = window[c];
       const float xt = in(row + channel(c));
@@ -252,22 +264,28 @@ __device__ __forceinline__ void gdn_decode_block(GDN_DECODE_PARAMS) {
 #pragma unroll
     for (int c = 0; c < CPT; ++c) red[warp][32 * c + lane] = o[c];
     __syncthreads();
-    if (warp == 0)  // the output before its norm, read back by the group's last block
+    if (warp == 0)  // the output before its norm: read back by the group's last block, or gated and summed
 #pragma unroll
-      for (int c = 0; c < CPT; ++c)
-        if (has_col[c]) {
-          float sum = 0.0f;
+      for (int c = 0; c < CPT; ++c) {
+        float sum = 0.0f;
 #pragma unroll
-          for (int g = 0; g < kWarps; ++g) sum += red[g][32 * c + lane];
-          out[size_t(t) * out_width + h * Dv + col[c]] = sum;
+        for (int g = 0; g < kWarps; ++g) sum += red[g][32 * c + lane];
+        if (squares) {
+          const float sq = warp_sum(has_col[c] ? sum * sum : 0.0f);
+          if (lane == 0 && cg * kCols + 32 * c < Dv) squares[square_at(t, c)] = sq;
+          sum *= gain[c] * silu(z[c]);
         }
+        if (has_col[c]) out[size_t(t) * out_width + h * Dv + col[c]] = sum;
+      }
   }
   RV_PROBE_MARK(4);
   if (CPT != 1) let_successor_launch();  // what is left are stores and the group's norm
   // The group's last block reads only the outputs above: the arrival's fence waits for those
   // stores alone, and the state and window stores go out after it (the next step reads them once
   // this kernel has completed).
-  const bool last = last_to_arrive(counters + size_t(s) * sh.Hk + hk, R * groups);
+  // With squares no block waits for the others: the group's first block stores the q / k windows,
+  // and the projected form's group counter is re-armed by the last to leave (no data passes).
+  const bool last = squares ? false : last_to_arrive(counters + size_t(s) * sh.Hk + hk, R * groups);
   RV_PROBE_MARK(5);
 #pragma unroll
   for (int r = 0; r < RPT; ++r)
@@ -279,6 +297,11 @@ __device__ __forceinline__ void gdn_decode_block(GDN_DECODE_PARAMS) {
       for (int i = 0; i < sh.W - 1; ++i) conv_state(c)[i] = window[c][i];
   };
   store_windows(2 * Dk, nch);  // this block's own v channels
+  if (squares) {
+    if (h == hk * R && cg == 0) store_windows(0, 2 * Dk);
+    if (kProject && threadIdx.x == 0 && atomicAdd(counters + hk, 1) == R * groups - 1) counters[hk] = 0, *group_ready = 0;
+    return;
+  }
   if (!last) return;
   RV_PROBE_MARK(6);
   if (kProject && threadIdx.x == 0) *group_ready = 0;  // every block of the group is past it
@@ -309,7 +332,7 @@ __device__ __forceinline__ void gdn_decode_block(GDN_DECODE_PARAMS) {
 template <int RPT, int CPT>
 __global__ void __launch_bounds__(kThreads) gdn_decode_kernel(GDN_DECODE_PARAMS) {
   gdn_decode_block<RPT, CPT, false>(x, proj, hidden, fused, conv_w, neg_a, dt_bias, norm_w, norm_eps, conv_states,
-                                    states, starts, slots, out, counters, sh);
+                                    states, starts, slots, out, squares, counters, sh);
 }
 
 // Two blocks per multiprocessor: 128 blocks (Qwen3-Next) all resident on an 80-SM V100. The bound
@@ -318,7 +341,7 @@ template <int RPT>
 __global__ void __launch_bounds__(kThreads, 2) gdn_decode_projected_kernel(GDN_DECODE_PARAMS) {
   RV_PROBE_BLOCK(ProbeKind::kGdnDecode);
   gdn_decode_block<RPT, 1, true>(x, proj, hidden, fused, conv_w, neg_a, dt_bias, norm_w, norm_eps, conv_states,
-                                 states, starts, slots, out, counters, sh);
+                                 states, starts, slots, out, squares, counters, sh);
 }
 #undef GDN_DECODE_PARAMS
 
@@ -339,7 +362,7 @@ bool projected(int64_t blocks, Go& go) {
 }  // namespace
 
 void gdn_decode(const Tensor* x, Tensor& fused, const ops::GdnWeights& w, Tensor& conv_states, Tensor& states,
-                const Tensor& seq_starts, const Tensor& seq_slots, Tensor& out) {
+                const Tensor& seq_starts, const Tensor& seq_slots, Tensor& out, Tensor* squares) {
   const int64_t T = fused.size(0), Hv = w.neg_a->numel(), Dv = w.norm->numel(), Dk = states.size(2);
   const int64_t C = w.conv->size(0), W = w.conv->size(1), Hk = (C - Hv * Dv) / (2 * Dk), S = seq_slots.numel();
   RV_CHECK(Hk > 0 && C == 2 * Hk * Dk + Hv * Dv && fused.size(1) >= C + Hv * Dv + 2 * Hv && Hv % Hk == 0,
@@ -370,7 +393,8 @@ void gdn_decode(const Tensor* x, Tensor& fused, const ops::GdnWeights& w, Tensor
                 with_projection ? static_cast<const __half*>(p->data()) : nullptr, with_projection ? int(p->size(1)) : 0,
                 fused.ptr<float>(), w.conv->ptr<float>(), w.neg_a->ptr<float>(), w.dt_bias->ptr<float>(),
                 w.norm->ptr<float>(), w.norm_eps, conv_states.ptr<float>(), states.ptr<float>(),
-                seq_starts.ptr<int32_t>(), seq_slots.ptr<int32_t>(), out.ptr<float>(), arrival_counters(), sh);
+                seq_starts.ptr<int32_t>(), seq_slots.ptr<int32_t>(), out.ptr<float>(),
+                squares ? squares->ptr<float>() : nullptr, arrival_counters(), sh);
   };
   bool launched = false;
   if (project) {

@@ -5,6 +5,7 @@
 //  - one token with f16 rows of 4096 columns and a grid resident at once (Qwen3-Next's output
 //    projections), or of 2048 columns and up to four waves (its attention QKV, Llama-1B): each
 //    warp's whole rows from before the predecessor's end, x staged in shared memory (gemv_row_kernel);
+//    its scaled form takes a norm of x's column groups left to it (linear_scaled: gdn_decode's);
 //  - decode batches of 9..64 rows with f16 weights: split-K tensor-core fragments (gemm_skinny.cuh);
 //  - larger M with f16 weights: tensor-core tiles (gemm_tensor_core.cuh);
 //  - larger M with f32 weights: a shared-memory tiled SIMT GEMM (64 x 64 tiles).
@@ -28,6 +29,15 @@ RV_PROBE_TU();
 namespace {
 
 constexpr int kWarpsPerBlock = 4;
+
+// ops::GroupScale as the kernels take it: row t's group g is scaled by the inverse RMS of the sum
+// of squares[(t * groups + g) * parts, + parts), over `group` values.
+struct Scales {
+  const float* squares = nullptr;
+  int group = 0, parts = 0;
+  float eps = 0.0f;
+};
+constexpr int kMaxScaledGroups = 32 * kWarpsPerBlock;  // the scaled whole-row form: a thread per group
 
 
 
@@ -141,10 +151,12 @@ __global__ void gemv_kernel(const float* __restrict__ x, const W* __restrict__ w
 // K = 4096 (170 registers, 256 blocks at Qwen3-Next's shape: 509.2 against 501.9 tok/s with one)
 // and for K = 2048 (92 registers; Qwen3-Next's attention QKV and Llama-1B's projections: 500.8
 // against 498.8 tok/s, and Llama-1B 1,127 against 1,063, against the half-row form in one run).
-template <int kSteps, int R>
+// kScaled (linear_scaled): x's groups are scaled while they are staged, each by the inverse RMS
+// a thread per group sums from its partial squares, loaded with x (one more barrier).
+template <int kSteps, int R, bool kScaled = false>
 __global__ void __launch_bounds__(32 * kWarpsPerBlock)
     gemv_row_kernel(const float* __restrict__ x, const __half* __restrict__ w, const float* __restrict__ bias,
-                    float* __restrict__ out, int N) {
+                    float* __restrict__ out, int N, Scales sc) {
   constexpr int K = 256 * kSteps, kPerThread = K / 4 / (32 * kWarpsPerBlock);
   static_assert(K % (4 * 32 * kWarpsPerBlock) == 0, "x staged in whole float4 rounds");
   __shared__ float4 xs[K / 4];
@@ -162,6 +174,21 @@ __global__ void __launch_bounds__(32 * kWarpsPerBlock)
   float4 xv[kPerThread];
 #pragma unroll
   for (int i = 0; i < kPerThread; ++i) xv[i] = __ldg(reinterpret_cast<const float4*>(x) + i * 32 * kWarpsPerBlock + threadIdx.x);
+  if constexpr (kScaled) {
+    __shared__ float inv[kMaxScaledGroups];
+    if (int(threadIdx.x) < K / sc.group) {
+      float s = 0.0f;
+#pragma unroll 4
+      for (int p = 0; p < sc.parts; ++p) s += __ldg(sc.squares + threadIdx.x * sc.parts + p);
+      inv[threadIdx.x] = rsqrtf(s / float(sc.group) + sc.eps);
+    }
+    __syncthreads();
+#pragma unroll
+    for (int i = 0; i < kPerThread; ++i) {
+      const float r = inv[(i * 32 * kWarpsPerBlock + int(threadIdx.x)) * 4 / sc.group];  // (group % 4 == 0)
+      xv[i].x *= r, xv[i].y *= r, xv[i].z *= r, xv[i].w *= r;
+    }
+  }
 #pragma unroll
   for (int i = 0; i < kPerThread; ++i) xs[i * 32 * kWarpsPerBlock + threadIdx.x] = xv[i];
   __syncthreads();
@@ -271,21 +298,36 @@ __global__ void gemm_kernel(const float* __restrict__ x, const W* __restrict__ w
 // are resident at once, since its gain is every block's rows loaded before the wait (a later
 // wave's blocks start after it). Measured on Qwen3-Next's output projections (256 blocks); wider
 // ones (Llama-8B's q / k / v, 768 blocks) keep the half-row form they were measured with.
-bool gemv_row(const float*, const float*, const float*, float*, int, int) { return false; }
-bool gemv_row(const float* xp, const __half* w, const float* bias, float* op, int N, int K) {
-  if ((K != 4096 && K != 2048) || reinterpret_cast<uintptr_t>(xp) % 16 != 0 || reinterpret_cast<uintptr_t>(w) % 16 != 0)
+// With sc.squares, the scaled form (its groups a multiple of 4 columns, at most kMaxScaledGroups).
+bool gemv_row(const float*, const float*, const float*, float*, int, int, const Scales& = {}) { return false; }
+bool gemv_row(const float* xp, const __half* w, const float* bias, float* op, int N, int K, const Scales& sc = {}) {
+  if ((K != 4096 && K != 2048) || reinterpret_cast<uintptr_t>(xp) % 16 != 0 || reinterpret_cast<uintptr_t>(w) % 16 != 0 ||
+      (sc.squares && (sc.group % 4 != 0 || K / sc.group > kMaxScaledGroups)))
     return false;
   auto go = [&](auto kernel, int rows, int waves) {
     const int64_t blocks = (N + kWarpsPerBlock * rows - 1) / (kWarpsPerBlock * rows);
     const int per_sm = blocks_per_sm(reinterpret_cast<const void*>(kernel), 32 * kWarpsPerBlock, 0);
     if (blocks > int64_t(waves) * per_sm * sm_count()) return false;
-    launch_dependent(kernel, dim3(unsigned(blocks)), dim3(32 * kWarpsPerBlock), 0, xp, w, bias, op, N);
+    launch_dependent(kernel, dim3(unsigned(blocks)), dim3(32 * kWarpsPerBlock), 0, xp, w, bias, op, N, sc);
     return true;
   };
-  if (K == 4096) return go(gemv_row_kernel<16, 2>, 2, 1);
+  if (K == 4096) return sc.squares ? go(gemv_row_kernel<16, 2, true>, 2, 1) : go(gemv_row_kernel<16, 2>, 2, 1);
   // K = 2048 (Qwen3-Next's attention QKV, 9216 rows: 1,152 blocks): up to four waves, since what
   // it buys there is x shared by two rows and fewer blocks, not only the rows before the wait.
-  return go(gemv_row_kernel<8, 2>, 2, 4);
+  return sc.squares ? go(gemv_row_kernel<8, 2, true>, 2, 4) : go(gemv_row_kernel<8, 2>, 2, 4);
+}
+
+// linear_scaled's other forms: the scaled copy of x, for the linear layer after it.
+__global__ void scale_groups_kernel(const float* __restrict__ x, Scales sc, float* __restrict__ out, int K, int64_t n) {
+  enter_dependent();
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= n) return;
+  const int64_t t = i / K;
+  const int g = int(i % K) / sc.group, groups = K / sc.group;
+  const float* s = sc.squares + (t * groups + g) * sc.parts;
+  float sum = 0.0f;
+  for (int p = 0; p < sc.parts; ++p) sum += s[p];
+  out[i] = x[i] * rsqrtf(sum / float(sc.group) + sc.eps);
 }
 
 // The GEMV for M <= 8 rows.
@@ -355,6 +397,26 @@ void linear(const Tensor& x, const Tensor& weight, const Tensor* bias, Tensor& o
   if (weight.dtype() == DType::kF32) run(x, weight.ptr<float>(), b, out, int(M), int(N), int(K));
   else if (weight.dtype() == DType::kF16) run(x, weight.ptr<__half>(), b, out, int(M), int(N), int(K));
   else throw std::invalid_argument("CUDA linear: weights must be float32 or float16 (bf16 is converted at load)");
+}
+
+// One token with f16 weights where the whole-row form applies: its scaled form; else the scaled
+// copy of x, then the linear layer.
+void linear_scaled(const Tensor& x, const ops::GroupScale& scale, const Tensor& weight, Tensor& out) {
+  const Tensor& sq = *scale.squares;
+  const int64_t K = weight.size(1), N = weight.size(0), M = x.size(0), groups = sq.size(1);
+  RV_CHECK(x.size(1) == K && out.numel() == M * N, "CUDA linear_scaled: x ", x.shape_str(), " weight ", weight.shape_str());
+  if (M == 0) return;
+  const Scales sc{sq.ptr<float>(), int(K / groups), int(sq.size(2)), scale.eps};
+  if (M == 1 && weight.dtype() == DType::kF16 && gemv_row(x.ptr<float>(), weight.ptr<__half>(), nullptr, out.ptr<float>(), int(N), int(K), sc)) {
+    RV_CUDA_CHECK(cudaGetLastError());
+    return;
+  }
+  Tensor scaled = Tensor::uninitialized({M, K}, DType::kF32, Device::kCUDA);
+  const int64_t n = M * K;
+  launch_dependent(scale_groups_kernel, dim3(unsigned((n + 255) / 256)), dim3(256), 0, x.ptr<float>(), sc,
+                   scaled.ptr<float>(), int(K), n);
+  RV_CUDA_CHECK(cudaGetLastError());
+  linear(scaled, weight, nullptr, out);
 }
 
 void linear_swiglu(const Tensor& x, const Tensor& gate_up_weight, Tensor& act) {

@@ -476,8 +476,10 @@ void test_gdn_prefill(int64_t T) {
 // composition of the separate ops; sequences of `lens` tokens plus a padding row (slot -1). With a
 // hidden size, the op starts from the block's input and its f16 projection (no padding row: a
 // step of one token of one sequence takes the CUDA kernel that computes the projection itself).
+// deferred: the gated norm's RMS left to the output projection (squares, then linear_scaled), on
+// both backends, against the CPU's normed step and its projection.
 void test_gdn_decode(std::vector<int32_t> lens, int64_t Hk, int64_t Hv, int64_t Dk, int64_t Dv, int64_t W,
-                     int64_t hidden = 0) {
+                     int64_t hidden = 0, bool deferred = false) {
   const bool pad = hidden == 0;
   const int64_t S = int64_t(lens.size()) + (pad ? 1 : 0), slots = S + 1, C = 2 * Hk * Dk + Hv * Dv;
   const int64_t width = C + Hv * Dv + 2 * Hv + (pad ? 5 : 0);
@@ -499,16 +501,41 @@ void test_gdn_decode(std::vector<int32_t> lens, int64_t Hk, int64_t Hv, int64_t 
   Tensor dcs = cuda::to_device(cs), dss = cuda::to_device(ss);
   Tensor ref = Tensor::empty({T, Hv * Dv}, DType::kF32), dout = Tensor::empty({T, Hv * Dv}, DType::kF32, Device::kCUDA);
   const ops::GdnWeights hw{&proj, &conv, &neg_a, &dtb, &nw, 1e-6f};
+  const Tensor cs0 = cuda::to_host(cuda::to_device(cs)), ss0 = cuda::to_host(cuda::to_device(ss));  // (deferred's start)
   ops::cpu::gdn_decode(pad ? nullptr : &x, fused, hw, cs, ss, starts, sl, ref);
   Tensor dconv = cuda::to_device(conv), dna = cuda::to_device(neg_a), ddt = cuda::to_device(dtb), dnw = cuda::to_device(nw);
   Tensor dproj = cuda::to_device(proj), dx = cuda::to_device(x);
   const ops::GdnWeights dw{&dproj, &dconv, &dna, &ddt, &dnw, 1e-6f};
   Tensor dfused = cuda::to_device(pad ? fused : random_tensor({T, width})), dst = cuda::to_device(starts), dsl = cuda::to_device(sl);
   const Tensor* dxp = pad ? nullptr : &dx;
-  ops::gdn_decode(dxp, dfused, dw, dcs, dss, dst, dsl, dout);
+  const int64_t parts = (Dv + 31) / 32;
+  Tensor dsq = Tensor::empty({T, Hv, parts}, DType::kF32, Device::kCUDA);
+  ops::gdn_decode(dxp, dfused, dw, dcs, dss, dst, dsl, dout, deferred ? &dsq : nullptr);
   const std::string tag = std::to_string(S) + " seqs T" + std::to_string(T) + " Hk" + std::to_string(Hk) + "/Hv" +
                           std::to_string(Hv) + " Dk" + std::to_string(Dk) + " Dv" + std::to_string(Dv) + " W" + std::to_string(W) +
                           (pad ? "" : " from hidden " + std::to_string(hidden));
+  if (deferred) {
+    Tensor u = Tensor::empty({T, Hv * Dv}, DType::kF32), sq = Tensor::empty({T, Hv, parts}, DType::kF32);
+    Tensor cs1 = cuda::to_host(cuda::to_device(cs0)), ss1 = cuda::to_host(cuda::to_device(ss0));
+    ops::cpu::gdn_decode(pad ? nullptr : &x, fused, hw, cs1, ss1, starts, sl, u, &sq);
+    const Tensor ow = random_tensor({96, Hv * Dv}, DType::kF16, 0.04f), dow = cuda::to_device(ow);
+    Tensor y_ref = Tensor::empty({T, 96}, DType::kF32), y_cpu = Tensor::empty({T, 96}, DType::kF32);
+    Tensor dy = Tensor::empty({T, 96}, DType::kF32, Device::kCUDA);
+    ops::cpu::linear(ref, ow, nullptr, y_ref);
+    ops::cpu::linear_scaled(u, ops::GroupScale{&sq, 1e-6f}, ow, y_cpu);
+    ops::linear_scaled(dout, ops::GroupScale{&dsq, 1e-6f}, dow, dy);
+    const Tensor hsq = cuda::to_host(dsq);
+    float sq_scale = 1.0f;
+    for (int64_t i = 0; i < sq.numel(); ++i) sq_scale = std::max(sq_scale, std::fabs(sq.ptr<float>()[i]));
+    report("gdn_decode deferred norm " + tag, std::max({max_abs_diff(cuda::to_host(dout), u), max_abs_diff(cuda::to_host(dss), ss),
+                                                        max_abs_diff(cuda::to_host(dcs), cs), max_abs_diff(cuda::to_host(dfused), fused),
+                                                        max_abs_diff(hsq, sq) / sq_scale}), 1e-4f);
+    report("linear_scaled after it " + tag, std::max(max_abs_diff(cuda::to_host(dy), y_ref), max_abs_diff(y_cpu, y_ref)), 2e-3f);
+    perf("gdn_decode deferred norm " + tag, double(S * Hv * Dk * Dv * 8) + (pad ? 0.0 : double(proj.nbytes())),
+         [&] { ops::gdn_decode(dxp, dfused, dw, dcs, dss, dst, dsl, dout, &dsq); });
+    perf("linear_scaled " + tag, double(ow.nbytes()), [&] { ops::linear_scaled(dout, ops::GroupScale{&dsq, 1e-6f}, dow, dy); });
+    return;
+  }
   report("gdn_decode " + tag, std::max({max_abs_diff(cuda::to_host(dout), ref), max_abs_diff(cuda::to_host(dss), ss),
                                         max_abs_diff(cuda::to_host(dcs), cs), max_abs_diff(cuda::to_host(dfused), fused)}), 1e-4f);
   perf("gdn_decode " + tag, double(S * Hv * Dk * Dv * 8) + (pad ? 0.0 : double(proj.nbytes())),
@@ -893,6 +920,15 @@ int main(int argc, char** argv) {
     test_gdn_decode({1}, 1, 4, 32, 160, 3, 520);        // ragged columns, a hidden size past whole steps
     test_gdn_decode({1}, 16, 64, 128, 128, 4, 1024);    // 256 blocks: no room for two copies (an H200), its own kernel
     test_gdn_decode({2}, 16, 32, 128, 128, 4, 2048);    // two tokens: the projection as a kernel of its own
+    // The gated norm left to the output projection (a one-token step): Qwen3-Next from the block's
+    // input (the scaled whole-row GEMV), tiny ones (the scaled copy, then the linear layer), a
+    // padding row, a ragged last column group, 128-column blocks, the non-projected narrow form.
+    test_gdn_decode({1}, 16, 32, 128, 128, 4, 2048, true);
+    test_gdn_decode({1}, 2, 4, 16, 16, 4, 64, true);
+    test_gdn_decode({2, 1}, 2, 4, 64, 160, 4, 0, true);
+    test_gdn_decode({1, 2, 1, 1, 1}, 8, 16, 64, 160, 4, 0, true);
+    test_gdn_decode({1}, 16, 64, 128, 128, 4, 1024, true);
+    test_gdn_decode({1}, 8, 16, 128, 128, 4, 1024, true);  // K = 2048: the other whole-row form
     test_conv_and_norms(1, 300, 4, true);
     test_conv_and_norms(50, 8192, 4, true);
     test_conv_and_norms(7, 33, 2, false, 21);

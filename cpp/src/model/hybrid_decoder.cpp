@@ -361,6 +361,14 @@ class HybridDecoderLM final : public DecoderBase {
     Tensor normed = Tensor::uninitialized({T, value_dim}, DType::kF32, dev);
     if (T <= kDecodeTokens) {  // projection, conv, norms, gates, recurrent rule and output norm in one op
       const ops::GdnWeights w{&L.gdn.proj, &L.gdn.conv, &L.gdn.neg_a, &L.gdn.dt_bias, &L.gdn.norm, cfg_.rms_norm_eps};
+      if (T == 1) {  // the gated norm's RMS left to the output projection (ops::GroupScale)
+        Tensor squares = Tensor::uninitialized({T, Hv, (Dv + 31) / 32}, DType::kF32, dev);
+        ops::gdn_decode(&x, fused, w, states.conv[layer], states.ssm[layer], b.seq_starts, b.seq_state_slots, normed,
+                        &squares);
+        Tensor y = Tensor::uninitialized({T, L.gdn.out.size(0)}, DType::kF32, dev);
+        ops::linear_scaled(normed, ops::GroupScale{&squares, cfg_.rms_norm_eps}, L.gdn.out, y);
+        return y;
+      }
       ops::gdn_decode(&x, fused, w, states.conv[layer], states.ssm[layer], b.seq_starts, b.seq_state_slots, normed);
       return project(normed, L.gdn.out);
     }

@@ -27,7 +27,7 @@ const char* op_name(Op op) {
                                 "gather_rows", "copy_columns", "fill_uniform",   "argmax", "qkv_rope_cache", "sample", "linear_swiglu",
                                 "gated_delta_rule", "causal_conv1d", "l2_norm", "gated_rms_norm",
                                 "sigmoid_mul", "gdn_gates", "scatter_add_rows", "add_gated_rows", "moe_topk", "moe_experts", "gdn_split_qkv",
-                                "moe_route", "gdn_decode", "transpose", "moe_route_experts"};
+                                "moe_route", "gdn_decode", "transpose", "moe_route_experts", "linear_scaled"};
   return names[int(op)];
 }
 
@@ -67,6 +67,7 @@ bool supports_op(Device device, Op op) {
     case Op::kGdnDecode: return t->gdn_decode != nullptr;
     case Op::kTranspose: return t->transpose != nullptr;
     case Op::kMoeRouteExperts: return t->moe_route_experts != nullptr;
+    case Op::kLinearScaled: return t->linear_scaled != nullptr;
     case Op::kCount: break;
   }
   return false;
@@ -90,6 +91,15 @@ void add_rms_norm(Tensor& residual, const Tensor& x, const Tensor& weight, float
 }
 void linear(const Tensor& x, const Tensor& weight, const Tensor* bias, Tensor& out) {
   table_for(x.device(), Op::kLinear).linear(x, weight, bias, out);
+}
+void linear_scaled(const Tensor& x, const GroupScale& scale, const Tensor& weight, Tensor& out) {
+  const Tensor* sq = scale.squares;
+  RV_CHECK(sq && x.dim() == 2 && x.dtype() == DType::kF32 && x.is_contiguous() && sq->dim() == 3 &&
+               sq->dtype() == DType::kF32 && sq->is_contiguous() && sq->size(0) == x.size(0) && sq->size(1) > 0 &&
+               x.size(1) % sq->size(1) == 0 && sq->device() == x.device(),
+           "linear_scaled: x f32 [T, K] and GroupScale::squares f32 [T, groups, parts] on its device, groups dividing K (got x ",
+           x.shape_str(), ", squares ", sq ? sq->shape_str() : std::string("none"), ")");
+  table_for(x.device(), Op::kLinearScaled).linear_scaled(x, scale, weight, out);
 }
 void rope(Tensor& x, const Tensor& positions, const RopeTables& tables) {
   table_for(x.device(), Op::kRope).rope(x, positions, tables);
@@ -201,13 +211,20 @@ void moe_route_experts(const Tensor& x, const Tensor& router, int64_t num_expert
       .moe_route_experts(x, router, num_experts, renormalize, first, ids, weights, experts, out, then, warm);
 }
 void gdn_decode(const Tensor* x, Tensor& fused, const GdnWeights& w, Tensor& conv_states, Tensor& states,
-                const Tensor& seq_starts, const Tensor& seq_slots, Tensor& out) {
+                const Tensor& seq_starts, const Tensor& seq_slots, Tensor& out, Tensor* squares) {
   RV_CHECK(!x || w.proj, "gdn_decode: an input x needs the input projection (GdnWeights::proj)");
+  const int64_t Hv = w.neg_a->numel(), parts = (w.norm->numel() + 31) / 32;
+  RV_CHECK(!squares || (squares->dtype() == DType::kF32 && squares->is_contiguous() && squares->dim() == 3 &&
+                        squares->size(0) == fused.size(0) && squares->size(1) == Hv && squares->size(2) == parts &&
+                        squares->device() == fused.device()),
+           "gdn_decode: squares f32 [T, value heads, ceil(value head dim / 32)] = [", fused.size(0), ", ", Hv, ", ", parts,
+           "] on fused's device (got ", squares ? squares->shape_str() : std::string(), ")");
   RV_CHECK(!x || (x->dim() == 2 && x->size(0) == fused.size(0) && w.proj->size(0) == fused.size(1) &&
                   w.proj->size(1) == x->size(1)),
            "gdn_decode: x [T, hidden], GdnWeights::proj [width, hidden] and fused [T, width] (got x ",
            x ? x->shape_str() : "", ", proj ", x ? w.proj->shape_str() : "", ", fused ", fused.shape_str(), ")");
-  table_for(fused.device(), Op::kGdnDecode).gdn_decode(x, fused, w, conv_states, states, seq_starts, seq_slots, out);
+  table_for(fused.device(), Op::kGdnDecode)
+      .gdn_decode(x, fused, w, conv_states, states, seq_starts, seq_slots, out, squares);
 }
 void sample(const Tensor& logits, const std::vector<SampleRow>& rows, const std::vector<SampleAdjust>& adjust,
             std::vector<SampleResult>& out) {

@@ -97,6 +97,16 @@ struct GdnWeights {
   float norm_eps = 1e-6f;
 };
 
+// An RMS norm over groups of x's columns, left to the op that reads x (gdn_decode's gated norm,
+// taken by the output projection in a one-token step, so that no block of the decode kernel
+// waits for the others to finish its head): columns [g * G, (g + 1) * G) of row t, with
+// G = x.size(1) / squares.size(1), are scaled by rsqrt(sum(squares[t, g, :]) / G + eps).
+// squares: f32 [T, groups, parts], partial sums of the squares of the group's values.
+struct GroupScale {
+  const Tensor* squares = nullptr;
+  float eps = 1e-6f;
+};
+
 // One row of a batched sampling step (the sampler's semantics, see sample/sampler.h): adjustments
 // first (min_tokens masks, repetition / presence / frequency penalties, listed per token in
 // adjust[adjust_begin, adjust_end)), then temperature, top-k, top-p, min-p and a draw at
@@ -154,6 +164,7 @@ enum class Op {
   kGdnDecode,
   kTranspose,
   kMoeRouteExperts,
+  kLinearScaled,
   kCount
 };
 const char* op_name(Op op);
@@ -199,7 +210,8 @@ struct OpTable {
                             const ResidualNorm& first, Tensor& ids, Tensor& weights, const ExpertTable& experts,
                             Tensor& out, const ResidualNorm* then, const Tensor* warm) = nullptr;
   void (*gdn_decode)(const Tensor* x, Tensor& fused, const GdnWeights& w, Tensor& conv_states, Tensor& states,
-                     const Tensor& seq_starts, const Tensor& seq_slots, Tensor& out) = nullptr;
+                     const Tensor& seq_starts, const Tensor& seq_slots, Tensor& out, Tensor* squares) = nullptr;
+  void (*linear_scaled)(const Tensor& x, const GroupScale& scale, const Tensor& weight, Tensor& out) = nullptr;
   void (*gdn_split_qkv)(const Tensor& mixed, float eps, Tensor& q, Tensor& k, Tensor& v) = nullptr;
   void (*transpose)(const Tensor& x, Tensor& out) = nullptr;
   void (*sample)(const Tensor& logits, const std::vector<SampleRow>& rows, const std::vector<SampleAdjust>& adjust,
@@ -222,6 +234,8 @@ void rms_norm(const Tensor& x, const Tensor& weight, float eps, Tensor& out);
 void add_rms_norm(Tensor& residual, const Tensor& x, const Tensor& weight, float eps, Tensor& out);
 // out[M, N] = x[M, K] . weight[N, K]^T (+ bias[N]).
 void linear(const Tensor& x, const Tensor& weight, const Tensor* bias, Tensor& out);
+// out = x' . weight^T, x' = x with its column groups scaled (see GroupScale).
+void linear_scaled(const Tensor& x, const GroupScale& scale, const Tensor& weight, Tensor& out);
 // In place on x [T, heads, head_dim]: rotate-half RoPE on the first rotary_dim features.
 void rope(Tensor& x, const Tensor& positions, const RopeTables& tables);
 // out[T, I] = silu(gate_up[:, :I]) * gate_up[:, I:].
@@ -283,8 +297,12 @@ void gated_rms_norm(const Tensor& x, const Tensor& gate, int64_t gate_column, co
 // `states`, then gated_rms_norm with z. Backends fuse what they can into one pass.
 // Given the block's input x [T, hidden], fused is an output: first fused = x . w.proj^T (the
 // CUDA backend computes it inside the decode kernel for a step of one token).
+// With squares (f32 [T, Hv, ceil(Dv / 32)]), the gated norm's RMS is left to the reader: out is
+// the rule's output times w.norm and silu(z), and squares[t, h, p] the sum of the squares of the
+// rule's output over columns [32 p, 32 p + 32) of head h (so GroupScale{squares, w.norm_eps}
+// finishes the norm).
 void gdn_decode(const Tensor* x, Tensor& fused, const GdnWeights& w, Tensor& conv_states, Tensor& states,
-                const Tensor& seq_starts, const Tensor& seq_slots, Tensor& out);
+                const Tensor& seq_starts, const Tensor& seq_slots, Tensor& out, Tensor* squares = nullptr);
 // x *= sigmoid(gate) elementwise (gated attention's output gate), gate as for gated_rms_norm.
 void sigmoid_mul(Tensor& x, const Tensor& gate, int64_t gate_column);
 // DeltaNet gates from the fused projection [T, width]: with b = columns [first, first + Hv) and

@@ -54,7 +54,8 @@ void causal_conv1d_seqs(const Tensor& x, const Tensor& weight, Tensor& conv_stat
 void l2_norm(Tensor& x, int64_t dim, float eps);
 void gdn_split_qkv(const Tensor& mixed, float eps, Tensor& q, Tensor& k, Tensor& v);
 void gdn_decode(const Tensor* x, Tensor& fused, const GdnWeights& w, Tensor& conv_states, Tensor& states,
-                const Tensor& seq_starts, const Tensor& seq_slots, Tensor& out);
+                const Tensor& seq_starts, const Tensor& seq_slots, Tensor& out, Tensor* squares = nullptr);
+void linear_scaled(const Tensor& x, const GroupScale& scale, const Tensor& weight, Tensor& out);
 void gated_rms_norm(const Tensor& x, const Tensor& gate, int64_t gate_column, const Tensor& weight, float eps, Tensor& out);
 
 // Runs fn(task) for every task in [0, n) on the current CPU pool, or inline when there is none.

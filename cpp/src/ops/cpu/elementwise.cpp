@@ -93,6 +93,24 @@ void rope(Tensor& x, const Tensor& positions, const RopeTables& tables) {
   }
 }
 
+// The group scales applied to a copy of x, then the linear layer.
+void linear_scaled(const Tensor& x, const GroupScale& scale, const Tensor& weight, Tensor& out) {
+  const Tensor& sq = *scale.squares;
+  const int64_t T = x.size(0), K = x.size(1), groups = sq.size(1), parts = sq.size(2), G = K / groups;
+  Tensor scaled = Tensor::uninitialized({T, K}, DType::kF32);
+  const float* xp = x.ptr<float>();
+  const float* sp = sq.ptr<float>();
+  float* dp = scaled.ptr<float>();
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t g = 0; g < groups; ++g) {
+      float sum = 0.0f;
+      for (int64_t p = 0; p < parts; ++p) sum += sp[(t * groups + g) * parts + p];
+      const float inv = 1.0f / std::sqrt(sum / float(G) + scale.eps);
+      for (int64_t i = g * G; i < (g + 1) * G; ++i) dp[t * K + i] = xp[t * K + i] * inv;
+    }
+  cpu::linear(scaled, weight, nullptr, out);
+}
+
 void linear_swiglu(const Tensor& x, const Tensor& gate_up_weight, Tensor& act) {
   const int64_t K = gate_up_weight.size(1), M = x.numel() / K;
   Tensor gu = Tensor::uninitialized({M, gate_up_weight.size(0)}, DType::kF32);

@@ -203,6 +203,29 @@ void gated_rms_norm(const Tensor& x, const Tensor& gate, int64_t gate_column, co
 }
 
 namespace {
+// gated_rms_norm's gating without its RMS (ops::gdn_decode's squares): out = x * w * silu(z) and
+// squares[r, p] = the sum of x's squares over columns [32 p, 32 p + 32) of row r of x [rows, n].
+void gated_unscaled(const Tensor& x, const Tensor& gate, int64_t gate_column, const Tensor& weight, Tensor& squares,
+                    Tensor& out) {
+  const int64_t n = weight.numel(), rows = x.numel() / n, T = gate.size(0), parts = squares.numel() / std::max<int64_t>(rows, 1);
+  const int64_t G = T ? gate.numel() / T : 0, P = T ? x.numel() / T : 0;
+  std::vector<float> w(static_cast<size_t>(n));
+  convert_to_f32(weight.data(), weight.dtype(), w.data(), size_t(n));
+  const float* xp = x.ptr<float>();
+  const float* gp = gate.ptr<float>();
+  float* op = out.ptr<float>();
+  float* sp = squares.ptr<float>();
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* xr = xp + r * n;
+    const float* zr = gp + (r * n / P) * G + gate_column + (r * n) % P;
+    for (int64_t p = 0; p < parts; ++p) {
+      const int64_t i0 = std::min(n, 32 * p), i1 = std::min(n, 32 * p + 32);
+      sp[r * parts + p] = dot_f32(xr + i0, xr + i0, i1 - i0);
+    }
+    for (int64_t i = 0; i < n; ++i) op[r * n + i] = w[size_t(i)] * xr[i] * (zr[i] / (1.0f + std::exp(-zr[i])));
+  }
+}
+
 // Slot `slot` of a [slots, ...] state tensor as a tensor of the remaining dimensions.
 Tensor slot_of(const Tensor& states, int32_t slot) {
   std::vector<int64_t> shape(states.shape().begin() + 1, states.shape().end());
@@ -246,7 +269,7 @@ void causal_conv1d_seqs(const Tensor& x, const Tensor& weight, Tensor& conv_stat
 
 // The decode composition of the DeltaNet ops (the contract in ops/ops.h).
 void gdn_decode(const Tensor* x, Tensor& fused, const GdnWeights& w, Tensor& conv_states, Tensor& states,
-                const Tensor& seq_starts, const Tensor& seq_slots, Tensor& out) {
+                const Tensor& seq_starts, const Tensor& seq_slots, Tensor& out, Tensor* squares) {
   if (x) linear(*x, *w.proj, nullptr, fused);
   const int64_t T = fused.size(0), Hv = w.neg_a->numel(), Dv = w.norm->numel(), Dk = states.size(2);
   const int64_t C = w.conv->size(0), Hk = (C - Hv * Dv) / (2 * Dk);
@@ -260,7 +283,8 @@ void gdn_decode(const Tensor* x, Tensor& fused, const GdnWeights& w, Tensor& con
   gdn_split_qkv(conv_out, 1e-6f, q, k, v);
   gdn_gates(fused, C + Hv * Dv, *w.neg_a, *w.dt_bias, beta, g);
   gated_delta_rule_seqs(q, k, v, g, beta, states, seq_starts, seq_slots, core, 64);
-  gated_rms_norm(core, fused, C, *w.norm, w.norm_eps, out);
+  if (squares) gated_unscaled(core, fused, C, *w.norm, *squares, out);
+  else gated_rms_norm(core, fused, C, *w.norm, w.norm_eps, out);
 }
 
 }  // namespace revolta::ops::cpu

@@ -46,6 +46,7 @@ const OpTable* table() {
     o.moe_route = &moe_route;
     o.moe_route_experts = &moe_route_experts;
     o.gdn_decode = &gdn_decode;
+    o.linear_scaled = &linear_scaled;
     o.gdn_split_qkv = &gdn_split_qkv;
     return o;
   }();
