@@ -37,7 +37,7 @@ struct Scales {
   int group = 0, parts = 0;
   float eps = 0.0f;
 };
-constexpr int kMaxScaledGroups = 32 * kWarpsPerBlock;  // the scaled whole-row form: a thread per group
+constexpr int kMaxSquares = 32 * kWarpsPerBlock;  // the scaled whole-row form: a thread per partial square
 
 
 
@@ -151,8 +151,10 @@ __global__ void gemv_kernel(const float* __restrict__ x, const W* __restrict__ w
 // K = 4096 (170 registers, 256 blocks at Qwen3-Next's shape: 509.2 against 501.9 tok/s with one)
 // and for K = 2048 (92 registers; Qwen3-Next's attention QKV and Llama-1B's projections: 500.8
 // against 498.8 tok/s, and Llama-1B 1,127 against 1,063, against the half-row form in one run).
-// kScaled (linear_scaled): x's groups are scaled while they are staged, each by the inverse RMS
-// a thread per group sums from its partial squares, loaded with x (one more barrier).
+// kScaled (linear_scaled): a thread per partial square loads it with x into shared memory; after a
+// barrier each thread scales the x values it staged by their group's inverse RMS, and a second
+// barrier lets the dots in. (A loop over a group's parts in one thread took 241 registers against
+// 170 and the plain form's 170: fewer of these blocks would fit beside gdn_decode's.)
 template <int kSteps, int R, bool kScaled = false>
 __global__ void __launch_bounds__(32 * kWarpsPerBlock)
     gemv_row_kernel(const float* __restrict__ x, const __half* __restrict__ w, const float* __restrict__ bias,
@@ -174,23 +176,25 @@ __global__ void __launch_bounds__(32 * kWarpsPerBlock)
   float4 xv[kPerThread];
 #pragma unroll
   for (int i = 0; i < kPerThread; ++i) xv[i] = __ldg(reinterpret_cast<const float4*>(x) + i * 32 * kWarpsPerBlock + threadIdx.x);
+  __shared__ float sq[kScaled ? kMaxSquares : 1];
+  const bool loads_square = kScaled && int(threadIdx.x) < K / sc.group * sc.parts;
+  const float square = loads_square ? __ldg(sc.squares + threadIdx.x) : 0.0f;
+#pragma unroll
+  for (int i = 0; i < kPerThread; ++i) xs[i * 32 * kWarpsPerBlock + threadIdx.x] = xv[i];
+  if (loads_square) sq[threadIdx.x] = square;
   if constexpr (kScaled) {
-    __shared__ float inv[kMaxScaledGroups];
-    if (int(threadIdx.x) < K / sc.group) {
-      float s = 0.0f;
-#pragma unroll 4
-      for (int p = 0; p < sc.parts; ++p) s += __ldg(sc.squares + threadIdx.x * sc.parts + p);
-      inv[threadIdx.x] = rsqrtf(s / float(sc.group) + sc.eps);
-    }
     __syncthreads();
 #pragma unroll
     for (int i = 0; i < kPerThread; ++i) {
-      const float r = inv[(i * 32 * kWarpsPerBlock + int(threadIdx.x)) * 4 / sc.group];  // (group % 4 == 0)
-      xv[i].x *= r, xv[i].y *= r, xv[i].z *= r, xv[i].w *= r;
+      const int at = i * 32 * kWarpsPerBlock + int(threadIdx.x), g = at * 4 / sc.group;  // (group % 4 == 0)
+      float sum = 0.0f;
+      for (int p = 0; p < sc.parts; ++p) sum += sq[g * sc.parts + p];
+      const float r = rsqrtf(sum / float(sc.group) + sc.eps);
+      float4 v = xs[at];
+      v.x *= r, v.y *= r, v.z *= r, v.w *= r;
+      xs[at] = v;
     }
   }
-#pragma unroll
-  for (int i = 0; i < kPerThread; ++i) xs[i * 32 * kWarpsPerBlock + threadIdx.x] = xv[i];
   __syncthreads();
   RV_PROBE_MARK(2);
   let_successor_launch();
@@ -298,11 +302,11 @@ __global__ void gemm_kernel(const float* __restrict__ x, const W* __restrict__ w
 // are resident at once, since its gain is every block's rows loaded before the wait (a later
 // wave's blocks start after it). Measured on Qwen3-Next's output projections (256 blocks); wider
 // ones (Llama-8B's q / k / v, 768 blocks) keep the half-row form they were measured with.
-// With sc.squares, the scaled form (its groups a multiple of 4 columns, at most kMaxScaledGroups).
+// With sc.squares, the scaled form (groups of a multiple of 4 columns, at most kMaxSquares parts in all).
 bool gemv_row(const float*, const float*, const float*, float*, int, int, const Scales& = {}) { return false; }
 bool gemv_row(const float* xp, const __half* w, const float* bias, float* op, int N, int K, const Scales& sc = {}) {
   if ((K != 4096 && K != 2048) || reinterpret_cast<uintptr_t>(xp) % 16 != 0 || reinterpret_cast<uintptr_t>(w) % 16 != 0 ||
-      (sc.squares && (sc.group % 4 != 0 || K / sc.group > kMaxScaledGroups)))
+      (sc.squares && (sc.group % 4 != 0 || K / sc.group * sc.parts > kMaxSquares)))
     return false;
   auto go = [&](auto kernel, int rows, int waves) {
     const int64_t blocks = (N + kWarpsPerBlock * rows - 1) / (kWarpsPerBlock * rows);
