@@ -476,6 +476,8 @@ void test_gdn_prefill(int64_t T) {
 // composition of the separate ops; sequences of `lens` tokens plus a padding row (slot -1). With a
 // hidden size, the op starts from the block's input and its f16 projection (no padding row: a
 // step of one token of one sequence takes the CUDA kernel that computes the projection itself).
+// The output projection follows on the stream as in a decode step (nothing between them), so its
+// loads of out must wait for gdn_decode under dependent launch.
 void test_gdn_decode(std::vector<int32_t> lens, int64_t Hk, int64_t Hv, int64_t Dk, int64_t Dv, int64_t W,
                      int64_t hidden = 0) {
   const bool pad = hidden == 0;
@@ -505,12 +507,17 @@ void test_gdn_decode(std::vector<int32_t> lens, int64_t Hk, int64_t Hv, int64_t 
   const ops::GdnWeights dw{&dproj, &dconv, &dna, &ddt, &dnw, 1e-6f};
   Tensor dfused = cuda::to_device(pad ? fused : random_tensor({T, width})), dst = cuda::to_device(starts), dsl = cuda::to_device(sl);
   const Tensor* dxp = pad ? nullptr : &dx;
+  const Tensor ow = random_tensor({96, Hv * Dv}, DType::kF16, 0.04f), dow = cuda::to_device(ow);
+  Tensor y_ref = Tensor::empty({T, 96}, DType::kF32), dy = Tensor::empty({T, 96}, DType::kF32, Device::kCUDA);
   ops::gdn_decode(dxp, dfused, dw, dcs, dss, dst, dsl, dout);
+  ops::linear(dout, dow, nullptr, dy);
+  ops::cpu::linear(ref, ow, nullptr, y_ref);
   const std::string tag = std::to_string(S) + " seqs T" + std::to_string(T) + " Hk" + std::to_string(Hk) + "/Hv" +
                           std::to_string(Hv) + " Dk" + std::to_string(Dk) + " Dv" + std::to_string(Dv) + " W" + std::to_string(W) +
                           (pad ? "" : " from hidden " + std::to_string(hidden));
   report("gdn_decode " + tag, std::max({max_abs_diff(cuda::to_host(dout), ref), max_abs_diff(cuda::to_host(dss), ss),
                                         max_abs_diff(cuda::to_host(dcs), cs), max_abs_diff(cuda::to_host(dfused), fused)}), 1e-4f);
+  report("linear after gdn_decode " + tag, max_abs_diff(cuda::to_host(dy), y_ref), 2e-3f);
   perf("gdn_decode " + tag, double(S * Hv * Dk * Dv * 8) + (pad ? 0.0 : double(proj.nbytes())),
        [&] { ops::gdn_decode(dxp, dfused, dw, dcs, dss, dst, dsl, dout); });
 }
