@@ -82,7 +82,7 @@ __global__ void gemv_kernel(const float* __restrict__ x, const W* __restrict__ w
 #pragma unroll
         for (int u = 0; u < U; ++u) {
           float xv[8];
-          load8(x + size_t(m) * K + k + u * kStep, xv);
+          load8_input(x + size_t(m) * K + k + u * kStep, xv);
 #pragma unroll
           for (int r = 0; r < R; ++r)
 #pragma unroll
@@ -98,7 +98,7 @@ __global__ void gemv_kernel(const float* __restrict__ x, const W* __restrict__ w
         load_weight8(w + size_t(n0 + r) * K + k, wv);
 #pragma unroll
         for (int m = 0; m < M; ++m) {
-          load8(x + size_t(m) * K + k, xv);
+          load8_input(x + size_t(m) * K + k, xv);
 #pragma unroll
           for (int i = 0; i < 8; ++i) acc[r][m] += wv[i] * xv[i];
         }
@@ -161,7 +161,7 @@ __global__ void __launch_bounds__(32 * kWarpsPerBlock)
   RV_PROBE_MARK(1);
   float4 xv[kPerThread];
 #pragma unroll
-  for (int i = 0; i < kPerThread; ++i) xv[i] = __ldg(reinterpret_cast<const float4*>(x) + i * 32 * kWarpsPerBlock + threadIdx.x);
+  for (int i = 0; i < kPerThread; ++i) xv[i] = load_input4(x + 4 * (i * 32 * kWarpsPerBlock + threadIdx.x));
 #pragma unroll
   for (int i = 0; i < kPerThread; ++i) xs[i * 32 * kWarpsPerBlock + threadIdx.x] = xv[i];
   __syncthreads();
@@ -208,7 +208,7 @@ __global__ void swiglu_gemv_kernel(const float* __restrict__ x, const W* __restr
 #pragma unroll
     for (int m = 0; m < M; ++m) {
       float xv[8];
-      load8(x + size_t(m) * K + k, xv);
+      load8_input(x + size_t(m) * K + k, xv);
 #pragma unroll
       for (int p = 0; p < P; ++p)
 #pragma unroll
