@@ -13,8 +13,29 @@ __device__ __forceinline__ void store(float* p, float v) { *p = v; }
 __device__ __forceinline__ void store(__half* p, float v) { *p = __float2half_rn(v); }
 
 // Eight consecutive elements as floats through one or two 16-byte read-only loads (p 16-byte aligned).
+// Read-only for the kernel's whole life: weights and tables, never what an earlier kernel of the
+// step writes (load8_input): the compiler takes these loads for invariant and may hoist them above
+// wait_for_predecessor().
 __device__ __forceinline__ void load8(const float* p, float (&w)[8]) {
   const float4 a = __ldg(reinterpret_cast<const float4*>(p)), b = __ldg(reinterpret_cast<const float4*>(p) + 1);
+  w[0] = a.x, w[1] = a.y, w[2] = a.z, w[3] = a.w, w[4] = b.x, w[5] = b.y, w[6] = b.z, w[7] = b.w;
+}
+
+// Loads of what an earlier kernel wrote (activations), made after wait_for_predecessor(): volatile
+// asm keeps them after the wait. (With __ldg, the whole-row GEMV's loads of x were hoisted above it
+// and read x while the kernel before it was still writing it.) Plain global loads, L1 allowed.
+__device__ __forceinline__ float4 load_input4(const float* p) {
+  float4 v;
+  asm volatile("ld.global.v4.f32 {%0, %1, %2, %3}, [%4];" : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w) : "l"(p));
+  return v;
+}
+__device__ __forceinline__ float load_input(const float* p) {
+  float v;
+  asm volatile("ld.global.f32 %0, [%1];" : "=f"(v) : "l"(p));
+  return v;
+}
+__device__ __forceinline__ void load8_input(const float* p, float (&w)[8]) {
+  const float4 a = load_input4(p), b = load_input4(p + 4);
   w[0] = a.x, w[1] = a.y, w[2] = a.z, w[3] = a.w, w[4] = b.x, w[5] = b.y, w[6] = b.z, w[7] = b.w;
 }
 

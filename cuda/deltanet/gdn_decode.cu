@@ -80,8 +80,8 @@ __device__ __forceinline__ void project_group_rows(const float* __restrict__ x, 
   }
   if (!odd) return;  // (uniform over the block)
   float xv[8], d = 0.0f;
-  if (k0 < hidden) load8(x + k0, xv), d = dot8(first, xv);
-  for (int k = k0 + kThreads * 8; k < hidden; k += kThreads * 8) load8(x + k, xv), d += dot8(load_weight_raw8(odd_row + k), xv);
+  if (k0 < hidden) load8_input(x + k0, xv), d = dot8(first, xv);
+  for (int k = k0 + kThreads * 8; k < hidden; k += kThreads * 8) load8_input(x + k, xv), d += dot8(load_weight_raw8(odd_row + k), xv);
   __shared__ float odd_part[kWarps];
   d = warp_sum(d);
   if (lane == 0) odd_part[warp] = d;
@@ -194,7 +194,7 @@ __device__ __forceinline__ void gdn_decode_block(GDN_DECODE_PARAMS) {
     RV_PROBE_MARK(3);
     let_successor_launch();
   }
-  auto in = [](const float* p) { return kProject ? load_l2(p) : __ldg(p); };  // a value of fused
+  auto in = [](const float* p) { return kProject ? load_l2(p) : load_input(p); };  // a value of fused
   const float scale = rsqrtf(float(Dk));
   for (int t = t0; t < t1; ++t) {
     const float* row = fused + size_t(t) * sh.width;

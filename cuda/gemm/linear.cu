@@ -92,7 +92,7 @@ __global__ void gemv_kernel(const float* __restrict__ x, const W* __restrict__ w
 #pragma unroll
         for (int u = 0; u < U; ++u) {
           float xv[8];
-          load8(x + size_t(m) * K + k + u * kStep, xv);
+          load8_input(x + size_t(m) * K + k + u * kStep, xv);
 #pragma unroll
           for (int r = 0; r < R; ++r)
 #pragma unroll
@@ -108,7 +108,7 @@ __global__ void gemv_kernel(const float* __restrict__ x, const W* __restrict__ w
         load_weight8(w + size_t(n0 + r) * K + k, wv);
 #pragma unroll
         for (int m = 0; m < M; ++m) {
-          load8(x + size_t(m) * K + k, xv);
+          load8_input(x + size_t(m) * K + k, xv);
 #pragma unroll
           for (int i = 0; i < 8; ++i) acc[r][m] += wv[i] * xv[i];
         }
@@ -175,10 +175,10 @@ __global__ void __launch_bounds__(32 * kWarpsPerBlock)
   RV_PROBE_MARK(1);
   float4 xv[kPerThread];
 #pragma unroll
-  for (int i = 0; i < kPerThread; ++i) xv[i] = __ldg(reinterpret_cast<const float4*>(x) + i * 32 * kWarpsPerBlock + threadIdx.x);
+  for (int i = 0; i < kPerThread; ++i) xv[i] = load_input4(x + 4 * (i * 32 * kWarpsPerBlock + threadIdx.x));
   __shared__ float sq[kScaled ? kMaxSquares : 1];
   const bool loads_square = kScaled && int(threadIdx.x) < K / sc.group * sc.parts;
-  const float square = loads_square ? __ldg(sc.squares + threadIdx.x) : 0.0f;
+  const float square = loads_square ? load_input(sc.squares + threadIdx.x) : 0.0f;
 #pragma unroll
   for (int i = 0; i < kPerThread; ++i) xs[i * 32 * kWarpsPerBlock + threadIdx.x] = xv[i];
   if (loads_square) sq[threadIdx.x] = square;
@@ -239,7 +239,7 @@ __global__ void swiglu_gemv_kernel(const float* __restrict__ x, const W* __restr
 #pragma unroll
     for (int m = 0; m < M; ++m) {
       float xv[8];
-      load8(x + size_t(m) * K + k, xv);
+      load8_input(x + size_t(m) * K + k, xv);
 #pragma unroll
       for (int p = 0; p < P; ++p)
 #pragma unroll

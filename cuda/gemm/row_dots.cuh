@@ -42,7 +42,7 @@ template <int P, int U>
 __device__ __forceinline__ void paired_row_dots(const __half* const (&wa)[P], const __half* const (&wb)[P],
                                                 const float* __restrict__ x, int H, int lane, float (&a_dot)[P],
                                                 float (&b_dot)[P]) {
-  paired_row_dots_with<P, U>(wa, wb, [x](int k, float (&xv)[8]) { load8(x + k, xv); }, H, lane, a_dot, b_dot);
+  paired_row_dots_with<P, U>(wa, wb, [x](int k, float (&xv)[8]) { load8_input(x + k, xv); }, H, lane, a_dot, b_dot);
 }
 
 }  // namespace revolta::cuda

@@ -70,7 +70,7 @@ __global__ void __launch_bounds__(kWarps * 32, 2)
   const __half* dn = reinterpret_cast<const __half*>(table_len > 0 ? table[table_len + expert] : down_at[expert]);
   const __half* gu = reinterpret_cast<const __half*>(table_len > 0 ? table[expert] : gu_at[expert]);
   const float* xt = x + size_t(t) * H;
-  expert_slice<S>(gu, dn, [xt](int k, float (&xv)[8]) { load8(xt + k, xv); }, [&] { return weights[pair]; },
+  expert_slice<S>(gu, dn, [xt](int k, float (&xv)[8]) { load8_input(xt + k, xv); }, [&] { return weights[pair]; },
                   part + (size_t(pair) * gridDim.x + blockIdx.x) * H, H, I, int(blockIdx.x) * S);
   if (kFold) fold_combine<kCombineColumns>(part, K * int(gridDim.x), H, combined, tail, tickets, t);
 }

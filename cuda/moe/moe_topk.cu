@@ -174,7 +174,7 @@ __global__ void __launch_bounds__(kWarps * 32)
       const float4 lo = xs[(size_t(m) * H + k) / 4], hi = xs[(size_t(m) * H + k) / 4 + 1];
       xv[0] = lo.x, xv[1] = lo.y, xv[2] = lo.z, xv[3] = lo.w, xv[4] = hi.x, xv[5] = hi.y, xv[6] = hi.z, xv[7] = hi.w;
     } else {
-      load8(x + size_t(m) * H + k, xv);
+      load8_input(x + size_t(m) * H + k, xv);
     }
   };
   if (r < R) {  // no early return: every thread reaches the arrival count

@@ -476,8 +476,10 @@ void test_gdn_prefill(int64_t T) {
 // composition of the separate ops; sequences of `lens` tokens plus a padding row (slot -1). With a
 // hidden size, the op starts from the block's input and its f16 projection (no padding row: a
 // step of one token of one sequence takes the CUDA kernel that computes the projection itself).
-// deferred: the gated norm's RMS left to the output projection (squares, then linear_scaled), on
-// both backends, against the CPU's normed step and its projection.
+// The output projection follows on the stream as in a decode step (nothing between them), so its
+// loads of out must wait for gdn_decode under dependent launch. deferred: the gated norm's RMS left
+// to the output projection (squares, then linear_scaled), on both backends, against the CPU's
+// normed step and its projection.
 void test_gdn_decode(std::vector<int32_t> lens, int64_t Hk, int64_t Hv, int64_t Dk, int64_t Dv, int64_t W,
                      int64_t hidden = 0, bool deferred = false) {
   const bool pad = hidden == 0;
@@ -510,7 +512,12 @@ void test_gdn_decode(std::vector<int32_t> lens, int64_t Hk, int64_t Hv, int64_t 
   const Tensor* dxp = pad ? nullptr : &dx;
   const int64_t parts = (Dv + 31) / 32;
   Tensor dsq = Tensor::empty({T, Hv, parts}, DType::kF32, Device::kCUDA);
+  const Tensor ow = random_tensor({96, Hv * Dv}, DType::kF16, 0.04f), dow = cuda::to_device(ow);
+  Tensor y_ref = Tensor::empty({T, 96}, DType::kF32), dy = Tensor::empty({T, 96}, DType::kF32, Device::kCUDA);
   ops::gdn_decode(dxp, dfused, dw, dcs, dss, dst, dsl, dout, deferred ? &dsq : nullptr);
+  if (deferred) ops::linear_scaled(dout, ops::GroupScale{&dsq, 1e-6f}, dow, dy);
+  else ops::linear(dout, dow, nullptr, dy);
+  ops::cpu::linear(ref, ow, nullptr, y_ref);
   const std::string tag = std::to_string(S) + " seqs T" + std::to_string(T) + " Hk" + std::to_string(Hk) + "/Hv" +
                           std::to_string(Hv) + " Dk" + std::to_string(Dk) + " Dv" + std::to_string(Dv) + " W" + std::to_string(W) +
                           (pad ? "" : " from hidden " + std::to_string(hidden));
@@ -518,12 +525,8 @@ void test_gdn_decode(std::vector<int32_t> lens, int64_t Hk, int64_t Hv, int64_t 
     Tensor u = Tensor::empty({T, Hv * Dv}, DType::kF32), sq = Tensor::empty({T, Hv, parts}, DType::kF32);
     Tensor cs1 = cuda::to_host(cuda::to_device(cs0)), ss1 = cuda::to_host(cuda::to_device(ss0));
     ops::cpu::gdn_decode(pad ? nullptr : &x, fused, hw, cs1, ss1, starts, sl, u, &sq);
-    const Tensor ow = random_tensor({96, Hv * Dv}, DType::kF16, 0.04f), dow = cuda::to_device(ow);
-    Tensor y_ref = Tensor::empty({T, 96}, DType::kF32), y_cpu = Tensor::empty({T, 96}, DType::kF32);
-    Tensor dy = Tensor::empty({T, 96}, DType::kF32, Device::kCUDA);
-    ops::cpu::linear(ref, ow, nullptr, y_ref);
+    Tensor y_cpu = Tensor::empty({T, 96}, DType::kF32);
     ops::cpu::linear_scaled(u, ops::GroupScale{&sq, 1e-6f}, ow, y_cpu);
-    ops::linear_scaled(dout, ops::GroupScale{&dsq, 1e-6f}, dow, dy);
     const Tensor hsq = cuda::to_host(dsq);
     float sq_scale = 1.0f;
     for (int64_t i = 0; i < sq.numel(); ++i) sq_scale = std::max(sq_scale, std::fabs(sq.ptr<float>()[i]));
@@ -538,6 +541,7 @@ void test_gdn_decode(std::vector<int32_t> lens, int64_t Hk, int64_t Hv, int64_t 
   }
   report("gdn_decode " + tag, std::max({max_abs_diff(cuda::to_host(dout), ref), max_abs_diff(cuda::to_host(dss), ss),
                                         max_abs_diff(cuda::to_host(dcs), cs), max_abs_diff(cuda::to_host(dfused), fused)}), 1e-4f);
+  report("linear after gdn_decode " + tag, max_abs_diff(cuda::to_host(dy), y_ref), 2e-3f);
   perf("gdn_decode " + tag, double(S * Hv * Dk * Dv * 8) + (pad ? 0.0 : double(proj.nbytes())),
        [&] { ops::gdn_decode(dxp, dfused, dw, dcs, dss, dst, dsl, dout); });
 }
