@@ -151,10 +151,11 @@ __global__ void gemv_kernel(const float* __restrict__ x, const W* __restrict__ w
 // K = 4096 (170 registers, 256 blocks at Qwen3-Next's shape: 509.2 against 501.9 tok/s with one)
 // and for K = 2048 (92 registers; Qwen3-Next's attention QKV and Llama-1B's projections: 500.8
 // against 498.8 tok/s, and Llama-1B 1,127 against 1,063, against the half-row form in one run).
-// kScaled (linear_scaled): a thread per partial square loads it with x into shared memory; after a
-// barrier each thread scales the x values it staged by their group's inverse RMS, and a second
-// barrier lets the dots in. (A loop over a group's parts in one thread took 241 registers against
-// 170 and the plain form's 170: fewer of these blocks would fit beside gdn_decode's.)
+// kScaled (linear_scaled): a thread per partial square loads it with x into shared memory; after the
+// barrier lane g of each warp sums group g's parts into its inverse RMS, and each step's dots are
+// scaled by their group's, taken by a shuffle (a lane's 8 columns lie in one group). (A second
+// barrier and a pass scaling x in shared memory lost 1.3% at concurrency 1 (H200); a
+// loop over a group's parts over global loads took 241 registers against 170.)
 template <int kSteps, int R, bool kScaled = false>
 __global__ void __launch_bounds__(32 * kWarpsPerBlock)
     gemv_row_kernel(const float* __restrict__ x, const __half* __restrict__ w, const float* __restrict__ bias,
@@ -182,29 +183,28 @@ __global__ void __launch_bounds__(32 * kWarpsPerBlock)
 #pragma unroll
   for (int i = 0; i < kPerThread; ++i) xs[i * 32 * kWarpsPerBlock + threadIdx.x] = xv[i];
   if (loads_square) sq[threadIdx.x] = square;
-  if constexpr (kScaled) {
-    __syncthreads();
-#pragma unroll
-    for (int i = 0; i < kPerThread; ++i) {
-      const int at = i * 32 * kWarpsPerBlock + int(threadIdx.x), g = at * 4 / sc.group;  // (group % 4 == 0)
-      float sum = 0.0f;
-      for (int p = 0; p < sc.parts; ++p) sum += sq[g * sc.parts + p];
-      const float r = rsqrtf(sum / float(sc.group) + sc.eps);
-      float4 v = xs[at];
-      v.x *= r, v.y *= r, v.z *= r, v.w *= r;
-      xs[at] = v;
-    }
-  }
   __syncthreads();
   RV_PROBE_MARK(2);
   let_successor_launch();
+  float inv = 1.0f;  // kScaled: lane g's is group g's inverse RMS (groups <= 32)
+  if (kScaled && lane < K / sc.group) {
+    float sum = 0.0f;
+    for (int p = 0; p < sc.parts; ++p) sum += sq[lane * sc.parts + p];
+    inv = rsqrtf(sum / float(sc.group) + sc.eps);
+  }
   float acc[R] = {};
 #pragma unroll
   for (int u = 0; u < kSteps; ++u) {
     const float4 a = xs[(u * 256 + lane * 8) / 4], b = xs[(u * 256 + lane * 8) / 4 + 1];
     const float v[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
+    if constexpr (kScaled) {  // a lane's 8 columns lie in one group (group % 8 == 0)
+      const float g = __shfl_sync(0xffffffffu, inv, (u * 256 + lane * 8) / sc.group);
 #pragma unroll
-    for (int r = 0; r < R; ++r) acc[r] += dot8(wr[r][u], v);
+      for (int r = 0; r < R; ++r) acc[r] += g * dot8(wr[r][u], v);
+    } else {
+#pragma unroll
+      for (int r = 0; r < R; ++r) acc[r] += dot8(wr[r][u], v);
+    }
   }
 #pragma unroll
   for (int r = 0; r < R; ++r) {
@@ -302,11 +302,12 @@ __global__ void gemm_kernel(const float* __restrict__ x, const W* __restrict__ w
 // are resident at once, since its gain is every block's rows loaded before the wait (a later
 // wave's blocks start after it). Measured on Qwen3-Next's output projections (256 blocks); wider
 // ones (Llama-8B's q / k / v, 768 blocks) keep the half-row form they were measured with.
-// With sc.squares, the scaled form (groups of a multiple of 4 columns, at most kMaxSquares parts in all).
+// With sc.squares, the scaled form (groups of a multiple of 8 columns, at most 32 groups and
+// kMaxSquares parts in all).
 bool gemv_row(const float*, const float*, const float*, float*, int, int, const Scales& = {}) { return false; }
 bool gemv_row(const float* xp, const __half* w, const float* bias, float* op, int N, int K, const Scales& sc = {}) {
   if ((K != 4096 && K != 2048) || reinterpret_cast<uintptr_t>(xp) % 16 != 0 || reinterpret_cast<uintptr_t>(w) % 16 != 0 ||
-      (sc.squares && (sc.group % 4 != 0 || K / sc.group * sc.parts > kMaxSquares)))
+      (sc.squares && (sc.group % 8 != 0 || K / sc.group > 32 || K / sc.group * sc.parts > kMaxSquares)))
     return false;
   auto go = [&](auto kernel, int rows, int waves) {
     const int64_t blocks = (N + kWarpsPerBlock * rows - 1) / (kWarpsPerBlock * rows);
