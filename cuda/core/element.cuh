@@ -12,13 +12,17 @@ __device__ __forceinline__ __half to_half(__half v) { return v; }
 __device__ __forceinline__ void store(float* p, float v) { *p = v; }
 __device__ __forceinline__ void store(__half* p, float v) { *p = __float2half_rn(v); }
 
+// Two float4s as eight floats.
+__device__ __forceinline__ void split8(float4 a, float4 b, float (&w)[8]) {
+  w[0] = a.x, w[1] = a.y, w[2] = a.z, w[3] = a.w, w[4] = b.x, w[5] = b.y, w[6] = b.z, w[7] = b.w;
+}
+
 // Eight consecutive elements as floats through one or two 16-byte read-only loads (p 16-byte aligned).
 // Read-only for the kernel's whole life: weights and tables, never what an earlier kernel of the
 // step writes (load8_input): the compiler takes these loads for invariant and may hoist them above
 // wait_for_predecessor().
 __device__ __forceinline__ void load8(const float* p, float (&w)[8]) {
-  const float4 a = __ldg(reinterpret_cast<const float4*>(p)), b = __ldg(reinterpret_cast<const float4*>(p) + 1);
-  w[0] = a.x, w[1] = a.y, w[2] = a.z, w[3] = a.w, w[4] = b.x, w[5] = b.y, w[6] = b.z, w[7] = b.w;
+  split8(__ldg(reinterpret_cast<const float4*>(p)), __ldg(reinterpret_cast<const float4*>(p) + 1), w);
 }
 
 // Loads of what an earlier kernel wrote (activations), made after wait_for_predecessor(): volatile
@@ -35,8 +39,7 @@ __device__ __forceinline__ float load_input(const float* p) {
   return v;
 }
 __device__ __forceinline__ void load8_input(const float* p, float (&w)[8]) {
-  const float4 a = load_input4(p), b = load_input4(p + 4);
-  w[0] = a.x, w[1] = a.y, w[2] = a.z, w[3] = a.w, w[4] = b.x, w[5] = b.y, w[6] = b.z, w[7] = b.w;
+  split8(load_input4(p), load_input4(p + 4), w);
 }
 
 __device__ __forceinline__ void unpack8(const uint4& raw, float (&w)[8]) {
@@ -69,8 +72,7 @@ __device__ __forceinline__ float4 load_weight_f4(const float* p) {
 }
 
 __device__ __forceinline__ void load_weight8(const float* p, float (&w)[8]) {
-  const float4 a = load_weight_f4(p), b = load_weight_f4(p + 4);
-  w[0] = a.x, w[1] = a.y, w[2] = a.z, w[3] = a.w, w[4] = b.x, w[5] = b.y, w[6] = b.z, w[7] = b.w;
+  split8(load_weight_f4(p), load_weight_f4(p + 4), w);
 }
 
 __device__ __forceinline__ void load_weight8(const __half* p, float (&w)[8]) { unpack8(load_weight_raw8(p), w); }

@@ -201,8 +201,7 @@ __global__ void __launch_bounds__(kWarps * 32, 2)
   const __half* dn = reinterpret_cast<const __half*>(table_len > 0 ? table[table_len + expert] : down_at[expert]);
   const __half* gu = reinterpret_cast<const __half*>(table_len > 0 ? table[expert] : gu_at[expert]);
   auto x8 = [&](int k, float (&xv)[8]) {
-    const float4 lo = xs[k / 4], hi = xs[k / 4 + 1];
-    xv[0] = lo.x, xv[1] = lo.y, xv[2] = lo.z, xv[3] = lo.w, xv[4] = hi.x, xv[5] = hi.y, xv[6] = hi.z, xv[7] = hi.w;
+    split8(xs[k / 4], xs[k / 4 + 1], xv);
   };
   expert_slice<S>(gu, dn, x8, weight, part + size_t(b) * H, H, I, int(blockIdx.x) * S);
   RV_PROBE_MARK(6);

@@ -171,8 +171,7 @@ __global__ void __launch_bounds__(kWarps * 32)
   if (kNorm) add_norm_rows<M>(x, pre, H, nw, xs);
   auto x8 = [&](int m, int k, float (&xv)[8]) {
     if (kNorm) {
-      const float4 lo = xs[(size_t(m) * H + k) / 4], hi = xs[(size_t(m) * H + k) / 4 + 1];
-      xv[0] = lo.x, xv[1] = lo.y, xv[2] = lo.z, xv[3] = lo.w, xv[4] = hi.x, xv[5] = hi.y, xv[6] = hi.z, xv[7] = hi.w;
+      split8(xs[(size_t(m) * H + k) / 4], xs[(size_t(m) * H + k) / 4 + 1], xv);
     } else {
       load8_input(x + size_t(m) * H + k, xv);
     }
