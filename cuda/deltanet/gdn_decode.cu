@@ -24,6 +24,7 @@
 #include <cuda_fp16.h>
 
 #include <algorithm>
+#include <type_traits>
 
 #include "core/activations.cuh"
 #include "core/arrival.cuh"
@@ -103,7 +104,7 @@ __device__ __forceinline__ void project_group_rows(const float* __restrict__ x, 
       float norm_eps, float *__restrict__ conv_states, float *__restrict__ states,                                \
       const int32_t *__restrict__ starts, const int32_t *__restrict__ slots, float *out, float *squares,         \
       int *counters, Shape sh
-template <int RPT, int CPT, bool kProject>
+template <int RPT, int CPT, bool kProject, bool kSquares>
 __device__ __forceinline__ void gdn_decode_block(GDN_DECODE_PARAMS) {
   constexpr int Dk = kWarps * RPT, kCols = 32 * CPT;
   const int Dv = sh.Dv, groups = (Dv + kCols - 1) / kCols, R = sh.Hv / sh.Hk;
@@ -127,7 +128,10 @@ __device__ __forceinline__ void gdn_decode_block(GDN_DECODE_PARAMS) {
   // The last W - 1 inputs of the channels this block convolves: q, k of key head hk, its v columns.
   __shared__ float window[2 * Dk + kCols][kMaxW - 1];
   __shared__ float taps[2 * Dk + kCols][kMaxW];  // their conv weights
-  // squares (ops::gdn_decode's deferred norm): a sum per 32 columns of the head, this block's from cg * CPT.
+  // kSquares (ops::gdn_decode's deferred norm): a sum per 32 columns of the head, this block's from
+  // cg * CPT; the output gate's inputs and the norm weight of warp 0's columns wait in shared memory
+  // (in registers across the rule they cost the projected form 44 bytes of spills).
+  __shared__ float gate_in[kSquares ? kCols : 1], gain[kSquares ? kCols : 1];
   const int parts = (Dv + 31) / 32;
   auto square_at = [&](int t, int c) { return (size_t(t) * sh.Hv + h) * parts + cg * CPT + c; };
   const int t0 = starts[s], t1 = starts[s + 1], slot = slots[s];
@@ -138,7 +142,7 @@ __device__ __forceinline__ void gdn_decode_block(GDN_DECODE_PARAMS) {
 #pragma unroll
       for (int c = 0; c < CPT; ++c) {
         if (warp == 0 && has_col[c]) out[size_t(t) * out_width + h * Dv + col[c]] = 0.0f;
-        if (squares && threadIdx.x == 0 && cg * kCols + 32 * c < Dv) squares[square_at(t, c)] = 0.0f;
+        if (kSquares && threadIdx.x == 0 && cg * kCols + 32 * c < Dv) squares[square_at(t, c)] = 0.0f;
       }
     return;
   }
@@ -201,12 +205,10 @@ __device__ __forceinline__ void gdn_decode_block(GDN_DECODE_PARAMS) {
     // The head's gate inputs (b, then a columns), loaded by every thread with the conv inputs.
     const int first = sh.C + sh.Hv * Dv;
     const float b_in = in(row + first + h), a_in = in(row + first + sh.Hv + h);
-    float z[CPT], gain[CPT];  // squares: the output gate's inputs and the norm weight of this lane's columns
+    if (kSquares && warp == 0)
 #pragma unroll
-    for (int c = 0; c < CPT; ++c) {
-      const bool used = squares && warp == 0 && has_col[c];
-      z[c] = used ? in(row + sh.C + h * Dv + col[c]) : 0.0f, gain[c] = used ? norm_w[col[c]] : 0.0f;
-    }
+      for (int c = 0; c < CPT; ++c)
+        if (has_col[c]) gate_in[32 * c + lane] = in(row + sh.C + h * Dv + col[c]), gain[32 * c + lane] = norm_w[col[c]];
     for (int c = threadIdx.x; c < nch; c += kThreads) {  // conv + silu, window shifted
       float* win = window[c];
       const float xt = in(row + channel(c));
@@ -270,10 +272,10 @@ __device__ __forceinline__ void gdn_decode_block(GDN_DECODE_PARAMS) {
         float sum = 0.0f;
 #pragma unroll
         for (int g = 0; g < kWarps; ++g) sum += red[g][32 * c + lane];
-        if (squares) {
+        if (kSquares) {
           const float sq = warp_sum(has_col[c] ? sum * sum : 0.0f);
           if (lane == 0 && cg * kCols + 32 * c < Dv) squares[square_at(t, c)] = sq;
-          sum *= gain[c] * silu(z[c]);
+          if (has_col[c]) sum *= gain[32 * c + lane] * silu(gate_in[32 * c + lane]);
         }
         if (has_col[c]) out[size_t(t) * out_width + h * Dv + col[c]] = sum;
       }
@@ -285,7 +287,7 @@ __device__ __forceinline__ void gdn_decode_block(GDN_DECODE_PARAMS) {
   // this kernel has completed).
   // With squares no block waits for the others: the group's first block stores the q / k windows,
   // and the projected form's group counter is re-armed by the last to leave (no data passes).
-  const bool last = squares ? false : last_to_arrive(counters + size_t(s) * sh.Hk + hk, R * groups);
+  const bool last = kSquares ? false : last_to_arrive(counters + size_t(s) * sh.Hk + hk, R * groups);
   RV_PROBE_MARK(5);
 #pragma unroll
   for (int r = 0; r < RPT; ++r)
@@ -297,7 +299,7 @@ __device__ __forceinline__ void gdn_decode_block(GDN_DECODE_PARAMS) {
       for (int i = 0; i < sh.W - 1; ++i) conv_state(c)[i] = window[c][i];
   };
   store_windows(2 * Dk, nch);  // this block's own v channels
-  if (squares) {
+  if (kSquares) {
     if (h == hk * R && cg == 0) store_windows(0, 2 * Dk);
     if (kProject && threadIdx.x == 0 && atomicAdd(counters + hk, 1) == R * groups - 1) counters[hk] = 0, *group_ready = 0;
     return;
@@ -329,18 +331,18 @@ __device__ __forceinline__ void gdn_decode_block(GDN_DECODE_PARAMS) {
   }
 }
 
-template <int RPT, int CPT>
+template <int RPT, int CPT, bool kSquares = false>
 __global__ void __launch_bounds__(kThreads) gdn_decode_kernel(GDN_DECODE_PARAMS) {
-  gdn_decode_block<RPT, CPT, false>(x, proj, hidden, fused, conv_w, neg_a, dt_bias, norm_w, norm_eps, conv_states,
+  gdn_decode_block<RPT, CPT, false, kSquares>(x, proj, hidden, fused, conv_w, neg_a, dt_bias, norm_w, norm_eps, conv_states,
                                     states, starts, slots, out, squares, counters, sh);
 }
 
 // Two blocks per multiprocessor: 128 blocks (Qwen3-Next) all resident on an 80-SM V100. The bound
 // also makes the compiler keep a row pair's 16 weight loads in flight (without it, it spaced them).
-template <int RPT>
+template <int RPT, bool kSquares = false>
 __global__ void __launch_bounds__(kThreads, 2) gdn_decode_projected_kernel(GDN_DECODE_PARAMS) {
   RV_PROBE_BLOCK(ProbeKind::kGdnDecode);
-  gdn_decode_block<RPT, 1, true>(x, proj, hidden, fused, conv_w, neg_a, dt_bias, norm_w, norm_eps, conv_states,
+  gdn_decode_block<RPT, 1, true, kSquares>(x, proj, hidden, fused, conv_w, neg_a, dt_bias, norm_w, norm_eps, conv_states,
                                  states, starts, slots, out, squares, counters, sh);
 }
 #undef GDN_DECODE_PARAMS
@@ -372,7 +374,8 @@ void gdn_decode(const Tensor* x, Tensor& fused, const ops::GdnWeights& w, Tensor
   // memory; a group counter per (sequence, key head). Past two blocks per multiprocessor of
   // 32-column blocks, 128-column ones (their q / k conv is repeated a quarter as often).
   const int64_t rows = Dk / kWarps;
-  const bool wide = Hv * ((Dv + 31) / 32) * S > 2 * sm_count() && rows <= 16;
+  // (The deferred norm takes the 32-column form: its squares come a warp's columns at a time.)
+  const bool wide = !squares && Hv * ((Dv + 31) / 32) * S > 2 * sm_count() && rows <= 16;
   const int64_t groups = (Dv + (wide ? 127 : 31)) / (wide ? 128 : 32);
   RV_CHECK((rows == 2 || rows == 4 || rows == 8 || rows == 16 || rows == 32) && Dk % kWarps == 0 && W <= kMaxW && Dv <= kMaxDv &&
                w.norm->dtype() == DType::kF32 && 2 * S * Hk <= kArrivalCounters,
@@ -396,16 +399,31 @@ void gdn_decode(const Tensor* x, Tensor& fused, const ops::GdnWeights& w, Tensor
                 seq_starts.ptr<int32_t>(), seq_slots.ptr<int32_t>(), out.ptr<float>(),
                 squares ? squares->ptr<float>() : nullptr, arrival_counters(), sh);
   };
-  bool launched = false;
-  if (project) {
+  // The forms per state rows a thread, with the deferred norm or without.
+  auto launch_projected = [&](auto with_squares) {
+    constexpr bool kSq = decltype(with_squares)::value;
     switch (rows) {
-      case 2: launched = projected<gdn_decode_projected_kernel<2>>(grid.x, go); break;
-      case 4: launched = projected<gdn_decode_projected_kernel<4>>(grid.x, go); break;
-      case 8: launched = projected<gdn_decode_projected_kernel<8>>(grid.x, go); break;
-      case 16: launched = projected<gdn_decode_projected_kernel<16>>(grid.x, go); break;
-      default: launched = projected<gdn_decode_projected_kernel<32>>(grid.x, go); break;
+      case 2: return projected<gdn_decode_projected_kernel<2, kSq>>(grid.x, go);
+      case 4: return projected<gdn_decode_projected_kernel<4, kSq>>(grid.x, go);
+      case 8: return projected<gdn_decode_projected_kernel<8, kSq>>(grid.x, go);
+      case 16: return projected<gdn_decode_projected_kernel<16, kSq>>(grid.x, go);
+      default: return projected<gdn_decode_projected_kernel<32, kSq>>(grid.x, go);
     }
-  }
+  };
+  auto launch_narrow = [&](auto with_squares) {
+    constexpr bool kSq = decltype(with_squares)::value;
+    switch (rows) {
+      case 2: go(gdn_decode_kernel<2, 1, kSq>, false); break;
+      case 4: go(gdn_decode_kernel<4, 1, kSq>, false); break;
+      case 8: go(gdn_decode_kernel<8, 1, kSq>, false); break;
+      case 16: go(gdn_decode_kernel<16, 1, kSq>, false); break;
+      default: go(gdn_decode_kernel<32, 1, kSq>, false); break;
+    }
+  };
+  using Squares = std::true_type;
+  using NoSquares = std::false_type;
+  bool launched = false;
+  if (project) launched = squares ? launch_projected(Squares{}) : launch_projected(NoSquares{});
   if (!launched) {
     if (p) linear(*x, *p, nullptr, fused);
     if (wide) {
@@ -415,14 +433,10 @@ void gdn_decode(const Tensor* x, Tensor& fused, const ops::GdnWeights& w, Tensor
         case 8: go(gdn_decode_kernel<8, 4>, false); break;
         default: go(gdn_decode_kernel<16, 4>, false); break;
       }
+    } else if (squares) {
+      launch_narrow(Squares{});
     } else {
-      switch (rows) {
-        case 2: go(gdn_decode_kernel<2, 1>, false); break;
-        case 4: go(gdn_decode_kernel<4, 1>, false); break;
-        case 8: go(gdn_decode_kernel<8, 1>, false); break;
-        case 16: go(gdn_decode_kernel<16, 1>, false); break;
-        default: go(gdn_decode_kernel<32, 1>, false); break;
-      }
+      launch_narrow(NoSquares{});
     }
   }
   RV_CUDA_CHECK(cudaGetLastError());
