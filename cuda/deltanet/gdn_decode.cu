@@ -128,10 +128,7 @@ __device__ __forceinline__ void gdn_decode_block(GDN_DECODE_PARAMS) {
   // The last W - 1 inputs of the channels this block convolves: q, k of key head hk, its v columns.
   __shared__ float window[2 * Dk + kCols][kMaxW - 1];
   __shared__ float taps[2 * Dk + kCols][kMaxW];  // their conv weights
-  // kSquares (ops::gdn_decode's deferred norm): a sum per 32 columns of the head, this block's from
-  // cg * CPT; the output gate's inputs and the norm weight of warp 0's columns wait in shared memory
-  // (in registers across the rule they cost the projected form 44 bytes of spills).
-  __shared__ float gate_in[kSquares ? kCols : 1], gain[kSquares ? kCols : 1];
+  // kSquares (ops::gdn_decode's deferred norm): a sum per 32 columns of the head, this block's from cg * CPT.
   const int parts = (Dv + 31) / 32;
   auto square_at = [&](int t, int c) { return (size_t(t) * sh.Hv + h) * parts + cg * CPT + c; };
   const int t0 = starts[s], t1 = starts[s + 1], slot = slots[s];
@@ -205,10 +202,14 @@ __device__ __forceinline__ void gdn_decode_block(GDN_DECODE_PARAMS) {
     // The head's gate inputs (b, then a columns), loaded by every thread with the conv inputs.
     const int first = sh.C + sh.Hv * Dv;
     const float b_in = in(row + first + h), a_in = in(row + first + sh.Hv + h);
-    if (kSquares && warp == 0)
+    // kSquares: the output gate's inputs and the norm weight of warp 0's columns, loaded with the
+    // others (through shared memory, the wait for them before the conv cost 0.25% at concurrency 1).
+    float z[CPT], gain[CPT];
 #pragma unroll
-      for (int c = 0; c < CPT; ++c)
-        if (has_col[c]) gate_in[32 * c + lane] = in(row + sh.C + h * Dv + col[c]), gain[32 * c + lane] = norm_w[col[c]];
+    for (int c = 0; c < CPT; ++c) {
+      const bool used = kSquares && warp == 0 && has_col[c];
+      z[c] = used ? in(row + sh.C + h * Dv + col[c]) : 0.0f, gain[c] = used ? norm_w[col[c]] : 0.0f;
+    }
     for (int c = threadIdx.x; c < nch; c += kThreads) {  // conv + silu, window shifted
       float* win = window[c];
       const float xt = in(row + channel(c));
@@ -275,7 +276,7 @@ __device__ __forceinline__ void gdn_decode_block(GDN_DECODE_PARAMS) {
         if (kSquares) {
           const float sq = warp_sum(has_col[c] ? sum * sum : 0.0f);
           if (lane == 0 && cg * kCols + 32 * c < Dv) squares[square_at(t, c)] = sq;
-          if (has_col[c]) sum *= gain[32 * c + lane] * silu(gate_in[32 * c + lane]);
+          sum *= gain[c] * silu(z[c]);
         }
         if (has_col[c]) out[size_t(t) * out_width + h * Dv + col[c]] = sum;
       }
@@ -285,9 +286,11 @@ __device__ __forceinline__ void gdn_decode_block(GDN_DECODE_PARAMS) {
   // The group's last block reads only the outputs above: the arrival's fence waits for those
   // stores alone, and the state and window stores go out after it (the next step reads them once
   // this kernel has completed).
-  // With squares no block waits for the others: the group's first block stores the q / k windows,
-  // and the projected form's group counter is re-armed by the last to leave (no data passes).
-  const bool last = kSquares ? false : last_to_arrive(counters + size_t(s) * sh.Hk + hk, R * groups);
+  // With squares no block reads another's output. The projected form's blocks have all read the
+  // old q / k windows before they met on the group counter, so its group's first block stores them
+  // and the last to leave re-arms the counter; the other forms still take the last to arrive, the
+  // one that knows that nobody reads the old windows any more.
+  const bool last = kSquares && kProject ? false : last_to_arrive(counters + size_t(s) * sh.Hk + hk, R * groups);
   RV_PROBE_MARK(5);
 #pragma unroll
   for (int r = 0; r < RPT; ++r)
@@ -300,7 +303,7 @@ __device__ __forceinline__ void gdn_decode_block(GDN_DECODE_PARAMS) {
   };
   store_windows(2 * Dk, nch);  // this block's own v channels
   if (kSquares) {
-    if (h == hk * R && cg == 0) store_windows(0, 2 * Dk);
+    if (kProject ? h == hk * R && cg == 0 : last) store_windows(0, 2 * Dk);
     if (kProject && threadIdx.x == 0 && atomicAdd(counters + hk, 1) == R * groups - 1) counters[hk] = 0, *group_ready = 0;
     return;
   }
