@@ -164,6 +164,16 @@ void test_linear(int64_t M, int64_t N, int64_t K, DType dt, bool with_bias) {
   const bool tensor_cores = dt == DType::kF16 && M > 8 && K % 8 == 0;  // incl. the split-K fragments
   const float tol = tensor_cores ? 4e-4f * std::sqrt(float(K)) : 2e-4f * std::sqrt(float(K)) / 8.0f + 1e-4f;
   report("linear " + tag, max_abs_diff(cuda::to_host(dout), ref), tol);
+  // As in a decode step: x written by the kernel right before (an RMSNorm), nothing between them,
+  // so a load of x made before the linear kernel's wait would read the zeros it was allocated with.
+  Tensor nw = random_tensor({K}), xn = Tensor::empty({M, K}, DType::kF32), ref_n = Tensor::empty({M, N}, DType::kF32);
+  ops::cpu::rms_norm(x, nw, 1e-6f, xn);
+  ops::cpu::linear(xn, w, with_bias ? &bias : nullptr, ref_n);
+  Tensor dnw = cuda::to_device(nw), dxn = Tensor::empty({M, K}, DType::kF32, Device::kCUDA);
+  Tensor dout_n = Tensor::empty({M, N}, DType::kF32, Device::kCUDA);
+  ops::rms_norm(dx, dnw, 1e-6f, dxn);
+  ops::linear(dxn, dw, with_bias ? &db : nullptr, dout_n);
+  report("linear after rms_norm " + tag, max_abs_diff(cuda::to_host(dout_n), ref_n), tol);
   perf("linear " + tag, double(N * K) * double(dtype_size(dt)) + double(M * K + M * N) * 4,
        [&] { ops::linear(dx, dw, with_bias ? &db : nullptr, dout); }, 2.0 * double(M) * double(N) * double(K));
 }
@@ -814,6 +824,7 @@ int main(int argc, char** argv) {
       test_linear(1, 14336, 4096, dt, false);
       test_linear(1, 2048, 4096, dt, true);   // an output projection (fewer rows than the four-row form wants)
       test_linear(1, 12352, 2048, dt, false);  // Qwen3-Next's DeltaNet input projection
+      test_linear(1, 9216, 2048, dt, false);   // its attention QKV (f16: the whole-row form, four waves)
       test_linear(77, 1536, 576, dt, true);  // tiled path, ragged tiles
       test_linear(512, 4096, 4096, dt, false);
       test_linear(16, 4096, 4096, dt, false);   // split-K tensor-core fragments (decode batches)
