@@ -633,6 +633,26 @@ void test_moe_topk(int64_t T, int64_t E, int64_t K, bool renorm, bool shared = f
   report("moe_topk weights " + tag, max_abs_diff(cuda::to_host(dw), w), 1e-5f);
 }
 
+// Expert ids that differ between the device and the CPU (each reported with the CPU's logits of
+// both experts, so that a near tie reads as one); routed: the router's input, router [E + S, H].
+int64_t wrong_ids(const Tensor& device_ids, const Tensor& ids, const Tensor& routed, const Tensor& router) {
+  const Tensor hid = cuda::to_host(device_ids);
+  const int64_t T = ids.size(0), n = ids.size(1), E = router.size(0);
+  Tensor logits = Tensor::empty({T, E}, DType::kF32);
+  ops::cpu::linear(routed, router, nullptr, logits);
+  int64_t wrong = 0;
+  for (int64_t i = 0; i < ids.numel(); ++i) {
+    const int32_t g = hid.ptr<int32_t>()[i], c = ids.ptr<int32_t>()[i];
+    if (g == c) continue;
+    ++wrong;
+    const float* lt = logits.ptr<float>() + i / n * E;
+    std::printf("     token %lld rank %lld: device expert %d (CPU logit %.6f), CPU expert %d (%.6f)\n",
+                static_cast<long long>(i / n), static_cast<long long>(i % n), g, g >= 0 && g < E ? lt[g] : 0.0f, c,
+                c >= 0 && c < E ? lt[c] : 0.0f);
+  }
+  return wrong;
+}
+
 // Router logits + top-k in one op (one launch for decode batches of up to 4 tokens) against the
 // CPU's linear + moe_topk; twice in a row (the arrival counter resets itself). With `first`, x is
 // a block's output: the residual add + RMSNorm come first (the CPU's add_rms_norm), and the new
@@ -657,9 +677,7 @@ void test_moe_route(int64_t T, int64_t E, int64_t K, int64_t H, bool shared, boo
     ops::moe_route(dx, dr, E, true, dids, dw, first ? &dev_first : nullptr);
   }
   ops::cpu::moe_route(x, router, E, true, ids, w, first ? &cpu_first : nullptr);
-  const Tensor hid = cuda::to_host(dids);
-  int64_t wrong = 0;
-  for (int64_t i = 0; i < ids.numel(); ++i) wrong += hid.ptr<int32_t>()[i] != ids.ptr<int32_t>()[i];
+  const int64_t wrong = wrong_ids(dids, ids, first ? normed : x, router);
   const std::string tag = std::to_string(T) + "x" + std::to_string(H) + " E" + std::to_string(E) + " top" +
                           std::to_string(K) + (shared ? " + shared" : "") + (first ? " after add + norm" : "") +
                           (ties == 1 ? " 40 tied at the top" : ties == 2 ? " all tied" : "");
@@ -761,9 +779,10 @@ void test_moe_route_experts(int64_t T, int64_t E, int64_t K, int64_t H, int64_t 
     dres = cuda::to_device(res);  // the residual before the add, each time
     ops::moe_route_experts(dx, dr, E, true, dev_first, dids, dw, ex.device, dout, with_then ? &dev_then : nullptr, dwarm);
   }
-  const Tensor hid = cuda::to_host(dids);
-  int64_t wrong = 0;
-  for (int64_t i = 0; i < ids.numel(); ++i) wrong += hid.ptr<int32_t>()[i] != ids.ptr<int32_t>()[i];
+  Tensor routed = Tensor::empty({T, H}, DType::kF32), res_routed = Tensor::empty({T, H}, DType::kF32);
+  std::memcpy(res_routed.data(), res.data(), res.nbytes());
+  ops::cpu::add_rms_norm(res_routed, x, nw, 1e-6f, routed);
+  const int64_t wrong = wrong_ids(dids, ids, routed, router);
   const std::string tag = std::to_string(T) + "x" + std::to_string(H) + " E" + std::to_string(E) + " top" +
                           std::to_string(K) + " I" + std::to_string(I) + (shared ? " + shared" : "") +
                           (with_then ? " + residual norm" : "") + (warm ? " + L2 warm" : "");
