@@ -642,12 +642,12 @@ int64_t wrong_ids(const Tensor& device_ids, const Tensor& ids, const Tensor& wei
                   const Tensor& router) {
   const Tensor hid = cuda::to_host(device_ids);
   const int64_t T = ids.size(0), n = ids.size(1), E = router.size(0);
-  Tensor logits = Tensor::empty({T, E}, DType::kF32);
-  ops::cpu::linear(routed, router, nullptr, logits);
+  Tensor logits;  // the CPU's, for the report: computed at the first difference
   int64_t wrong = 0;
   for (int64_t i = 0; i < ids.numel(); ++i) {
     const int32_t g = hid.ptr<int32_t>()[i], c = ids.ptr<int32_t>()[i];
     if (g == c) continue;
+    if (!logits.defined()) logits = Tensor::empty({T, E}, DType::kF32), ops::cpu::linear(routed, router, nullptr, logits);
     const bool weightless = weights.ptr<float>()[i] == 0.0f;
     wrong += !weightless;
     const float* lt = logits.ptr<float>() + i / n * E;
