@@ -5,7 +5,7 @@
 //   revolta_bench --shape llama-8b|llama-1b|qwen3-next-80b [--layers N] [--device cuda|cpu]
 //                 [--concurrency 1,2,4,8,16,32] [--prefill 2048,8192] [--prompt 128] [--decode 128]
 //                 [--eager] [--no-dependent-launch] [--async-scheduling auto|on|off] [--json FILE]
-//                 [--probe FILE]
+//                 [--probe FILE] [--max-model-len N]
 //
 // qwen3-next-80b is Qwen3-Next-80B-A3B's shape (hidden 2048, 512 experts top-10, its attention and
 // Gated DeltaNet dimensions); its 48 layers in fp16 do not fit one 141 GB GPU, so it runs 32 unless
@@ -15,6 +15,9 @@
 // --probe FILE (a build with -DREVOLTA_PROBE=ON): after the decode runs, a few more decode steps of
 // one sequence with the decode kernels' phase timestamps logged, written to FILE as CSV
 // (kind,point,block,time_ns; benchmarks/probe_summary.py reads it).
+// --max-model-len N: the engine's context limit (default: the longest prefill, or prompt + decode,
+// plus 16). Decode graphs are recorded for it, so decode runs with and without long prefills
+// compare at the same limit only when it is given.
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -155,7 +158,7 @@ int main(int argc, char** argv) {
   std::string shape_name = "llama-8b", json_path, probe_path, device = "cuda", async_scheduling = "auto";
   int layers = 0;
   std::vector<int> conc = {1, 2, 4, 8, 16, 32}, prefill = {2048, 8192};
-  int prompt = 128, decode = 128;
+  int prompt = 128, decode = 128, max_model_len = 0;
   bool eager = false, dependent_launch = true;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
@@ -172,6 +175,7 @@ int main(int argc, char** argv) {
     else if (a == "--no-dependent-launch") dependent_launch = false;
     else if (a == "--async-scheduling") async_scheduling = next();
     else if (a == "--probe") probe_path = next();
+    else if (a == "--max-model-len") max_model_len = std::stoi(next());
     else {
       std::fprintf(stderr, "unknown argument %s\n", a.c_str());
       return 2;
@@ -205,6 +209,14 @@ int main(int argc, char** argv) {
   int max_conc = 1;
   for (int c : conc) max_conc = std::max(max_conc, c);
   cfg.max_model_len = std::max(max_prefill + 16, prompt + decode + 16);
+  if (max_model_len > 0) {
+    if (max_model_len < cfg.max_model_len) {
+      std::fprintf(stderr, "--max-model-len %d is below the %d the prefills and decodes need\n", max_model_len,
+                   cfg.max_model_len);
+      return 2;
+    }
+    cfg.max_model_len = max_model_len;
+  }
   cfg.max_num_seqs = max_conc;
   cfg.max_num_batched_tokens = std::max(2048, std::min(max_prefill, 8192));
   cfg.gpu_memory_utilization = 0.85f;
@@ -215,14 +227,14 @@ int main(int argc, char** argv) {
   const ModelInfo& info = engine.model_info();
   const TokenBytes tb = token_bytes(s);
   std::printf("shape %s: %.2f GB of weights; a decoded token reads %.3f GB of them + %.1f MB of state + KV; "
-              "KV pool %.1f GB; %s; async scheduling %s\n",
+              "KV pool %.1f GB; %s; async scheduling %s; max_model_len %d\n",
               shape_name.c_str(), info.weight_bytes / 1e9, (tb.weights + s.top_k * tb.per_expert) / 1e9, tb.state / 1e6,
               info.kv_cache_bytes / 1e9, eager || device != "cuda" ? "eager" : "decode graphs allowed",
-              async_scheduling.c_str());
+              async_scheduling.c_str(), cfg.max_model_len);
   std::mt19937 rng(1);
   std::ostringstream js;
   js << "{\"shape\": \"" << shape_name << "\", \"device\": \"" << info.device << "\", \"read_bw_gbs\": " << read_bw / 1e9
-     << ", \"weight_bytes\": " << info.weight_bytes << ", \"decode\": [";
+     << ", \"weight_bytes\": " << info.weight_bytes << ", \"max_model_len\": " << cfg.max_model_len << ", \"decode\": [";
   run_decode(engine, {random_prompt(prompt, s.vocab, rng)}, 8);  // warm-up: graphs, allocator
   std::printf("%-12s %12s %12s %16s %10s %8s %8s\n", "concurrency", "tok/s", "ms/step", "GB read/step", "of read bw",
               "graphs", "ahead");

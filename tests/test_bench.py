@@ -12,11 +12,11 @@ def test_revolta_bench_runs_and_reports():
     exe = Path(revolta.__file__).parent / "bin" / "revolta_bench"
     assert exe.is_file()
     proc = subprocess.run([str(exe), "--shape", "llama-1b", "--layers", "1", "--device", "cpu", "--concurrency", "1,2",
-                           "--prefill", "32", "--prompt", "8", "--decode", "4"],
+                           "--prefill", "32", "--prompt", "8", "--decode", "4", "--max-model-len", "96"],
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     report = json.loads(proc.stdout.split("JSON ", 1)[1])
-    assert report["shape"] == "llama-1b" and report["device"] == "cpu"
+    assert report["shape"] == "llama-1b" and report["device"] == "cpu" and report["max_model_len"] == 96
     assert [d["concurrency"] for d in report["decode"]] == [1, 2]
     assert all(d["tok_s"] > 0 and d["bytes_per_step"] > 2e8 for d in report["decode"])
     assert all(d["graph_steps"] == 0 for d in report["decode"])  # the CPU records no graphs
@@ -27,6 +27,13 @@ def test_revolta_bench_rejects_an_unknown_shape():
     exe = Path(revolta.__file__).parent / "bin" / "revolta_bench"
     proc = subprocess.run([str(exe), "--shape", "llama-70b"], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2 and "--shape" in proc.stderr
+
+
+def test_revolta_bench_rejects_a_context_limit_below_its_runs():
+    exe = Path(revolta.__file__).parent / "bin" / "revolta_bench"
+    args = ["--shape", "llama-1b", "--layers", "1", "--device", "cpu", "--prefill", "64", "--prompt", "8", "--decode", "4"]
+    proc = subprocess.run([str(exe), *args, "--max-model-len", "32"], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and "--max-model-len 32" in proc.stderr and "80" in proc.stderr
 
 
 def test_probe_summary_groups_blocks_into_launches(tmp_path):

@@ -25,7 +25,10 @@ __device__ __forceinline__ float load_l2(const float* p) {
 // point every time, where a weak load in a loop (even ld.cg, whose cache operator is only a hint)
 // may keep returning the stale copy it first saw (a poll built on load_l2 spun for seconds on
 // words that were long set, H200).
-__device__ __forceinline__ unsigned load_polled(const unsigned* p) { return *static_cast<const volatile unsigned*>(p); }
+template <typename T>
+__device__ __forceinline__ T load_polled(const T* p) {
+  return *static_cast<const volatile T*>(p);
+}
 
 __device__ __forceinline__ float4 load_l2(const float4* p) {
   float4 v;
@@ -56,7 +59,7 @@ __device__ inline void arrive_and_wait(int* counter, int total) {
   if (threadIdx.x == 0) {
     __threadfence();
     atomicAdd(counter, 1);
-    while (*static_cast<volatile int*>(counter) < total) {
+    while (load_polled(counter) < total) {
     }
     __threadfence();
   }

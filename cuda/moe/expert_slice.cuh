@@ -96,7 +96,7 @@ __device__ __forceinline__ void fold_combine(const float* part, int parts, int H
   const int first = parts - summers;
   if (ticket < first) return;
   if (threadIdx.x == 0) {
-    while (*static_cast<volatile int*>(tickets + 2 * t) < parts) {
+    while (load_polled(tickets + 2 * t) < parts) {
     }
     __threadfence();
   }

@@ -657,22 +657,27 @@ void test_moe_topk(int64_t T, int64_t E, int64_t K, bool renorm, bool shared = f
   report("moe_topk weights " + tag, max_abs_diff(cuda::to_host(dw), w), 1e-5f);
 }
 
-// Expert ids that differ between the device and the CPU (each reported with the CPU's logits of
-// both experts, so that a near tie reads as one); routed: the router's input, router [E + S, H].
-int64_t wrong_ids(const Tensor& device_ids, const Tensor& ids, const Tensor& routed, const Tensor& router) {
+// Expert ids that differ between the device and the CPU, each reported with the CPU's logits of
+// both experts; routed: the router's input, router [E + S, H]. A slot to which the CPU gives no
+// weight is not counted: its softmax probability underflowed to 0 (logits ~100 apart), the CPU
+// (as HF's softmax-then-top-k) then takes such experts by id and the device by logit, and neither
+// carries any weight (the weights are compared on their own).
+int64_t wrong_ids(const Tensor& device_ids, const Tensor& ids, const Tensor& weights, const Tensor& routed,
+                  const Tensor& router) {
   const Tensor hid = cuda::to_host(device_ids);
   const int64_t T = ids.size(0), n = ids.size(1), E = router.size(0);
-  Tensor logits = Tensor::empty({T, E}, DType::kF32);
-  ops::cpu::linear(routed, router, nullptr, logits);
+  Tensor logits;  // the CPU's, for the report: computed at the first difference
   int64_t wrong = 0;
   for (int64_t i = 0; i < ids.numel(); ++i) {
     const int32_t g = hid.ptr<int32_t>()[i], c = ids.ptr<int32_t>()[i];
     if (g == c) continue;
-    ++wrong;
+    if (!logits.defined()) logits = Tensor::empty({T, E}, DType::kF32), ops::cpu::linear(routed, router, nullptr, logits);
+    const bool weightless = weights.ptr<float>()[i] == 0.0f;
+    wrong += !weightless;
     const float* lt = logits.ptr<float>() + i / n * E;
-    std::printf("     token %lld rank %lld: device expert %d (CPU logit %.6f), CPU expert %d (%.6f)\n",
+    std::printf("     token %lld rank %lld: device expert %d (CPU logit %.6f), CPU expert %d (%.6f)%s\n",
                 static_cast<long long>(i / n), static_cast<long long>(i % n), g, g >= 0 && g < E ? lt[g] : 0.0f, c,
-                c >= 0 && c < E ? lt[c] : 0.0f);
+                c >= 0 && c < E ? lt[c] : 0.0f, weightless ? ", no weight on the CPU: not counted" : "");
   }
   return wrong;
 }
@@ -701,7 +706,7 @@ void test_moe_route(int64_t T, int64_t E, int64_t K, int64_t H, bool shared, boo
     ops::moe_route(dx, dr, E, true, dids, dw, first ? &dev_first : nullptr);
   }
   ops::cpu::moe_route(x, router, E, true, ids, w, first ? &cpu_first : nullptr);
-  const int64_t wrong = wrong_ids(dids, ids, first ? normed : x, router);
+  const int64_t wrong = wrong_ids(dids, ids, w, first ? normed : x, router);
   const std::string tag = std::to_string(T) + "x" + std::to_string(H) + " E" + std::to_string(E) + " top" +
                           std::to_string(K) + (shared ? " + shared" : "") + (first ? " after add + norm" : "") +
                           (ties == 1 ? " 40 tied at the top" : ties == 2 ? " all tied" : "");
@@ -806,7 +811,7 @@ void test_moe_route_experts(int64_t T, int64_t E, int64_t K, int64_t H, int64_t 
   Tensor routed = Tensor::empty({T, H}, DType::kF32), res_routed = Tensor::empty({T, H}, DType::kF32);
   std::memcpy(res_routed.data(), res.data(), res.nbytes());
   ops::cpu::add_rms_norm(res_routed, x, nw, 1e-6f, routed);
-  const int64_t wrong = wrong_ids(dids, ids, routed, router);
+  const int64_t wrong = wrong_ids(dids, ids, w, routed, router);
   const std::string tag = std::to_string(T) + "x" + std::to_string(H) + " E" + std::to_string(E) + " top" +
                           std::to_string(K) + " I" + std::to_string(I) + (shared ? " + shared" : "") +
                           (with_then ? " + residual norm" : "") + (warm ? " + L2 warm" : "");
