@@ -262,12 +262,13 @@ cudaStream_t stream() {
 
 // Allocated outside the memory pools (a graph's private pool would take them away with it); the
 // first call always comes before any recording (the sizing run of a capture), so no allocation
-// happens during one.
+// happens during one. Zeroed on the work stream, ahead of every kernel that counts on them (a
+// cudaMemset goes on the legacy stream, which the non-blocking work stream does not wait for).
 int* arrival_counters() {
   static int* buf = [] {
     int* p = nullptr;
     RV_CUDA_CHECK(cudaMalloc(&p, kArrivalCounters * sizeof(int)));
-    RV_CUDA_CHECK(cudaMemset(p, 0, kArrivalCounters * sizeof(int)));
+    RV_CUDA_CHECK(cudaMemsetAsync(p, 0, kArrivalCounters * sizeof(int), stream()));
     return p;
   }();
   return buf;
