@@ -128,9 +128,12 @@ __device__ __forceinline__ void gdn_decode_block(GDN_DECODE_PARAMS) {
   // The last W - 1 inputs of the channels this block convolves: q, k of key head hk, its v columns.
   __shared__ float window[2 * Dk + kCols][kMaxW - 1];
   __shared__ float taps[2 * Dk + kCols][kMaxW];  // their conv weights
-  // kSquares (ops::gdn_decode's deferred norm): a sum per 32 columns of the head, this block's from cg * CPT.
+  // The deferred norm (ops::gdn_decode's squares): a sum per 32 columns of the head, this block's from cg * CPT.
   const int parts = (Dv + 31) / 32;
   auto square_at = [&](int t, int c) { return (size_t(t) * sh.Hv + h) * parts + cg * CPT + c; };
+  // The projected form takes the deferred norm from its arguments: compiled in as a constant, its
+  // RPT 16 form (Qwen3-Next) spilled 60 bytes and lost ~2% at concurrency 1.
+  const bool deferred = kProject ? squares != nullptr : kSquares;
   const int t0 = starts[s], t1 = starts[s + 1], slot = slots[s];
   if (slot < 0) {  // a padding row (every block of the group returns here): no state, zero output
     wait_for_predecessor();
@@ -139,7 +142,7 @@ __device__ __forceinline__ void gdn_decode_block(GDN_DECODE_PARAMS) {
 #pragma unroll
       for (int c = 0; c < CPT; ++c) {
         if (warp == 0 && has_col[c]) out[size_t(t) * out_width + h * Dv + col[c]] = 0.0f;
-        if (kSquares && threadIdx.x == 0 && cg * kCols + 32 * c < Dv) squares[square_at(t, c)] = 0.0f;
+        if (deferred && threadIdx.x == 0 && cg * kCols + 32 * c < Dv) squares[square_at(t, c)] = 0.0f;
       }
     return;
   }
@@ -202,12 +205,12 @@ __device__ __forceinline__ void gdn_decode_block(GDN_DECODE_PARAMS) {
     // The head's gate inputs (b, then a columns), loaded by every thread with the conv inputs.
     const int first = sh.C + sh.Hv * Dv;
     const float b_in = in(row + first + h), a_in = in(row + first + sh.Hv + h);
-    // kSquares: the output gate's inputs and the norm weight of warp 0's columns, loaded with the
+    // The deferred norm: the output gate's inputs and the norm weight of warp 0's columns, loaded with the
     // others (through shared memory, the wait for them before the conv cost 0.25% at concurrency 1).
     float z[CPT], gain[CPT];
 #pragma unroll
     for (int c = 0; c < CPT; ++c) {
-      const bool used = kSquares && warp == 0 && has_col[c];
+      const bool used = deferred && warp == 0 && has_col[c];
       z[c] = used ? in(row + sh.C + h * Dv + col[c]) : 0.0f, gain[c] = used ? norm_w[col[c]] : 0.0f;
     }
     for (int c = threadIdx.x; c < nch; c += kThreads) {  // conv + silu, window shifted
@@ -273,7 +276,7 @@ __device__ __forceinline__ void gdn_decode_block(GDN_DECODE_PARAMS) {
         float sum = 0.0f;
 #pragma unroll
         for (int g = 0; g < kWarps; ++g) sum += red[g][32 * c + lane];
-        if (kSquares) {
+        if (deferred) {
           const float sq = warp_sum(has_col[c] ? sum * sum : 0.0f);
           if (lane == 0 && cg * kCols + 32 * c < Dv) squares[square_at(t, c)] = sq;
           sum *= gain[c] * silu(z[c]);
@@ -290,7 +293,7 @@ __device__ __forceinline__ void gdn_decode_block(GDN_DECODE_PARAMS) {
   // old q / k windows before they met on the group counter, so its group's first block stores them
   // and the last to leave re-arms the counter; the other forms still take the last to arrive, the
   // one that knows that nobody reads the old windows any more.
-  const bool last = kSquares && kProject ? false : last_to_arrive(counters + size_t(s) * sh.Hk + hk, R * groups);
+  const bool last = deferred && kProject ? false : last_to_arrive(counters + size_t(s) * sh.Hk + hk, R * groups);
   RV_PROBE_MARK(5);
 #pragma unroll
   for (int r = 0; r < RPT; ++r)
@@ -302,7 +305,7 @@ __device__ __forceinline__ void gdn_decode_block(GDN_DECODE_PARAMS) {
       for (int i = 0; i < sh.W - 1; ++i) conv_state(c)[i] = window[c][i];
   };
   store_windows(2 * Dk, nch);  // this block's own v channels
-  if (kSquares) {
+  if (deferred) {
     if (kProject ? h == hk * R && cg == 0 : last) store_windows(0, 2 * Dk);
     if (kProject && threadIdx.x == 0 && atomicAdd(counters + hk, 1) == R * groups - 1) counters[hk] = 0, *group_ready = 0;
     return;
@@ -342,10 +345,10 @@ __global__ void __launch_bounds__(kThreads) gdn_decode_kernel(GDN_DECODE_PARAMS)
 
 // Two blocks per multiprocessor: 128 blocks (Qwen3-Next) all resident on an 80-SM V100. The bound
 // also makes the compiler keep a row pair's 16 weight loads in flight (without it, it spaced them).
-template <int RPT, bool kSquares = false>
+template <int RPT>
 __global__ void __launch_bounds__(kThreads, 2) gdn_decode_projected_kernel(GDN_DECODE_PARAMS) {
   RV_PROBE_BLOCK(ProbeKind::kGdnDecode);
-  gdn_decode_block<RPT, 1, true, kSquares>(x, proj, hidden, fused, conv_w, neg_a, dt_bias, norm_w, norm_eps, conv_states,
+  gdn_decode_block<RPT, 1, true, false>(x, proj, hidden, fused, conv_w, neg_a, dt_bias, norm_w, norm_eps, conv_states,
                                  states, starts, slots, out, squares, counters, sh);
 }
 #undef GDN_DECODE_PARAMS
@@ -402,15 +405,14 @@ void gdn_decode(const Tensor* x, Tensor& fused, const ops::GdnWeights& w, Tensor
                 seq_starts.ptr<int32_t>(), seq_slots.ptr<int32_t>(), out.ptr<float>(),
                 squares ? squares->ptr<float>() : nullptr, arrival_counters(), sh);
   };
-  // The forms per state rows a thread, with the deferred norm or without.
-  auto launch_projected = [&](auto with_squares) {
-    constexpr bool kSq = decltype(with_squares)::value;
+  // The forms per state rows a thread (the narrow ones with the deferred norm or without).
+  auto launch_projected = [&] {  // (the deferred norm decided in the kernel, from squares)
     switch (rows) {
-      case 2: return projected<gdn_decode_projected_kernel<2, kSq>>(grid.x, go);
-      case 4: return projected<gdn_decode_projected_kernel<4, kSq>>(grid.x, go);
-      case 8: return projected<gdn_decode_projected_kernel<8, kSq>>(grid.x, go);
-      case 16: return projected<gdn_decode_projected_kernel<16, kSq>>(grid.x, go);
-      default: return projected<gdn_decode_projected_kernel<32, kSq>>(grid.x, go);
+      case 2: return projected<gdn_decode_projected_kernel<2>>(grid.x, go);
+      case 4: return projected<gdn_decode_projected_kernel<4>>(grid.x, go);
+      case 8: return projected<gdn_decode_projected_kernel<8>>(grid.x, go);
+      case 16: return projected<gdn_decode_projected_kernel<16>>(grid.x, go);
+      default: return projected<gdn_decode_projected_kernel<32>>(grid.x, go);
     }
   };
   auto launch_narrow = [&](auto with_squares) {
@@ -426,7 +428,7 @@ void gdn_decode(const Tensor* x, Tensor& fused, const ops::GdnWeights& w, Tensor
   using Squares = std::true_type;
   using NoSquares = std::false_type;
   bool launched = false;
-  if (project) launched = squares ? launch_projected(Squares{}) : launch_projected(NoSquares{});
+  if (project) launched = launch_projected();
   if (!launched) {
     if (p) linear(*x, *p, nullptr, fused);
     if (wide) {
