@@ -138,6 +138,21 @@ def test_greedy_single_request(case):
         assert run(llm, prompts[-1:]) == expected[-1:]
 
 
+def test_decode_step_logits_match_hf(case):
+    """Logits of decode steps of one token (hybrid models leave the DeltaNet's gated norm to the
+    output projection there: ops::linear_scaled) against HF's over the same tokens."""
+    model, path, prompts, _ = case
+    prompt = prompts[1]
+    with LLM(path, kv_cache_memory_bytes=8 << 20) as llm:
+        params = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True, return_generation_logits=True)
+        out = llm.generate([prompt], params)[0].outputs[0]
+    assert len(out.generation_logits) == 4
+    for i in range(1, 4):  # step i's logits follow the prompt and the first i generated tokens
+        ours = torch.tensor(out.generation_logits[i])
+        err = (ours - hf_last_logits(model, prompt + list(out.token_ids[:i]))).abs().max().item()
+        assert err < 1e-4, f"decode step {i}: max |logit diff| {err}"
+
+
 def test_greedy_chunked_prefill(case):
     _, path, prompts, expected = case
     for budget in (7, 16, 40):  # 40: chunks that split a 64-token DeltaNet chunk off block boundaries

@@ -330,9 +330,9 @@ __global__ void scale_groups_kernel(const float* __restrict__ x, Scales sc, floa
   const int64_t t = i / K;
   const int g = int(i % K) / sc.group, groups = K / sc.group;
   const float* s = sc.squares + (t * groups + g) * sc.parts;
-  float sum = 0.0f;
-  for (int p = 0; p < sc.parts; ++p) sum += s[p];
-  out[i] = x[i] * rsqrtf(sum / float(sc.group) + sc.eps);
+  float sum = 0.0f;  // (load_input: a read-only load could be hoisted above the wait)
+  for (int p = 0; p < sc.parts; ++p) sum += load_input(s + p);
+  out[i] = load_input(x + i) * rsqrtf(sum / float(sc.group) + sc.eps);
 }
 
 // The GEMV for M <= 8 rows.
