@@ -13,6 +13,9 @@
 // conv from the same old conv window, so none may overwrite it while another reads it: the last of
 // the group to arrive (core/arrival.cuh) writes the q / k windows back and applies the gated
 // RMSNorm to the group's output rows, which spans the column groups.
+// With `squares` (the deferred norm, ops::gdn_decode) each block gates its own output columns and
+// writes the sums of their squares instead, and the output projection finishes the RMS
+// (ops::linear_scaled), so no block waits for the rest of its head.
 // A step of one token also computes its input projection here (kProject): the blocks of a key
 // head's group split the group's rows of the projection (its q / k channels and its value heads'
 // v, z, b and a columns), write them to `fused` and wait for each other on a group counter, so the
