@@ -408,16 +408,8 @@ void gdn_decode(const Tensor* x, Tensor& fused, const ops::GdnWeights& w, Tensor
                 seq_starts.ptr<int32_t>(), seq_slots.ptr<int32_t>(), out.ptr<float>(),
                 squares ? squares->ptr<float>() : nullptr, arrival_counters(), sh);
   };
-  // The forms per state rows a thread (the narrow ones with the deferred norm or without).
-  auto launch_projected = [&] {  // (the deferred norm decided in the kernel, from squares)
-    switch (rows) {
-      case 2: return projected<gdn_decode_projected_kernel<2>>(grid.x, go);
-      case 4: return projected<gdn_decode_projected_kernel<4>>(grid.x, go);
-      case 8: return projected<gdn_decode_projected_kernel<8>>(grid.x, go);
-      case 16: return projected<gdn_decode_projected_kernel<16>>(grid.x, go);
-      default: return projected<gdn_decode_projected_kernel<32>>(grid.x, go);
-    }
-  };
+  // The narrow forms per state rows a thread, with the deferred norm compiled in or not (the
+  // projected form reads it from squares).
   auto launch_narrow = [&](auto with_squares) {
     constexpr bool kSq = decltype(with_squares)::value;
     switch (rows) {
@@ -428,10 +420,16 @@ void gdn_decode(const Tensor* x, Tensor& fused, const ops::GdnWeights& w, Tensor
       default: go(gdn_decode_kernel<32, 1, kSq>, false); break;
     }
   };
-  using Squares = std::true_type;
-  using NoSquares = std::false_type;
   bool launched = false;
-  if (project) launched = launch_projected();
+  if (project) {
+    switch (rows) {
+      case 2: launched = projected<gdn_decode_projected_kernel<2>>(grid.x, go); break;
+      case 4: launched = projected<gdn_decode_projected_kernel<4>>(grid.x, go); break;
+      case 8: launched = projected<gdn_decode_projected_kernel<8>>(grid.x, go); break;
+      case 16: launched = projected<gdn_decode_projected_kernel<16>>(grid.x, go); break;
+      default: launched = projected<gdn_decode_projected_kernel<32>>(grid.x, go); break;
+    }
+  }
   if (!launched) {
     if (p) linear(*x, *p, nullptr, fused);
     if (wide) {
@@ -442,9 +440,9 @@ void gdn_decode(const Tensor* x, Tensor& fused, const ops::GdnWeights& w, Tensor
         default: go(gdn_decode_kernel<16, 4>, false); break;
       }
     } else if (squares) {
-      launch_narrow(Squares{});
+      launch_narrow(std::true_type{});
     } else {
-      launch_narrow(NoSquares{});
+      launch_narrow(std::false_type{});
     }
   }
   RV_CUDA_CHECK(cudaGetLastError());

@@ -39,8 +39,6 @@ struct Scales {
 };
 constexpr int kMaxSquares = 32 * kWarpsPerBlock;  // the scaled whole-row form: a thread per partial square
 
-
-
 // R weight rows per warp share each activation load (the activations of M rows would otherwise
 // be re-read per weight row: at M = 8 that traffic exceeds the weights'); U steps of 8 elements per
 // lane are loaded before any is used, so U x R 16-byte loads per lane are in flight. One row
@@ -195,8 +193,8 @@ __global__ void __launch_bounds__(32 * kWarpsPerBlock)
   float acc[R] = {};
 #pragma unroll
   for (int u = 0; u < kSteps; ++u) {
-    const float4 a = xs[(u * 256 + lane * 8) / 4], b = xs[(u * 256 + lane * 8) / 4 + 1];
-    const float v[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
+    float v[8];
+    split8(xs[(u * 256 + lane * 8) / 4], xs[(u * 256 + lane * 8) / 4 + 1], v);
     if constexpr (kScaled) {  // a lane's 8 columns lie in one group (group % 8 == 0)
       const float g = __shfl_sync(0xffffffffu, inv, (u * 256 + lane * 8) / sc.group);
 #pragma unroll

@@ -179,9 +179,12 @@ void l2_norm(Tensor& x, int64_t dim, float eps) {
   }
 }
 
-void gated_rms_norm(const Tensor& x, const Tensor& gate, int64_t gate_column, const Tensor& weight, float eps,
-                    Tensor& out) {
-  // out = rmsnorm(x) * w * silu(gate), row-wise over the last dimension of weight.
+namespace {
+// out = x * row_scale(r, x_r) * w * silu(z), row-wise over the last dimension of weight, z the
+// row's gates (gate_column onwards of its token's row of gate).
+template <typename RowScale>
+void gate_rows(const Tensor& x, const Tensor& gate, int64_t gate_column, const Tensor& weight, Tensor& out,
+               RowScale row_scale) {
   const int64_t n = weight.numel(), rows = x.numel() / n, T = gate.size(0);
   const int64_t G = T ? gate.numel() / T : 0, P = T ? x.numel() / T : 0;
   RV_CHECK(T == 0 || (x.numel() == T * P && P % n == 0 && gate_column + P <= G), "gated_rms_norm: x ", x.shape_str(),
@@ -193,7 +196,7 @@ void gated_rms_norm(const Tensor& x, const Tensor& gate, int64_t gate_column, co
   float* op = out.ptr<float>();
   for (int64_t r = 0; r < rows; ++r) {
     const float* xr = xp + r * n;
-    const float inv = 1.0f / std::sqrt(dot_f32(xr, xr, n) / float(n) + eps);
+    const float inv = row_scale(r, xr);
     const float* zr = gp + (r * n / P) * G + gate_column + (r * n) % P;  // this row's gates
     for (int64_t i = 0; i < n; ++i) {
       const float z = zr[i];
@@ -201,29 +204,26 @@ void gated_rms_norm(const Tensor& x, const Tensor& gate, int64_t gate_column, co
     }
   }
 }
+}  // namespace
+
+void gated_rms_norm(const Tensor& x, const Tensor& gate, int64_t gate_column, const Tensor& weight, float eps,
+                    Tensor& out) {
+  const int64_t n = weight.numel();
+  gate_rows(x, gate, gate_column, weight, out,
+            [&](int64_t, const float* xr) { return 1.0f / std::sqrt(dot_f32(xr, xr, n) / float(n) + eps); });
+}
 
 namespace {
 // gated_rms_norm's gating without its RMS (ops::gdn_decode's squares): out = x * w * silu(z) and
 // squares[r, p] = the sum of x's squares over columns [32 p, 32 p + 32) of row r of x [rows, n].
 void gated_unscaled(const Tensor& x, const Tensor& gate, int64_t gate_column, const Tensor& weight, Tensor& squares,
                     Tensor& out) {
-  const int64_t n = weight.numel(), rows = x.numel() / n, T = gate.size(0), parts = squares.numel() / std::max<int64_t>(rows, 1);
-  const int64_t G = T ? gate.numel() / T : 0, P = T ? x.numel() / T : 0;
-  std::vector<float> w(static_cast<size_t>(n));
-  convert_to_f32(weight.data(), weight.dtype(), w.data(), size_t(n));
-  const float* xp = x.ptr<float>();
-  const float* gp = gate.ptr<float>();
-  float* op = out.ptr<float>();
+  const int64_t n = weight.numel(), parts = (n + 31) / 32;
   float* sp = squares.ptr<float>();
-  for (int64_t r = 0; r < rows; ++r) {
-    const float* xr = xp + r * n;
-    const float* zr = gp + (r * n / P) * G + gate_column + (r * n) % P;
-    for (int64_t p = 0; p < parts; ++p) {
-      const int64_t i0 = std::min(n, 32 * p), i1 = std::min(n, 32 * p + 32);
-      sp[r * parts + p] = dot_f32(xr + i0, xr + i0, i1 - i0);
-    }
-    for (int64_t i = 0; i < n; ++i) op[r * n + i] = w[size_t(i)] * xr[i] * (zr[i] / (1.0f + std::exp(-zr[i])));
-  }
+  gate_rows(x, gate, gate_column, weight, out, [&](int64_t r, const float* xr) {
+    for (int64_t p = 0; p < parts; ++p) sp[r * parts + p] = dot_f32(xr + 32 * p, xr + 32 * p, std::min<int64_t>(32, n - 32 * p));
+    return 1.0f;
+  });
 }
 
 // Slot `slot` of a [slots, ...] state tensor as a tensor of the remaining dimensions.
