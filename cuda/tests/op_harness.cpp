@@ -37,6 +37,13 @@ Tensor random_tensor(std::vector<int64_t> shape, DType dt = DType::kF32, float s
   return c;
 }
 
+// A copy of a host tensor (for a CPU op that updates its input in place).
+Tensor host_copy(const Tensor& t) {
+  Tensor c = Tensor::empty(t.shape(), t.dtype());
+  std::memcpy(c.data(), t.data(), t.nbytes());
+  return c;
+}
+
 float max_abs_diff(const Tensor& a, const Tensor& b) {
   float m = 0.0f;
   for (int64_t i = 0; i < a.numel(); ++i) m = std::max(m, std::fabs(a.ptr<float>()[i] - b.ptr<float>()[i]));
@@ -513,7 +520,7 @@ void test_gdn_decode(std::vector<int32_t> lens, int64_t Hk, int64_t Hv, int64_t 
   Tensor dcs = cuda::to_device(cs), dss = cuda::to_device(ss);
   Tensor ref = Tensor::empty({T, Hv * Dv}, DType::kF32), dout = Tensor::empty({T, Hv * Dv}, DType::kF32, Device::kCUDA);
   const ops::GdnWeights hw{&proj, &conv, &neg_a, &dtb, &nw, 1e-6f};
-  const Tensor cs0 = cuda::to_host(cuda::to_device(cs)), ss0 = cuda::to_host(cuda::to_device(ss));  // (deferred's start)
+  const Tensor cs0 = host_copy(cs), ss0 = host_copy(ss);  // (deferred's start)
   ops::cpu::gdn_decode(pad ? nullptr : &x, fused, hw, cs, ss, starts, sl, ref);
   Tensor dconv = cuda::to_device(conv), dna = cuda::to_device(neg_a), ddt = cuda::to_device(dtb), dnw = cuda::to_device(nw);
   Tensor dproj = cuda::to_device(proj), dx = cuda::to_device(x);
@@ -533,7 +540,7 @@ void test_gdn_decode(std::vector<int32_t> lens, int64_t Hk, int64_t Hv, int64_t 
                           (pad ? "" : " from hidden " + std::to_string(hidden));
   if (deferred) {
     Tensor u = Tensor::empty({T, Hv * Dv}, DType::kF32), sq = Tensor::empty({T, Hv, parts}, DType::kF32);
-    Tensor cs1 = cuda::to_host(cuda::to_device(cs0)), ss1 = cuda::to_host(cuda::to_device(ss0));
+    Tensor cs1 = host_copy(cs0), ss1 = host_copy(ss0);
     ops::cpu::gdn_decode(pad ? nullptr : &x, fused, hw, cs1, ss1, starts, sl, u, &sq);
     Tensor y_cpu = Tensor::empty({T, 96}, DType::kF32);
     ops::cpu::linear_scaled(u, ops::GroupScale{&sq, 1e-6f}, ow, y_cpu);
@@ -808,8 +815,7 @@ void test_moe_route_experts(int64_t T, int64_t E, int64_t K, int64_t H, int64_t 
     dres = cuda::to_device(res);  // the residual before the add, each time
     ops::moe_route_experts(dx, dr, E, true, dev_first, dids, dw, ex.device, dout, with_then ? &dev_then : nullptr, dwarm);
   }
-  Tensor routed = Tensor::empty({T, H}, DType::kF32), res_routed = Tensor::empty({T, H}, DType::kF32);
-  std::memcpy(res_routed.data(), res.data(), res.nbytes());
+  Tensor routed = Tensor::empty({T, H}, DType::kF32), res_routed = host_copy(res);
   ops::cpu::add_rms_norm(res_routed, x, nw, 1e-6f, routed);
   const int64_t wrong = wrong_ids(dids, ids, w, routed, router);
   const std::string tag = std::to_string(T) + "x" + std::to_string(H) + " E" + std::to_string(E) + " top" +
