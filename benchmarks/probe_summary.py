@@ -24,6 +24,9 @@ POINTS = {
                               4: "experts ranked", 5: "gate/up done", 6: "down rows done", 8: "ticket taken",
                               9: "summer's wait passed", 10: "column sums done", EXIT: "left"}),
     3: ("gemv_row", {0: "start", 1: "wait returned", 2: "x staged", EXIT: "left"}),
+    4: ("decode_attention", {0: "start", 1: "wait returned", 2: "query ready", 3: "rounds done", 4: "split written",
+                             EXIT: "left"}),
+    5: ("qkv_rope_cache", {0: "start", 1: "wait returned", EXIT: "left"}),
 }
 
 

@@ -18,9 +18,11 @@
 #include "core/element.cuh"
 #include "core/arrival.cuh"
 #include "core/launch.cuh"
+#include "core/probe.cuh"
 #include "cuda_ops.h"
 
 namespace revolta::cuda {
+RV_PROBE_TU();
 namespace {
 
 // Decode kernel geometry: groups of 8 lanes each take one context position at a time (a lane
@@ -74,6 +76,7 @@ __global__ void __launch_bounds__(kThreads)
                             const int32_t* __restrict__ token_list, int max_blocks, int block_size, int H, int KVH,
                             int D, float scale, float* __restrict__ out, float* __restrict__ part,
                             int* __restrict__ counters, Gate gate) {
+  RV_PROBE_BLOCK(ProbeKind::kDecodeAttention);
   // Before the wait: the batch layout (uploaded before the step's first kernel) and the first
   // round's keys and values at the positions that earlier steps wrote, [0, seq_len - q_len); the
   // predecessor (qkv_rope_cache) writes only this step's positions, which are loaded after it.
@@ -102,6 +105,7 @@ __global__ void __launch_bounds__(kThreads)
   for (int p = 0; p < P; ++p)
     if (!fresh(p)) load_position(kv0, vv0, p, j0);
   wait_for_predecessor();
+  RV_PROBE_MARK(1);
   // The output gate of this thread's column (d = threadIdx.x below), loaded with the query.
   const float gv = gate.g && int(threadIdx.x) < D ? gate.g[size_t(t) * gate.stride + gate.column + h * D + threadIdx.x] : 0.0f;
 #pragma unroll
@@ -112,6 +116,7 @@ __global__ void __launch_bounds__(kThreads)
   const float* qrow = q + (size_t(t) * H + h) * D;
 #pragma unroll
   for (int i = 0; i < EPL; ++i) qv[i] = first + i < D ? qrow[first + i] * scale : 0.0f, acc[i] = 0.0f;
+  RV_PROBE_MARK(2);
   float m = -INFINITY, l = 0.0f;
   // Rounds are the same for every lane (the group sums shuffle across the warp); a group whose
   // position lies past the split's end loads a valid one and drops its score.
@@ -151,6 +156,7 @@ __global__ void __launch_bounds__(kThreads)
     for (int p = 0; p < P; ++p) load_position(kv, vv, p, jb);  // all loads first: they do not depend on the softmax state
     round(kv, vv, jb);
   }
+  RV_PROBE_MARK(3);
   let_successor_launch();  // the keys and values are read: what is left is short
   // The four groups of a warp, then the warps through shared memory.
 #pragma unroll
@@ -196,6 +202,7 @@ __global__ void __launch_bounds__(kThreads)
   __syncthreads();
   __shared__ bool last;
   int* counter = counters + size_t(blockIdx.x) * H + h;
+  RV_PROBE_MARK(4);
   if (threadIdx.x == 0) last = atomicAdd(counter, 1) == splits - 1;
   __syncthreads();
   if (!last) return;

@@ -8,10 +8,12 @@
 #include "core/cuda_check.h"
 #include "core/element.cuh"
 #include "core/launch.cuh"
+#include "core/probe.cuh"
 #include "core/warp_reduce.cuh"
 #include "cuda_ops.h"
 
 namespace revolta::cuda {
+RV_PROBE_TU();
 namespace {
 
 constexpr int kWarps = 4, kMaxD = 256;
@@ -26,6 +28,7 @@ __global__ void qkv_rope_cache_kernel(const float* __restrict__ qkv, const float
                                       const int32_t* __restrict__ slots, float* __restrict__ q, C* __restrict__ kc,
                                       C* __restrict__ vc, int H, int KVH, int D, int64_t row_width) {
   constexpr int kPer = kMaxD / 32;
+  RV_PROBE_BLOCK(ProbeKind::kQkvRopeCache);
   __shared__ float buf[kWarps][kMaxD];
   const int t = blockIdx.x, warp = threadIdx.x / 32, lane = threadIdx.x % 32, h = blockIdx.y * kWarps + warp;
   const int64_t slot = slots[t];
@@ -42,6 +45,7 @@ __global__ void qkv_rope_cache_kernel(const float* __restrict__ qkv, const float
     sv[i] = (is_q || is_k) && d < half ? s[d] : 0.0f;
   }
   enter_dependent();
+  RV_PROBE_MARK(1);
   if (h >= H + 2 * KVH || (!is_q && slot < 0)) return;  // a padding row writes no cache slot
   const float* row = qkv + int64_t(t) * row_width + int64_t(h) * D;
   float v[kPer];

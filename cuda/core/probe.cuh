@@ -17,7 +17,7 @@
 namespace revolta::cuda {
 
 // The kernels instrumented (a record's kind).
-enum class ProbeKind : uint16_t { kGdnDecode = 1, kMoeRouteExperts = 2, kGemvRow = 3 };
+enum class ProbeKind : uint16_t { kGdnDecode = 1, kMoeRouteExperts = 2, kGemvRow = 3, kDecodeAttention = 4, kQkvRopeCache = 5 };
 
 constexpr int kProbePoints = 12;  // the last is the block's exit
 
@@ -71,7 +71,7 @@ struct ProbeBlock {
     // A block at the end of a full log writes the records that fit (every slot the reader takes is
     // then written); without its exit record, the summary leaves it out.
     unsigned at = atomicAdd(&g_probe_log->count, unsigned(n));
-    const uint32_t block = blockIdx.y * gridDim.x + blockIdx.x;
+    const uint32_t block = (blockIdx.z * gridDim.y + blockIdx.y) * gridDim.x + blockIdx.x;
     for (int p = 0; p < kProbePoints && at < g_probe_log->capacity; ++p)
       if (marks[p]) g_probe_log->records[at++] = ProbeRecord{uint16_t(kind), uint16_t(p), block, marks[p]};
   }
