@@ -90,5 +90,8 @@ void sample(const Tensor& logits, const std::vector<ops::SampleRow>& rows, const
             std::vector<ops::SampleResult>& out);
 void qkv_rope_cache(const Tensor& qkv, const ops::QkNorm& norm, const Tensor& positions, const ops::RopeTables& rope,
                     const Tensor& slot_mapping, Tensor& q, Tensor& k_cache, Tensor& v_cache);
+void qkv_rope_attention(const Tensor& qkv, const ops::QkNorm& norm, const Tensor& positions, const ops::RopeTables& rope,
+                        const Tensor& slot_mapping, Tensor& q, Tensor& k_cache, Tensor& v_cache,
+                        const ops::AttentionBatch& batch, float scale, Tensor& out, const ops::OutputGate* gate);
 
 }  // namespace revolta::cuda

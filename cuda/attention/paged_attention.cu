@@ -4,12 +4,15 @@
 //    take context positions side by side with an online softmax each, merged in shared memory;
 //    when few blocks would leave SMs idle the context is split across blocks and the split that
 //    finishes last merges the partial softmaxes (split-K). head_dim <= 256. It reads only device
-//    metadata, so it can be captured.
+//    metadata, so it can be captured. In a decode graph it also runs qkv_rope_attention whole
+//    (see Fresh): the step's q, k and v from the fused projection, one kernel where
+//    qkv_rope_cache + attention were two.
 //  - Sequences with several query tokens (prefill chunks, on top of any cached prefix) use
 //    flash-style tiles on tensor cores (prefill_attention.cuh) when head_dim is 64 or 128.
 #include <cuda_fp16.h>
 
 #include <algorithm>
+#include <type_traits>
 #include <vector>
 
 #include "attention/prefill_attention.cuh"
@@ -19,6 +22,7 @@
 #include "core/arrival.cuh"
 #include "core/launch.cuh"
 #include "core/probe.cuh"
+#include "core/warp_reduce.cuh"
 #include "cuda_ops.h"
 
 namespace revolta::cuda {
@@ -63,20 +67,41 @@ struct Gate {
   int64_t column = 0;
 };
 
+// qkv_rope_attention in one kernel (a decode step, kRope): qkv_rope_cache's inputs. A block takes
+// its head's q from this step's row of the fused projection, normed and rotated as qkv_rope_cache
+// does; the block whose split holds the step's position (the last) makes its kv head's k and v too
+// and uses them for that position as the cache would return them (rounded to its element type),
+// so no block reads a slot this kernel writes; the first head of each kv group writes them to the
+// slot, and the last split of each head writes its q (the op's q output).
+template <typename C>
+struct Fresh {
+  const float* qkv = nullptr;
+  int64_t width = 0;  // of a qkv row
+  const float* q_norm = nullptr;  // null: no norm of q (of k: k_norm)
+  const float* k_norm = nullptr;
+  float eps = 0.0f;
+  const int32_t* pos = nullptr;
+  const float* cos = nullptr;
+  const float* sin = nullptr;
+  int half = 0;  // rotary_dim / 2
+  const int32_t* slots = nullptr;
+  float* q = nullptr;
+  C* k_cache = nullptr;
+  C* v_cache = nullptr;
+};
+
 // Grid (rows, heads, splits). A split covers at least a round of positions, so for a short
 // context the trailing splits have nothing to do: they return at once and nobody waits for them
 // (a captured graph sizes the grid for the longest context it may see). Each working split
 // writes [max, sum, D unnormalised outputs]; the one that finishes last merges them, saving a
 // launch per layer. With one working split the block writes the output itself.
-template <typename C, int EPL, bool kVec, int P>
-__global__ void __launch_bounds__(kThreads)
-    decode_attention_kernel(const float* __restrict__ q, const C* __restrict__ kc, const C* __restrict__ vc,
+template <typename C, int EPL, bool kVec, int P, bool kRope>
+__device__ __forceinline__ void decode_attention(const float* __restrict__ q, const C* __restrict__ kc, const C* __restrict__ vc,
                             const int32_t* __restrict__ query_start, const int32_t* __restrict__ seq_lens,
                             const int32_t* __restrict__ block_tables, const int32_t* __restrict__ seq_of,
                             const int32_t* __restrict__ token_list, int max_blocks, int block_size, int H, int KVH,
                             int D, float scale, float* __restrict__ out, float* __restrict__ part,
-                            int* __restrict__ counters, Gate gate) {
-  RV_PROBE_BLOCK(ProbeKind::kDecodeAttention);
+                            int* __restrict__ counters, Gate gate, const Fresh<C>& fr) {
   // Before the wait: the batch layout (uploaded before the step's first kernel) and the first
   // round's keys and values at the positions that earlier steps wrote, [0, seq_len - q_len); the
   // predecessor (qkv_rope_cache) writes only this step's positions, which are loaded after it.
@@ -90,37 +115,92 @@ __global__ void __launch_bounds__(kThreads)
   const int splits = (ctx + seg - 1) / seg, split = blockIdx.z;
   if (split >= splits) return;  // (the working splits wait: this kernel completes after its predecessor)
   const int j0 = split * seg, j1 = min(ctx, j0 + seg);
+  // The rounds read positions [j0, jr) from the cache; kRope leaves this step's (written = ctx - 1)
+  // to a round of its own after them, from the k and v the block made (a split may lack others).
+  const int jr = kRope ? min(j1, written) : j1;
   const int32_t* table = block_tables + size_t(s) * max_blocks;
   const size_t row = size_t(KVH) * D, head_off = size_t(kvh) * D;
   using Rows = float[P][EPL];
   auto load_position = [&](Rows& kv, Rows& vv, int p, int jb) {
-    const int jp = min(jb + group + p * kGroups, j1 - 1);
+    const int last = min(jb + group + p * kGroups, jr - 1), jp = kRope ? max(0, last) : last;  // (kRope: a split may have no cached position)
     const size_t base = (size_t(table[jp / block_size]) * block_size + jp % block_size) * row + head_off;
     load_slice<EPL, kVec>(kc + base, first, D, kv[p]);
     load_slice<EPL, kVec>(vc + base, first, D, vv[p]);
   };
-  auto fresh = [&](int p) { return min(j0 + group + p * kGroups, j1 - 1) >= written; };
+  auto fresh = [&](int p) { return !kRope && min(j0 + group + p * kGroups, j1 - 1) >= written; };
   float kv0[P][EPL], vv0[P][EPL];  // the first round
 #pragma unroll
   for (int p = 0; p < P; ++p)
     if (!fresh(p)) load_position(kv0, vv0, p, j0);
+  // kRope: column threadIdx.x's norm weights and rope entries (partner: its rotate-half pair).
+  float wq = 1.0f, wk = 1.0f, rc = 1.0f, rs = 0.0f;
+  int partner = int(threadIdx.x), slot = -1;
+  if constexpr (kRope) {
+    const int e = int(threadIdx.x);
+    slot = fr.slots[t];
+    if (e < D) {
+      if (fr.q_norm) wq = fr.q_norm[e];
+      if (fr.k_norm) wk = fr.k_norm[e];
+      if (e < 2 * fr.half) {
+        const int64_t at = int64_t(fr.pos[t]) * fr.half + (e < fr.half ? e : e - fr.half);
+        rc = fr.cos[at], rs = e < fr.half ? -fr.sin[at] : fr.sin[at];
+        partner = e < fr.half ? e + fr.half : e - fr.half;
+      }
+    }
+  }
   wait_for_predecessor();
   RV_PROBE_MARK(1);
   // The output gate of this thread's column (d = threadIdx.x below), loaded with the query.
   const float gv = gate.g && int(threadIdx.x) < D ? gate.g[size_t(t) * gate.stride + gate.column + h * D + threadIdx.x] : 0.0f;
-#pragma unroll
-  for (int p = 0; p < P; ++p)
-    if (fresh(p)) load_position(kv0, vv0, p, j0);
-
   float qv[EPL], acc[EPL];
-  const float* qrow = q + (size_t(t) * H + h) * D;
+  const float* made = nullptr;  // kRope: the k and v rows of this step's position (kMaxD apart)
+  if constexpr (kRope) {
+    __shared__ float normed[2][kMaxD], rows[3][kMaxD];  // q, k; then rotated q, k and v as the cache holds them
+    __shared__ float squares[kWarps][2];
+    const int e = int(threadIdx.x);
+    const bool in = e < D, fresh_block = j1 == ctx;  // (decode: the step's position is ctx - 1)
+    const float* row = fr.qkv + size_t(t) * fr.width;
+    float x = in ? load_input(row + size_t(h) * D + e) : 0.0f;
+    float y = in && fresh_block ? load_input(row + size_t(H + kvh) * D + e) : 0.0f;
+    const float v = in && fresh_block ? load_input(row + size_t(H + KVH + kvh) * D + e) : 0.0f;
+    const float sx = warp_sum(x * x), sy = warp_sum(y * y);
+    if (e % 32 == 0) squares[e / 32][0] = sx, squares[e / 32][1] = sy;
+    __syncthreads();
+    float tx = 0.0f, ty = 0.0f;
 #pragma unroll
-  for (int i = 0; i < EPL; ++i) qv[i] = first + i < D ? qrow[first + i] * scale : 0.0f, acc[i] = 0.0f;
+    for (int w = 0; w < kWarps; ++w) tx += squares[w][0], ty += squares[w][1];
+    if (fr.q_norm) x = x * rsqrtf(tx / float(D) + fr.eps) * wq;
+    if (fr.k_norm) y = y * rsqrtf(ty / float(D) + fr.eps) * wk;
+    if (in) normed[0][e] = x, normed[1][e] = y;
+    __syncthreads();
+    if (in) {
+      const float qr = x * rc + normed[0][partner] * rs, kr = y * rc + normed[1][partner] * rs;
+      rows[0][e] = qr, rows[1][e] = as_stored<C>(kr), rows[2][e] = as_stored<C>(v);
+      if (fresh_block) {
+        fr.q[(size_t(t) * H + h) * D + e] = qr;
+        if (slot >= 0 && h % (H / KVH) == 0) {
+          store(fr.k_cache + (size_t(slot) * KVH + kvh) * D + e, kr);
+          store(fr.v_cache + (size_t(slot) * KVH + kvh) * D + e, v);
+        }
+      }
+    }
+    __syncthreads();
+    made = rows[1];
+#pragma unroll
+    for (int i = 0; i < EPL; ++i) qv[i] = first + i < D ? rows[0][first + i] * scale : 0.0f, acc[i] = 0.0f;
+  } else {
+#pragma unroll
+    for (int p = 0; p < P; ++p)
+      if (fresh(p)) load_position(kv0, vv0, p, j0);
+    const float* qrow = q + (size_t(t) * H + h) * D;
+#pragma unroll
+    for (int i = 0; i < EPL; ++i) qv[i] = first + i < D ? qrow[first + i] * scale : 0.0f, acc[i] = 0.0f;
+  }
   RV_PROBE_MARK(2);
   float m = -INFINITY, l = 0.0f;
   // Rounds are the same for every lane (the group sums shuffle across the warp); a group whose
   // position lies past the split's end loads a valid one and drops its score.
-  auto round = [&](const Rows& kv, const Rows& vv, int jb) {
+  auto round = [&](const Rows& kv, const Rows& vv, int jb, int end) {
     float score[P];
     float m_new = m;
 #pragma unroll
@@ -129,7 +209,7 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
       for (int i = 0; i < EPL; ++i) dot += qv[i] * kv[p][i];
       dot = group_sum(dot);
-      score[p] = jb + group + p * kGroups < j1 ? dot : -INFINITY;
+      score[p] = jb + group + p * kGroups < end ? dot : -INFINITY;
       m_new = fmaxf(m_new, score[p]);
     }
     if (m_new == -INFINITY) return;  // no position for this group yet
@@ -149,12 +229,27 @@ __global__ void __launch_bounds__(kThreads)
   // The first round apart, so that the loop keeps its loads at the top of each round (with the
   // first round's loads folded into it, 8K-token prefills of head_dim 256, which run this kernel
   // per token, measured 16% slower on the H200).
-  round(kv0, vv0, j0);
-  for (int jb = j0 + P * kGroups; jb < j1; jb += P * kGroups) {
+  round(kv0, vv0, j0, jr);
+  for (int jb = j0 + P * kGroups; jb < jr; jb += P * kGroups) {
     float kv[P][EPL], vv[P][EPL];
 #pragma unroll
     for (int p = 0; p < P; ++p) load_position(kv, vv, p, jb);  // all loads first: they do not depend on the softmax state
-    round(kv, vv, jb);
+    round(kv, vv, jb, jr);
+  }
+  if constexpr (kRope) {
+    if (j1 == ctx) {  // this step's position, taken by group 0 (a round's update, read from shared memory)
+      float dot = 0.0f;
+#pragma unroll
+      for (int i = 0; i < EPL; ++i) dot += first + i < D ? qv[i] * made[first + i] : 0.0f;
+      dot = group_sum(dot);
+      if (group == 0) {
+        const float m_new = fmaxf(m, dot), corr = __expf(m - m_new), w = __expf(dot - m_new);
+        l = l * corr + w;
+#pragma unroll
+        for (int i = 0; i < EPL; ++i) acc[i] = acc[i] * corr + (first + i < D ? w * made[kMaxD + first + i] : 0.0f);
+        m = m_new;
+      }
+    }
   }
   RV_PROBE_MARK(3);
   let_successor_launch();  // the keys and values are read: what is left is short
@@ -239,6 +334,30 @@ __global__ void __launch_bounds__(kThreads)
   if (threadIdx.x == 0) *counter = 0;  // re-armed for the next call (and graph replay)
 }
 
+template <typename C, int EPL, bool kVec, int P>
+__global__ void __launch_bounds__(kThreads) decode_attention_kernel(const float* __restrict__ q, const C* __restrict__ kc, const C* __restrict__ vc,
+                            const int32_t* __restrict__ query_start, const int32_t* __restrict__ seq_lens,
+                            const int32_t* __restrict__ block_tables, const int32_t* __restrict__ seq_of,
+                            const int32_t* __restrict__ token_list, int max_blocks, int block_size, int H, int KVH,
+                            int D, float scale, float* __restrict__ out, float* __restrict__ part,
+                            int* __restrict__ counters, Gate gate) {
+  RV_PROBE_BLOCK(ProbeKind::kDecodeAttention);
+  decode_attention<C, EPL, kVec, P, false>(q, kc, vc, query_start, seq_lens, block_tables, seq_of, token_list, max_blocks, block_size, H, KVH, D, scale, out, part, counters, gate, Fresh<C>{});
+}
+
+// The fused form, held to two blocks an SM (its forms of up to 16 elements a lane had taken 126-136
+// registers otherwise; Llama-8B's, 136, fit one block).
+template <typename C, int EPL, bool kVec, int P>
+__global__ void __launch_bounds__(kThreads, 2) rope_attention_kernel(const float* __restrict__ q, const C* __restrict__ kc, const C* __restrict__ vc,
+                            const int32_t* __restrict__ query_start, const int32_t* __restrict__ seq_lens,
+                            const int32_t* __restrict__ block_tables, const int32_t* __restrict__ seq_of,
+                            const int32_t* __restrict__ token_list, int max_blocks, int block_size, int H, int KVH,
+                            int D, float scale, float* __restrict__ out, float* __restrict__ part,
+                            int* __restrict__ counters, Gate gate, Fresh<C> fr) {
+  RV_PROBE_BLOCK(ProbeKind::kDecodeAttention);
+  decode_attention<C, EPL, kVec, P, true>(q, kc, vc, query_start, seq_lens, block_tables, seq_of, token_list, max_blocks, block_size, H, KVH, D, scale, out, part, counters, gate, fr);
+}
+
 struct Shape {
   int64_t H, KVH, D;
 };
@@ -250,10 +369,11 @@ struct Shape {
 template <typename C, int EPL>
 void launch_decode_kernel(const Tensor& q, const C* kc, const C* vc, const ops::AttentionBatch& b, const Shape& sh,
                           const int32_t* qs, const int32_t* lens, const int32_t* tables, const int32_t* seq_of,
-                          const int32_t* token_list, int64_t n, int max_ctx, float scale, Tensor& out, const Gate& gate) {
+                          const int32_t* token_list, int64_t n, int max_ctx, float scale, Tensor& out, const Gate& gate,
+                          const Fresh<C>* fresh) {
   constexpr int P = EPL <= 16 ? 2 : 1;  // two positions per group where registers allow
   constexpr bool kCanVec = (EPL * sizeof(C)) % 16 == 0;
-  auto go = [&](auto kernel) {
+  auto go = [&](auto kernel, auto... extra) {
     const int64_t work = n * sh.H, round_len = P * kGroups;
     const int64_t resident = int64_t(blocks_per_sm(reinterpret_cast<const void*>(kernel), kThreads, 0)) * sm_count();
     int64_t splits = 1;
@@ -264,23 +384,32 @@ void launch_decode_kernel(const Tensor& q, const C* kc, const C* vc, const ops::
     launch_dependent(kernel, dim3(unsigned(n), unsigned(sh.H), unsigned(splits)), dim3(kThreads), 0, q.ptr<float>(), kc,
                      vc, qs, lens, tables, seq_of, token_list, b.max_blocks_per_seq, b.block_size, int(sh.H), int(sh.KVH),
                      int(sh.D), scale, out.ptr<float>(), splits > 1 ? part.ptr<float>() : nullptr,
-                     splits > 1 ? arrival_counters() : nullptr, gate);
+                     splits > 1 ? arrival_counters() : nullptr, gate, extra...);
   };
-  if (kCanVec && sh.D == kGroupLanes * EPL) go(decode_attention_kernel<C, EPL, kCanVec, P>);
+  const bool vec = kCanVec && sh.D == kGroupLanes * EPL;
+  if (fresh && vec) go(rope_attention_kernel<C, EPL, kCanVec, P>, *fresh);
+  else if (fresh) go(rope_attention_kernel<C, EPL, false, P>, *fresh);
+  else if (vec) go(decode_attention_kernel<C, EPL, kCanVec, P>);
   else go(decode_attention_kernel<C, EPL, false, P>);
   RV_CUDA_CHECK(cudaGetLastError());
 }
 
-// Decode tokens: token_list (device, n rows) or, when null, every row 0..n-1.
+// Decode tokens: token_list (device, n rows) or, when null, every row 0..n-1; with `fresh`, the
+// one-kernel qkv_rope_attention.
 template <typename C>
 void launch_decode(const Tensor& q, const C* kc, const C* vc, const ops::AttentionBatch& b, const Shape& sh,
                    const int32_t* qs, const int32_t* lens, const int32_t* tables, const int32_t* seq_of,
-                   const int32_t* token_list, int64_t n, int max_ctx, float scale, Tensor& out, const Gate& gate) {
+                   const int32_t* token_list, int64_t n, int max_ctx, float scale, Tensor& out, const Gate& gate,
+                   const Fresh<C>* fresh = nullptr) {
   if (n == 0) return;
-  if (sh.D <= 32) launch_decode_kernel<C, 4>(q, kc, vc, b, sh, qs, lens, tables, seq_of, token_list, n, max_ctx, scale, out, gate);
-  else if (sh.D <= 64) launch_decode_kernel<C, 8>(q, kc, vc, b, sh, qs, lens, tables, seq_of, token_list, n, max_ctx, scale, out, gate);
-  else if (sh.D <= 128) launch_decode_kernel<C, 16>(q, kc, vc, b, sh, qs, lens, tables, seq_of, token_list, n, max_ctx, scale, out, gate);
-  else launch_decode_kernel<C, 32>(q, kc, vc, b, sh, qs, lens, tables, seq_of, token_list, n, max_ctx, scale, out, gate);
+  auto with = [&](auto epl) {
+    launch_decode_kernel<C, decltype(epl)::value>(q, kc, vc, b, sh, qs, lens, tables, seq_of, token_list, n, max_ctx,
+                                                  scale, out, gate, fresh);
+  };
+  if (sh.D <= 32) with(std::integral_constant<int, 4>{});
+  else if (sh.D <= 64) with(std::integral_constant<int, 8>{});
+  else if (sh.D <= 128) with(std::integral_constant<int, 16>{});
+  else with(std::integral_constant<int, 32>{});
 }
 
 template <typename C>
@@ -348,7 +477,50 @@ void run(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, const op
   }
 }
 
+// The decode graph's batch (device metadata only, one token per sequence) in one kernel.
+template <typename C>
+void run_fused(const Tensor& qkv, const ops::QkNorm& norm, const Tensor& positions, const ops::RopeTables& rope,
+               const Tensor& slot_mapping, Tensor& q, Tensor& k_cache, Tensor& v_cache, const ops::AttentionBatch& b,
+               float scale, Tensor& out, const ops::OutputGate* og) {
+  const Gate gate = og ? Gate{og->gate->ptr<float>(), og->gate->size(1), og->column} : Gate{};
+  const Shape sh{q.size(1), k_cache.size(2), q.size(2)};
+  Fresh<C> fr;
+  fr.qkv = qkv.ptr<float>();
+  fr.width = qkv.size(1);
+  fr.q_norm = norm.q ? norm.q->ptr<float>() : nullptr;
+  fr.k_norm = norm.k ? norm.k->ptr<float>() : nullptr;
+  fr.eps = norm.eps;
+  fr.pos = positions.ptr<int32_t>();
+  fr.cos = rope.cos.ptr<float>();
+  fr.sin = rope.sin.ptr<float>();
+  fr.half = rope.rotary_dim / 2;
+  fr.slots = slot_mapping.ptr<int32_t>();
+  fr.q = q.ptr<float>();
+  fr.k_cache = k_cache.ptr<C>();
+  fr.v_cache = v_cache.ptr<C>();
+  launch_decode(q, k_cache.ptr<C>(), v_cache.ptr<C>(), b, sh, b.dev_query_start, b.dev_seq_lens, b.dev_block_tables,
+                b.dev_token_seq, nullptr, q.size(0), b.max_seq_len, scale, out, gate, &fr);
+}
+
 }  // namespace
+
+void qkv_rope_attention(const Tensor& qkv, const ops::QkNorm& norm, const Tensor& positions, const ops::RopeTables& rope,
+                        const Tensor& slot_mapping, Tensor& q, Tensor& k_cache, Tensor& v_cache,
+                        const ops::AttentionBatch& b, float scale, Tensor& out, const ops::OutputGate* gate) {
+  const int64_t T = q.size(0), H = q.size(1), D = q.size(2), KVH = k_cache.size(2);
+  const bool one_kernel = b.decode_only && b.dev_query_start && T > 0 && D <= kMaxD && H % KVH == 0 &&
+                          qkv.dtype() == DType::kF32 && qkv.size(0) == T && qkv.size(1) >= (H + 2 * KVH) * D &&
+                          2 * (rope.rotary_dim / 2) <= D;
+  if (one_kernel && k_cache.dtype() == DType::kF32) {
+    run_fused<float>(qkv, norm, positions, rope, slot_mapping, q, k_cache, v_cache, b, scale, out, gate);
+  } else if (one_kernel && k_cache.dtype() == DType::kF16) {
+    run_fused<__half>(qkv, norm, positions, rope, slot_mapping, q, k_cache, v_cache, b, scale, out, gate);
+  } else {
+    revolta::cuda::qkv_rope_cache(qkv, norm, positions, rope, slot_mapping, q, k_cache, v_cache);
+    revolta::cuda::paged_attention(q, k_cache, v_cache, b, scale, out, gate);
+  }
+  RV_CUDA_CHECK(cudaGetLastError());
+}
 
 void paged_attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, const ops::AttentionBatch& b,
                      float scale, Tensor& out, const ops::OutputGate* gate) {

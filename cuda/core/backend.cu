@@ -401,6 +401,7 @@ const ops::OpTable* table() {
     o.fill_uniform = &fill_uniform;
     o.argmax = &argmax;
     o.qkv_rope_cache = &qkv_rope_cache;
+    o.qkv_rope_attention = &qkv_rope_attention;
     o.sample = &sample;
     o.linear_swiglu = &linear_swiglu;
     o.gated_delta_rule = &gated_delta_rule;

@@ -11,6 +11,12 @@ __device__ __forceinline__ __half to_half(float v) { return __float2half_rn(v); 
 __device__ __forceinline__ __half to_half(__half v) { return v; }
 __device__ __forceinline__ void store(float* p, float v) { *p = v; }
 __device__ __forceinline__ void store(__half* p, float v) { *p = __float2half_rn(v); }
+// v as an element of type C holds it (f16: rounded to nearest), back in f32.
+template <typename C>
+__device__ __forceinline__ float as_stored(float v) {
+  if constexpr (sizeof(C) == 2) return __half2float(__float2half_rn(v));
+  else return v;
+}
 
 // Two float4s as eight floats.
 __device__ __forceinline__ void split8(float4 a, float4 b, float (&w)[8]) {

@@ -186,62 +186,58 @@ void test_linear(int64_t M, int64_t N, int64_t K, DType dt, bool with_bias) {
 }
 
 // A batch of sequences, each with a cached prefix and new query tokens (prefill chunks of several
-// tokens next to decode tokens), with block tables over a shuffled pool of blocks.
-void test_paged_attention(std::vector<std::pair<int, int>> seqs /* (cached, new) */, int H, int KVH, int D, int bs,
-                          DType kv_dtype = DType::kF32, bool device_metadata = false, int graph_max_len = 0,
-                          bool gated = false) {
+// tokens next to decode tokens), with block tables over a shuffled pool of blocks; on_device()
+// adds the device mirrors, as the runner hands them (+ decode_only when every sequence decodes).
+// Not copyable: `b` points into the vectors.
+struct TestBatch {
+  std::vector<int32_t> qs{0}, lens, tables, seq_of;
   int total_blocks = 0, T = 0, max_blocks = 0;
-  for (auto [cached, fresh] : seqs) {
-    const int nb = (cached + fresh + bs - 1) / bs;
-    total_blocks += nb;
-    max_blocks = std::max(max_blocks, nb);
-    T += fresh;
-  }
-  std::vector<int32_t> perm(static_cast<size_t>(total_blocks));
-  for (int i = 0; i < total_blocks; ++i) perm[size_t(i)] = i;
-  std::shuffle(perm.begin(), perm.end(), g_rng);
-  std::vector<int32_t> qs{0}, lens, tables;
-  int next = 0;
-  for (auto [cached, fresh] : seqs) {
-    qs.push_back(qs.back() + fresh);
-    lens.push_back(cached + fresh);
-    const int nb = (cached + fresh + bs - 1) / bs;
-    for (int i = 0; i < max_blocks; ++i) tables.push_back(i < nb ? perm[size_t(next + i)] : 0);
-    next += nb;
-  }
-  ops::AttentionBatch b;
-  b.query_start = qs.data();
-  b.seq_lens = lens.data();
-  b.block_tables = tables.data();
-  b.num_seqs = int32_t(seqs.size());
-  b.max_blocks_per_seq = max_blocks;
-  b.block_size = bs;
-  Tensor q = random_tensor({T, H, D}), kc = random_tensor({total_blocks, bs, KVH, D}), vc = random_tensor({total_blocks, bs, KVH, D});
-  Tensor dk = cuda::to_device(kc), dv = cuda::to_device(vc);
-  if (kv_dtype == DType::kF16) {  // the reference sees the same f16-rounded cache
-    Tensor k16 = Tensor::empty(kc.shape(), DType::kF16), v16 = Tensor::empty(vc.shape(), DType::kF16);
-    convert_from_f32(kc.ptr<float>(), k16.data(), DType::kF16, size_t(kc.numel()));
-    convert_from_f32(vc.ptr<float>(), v16.data(), DType::kF16, size_t(vc.numel()));
-    convert_to_f32(k16.data(), DType::kF16, kc.ptr<float>(), size_t(kc.numel()));
-    convert_to_f32(v16.data(), DType::kF16, vc.ptr<float>(), size_t(vc.numel()));
-    dk = cuda::to_device(k16);
-    dv = cuda::to_device(v16);
-  }
-  Tensor ref = Tensor::empty({T, H, D}, DType::kF32);
-  const float scale = 1.0f / std::sqrt(float(D));
-  // gated: the output gate in columns [7, 7 + H * D) of a wider tensor, as in a fused projection
-  Tensor gate = gated ? random_tensor({T, H * D + 11}, DType::kF32, 2.0f) : Tensor();
-  Tensor dgate = gated ? cuda::to_device(gate) : Tensor();
-  const ops::OutputGate hg{&gate, 7}, dg{&dgate, 7};
-  ops::cpu::paged_attention(q, kc, vc, b, scale, ref, gated ? &hg : nullptr);
-  Tensor dq = cuda::to_device(q);
-  Tensor dmeta;
   bool all_decode = true;
-  for (auto [cached, fresh] : seqs) all_decode &= fresh == 1;
-  if (device_metadata) {  // as the runner hands it: mirrors on the device (+ decode_only when it is)
-    std::vector<int32_t> seq_of;
-    for (size_t s = 0; s < seqs.size(); ++s)
-      for (int i = 0; i < seqs[s].second; ++i) seq_of.push_back(int32_t(s));
+  ops::AttentionBatch b;
+  Tensor dmeta;
+
+  TestBatch(const std::vector<std::pair<int, int>>& seqs /* (cached, new) */, int bs) {
+    for (auto [cached, fresh] : seqs) {
+      const int nb = (cached + fresh + bs - 1) / bs;
+      total_blocks += nb;
+      max_blocks = std::max(max_blocks, nb);
+      T += fresh;
+      all_decode &= fresh == 1;
+    }
+    std::vector<int32_t> perm(static_cast<size_t>(total_blocks));
+    for (int i = 0; i < total_blocks; ++i) perm[size_t(i)] = i;
+    std::shuffle(perm.begin(), perm.end(), g_rng);
+    int next = 0;
+    for (size_t s = 0; s < seqs.size(); ++s) {
+      const auto [cached, fresh] = seqs[s];
+      qs.push_back(qs.back() + fresh);
+      lens.push_back(cached + fresh);
+      const int nb = (cached + fresh + bs - 1) / bs;
+      for (int i = 0; i < max_blocks; ++i) tables.push_back(i < nb ? perm[size_t(next + i)] : 0);
+      for (int i = 0; i < fresh; ++i) seq_of.push_back(int32_t(s));
+      next += nb;
+    }
+    b.query_start = qs.data();
+    b.seq_lens = lens.data();
+    b.block_tables = tables.data();
+    b.num_seqs = int32_t(seqs.size());
+    b.max_blocks_per_seq = max_blocks;
+    b.block_size = bs;
+  }
+  TestBatch(const TestBatch&) = delete;
+  TestBatch& operator=(const TestBatch&) = delete;
+
+  // The cache slot of token row t (block * bs + offset).
+  int32_t slot(int t) const {
+    const int s = seq_of[size_t(t)], p = lens[size_t(s)] - (qs[size_t(s) + 1] - t);
+    return tables[size_t(s) * max_blocks + p / b.block_size] * b.block_size + p % b.block_size;
+  }
+  int32_t position(int t) const {
+    const int s = seq_of[size_t(t)];
+    return lens[size_t(s)] - (qs[size_t(s) + 1] - t);
+  }
+
+  void on_device(int graph_max_len) {
     std::vector<int32_t> all(qs);
     all.insert(all.end(), lens.begin(), lens.end());
     all.insert(all.end(), tables.begin(), tables.end());
@@ -258,6 +254,44 @@ void test_paged_attention(std::vector<std::pair<int, int>> seqs /* (cached, new)
     b.max_seq_len = std::max(graph_max_len, *std::max_element(lens.begin(), lens.end()));
     b.decode_only = all_decode;
   }
+};
+
+// The KV pool [blocks, bs, KVH, D] on the host (rounded to kv_dtype's values) and on the device.
+std::pair<Tensor, Tensor> random_cache(int blocks, int bs, int KVH, int D, DType kv_dtype) {
+  Tensor h = random_tensor({blocks, bs, KVH, D});
+  if (kv_dtype == DType::kF32) return {h, cuda::to_device(h)};
+  Tensor c = Tensor::empty(h.shape(), kv_dtype);  // the reference sees the same f16-rounded cache
+  convert_from_f32(h.ptr<float>(), c.data(), kv_dtype, size_t(h.numel()));
+  convert_to_f32(c.data(), kv_dtype, h.ptr<float>(), size_t(h.numel()));
+  return {h, cuda::to_device(c)};
+}
+
+// A device tensor as f32 on the host.
+Tensor host_f32(const Tensor& t) {
+  Tensor h = cuda::to_host(t), f = Tensor::empty(h.shape(), DType::kF32);
+  convert_to_f32(h.data(), h.dtype(), f.ptr<float>(), size_t(h.numel()));
+  return f;
+}
+
+void test_paged_attention(std::vector<std::pair<int, int>> seqs /* (cached, new) */, int H, int KVH, int D, int bs,
+                          DType kv_dtype = DType::kF32, bool device_metadata = false, int graph_max_len = 0,
+                          bool gated = false) {
+  TestBatch tb(seqs, bs);
+  const int T = tb.T;
+  const bool all_decode = tb.all_decode;
+  ops::AttentionBatch& b = tb.b;
+  Tensor q = random_tensor({T, H, D});
+  auto [kc, dk] = random_cache(tb.total_blocks, bs, KVH, D, kv_dtype);
+  auto [vc, dv] = random_cache(tb.total_blocks, bs, KVH, D, kv_dtype);
+  Tensor ref = Tensor::empty({T, H, D}, DType::kF32);
+  const float scale = 1.0f / std::sqrt(float(D));
+  // gated: the output gate in columns [7, 7 + H * D) of a wider tensor, as in a fused projection
+  Tensor gate = gated ? random_tensor({T, H * D + 11}, DType::kF32, 2.0f) : Tensor();
+  Tensor dgate = gated ? cuda::to_device(gate) : Tensor();
+  const ops::OutputGate hg{&gate, 7}, dg{&dgate, 7};
+  ops::cpu::paged_attention(q, kc, vc, b, scale, ref, gated ? &hg : nullptr);
+  Tensor dq = cuda::to_device(q);
+  if (device_metadata) tb.on_device(graph_max_len);
   Tensor dout = Tensor::empty({T, H, D}, DType::kF32, Device::kCUDA);
   ops::paged_attention(dq, dk, dv, b, scale, dout, gated ? &dg : nullptr);
   int64_t kv_bytes = 0;
@@ -273,6 +307,71 @@ void test_paged_attention(std::vector<std::pair<int, int>> seqs /* (cached, new)
   // Multi-token sequences with head_dim 64/128 run on tensor cores (Q and P rounded to f16).
   const bool tensor_cores = !all_decode && (D == 64 || D == 128);
   report("paged_attention " + tag, max_abs_diff(cuda::to_host(dout), ref), tensor_cores ? 2e-2f : 1e-4f);
+}
+
+// qkv_rope_attention against the CPU's (qkv_rope_cache, then paged_attention): q, both caches
+// whole and the output. graph: device metadata, the decode graph's form (one kernel when every
+// sequence decodes); `padding` appends a padding row (slot -1, a context of one, as the runner
+// pads a graph's batch), whose output is not compared (the op leaves it unspecified).
+void test_qkv_rope_attention(std::vector<std::pair<int, int>> seqs, int H, int KVH, int D, double partial, bool qk_norm,
+                             DType kv_dtype, bool graph, bool padding = false) {
+  const int bs = 16;
+  if (padding) seqs.push_back({0, 1});
+  TestBatch tb(seqs, bs);
+  const int T = tb.T;
+  RopeConfig rc;
+  rc.type = "default";
+  rc.partial_rotary_factor = partial;
+  ops::RopeTables host_tables = build_rope_tables(rc, int32_t(D), 8192);
+  ops::RopeTables dev_tables = host_tables;
+  dev_tables.cos = cuda::to_device(host_tables.cos);
+  dev_tables.sin = cuda::to_device(host_tables.sin);
+  // The fused projection [q | k | v | output gate] (Qwen3-Next's layout; a dense model's has no gate).
+  const bool gated = partial < 1.0;
+  Tensor qkv = random_tensor({T, (H + 2 * KVH) * D + (gated ? H * D : 0)});
+  Tensor pos = Tensor::empty({T}, DType::kI32), slots = Tensor::empty({T}, DType::kI32);
+  for (int t = 0; t < T; ++t) {
+    pos.ptr<int32_t>()[t] = tb.position(t);
+    slots.ptr<int32_t>()[t] = padding && t == T - 1 ? -1 : tb.slot(t);
+  }
+  Tensor qn = random_tensor({D}), kn = random_tensor({D}), dqn = cuda::to_device(qn), dkn = cuda::to_device(kn);
+  ops::QkNorm host_norm, dev_norm;
+  if (qk_norm) host_norm = {&qn, &kn, 1e-6f}, dev_norm = {&dqn, &dkn, 1e-6f};
+  auto [kc, dk] = random_cache(tb.total_blocks, bs, KVH, D, kv_dtype);
+  auto [vc, dv] = random_cache(tb.total_blocks, bs, KVH, D, kv_dtype);
+  const float scale = 1.0f / std::sqrt(float(D));
+  const ops::OutputGate hg{&qkv, (H + 2 * KVH) * D};
+  Tensor q = Tensor::empty({T, H, D}, DType::kF32), out = Tensor::empty({T, H, D}, DType::kF32);
+  if (kv_dtype == DType::kF32) {
+    ops::cpu::qkv_rope_attention(qkv, host_norm, pos, host_tables, slots, q, kc, vc, tb.b, scale, out, gated ? &hg : nullptr);
+  } else {  // the CPU's cache is f32: its pair, with the slots written rounded as an f16 cache holds them
+    ops::cpu::qkv_rope_cache(qkv, host_norm, pos, host_tables, slots, q, kc, vc);
+    for (Tensor* c : {&kc, &vc}) {
+      Tensor r = Tensor::empty(c->shape(), kv_dtype);
+      convert_from_f32(c->ptr<float>(), r.data(), kv_dtype, size_t(c->numel()));
+      convert_to_f32(r.data(), kv_dtype, c->ptr<float>(), size_t(c->numel()));
+    }
+    ops::cpu::paged_attention(q, kc, vc, tb.b, scale, out, gated ? &hg : nullptr);
+  }
+  if (graph) tb.on_device(4096);
+  Tensor dqkv = cuda::to_device(qkv), dpos = cuda::to_device(pos), dslots = cuda::to_device(slots);
+  const ops::OutputGate dg{&dqkv, (H + 2 * KVH) * D};
+  Tensor dq = Tensor::empty({T, H, D}, DType::kF32, Device::kCUDA), dout = Tensor::empty({T, H, D}, DType::kF32, Device::kCUDA);
+  auto run = [&] {
+    ops::qkv_rope_attention(dqkv, dev_norm, dpos, dev_tables, dslots, dq, dk, dv, tb.b, scale, dout, gated ? &dg : nullptr);
+  };
+  run();
+  const int compared = padding ? T - 1 : T;  // rows of real tokens
+  auto rows = [&](const Tensor& t) { return t.slice_rows(0, compared); };
+  const float err = std::max(max_abs_diff(rows(cuda::to_host(dq)), rows(q)), max_abs_diff(rows(cuda::to_host(dout)), rows(out)));
+  const float cache_err = std::max(max_abs_diff(host_f32(dk), kc), max_abs_diff(host_f32(dv), vc));
+  const bool f16 = kv_dtype == DType::kF16;  // a value near an f16 rounding boundary may round either way
+  std::string tag = std::to_string(seqs.size()) + " seqs " + std::to_string(T) + " tokens H" + std::to_string(H) + "/KV" +
+                    std::to_string(KVH) + " D" + std::to_string(D) + (partial < 1.0 ? " partial" : "") +
+                    (qk_norm ? " qk-norm " : " ") + dtype_name(kv_dtype) + (graph ? " graph" : "") + (padding ? " +pad" : "");
+  perf("qkv_rope_attention " + tag, double(qkv.nbytes()), run);
+  report("qkv_rope_attention " + tag, err, f16 ? 2e-3f : 1e-4f);
+  report("qkv_rope_attention cache " + tag, cache_err, f16 ? 4e-3f : 1e-5f);
 }
 
 void test_data_movement() {
@@ -1031,6 +1130,18 @@ int main(int argc, char** argv) {
     test_moe_route_experts(3, 64, 8, 256, 96, true, true);     // three tokens: moe_route + moe_experts
     test_moe_route_experts(1, 64, 4, 4096, 64, true, true);    // rows past 2048 columns: moe_route + moe_experts
     test_moe_route_experts(1, 64, 8, 256, 96, true, true, true);  // the next block's weights warmed into L2 meanwhile
+    // qkv_rope_attention: the decode graph's one kernel (Qwen3-Next's heads with their gate and
+    // partial rotary, split-K at 3000 and 5000; Llama's; SmolLM2's; head_dim 32; a padding row),
+    // then batches it hands to qkv_rope_cache + paged_attention (a prefill; host metadata).
+    for (DType kv : {DType::kF16, DType::kF32}) {
+      test_qkv_rope_attention({{40, 1}, {3000, 1}, {0, 1}}, 16, 2, 256, 0.25, true, kv, true, true);
+      test_qkv_rope_attention({{5000, 1}}, 16, 2, 256, 0.25, true, kv, true);
+      test_qkv_rope_attention({{100, 1}, {7, 1}}, 32, 8, 128, 1.0, false, kv, true);
+      test_qkv_rope_attention({{17, 1}, {300, 1}}, 9, 3, 64, 1.0, true, kv, true, true);
+      test_qkv_rope_attention({{100, 1}, {7, 1}}, 8, 2, 32, 1.0, false, kv, true);
+    }
+    test_qkv_rope_attention({{30, 1}, {0, 20}}, 16, 2, 256, 0.25, true, DType::kF16, true);
+    test_qkv_rope_attention({{30, 1}, {64, 1}}, 8, 2, 128, 1.0, true, DType::kF16, false);
   } catch (const std::exception& e) {
     std::printf("FAIL exception: %s\n", e.what());
     ++g_failed;

@@ -76,8 +76,8 @@ class DenseDecoderLM final : public DecoderBase {
       ops::linear(x, L.qkv, L.qkv_bias.defined() ? &L.qkv_bias : nullptr, qkv);
       ops::QkNorm norm;
       if (opts_.qk_norm) norm = {&L.q_norm, &L.k_norm, eps};
-      ops::qkv_rope_cache(qkv, norm, b.positions, rope_, b.slot_mapping, q, cache.k[l], cache.v[l]);
-      ops::paged_attention(q, cache.k[l], cache.v[l], b.attention, scale, attn);
+      ops::qkv_rope_attention(qkv, norm, b.positions, rope_, b.slot_mapping, q, cache.k[l], cache.v[l], b.attention,
+                              scale, attn);
       ops::linear(attn.view({T, QO}), L.o, L.o_bias.defined() ? &L.o_bias : nullptr, proj);
       ops::add_rms_norm(residual, proj, L.post_attn_norm, eps, x);
       ops::linear_swiglu(x, L.gate_up, act);

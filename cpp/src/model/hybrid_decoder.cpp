@@ -340,11 +340,10 @@ class HybridDecoderLM final : public DecoderBase {
     ops::linear(x, L.attn.proj, nullptr, fused);
     Tensor q = Tensor::uninitialized({T, NH, D}, DType::kF32, dev), attn = Tensor::uninitialized({T, NH, D}, DType::kF32, dev);
     const ops::QkNorm norm{&L.attn.q_norm, &L.attn.k_norm, eps};
-    ops::qkv_rope_cache(fused, norm, b.positions, rope_, b.slot_mapping, q, kv.k[size_t(L.cache_index)],
-                        kv.v[size_t(L.cache_index)]);
     const ops::OutputGate gate{&fused, QO + 2 * KVO};  // gated attention: the gate's columns follow q, k, v
-    ops::paged_attention(q, kv.k[size_t(L.cache_index)], kv.v[size_t(L.cache_index)], b.attention,
-                         1.0f / std::sqrt(float(D)), attn, opts_.gated_attention ? &gate : nullptr);
+    ops::qkv_rope_attention(fused, norm, b.positions, rope_, b.slot_mapping, q, kv.k[size_t(L.cache_index)],
+                            kv.v[size_t(L.cache_index)], b.attention, 1.0f / std::sqrt(float(D)), attn,
+                            opts_.gated_attention ? &gate : nullptr);
     return project(attn.view({T, QO}), L.attn.o);
   }
 

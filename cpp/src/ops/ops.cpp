@@ -19,6 +19,14 @@ const OpTable& table_for(Device d, Op op) {
   return *t;
 }
 
+// Gated attention's output gate, f32 columns of one row per token (paged_attention and its fused form).
+void check_output_gate(const char* op, const Tensor& q, const OutputGate* gate) {
+  RV_CHECK(!gate || (gate->gate->dim() == 2 && gate->gate->size(0) == q.size(0) &&
+                     gate->column + q.size(1) * q.size(2) <= gate->gate->size(1) && gate->gate->dtype() == DType::kF32),
+           op, ": an output gate f32 [T, >= column + heads * head_dim] (got ",
+           gate ? gate->gate->shape_str() : std::string(), " from column ", gate ? gate->column : 0, ")");
+}
+
 }  // namespace
 
 const char* op_name(Op op) {
@@ -27,7 +35,8 @@ const char* op_name(Op op) {
                                 "gather_rows", "copy_columns", "fill_uniform",   "argmax", "qkv_rope_cache", "sample", "linear_swiglu",
                                 "gated_delta_rule", "causal_conv1d", "l2_norm", "gated_rms_norm",
                                 "sigmoid_mul", "gdn_gates", "scatter_add_rows", "add_gated_rows", "moe_topk", "moe_experts", "gdn_split_qkv",
-                                "moe_route", "gdn_decode", "transpose", "moe_route_experts", "linear_scaled"};
+                                "moe_route", "gdn_decode", "transpose", "moe_route_experts", "linear_scaled",
+                                "qkv_rope_attention"};
   return names[int(op)];
 }
 
@@ -68,6 +77,7 @@ bool supports_op(Device device, Op op) {
     case Op::kTranspose: return t->transpose != nullptr;
     case Op::kMoeRouteExperts: return t->moe_route_experts != nullptr;
     case Op::kLinearScaled: return t->linear_scaled != nullptr;
+    case Op::kQkvRopeAttention: return t->qkv_rope_attention != nullptr;
     case Op::kCount: break;
   }
   return false;
@@ -113,10 +123,7 @@ void kv_cache_write(const Tensor& k, const Tensor& v, const Tensor& slot_mapping
 }
 void paged_attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
                      const AttentionBatch& batch, float scale, Tensor& out, const OutputGate* gate) {
-  RV_CHECK(!gate || (gate->gate->dim() == 2 && gate->gate->size(0) == q.size(0) &&
-                     gate->column + q.size(1) * q.size(2) <= gate->gate->size(1) && gate->gate->dtype() == DType::kF32),
-           "paged_attention: an output gate f32 [T, >= column + heads * head_dim] (got ",
-           gate ? gate->gate->shape_str() : std::string(), " from column ", gate ? gate->column : 0, ")");
+  check_output_gate("paged_attention", q, gate);
   table_for(q.device(), Op::kPagedAttention)
       .paged_attention(q, k_cache, v_cache, batch, scale, out, gate);
 }
@@ -141,6 +148,13 @@ void argmax(const Tensor& x, Tensor& out) { table_for(x.device(), Op::kArgmax).a
 void qkv_rope_cache(const Tensor& qkv, const QkNorm& norm, const Tensor& positions, const RopeTables& rope,
                     const Tensor& slot_mapping, Tensor& q, Tensor& k_cache, Tensor& v_cache) {
   table_for(qkv.device(), Op::kQkvRopeCache).qkv_rope_cache(qkv, norm, positions, rope, slot_mapping, q, k_cache, v_cache);
+}
+void qkv_rope_attention(const Tensor& qkv, const QkNorm& norm, const Tensor& positions, const RopeTables& rope,
+                        const Tensor& slot_mapping, Tensor& q, Tensor& k_cache, Tensor& v_cache,
+                        const AttentionBatch& batch, float scale, Tensor& out, const OutputGate* gate) {
+  check_output_gate("qkv_rope_attention", q, gate);
+  table_for(qkv.device(), Op::kQkvRopeAttention)
+      .qkv_rope_attention(qkv, norm, positions, rope, slot_mapping, q, k_cache, v_cache, batch, scale, out, gate);
 }
 
 void linear_swiglu(const Tensor& x, const Tensor& gate_up_weight, Tensor& act) {

@@ -165,6 +165,7 @@ enum class Op {
   kTranspose,
   kMoeRouteExperts,
   kLinearScaled,
+  kQkvRopeAttention,
   kCount
 };
 const char* op_name(Op op);
@@ -187,6 +188,9 @@ struct OpTable {
   void (*argmax)(const Tensor& x, Tensor& out) = nullptr;
   void (*qkv_rope_cache)(const Tensor& qkv, const QkNorm& norm, const Tensor& positions, const RopeTables& rope,
                          const Tensor& slot_mapping, Tensor& q, Tensor& k_cache, Tensor& v_cache) = nullptr;
+  void (*qkv_rope_attention)(const Tensor& qkv, const QkNorm& norm, const Tensor& positions, const RopeTables& rope,
+                             const Tensor& slot_mapping, Tensor& q, Tensor& k_cache, Tensor& v_cache,
+                             const AttentionBatch& batch, float scale, Tensor& out, const OutputGate* gate) = nullptr;
   void (*linear_swiglu)(const Tensor& x, const Tensor& gate_up_weight, Tensor& act) = nullptr;
   void (*gated_delta_rule)(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& g, const Tensor& beta,
                            Tensor& states, const Tensor& seq_starts, const Tensor& seq_slots, Tensor& out,
@@ -267,6 +271,12 @@ void argmax(const Tensor& x, Tensor& out);
 // cache slots (kv_cache_write's rules). One pass instead of split + norms + rope + cache write.
 void qkv_rope_cache(const Tensor& qkv, const QkNorm& norm, const Tensor& positions, const RopeTables& rope,
                     const Tensor& slot_mapping, Tensor& q, Tensor& k_cache, Tensor& v_cache);
+// qkv_rope_cache, then paged_attention over its q (scale, gate as there): one op so that a backend
+// can run a decode step's pair as one kernel, which takes this step's k and v from the projection
+// instead of the cache it writes them to (q, the cache slots and out end as the pair leaves them).
+void qkv_rope_attention(const Tensor& qkv, const QkNorm& norm, const Tensor& positions, const RopeTables& rope,
+                        const Tensor& slot_mapping, Tensor& q, Tensor& k_cache, Tensor& v_cache,
+                        const AttentionBatch& batch, float scale, Tensor& out, const OutputGate* gate = nullptr);
 // act[M, I] = silu(x . W[:I]^T) * (x . W[I:]^T) for the stacked gate_up weight [2I, K]: the MLP's
 // first half (decode-sized M: one pass that writes the activation instead of gate_up + silu_mul).
 void linear_swiglu(const Tensor& x, const Tensor& gate_up_weight, Tensor& act);

@@ -141,4 +141,11 @@ void qkv_rope_cache(const Tensor& qkv, const QkNorm& norm, const Tensor& positio
   cpu::kv_cache_write(k, v, slot_mapping, k_cache, v_cache);
 }
 
+void qkv_rope_attention(const Tensor& qkv, const QkNorm& norm, const Tensor& positions, const RopeTables& rope,
+                        const Tensor& slot_mapping, Tensor& q, Tensor& k_cache, Tensor& v_cache,
+                        const AttentionBatch& batch, float scale, Tensor& out, const OutputGate* gate) {
+  cpu::qkv_rope_cache(qkv, norm, positions, rope, slot_mapping, q, k_cache, v_cache);
+  cpu::paged_attention(q, k_cache, v_cache, batch, scale, out, gate);
+}
+
 }  // namespace revolta::ops::cpu

@@ -40,6 +40,9 @@ void sample(const Tensor& logits, const std::vector<SampleRow>& rows, const std:
             std::vector<SampleResult>& out);
 void qkv_rope_cache(const Tensor& qkv, const QkNorm& norm, const Tensor& positions, const RopeTables& rope,
                     const Tensor& slot_mapping, Tensor& q, Tensor& k_cache, Tensor& v_cache);
+void qkv_rope_attention(const Tensor& qkv, const QkNorm& norm, const Tensor& positions, const RopeTables& rope,
+                        const Tensor& slot_mapping, Tensor& q, Tensor& k_cache, Tensor& v_cache,
+                        const AttentionBatch& batch, float scale, Tensor& out, const OutputGate* gate);
 
 // Gated DeltaNet pieces (see gated_delta_rule.cpp). chunk_size <= 1 selects the recurrent form.
 void gated_delta_rule(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& g, const Tensor& beta,
