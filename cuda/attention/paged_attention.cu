@@ -4,9 +4,9 @@
 //    take context positions side by side with an online softmax each, merged in shared memory;
 //    when few blocks would leave SMs idle the context is split across blocks and the split that
 //    finishes last merges the partial softmaxes (split-K). head_dim <= 256. It reads only device
-//    metadata, so it can be captured. In a decode graph it also runs qkv_rope_attention whole
-//    (see Fresh): the step's q, k and v from the fused projection, one kernel where
-//    qkv_rope_cache + attention were two.
+//    metadata, so it can be captured. In a decode graph of head_dim <= 128 it also runs
+//    qkv_rope_attention whole (see Fresh): the step's q, k and v from the fused projection, one
+//    kernel where qkv_rope_cache + attention were two.
 //  - Sequences with several query tokens (prefill chunks, on top of any cached prefix) use
 //    flash-style tiles on tensor cores (prefill_attention.cuh) when head_dim is 64 or 128.
 #include <cuda_fp16.h>
@@ -345,8 +345,13 @@ __global__ void __launch_bounds__(kThreads) decode_attention_kernel(const float*
   decode_attention<C, EPL, kVec, P, false>(q, kc, vc, query_start, seq_lens, block_tables, seq_of, token_list, max_blocks, block_size, H, KVH, D, scale, out, part, counters, gate, Fresh<C>{});
 }
 
-// The fused form, held to two blocks an SM (its forms of up to 16 elements a lane had taken 126-136
-// registers otherwise; Llama-8B's, 136, fit one block).
+// The fused form, held to two blocks an SM (its forms had taken 126-136 registers otherwise;
+// Llama-8B's, 136, fit one block). Only for head_dim <= 128 (kMaxFusedEpl): H200, concurrency 1,
+// against qkv_rope_cache + decode attention in the same runs, Llama-8B (head_dim 128) gained 0.4%,
+// 0.7% and 0.8% in three runs, while the Qwen3-Next shape (head_dim 256, 16 heads) lost 0.2-0.4%:
+// its probe timeline has the q row ready 1.6 us sooner after the QKV projection, yet the kernel
+// ends no sooner (a straggler block finishes its rounds ~4 us after the median; not explained).
+constexpr int kMaxFusedEpl = 16;
 template <typename C, int EPL, bool kVec, int P>
 __global__ void __launch_bounds__(kThreads, 2) rope_attention_kernel(const float* __restrict__ q, const C* __restrict__ kc, const C* __restrict__ vc,
                             const int32_t* __restrict__ query_start, const int32_t* __restrict__ seq_lens,
@@ -387,9 +392,11 @@ void launch_decode_kernel(const Tensor& q, const C* kc, const C* vc, const ops::
                      splits > 1 ? arrival_counters() : nullptr, gate, extra...);
   };
   const bool vec = kCanVec && sh.D == kGroupLanes * EPL;
-  if (fresh && vec) go(rope_attention_kernel<C, EPL, kCanVec, P>, *fresh);
-  else if (fresh) go(rope_attention_kernel<C, EPL, false, P>, *fresh);
-  else if (vec) go(decode_attention_kernel<C, EPL, kCanVec, P>);
+  if constexpr (EPL <= kMaxFusedEpl) {
+    if (fresh && vec) return go(rope_attention_kernel<C, EPL, kCanVec, P>, *fresh);
+    if (fresh) return go(rope_attention_kernel<C, EPL, false, P>, *fresh);
+  }
+  if (vec) go(decode_attention_kernel<C, EPL, kCanVec, P>);
   else go(decode_attention_kernel<C, EPL, false, P>);
   RV_CUDA_CHECK(cudaGetLastError());
 }
@@ -508,7 +515,7 @@ void qkv_rope_attention(const Tensor& qkv, const ops::QkNorm& norm, const Tensor
                         const Tensor& slot_mapping, Tensor& q, Tensor& k_cache, Tensor& v_cache,
                         const ops::AttentionBatch& b, float scale, Tensor& out, const ops::OutputGate* gate) {
   const int64_t T = q.size(0), H = q.size(1), D = q.size(2), KVH = k_cache.size(2);
-  const bool one_kernel = b.decode_only && b.dev_query_start && T > 0 && D <= kMaxD && H % KVH == 0 &&
+  const bool one_kernel = b.decode_only && b.dev_query_start && T > 0 && D <= kGroupLanes * kMaxFusedEpl && H % KVH == 0 &&
                           qkv.dtype() == DType::kF32 && qkv.size(0) == T && qkv.size(1) >= (H + 2 * KVH) * D &&
                           2 * (rope.rotary_dim / 2) <= D;
   if (one_kernel && k_cache.dtype() == DType::kF32) {

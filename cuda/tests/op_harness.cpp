@@ -1130,15 +1130,17 @@ int main(int argc, char** argv) {
     test_moe_route_experts(3, 64, 8, 256, 96, true, true);     // three tokens: moe_route + moe_experts
     test_moe_route_experts(1, 64, 4, 4096, 64, true, true);    // rows past 2048 columns: moe_route + moe_experts
     test_moe_route_experts(1, 64, 8, 256, 96, true, true, true);  // the next block's weights warmed into L2 meanwhile
-    // qkv_rope_attention: the decode graph's one kernel (Qwen3-Next's heads with their gate and
-    // partial rotary, split-K at 3000 and 5000; Llama's; SmolLM2's; head_dim 32; a padding row),
-    // then batches it hands to qkv_rope_cache + paged_attention (a prefill; host metadata).
+    // qkv_rope_attention: the decode graph's one kernel (Llama's heads, SmolLM2's, head_dim 32;
+    // split-K; a padding row), Qwen3-Next's (head_dim 256 with its gate, partial rotary, split-K at
+    // 3000 and 5000: the two kernels), then batches it hands to qkv_rope_cache + paged_attention
+    // (a prefill; host metadata).
     for (DType kv : {DType::kF16, DType::kF32}) {
       test_qkv_rope_attention({{40, 1}, {3000, 1}, {0, 1}}, 16, 2, 256, 0.25, true, kv, true, true);
       test_qkv_rope_attention({{5000, 1}}, 16, 2, 256, 0.25, true, kv, true);
       test_qkv_rope_attention({{100, 1}, {7, 1}}, 32, 8, 128, 1.0, false, kv, true);
       test_qkv_rope_attention({{17, 1}, {300, 1}}, 9, 3, 64, 1.0, true, kv, true, true);
       test_qkv_rope_attention({{100, 1}, {7, 1}}, 8, 2, 32, 1.0, false, kv, true);
+      test_qkv_rope_attention({{40, 1}, {3000, 1}, {5000, 1}}, 8, 2, 128, 0.5, true, kv, true, true);  // split-K, partial
     }
     test_qkv_rope_attention({{30, 1}, {0, 20}}, 16, 2, 256, 0.25, true, DType::kF16, true);
     test_qkv_rope_attention({{30, 1}, {64, 1}}, 8, 2, 128, 1.0, true, DType::kF16, false);
