@@ -347,8 +347,8 @@ __global__ void __launch_bounds__(kThreads) decode_attention_kernel(const float*
 
 // The fused form, held to two blocks an SM (its forms had taken 126-136 registers otherwise;
 // Llama-8B's, 136, fit one block). Only for head_dim <= 128 (kMaxFusedEpl): H200, concurrency 1,
-// against qkv_rope_cache + decode attention in the same runs, Llama-8B (head_dim 128) gained 0.4%,
-// 0.7% and 0.8% in three runs, while the Qwen3-Next shape (head_dim 256, 16 heads) lost 0.2-0.4%:
+// against qkv_rope_cache + decode attention in the same runs, Llama-8B (head_dim 128) gained 0.8%,
+// 0.7%, 0.4% and 0.2% in four runs, while the Qwen3-Next shape (head_dim 256, 16 heads) lost 0.2-0.4%:
 // its probe timeline has the q row ready 1.6 us sooner after the QKV projection, yet the kernel
 // ends no sooner (a straggler block finishes its rounds ~4 us after the median; not explained).
 constexpr int kMaxFusedEpl = 16;
