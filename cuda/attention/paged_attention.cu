@@ -96,12 +96,12 @@ struct Fresh {
 // writes [max, sum, D unnormalised outputs]; the one that finishes last merges them, saving a
 // launch per layer. With one working split the block writes the output itself.
 template <typename C, int EPL, bool kVec, int P, bool kRope>
-__device__ __forceinline__ void decode_attention(const float* __restrict__ q, const C* __restrict__ kc, const C* __restrict__ vc,
-                            const int32_t* __restrict__ query_start, const int32_t* __restrict__ seq_lens,
-                            const int32_t* __restrict__ block_tables, const int32_t* __restrict__ seq_of,
-                            const int32_t* __restrict__ token_list, int max_blocks, int block_size, int H, int KVH,
-                            int D, float scale, float* __restrict__ out, float* __restrict__ part,
-                            int* __restrict__ counters, Gate gate, const Fresh<C>& fr) {
+__device__ __forceinline__ void decode_attention(
+    const float* __restrict__ q, const C* __restrict__ kc, const C* __restrict__ vc,
+    const int32_t* __restrict__ query_start, const int32_t* __restrict__ seq_lens,
+    const int32_t* __restrict__ block_tables, const int32_t* __restrict__ seq_of,
+    const int32_t* __restrict__ token_list, int max_blocks, int block_size, int H, int KVH, int D, float scale,
+    float* __restrict__ out, float* __restrict__ part, int* __restrict__ counters, Gate gate, const Fresh<C>& fr) {
   // Before the wait: the batch layout (uploaded before the step's first kernel) and the first
   // round's keys and values at the positions that earlier steps wrote, [0, seq_len - q_len); the
   // predecessor (qkv_rope_cache) writes only this step's positions, which are loaded after it.
@@ -122,7 +122,8 @@ __device__ __forceinline__ void decode_attention(const float* __restrict__ q, co
   const size_t row = size_t(KVH) * D, head_off = size_t(kvh) * D;
   using Rows = float[P][EPL];
   auto load_position = [&](Rows& kv, Rows& vv, int p, int jb) {
-    const int last = min(jb + group + p * kGroups, jr - 1), jp = kRope ? max(0, last) : last;  // (kRope: a split may have no cached position)
+    // (kRope: a split may have no cached position, and its rounds mask whatever this reads)
+    const int last = min(jb + group + p * kGroups, jr - 1), jp = kRope ? max(0, last) : last;
     const size_t base = (size_t(table[jp / block_size]) * block_size + jp % block_size) * row + head_off;
     load_slice<EPL, kVec>(kc + base, first, D, kv[p]);
     load_slice<EPL, kVec>(vc + base, first, D, vv[p]);
@@ -246,7 +247,8 @@ __device__ __forceinline__ void decode_attention(const float* __restrict__ q, co
         const float m_new = fmaxf(m, dot), corr = __expf(m - m_new), w = __expf(dot - m_new);
         l = l * corr + w;
 #pragma unroll
-        for (int i = 0; i < EPL; ++i) acc[i] = acc[i] * corr + (first + i < D ? w * made[kMaxD + first + i] : 0.0f);
+        for (int i = 0; i < EPL; ++i)
+          acc[i] = acc[i] * corr + (first + i < D ? w * made[kMaxD + first + i] : 0.0f);
         m = m_new;
       }
     }
@@ -335,14 +337,15 @@ __device__ __forceinline__ void decode_attention(const float* __restrict__ q, co
 }
 
 template <typename C, int EPL, bool kVec, int P>
-__global__ void __launch_bounds__(kThreads) decode_attention_kernel(const float* __restrict__ q, const C* __restrict__ kc, const C* __restrict__ vc,
-                            const int32_t* __restrict__ query_start, const int32_t* __restrict__ seq_lens,
-                            const int32_t* __restrict__ block_tables, const int32_t* __restrict__ seq_of,
-                            const int32_t* __restrict__ token_list, int max_blocks, int block_size, int H, int KVH,
-                            int D, float scale, float* __restrict__ out, float* __restrict__ part,
-                            int* __restrict__ counters, Gate gate) {
+__global__ void __launch_bounds__(kThreads) decode_attention_kernel(
+    const float* __restrict__ q, const C* __restrict__ kc, const C* __restrict__ vc,
+    const int32_t* __restrict__ query_start, const int32_t* __restrict__ seq_lens,
+    const int32_t* __restrict__ block_tables, const int32_t* __restrict__ seq_of,
+    const int32_t* __restrict__ token_list, int max_blocks, int block_size, int H, int KVH, int D, float scale,
+    float* __restrict__ out, float* __restrict__ part, int* __restrict__ counters, Gate gate) {
   RV_PROBE_BLOCK(ProbeKind::kDecodeAttention);
-  decode_attention<C, EPL, kVec, P, false>(q, kc, vc, query_start, seq_lens, block_tables, seq_of, token_list, max_blocks, block_size, H, KVH, D, scale, out, part, counters, gate, Fresh<C>{});
+  decode_attention<C, EPL, kVec, P, false>(q, kc, vc, query_start, seq_lens, block_tables, seq_of, token_list,
+                                           max_blocks, block_size, H, KVH, D, scale, out, part, counters, gate, Fresh<C>{});
 }
 
 // The fused form, held to two blocks an SM (its forms had taken 126-136 registers otherwise;
@@ -353,14 +356,15 @@ __global__ void __launch_bounds__(kThreads) decode_attention_kernel(const float*
 // ends no sooner (a straggler block finishes its rounds ~4 us after the median; not explained).
 constexpr int kMaxFusedEpl = 16;
 template <typename C, int EPL, bool kVec, int P>
-__global__ void __launch_bounds__(kThreads, 2) rope_attention_kernel(const float* __restrict__ q, const C* __restrict__ kc, const C* __restrict__ vc,
-                            const int32_t* __restrict__ query_start, const int32_t* __restrict__ seq_lens,
-                            const int32_t* __restrict__ block_tables, const int32_t* __restrict__ seq_of,
-                            const int32_t* __restrict__ token_list, int max_blocks, int block_size, int H, int KVH,
-                            int D, float scale, float* __restrict__ out, float* __restrict__ part,
-                            int* __restrict__ counters, Gate gate, Fresh<C> fr) {
+__global__ void __launch_bounds__(kThreads, 2) rope_attention_kernel(
+    const float* __restrict__ q, const C* __restrict__ kc, const C* __restrict__ vc,
+    const int32_t* __restrict__ query_start, const int32_t* __restrict__ seq_lens,
+    const int32_t* __restrict__ block_tables, const int32_t* __restrict__ seq_of,
+    const int32_t* __restrict__ token_list, int max_blocks, int block_size, int H, int KVH, int D, float scale,
+    float* __restrict__ out, float* __restrict__ part, int* __restrict__ counters, Gate gate, Fresh<C> fr) {
   RV_PROBE_BLOCK(ProbeKind::kDecodeAttention);
-  decode_attention<C, EPL, kVec, P, true>(q, kc, vc, query_start, seq_lens, block_tables, seq_of, token_list, max_blocks, block_size, H, KVH, D, scale, out, part, counters, gate, fr);
+  decode_attention<C, EPL, kVec, P, true>(q, kc, vc, query_start, seq_lens, block_tables, seq_of, token_list,
+                                          max_blocks, block_size, H, KVH, D, scale, out, part, counters, gate, fr);
 }
 
 struct Shape {
@@ -515,9 +519,9 @@ void qkv_rope_attention(const Tensor& qkv, const ops::QkNorm& norm, const Tensor
                         const Tensor& slot_mapping, Tensor& q, Tensor& k_cache, Tensor& v_cache,
                         const ops::AttentionBatch& b, float scale, Tensor& out, const ops::OutputGate* gate) {
   const int64_t T = q.size(0), H = q.size(1), D = q.size(2), KVH = k_cache.size(2);
-  const bool one_kernel = b.decode_only && b.dev_query_start && T > 0 && D <= kGroupLanes * kMaxFusedEpl && H % KVH == 0 &&
-                          qkv.dtype() == DType::kF32 && qkv.size(0) == T && qkv.size(1) >= (H + 2 * KVH) * D &&
-                          2 * (rope.rotary_dim / 2) <= D;
+  const bool one_kernel = b.decode_only && b.dev_query_start && T > 0 && D <= kGroupLanes * kMaxFusedEpl &&
+                          H % KVH == 0 && qkv.dtype() == DType::kF32 && qkv.size(0) == T &&
+                          qkv.size(1) >= (H + 2 * KVH) * D && 2 * (rope.rotary_dim / 2) <= D;
   if (one_kernel && k_cache.dtype() == DType::kF32) {
     run_fused<float>(qkv, norm, positions, rope, slot_mapping, q, k_cache, v_cache, b, scale, out, gate);
   } else if (one_kernel && k_cache.dtype() == DType::kF16) {

@@ -273,7 +273,8 @@ void qkv_rope_cache(const Tensor& qkv, const QkNorm& norm, const Tensor& positio
                     const Tensor& slot_mapping, Tensor& q, Tensor& k_cache, Tensor& v_cache);
 // qkv_rope_cache, then paged_attention over its q (scale, gate as there): one op so that a backend
 // can run a decode step's pair as one kernel, which takes this step's k and v from the projection
-// instead of the cache it writes them to (q, the cache slots and out end as the pair leaves them).
+// instead of the cache it writes them to (q, the cache slots and out end as the pair leaves them,
+// except the output of a padding row, slot < 0: no slot is written for it, so it is unspecified).
 void qkv_rope_attention(const Tensor& qkv, const QkNorm& norm, const Tensor& positions, const RopeTables& rope,
                         const Tensor& slot_mapping, Tensor& q, Tensor& k_cache, Tensor& v_cache,
                         const AttentionBatch& batch, float scale, Tensor& out, const OutputGate* gate = nullptr);
