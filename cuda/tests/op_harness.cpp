@@ -128,16 +128,24 @@ void test_embedding(int64_t vocab, int64_t hidden, int64_t T, DType dt) {
          std::max(max_abs_diff(cuda::to_host(dout), ref), max_abs_diff(cuda::to_host(dnormed), normed)), 1e-4f);
 }
 
+// RoPE tables of `positions` rows on the host and their copy on the device (rc: the type and its
+// parameters; "default" unless given).
+std::pair<ops::RopeTables, ops::RopeTables> rope_tables(int64_t D, double partial, int32_t positions,
+                                                        RopeConfig rc = {}) {
+  rc.partial_rotary_factor = partial;
+  ops::RopeTables host = build_rope_tables(rc, int32_t(D), positions), dev = host;
+  dev.cos = cuda::to_device(host.cos);
+  dev.sin = cuda::to_device(host.sin);
+  return {host, dev};
+}
+
 void test_rope(int64_t T, int64_t heads, int64_t D, double partial, const char* type) {
   RopeConfig rc;
   rc.type = type;
-  rc.partial_rotary_factor = partial;
   rc.factor = 4.0;
   rc.original_max_position_embeddings = 256;
-  ops::RopeTables host_tables = build_rope_tables(rc, int32_t(D), 4096);
-  ops::RopeTables dev_tables = host_tables;
-  dev_tables.cos = cuda::to_device(host_tables.cos);
-  dev_tables.sin = cuda::to_device(host_tables.sin);
+  const auto tables = rope_tables(D, partial, 4096, rc);
+  const ops::RopeTables &host_tables = tables.first, &dev_tables = tables.second;
   Tensor x = random_tensor({T, heads, D}), pos = Tensor::empty({T}, DType::kI32);
   for (int64_t i = 0; i < T; ++i) pos.ptr<int32_t>()[i] = int32_t((i * 131) % 4096);
   Tensor dx = cuda::to_device(x), dpos = cuda::to_device(pos);
@@ -319,13 +327,8 @@ void test_qkv_rope_attention(std::vector<std::pair<int, int>> seqs, int H, int K
   if (padding) seqs.push_back({0, 1});
   TestBatch tb(seqs, bs);
   const int T = tb.T;
-  RopeConfig rc;
-  rc.type = "default";
-  rc.partial_rotary_factor = partial;
-  ops::RopeTables host_tables = build_rope_tables(rc, int32_t(D), 8192);
-  ops::RopeTables dev_tables = host_tables;
-  dev_tables.cos = cuda::to_device(host_tables.cos);
-  dev_tables.sin = cuda::to_device(host_tables.sin);
+  const auto tables = rope_tables(D, partial, 8192);
+  const ops::RopeTables &host_tables = tables.first, &dev_tables = tables.second;
   // The fused projection [q | k | v | output gate] (Qwen3-Next's layout; a dense model's has no gate).
   const bool gated = partial < 1.0;
   Tensor qkv = random_tensor({T, (H + 2 * KVH) * D + (gated ? H * D : 0)});
@@ -423,13 +426,8 @@ void test_data_movement() {
 }
 
 void test_qkv_rope_cache(int64_t T, int64_t H, int64_t KVH, int64_t D, double partial, bool qk_norm, DType kv_dtype) {
-  RopeConfig rc;
-  rc.type = "default";
-  rc.partial_rotary_factor = partial;
-  ops::RopeTables host_tables = build_rope_tables(rc, int32_t(D), 2048);
-  ops::RopeTables dev_tables = host_tables;
-  dev_tables.cos = cuda::to_device(host_tables.cos);
-  dev_tables.sin = cuda::to_device(host_tables.sin);
+  const auto tables = rope_tables(D, partial, 2048);
+  const ops::RopeTables &host_tables = tables.first, &dev_tables = tables.second;
   const int64_t blocks = 8, bs = 16;
   // Qwen3-Next's projection (the partial-rotary case) carries its output gate after v: wider rows.
   const int64_t gate_columns = partial < 1.0 ? H * D : 0;
