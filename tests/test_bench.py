@@ -64,3 +64,23 @@ def test_probe_summary_groups_blocks_into_launches(tmp_path):
     assert [l.split()[0] for l in timeline] == ["gemv_row", "moe_route_experts"] * 2
     # the moe launch started 1.0 us after the gemv's last block (at 4.3 us) left; its first wait 1.0 us later
     assert timeline[1].split()[1:] == ["5.40", "6.40", "6.90", "23.90", "2.10"]
+
+
+def test_probe_summary_names_the_late_blocks(tmp_path):
+    """--late: block 2 of six returns from its wait 0.7 us behind its place in every launch, so it
+    is the latest each time and 0.55 us behind the launch's median block (1.90 against 1.35 us)."""
+    rows = ["kind,point,block,time_ns"]
+    t = 10_000_000
+    for launch in range(3):
+        for b in range(6):
+            wait = 1000 + 100 * b + (700 if b == 2 else 0)
+            rows += [f"2,0,{b},{t + 100 * b}", f"2,1,{b},{t + wait}", f"2,11,{b},{t + 5000}"]
+        t += 10_000
+    path = tmp_path / "probe.csv"
+    path.write_text("\n".join(rows) + "\n")
+    script = Path(__file__).parent.parent / "benchmarks" / "probe_summary.py"
+    proc = subprocess.run(["python3", str(script), str(path), "--late"], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    line = next(l for l in proc.stdout.splitlines() if l.startswith("moe_route_experts / wait returned"))
+    assert "latest most often 2 (3x);" in line
+    assert line.split("furthest behind the median ")[1].startswith("2 (+0.55), 5 (+0.15)")

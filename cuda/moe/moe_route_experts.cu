@@ -53,7 +53,10 @@ constexpr int kCombineColumns = 16;  // a summer per 16 columns (sum_column_grou
 // Bytes of the next block's weights warmed into L2 during the routing (REVOLTA_L2_WARM_MB, default
 // 8, 0: none). H200, Qwen3-Next shape, 32 layers, concurrency 1, same run: 535.8 / 535.8 tok/s at
 // 8 MB, 529.1 / 529.6 at 16, 516.7 / 515.3 at 32, 531.7 / 530.9 without; more than the routing's
-// idle memory time covers probably competes with the experts' own stream.
+// idle memory time covers probably competes with the experts' own stream. (Re-measured with the
+// prefetches issued after the logits: 540.1-540.8 at 8 MB, 539.2 at 12, 537.3 at 16 in one run;
+// 542.5-542.6 at 8, 541.6 at 6, 542.1 at 10 in another. Larger prefetches, 4 or 8 KB rather than
+// 1 KB, lost 0.7% / 1.2%: 537.9-539.7 and 535.6-536.0.)
 int64_t warm_bytes() {
   static const int64_t bytes = [] {
     const char* mb = std::getenv("REVOLTA_L2_WARM_MB");
@@ -103,9 +106,6 @@ __global__ void __launch_bounds__(kWarps * 32, 2)
     const int e = int(threadIdx.x) + k * kWarps * 32;
     if (e < table_len) gu_e[k] = gu_at[e], dn_e[k] = down_at[e];
   }
-  // The next block's weights into L2 first: the memory is idle from here until the experts are
-  // ranked, apart from this kernel's router rows and the shared expert's blocks.
-  warm_l2(rt.warm, rt.warm_chunks, rt.warm_stride, b * int(blockDim.x) + int(threadIdx.x), blocks * int(blockDim.x));
   float nw[8], wv[kRouteRows][8];
   load8(rt.norm_w + cc, nw);
 #pragma unroll
@@ -150,6 +150,15 @@ __global__ void __launch_bounds__(kWarps * 32, 2)
     for (int w = 0; w < kWarps; ++w) d += red[w][threadIdx.x];
     rt.exchange[r0 + threadIdx.x] = ~__float_as_uint(d * inv);
   }
+  // The next block's weights into L2 once the logits are out: the memory is idle from here until
+  // the experts are ranked, apart from the shared expert's blocks. A few prefetches a block, chunk
+  // i by block i % blocks. (H200, Qwen3-Next shape, 32 layers, concurrency 1, same runs: 540.1 /
+  // 540.8 / 540.8 and 542.2 / 542.4 / 542.2 tok/s against 522.8 / 524.2 / 522.0 and 525.2 / 526.2 /
+  // 526.1 with them issued before the wait by the grid's first 32 blocks, a whole block's threads
+  // each: those blocks' router rows came ~2 us behind every other block's, and every block waits
+  // for all the logits. Spread the same way before the wait: 533.0 / 531.4 / 531.2; by warps 1.. of
+  // the routed blocks while warp 0 polls: 535.0 / 534.7 / 535.1, its polls ~1.9 us slower.)
+  warm_l2(rt.warm, rt.warm_chunks, rt.warm_stride, int(threadIdx.x) * blocks + b, blocks * int(blockDim.x));
   float n[8];
 #pragma unroll
   for (int i = 0; i < 8; ++i) n[i] = nw[i] * (h[i] * inv);
