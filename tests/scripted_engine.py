@@ -12,6 +12,7 @@ class ScriptedEngine:
     def __init__(self, script: list[int], eos: int):
         self.script, self.eos = script, eos
         self.model_info = SimpleNamespace(max_model_len=4096, vocab_size=60000)
+        self.max_num_seqs = 64
         self.dead = None
         self.prompts: list[list[int]] = []
         self.aborted: list[int] = []

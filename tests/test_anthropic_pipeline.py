@@ -12,7 +12,7 @@ from revolta.config import ServerOptions
 from revolta.server.anthropic.protocol import MessagesRequest
 from revolta.server.anthropic.serving import AnthropicServing, parse_partial_json
 from revolta.server.app import create_app
-from revolta.server.async_engine import EngineDead
+from revolta.server.async_engine import Failure
 from revolta.server.metrics import Metrics
 from revolta.server.openai.serving import OpenAIServing
 from scripted_engine import ScriptedEngine
@@ -119,7 +119,7 @@ def test_error_inside_a_stream_is_an_error_event(think_tokenizer):
         rid, q = original(prompt_ids, params)
         while not q.empty():
             q.get_nowait()
-        q.put_nowait(EngineDead("boom"))
+        q.put_nowait(Failure(500, "boom"))
         return rid, q
 
     engine.add_request = dying
@@ -139,11 +139,14 @@ def test_overload_and_dead_engine_statuses(think_tokenizer):
     app = create_app(engine, think_tokenizer, ["m"], ServerOptions(max_waiting_requests=2))
     client = TestClient(app)
     body = {"model": "m", "max_tokens": 4, "messages": [{"role": "user", "content": "hi"}]}
-    engine.stats = lambda: type("S", (), {"num_waiting": 5})()
+    app.state.serving.admission.live = engine.max_num_seqs + 2  # every running and waiting place taken
     r = client.post("/v1/messages", json=body)
-    assert r.status_code == 429 and r.json()["error"]["type"] == "rate_limit_error"
+    assert r.status_code == 429 and r.json()["error"]["type"] == "rate_limit_error" and r.headers["retry-after"] == "1"
     r = client.post("/v1/chat/completions", json=body)
     assert r.status_code == 429 and r.json()["error"]["type"] == "rate_limit_error"
+    app.state.serving.admission.live = 0
+    assert client.post("/v1/chat/completions", json=body).status_code == 200
+    assert app.state.serving.admission.live == 0  # released when the request ended
     engine.dead = "fatal"
     r = client.post("/v1/messages", json=body)
     assert r.status_code == 503 and r.json()["error"]["type"] == "overloaded_error"

@@ -90,8 +90,12 @@ def test_bad_engine_options_name_the_option(model_dir):
 
 
 def test_prompt_longer_than_max_model_len(llm):
-    with pytest.raises(ValueError, match="more than max_model_len"):
+    with pytest.raises(ValueError, match="at most 63 prompt tokens"):
         llm.generate([[5] * 65], SamplingParams(max_tokens=1))
+    with pytest.raises(ValueError, match=r"max_model_len \(64\) leaves room"):  # no room for one output token
+        llm.generate([[5] * 64], SamplingParams(max_tokens=1))
+    out = llm.generate([[5] * 63], SamplingParams(max_tokens=8, ignore_eos=True))
+    assert len(out[0].outputs[0].token_ids) == 1 and out[0].outputs[0].finish_reason == "length"
     still_works(llm)
 
 

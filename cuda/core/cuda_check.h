@@ -7,5 +7,6 @@
 #define RV_CUDA_CHECK(expr)                                                                   \
   do {                                                                                        \
     cudaError_t err_ = (expr);                                                                \
-    RV_CHECK(err_ == cudaSuccess, #expr, " failed: ", cudaGetErrorString(err_));              \
+    if (err_ != cudaSuccess)                                                                  \
+      throw ::revolta::DeviceError(::revolta::str_cat(#expr, " failed: ", cudaGetErrorString(err_))); \
   } while (0)

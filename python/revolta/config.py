@@ -3,9 +3,10 @@ weight is read. Names follow vLLM's where the meaning is the same."""
 
 from __future__ import annotations
 
+import json
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 
 class EngineOptions(BaseModel):
@@ -54,9 +55,32 @@ class ServerOptions(BaseModel):
     reasoning_parser: Literal["qwen3"] | None = None
     tool_call_parser: Literal["qwen3_coder", "hermes"] | None = None
     sse_keepalive_s: float | None = Field(None, gt=0, description="send ': keep-alive' after this many idle seconds")
-    max_request_bytes: int = Field(16 << 20, gt=0, description="larger request bodies get HTTP 413")
-    max_waiting_requests: int = Field(0, ge=0, description="answer 429 while this many requests wait (0: no limit)")
+    max_request_bytes: int = Field(16 << 20, gt=0, description="larger request bodies get HTTP 413 (counted as they arrive)")
+    max_waiting_requests: int = Field(
+        0, ge=0, description="engine requests (n x prompts) that may wait beyond max_num_seqs; more get HTTP 429 (0: no limit)")
+    request_timeout_s: float | None = Field(None, gt=0, description="abort a request still generating after this many seconds")
+    shutdown_timeout_s: float = Field(20.0, ge=0, description="on SIGTERM, let in-flight requests finish this long, then end them")
+    max_connections: int = Field(1024, ge=1, description="open connections beyond this are closed at once")
+    header_timeout_s: float = Field(10.0, gt=0, description="close a connection whose request head takes longer")
+    body_timeout_s: float = Field(60.0, gt=0, description="HTTP 408 when a request body takes longer to arrive")
+    write_timeout_s: float = Field(60.0, gt=0, description="drop a client that reads nothing of its response for this long")
+    keep_alive_timeout_s: float = Field(5.0, gt=0, description="close an idle keep-alive connection after this long")
+    allowed_origins: list[str] = Field(default_factory=list, description="CORS origins (JSON list or comma-separated; '*': any); none: CORS off")
+    allowed_methods: list[str] = Field(default_factory=lambda: ["*"], description="CORS methods")
+    allowed_headers: list[str] = Field(default_factory=lambda: ["*"], description="CORS request headers")
+    allow_credentials: bool = Field(False, description="CORS: allow credentials")
     log_level: Literal["debug", "info", "warning", "error"] = "info"
+
+    @field_validator("allowed_origins", "allowed_methods", "allowed_headers", mode="before")
+    @classmethod
+    def _list_from_text(cls, v: object) -> object:
+        """A flag or environment value: a JSON list or comma-separated names."""
+        if isinstance(v, str):
+            text = v.strip()
+            if text.startswith("["):
+                return json.loads(text)
+            return [x.strip() for x in text.split(",") if x.strip()]
+        return v
 
 
 class Settings(BaseModel):

@@ -14,6 +14,12 @@ std::string str_cat(const Args&... args) {
   return os.str();
 }
 
+// A failure of the device itself (a CUDA error is sticky: every later call on the context fails
+// too). The engine treats it as fatal; any other exception in a step fails only that step's requests.
+struct DeviceError : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
 #define RV_CHECK(cond, ...)                                                      \
   do {                                                                           \
     if (!(cond)) throw std::runtime_error(::revolta::str_cat(__VA_ARGS__));      \

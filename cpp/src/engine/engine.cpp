@@ -182,6 +182,33 @@ void Engine::Impl::finish(Request& r, FinishReason reason, int32_t stop_token) {
   emit(*owned, true);
 }
 
+void Engine::Impl::run_step(bool may_run_ahead) {
+  step_ids.clear();
+  try {
+    step(may_run_ahead);
+  } catch (const DeviceError&) {
+    throw;  // the device's state is unknown: fatal for every request
+  } catch (const std::exception& e) {
+    fail_step(e.what());
+  }
+}
+
+void Engine::Impl::fail_step(const std::string& what) {
+  if (ahead)
+    for (const Request* r : ahead->samplers)
+      if (r) step_ids.push_back(r->id);
+  ahead.reset();
+  for (uint64_t id : step_ids) {
+    auto r = scheduler->remove(id);  // frees its blocks and state slot
+    if (!r) continue;                // finished within the step before it failed
+    r->finish_reason = FinishReason::kError;
+    r->error = "engine step failed: " + what;
+    ++live.requests_finished;
+    emit(*r, true);
+  }
+  step_ids.clear();
+}
+
 void Engine::Impl::loop() {
   ops::set_cpu_thread_pool(pool.get());
   try {
@@ -198,7 +225,7 @@ void Engine::Impl::loop() {
         aborts.swap(abort_box);
       }
       // A queued step holds its requests: read its tokens before anything joins or leaves.
-      if (ahead && (!fresh.empty() || !aborts.empty())) step(false);
+      if (ahead && (!fresh.empty() || !aborts.empty())) run_step(false);
       for (auto& r : fresh) scheduler->add(std::move(r));
       for (uint64_t id : aborts) {
         if (auto r = scheduler->remove(id)) {
@@ -207,7 +234,7 @@ void Engine::Impl::loop() {
           emit(*r, true);
         }
       }
-      if (scheduler->has_work() || ahead) step(true);
+      if (scheduler->has_work() || ahead) run_step(true);
       publish_stats();
       deliver();
     }
@@ -245,8 +272,9 @@ namespace {
 void validate_prompt(const std::vector<int32_t>& prompt, const SamplingParams& params, const ModelInfo& info) {
   params.validate();
   RV_CHECK_ARG(!prompt.empty(), "prompt must contain at least one token");
-  RV_CHECK_ARG(int32_t(prompt.size()) <= info.max_model_len, "prompt has ", prompt.size(),
-               " tokens, more than max_model_len (", info.max_model_len, ")");
+  // Prompt and output together fit in max_model_len, and the output has at least one token.
+  RV_CHECK_ARG(int64_t(prompt.size()) < info.max_model_len, "prompt has ", prompt.size(), " tokens; max_model_len (",
+               info.max_model_len, ") leaves room for at most ", info.max_model_len - 1, " prompt tokens");
   for (int32_t t : prompt)
     RV_CHECK_ARG(t >= 0 && t < info.vocab_size, "prompt token id ", t, " is outside the vocabulary [0, ",
                  info.vocab_size, ")");

@@ -19,6 +19,7 @@
 #include "cache/state_cache.h"
 #include "core/device_runtime.h"
 #include "core/thread_pool.h"
+#include "engine/fault_injection.h"
 #include "model/model.h"
 #include "revolta/engine.h"
 #include "runtime/model_runner.h"
@@ -78,8 +79,16 @@ struct Engine::Impl {
   std::optional<Queued> ahead;  // async scheduling: queued before the previous step's tokens were read
   bool async_scheduling = false;
 
+  // Requests of the step being run: if it throws (anything but a DeviceError), they fail with the
+  // error and the engine goes on with the others.
+  std::vector<uint64_t> step_ids;
+  FaultInjection fault = FaultInjection::from_env();
+
   // One scheduler step; with may_run_ahead the step after it may be queued before its tokens are read.
   void step(bool may_run_ahead);
+  void run_step(bool may_run_ahead);  // step() with its failure confined to its requests
+  void begin_step(const std::vector<ScheduledRequest>& scheduled);
+  void fail_step(const std::string& what);
   void commit(const std::vector<ScheduledRequest>& scheduled);
   Queued queue_greedy(const std::vector<ScheduledRequest>& scheduled, StepLogits& result);
   bool can_run_ahead(const Queued& cur);

@@ -158,6 +158,7 @@ Engine::Impl::Queued Engine::Impl::run_ahead(const Queued& cur) {
     r->last_token_on_device = true;
   }
   SchedulerOutput plan = scheduler->schedule();
+  begin_step(plan.scheduled);
   bool same = plan.scheduled.size() == cur.samplers.size();
   for (size_t i = 0; same && i < plan.scheduled.size(); ++i)
     same = plan.scheduled[i].request == cur.samplers[i] && plan.scheduled[i].num_new_tokens == 1;
@@ -168,12 +169,20 @@ Engine::Impl::Queued Engine::Impl::run_ahead(const Queued& cur) {
   return queue_greedy(plan.scheduled, result);
 }
 
+void Engine::Impl::begin_step(const std::vector<ScheduledRequest>& scheduled) {
+  for (const ScheduledRequest& s : scheduled) step_ids.push_back(s.request->id);
+  fault.check(scheduled);
+}
+
 void Engine::Impl::step(bool may_run_ahead) {
   std::optional<Queued> cur = std::move(ahead);
   ahead.reset();
-  if (!cur) {
+  if (cur) {
+    for (const ScheduledRequest& s : cur->scheduled) step_ids.push_back(s.request->id);
+  } else {
     SchedulerOutput plan = scheduler->schedule();
     if (plan.empty()) return;
+    begin_step(plan.scheduled);
     StepLogits result = runner->execute(plan);
     ++live.num_steps;
     commit(plan.scheduled);

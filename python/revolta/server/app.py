@@ -1,57 +1,74 @@
-"""The FastAPI application: routes, auth, error mapping, metrics, health."""
+"""The FastAPI application: routes, error mapping, metrics, health; wrapped in the request guard
+(API key, body limits) and, when origins are allowed, CORS."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
+from typing import Callable
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
+from fastapi.routing import APIRoute
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.middleware.cors import CORSMiddleware
 
 import revolta
 from revolta.config import ServerOptions
 from revolta.models.tokenizer import ChatTemplateError, Tokenizer
-from revolta.server.async_engine import AsyncEngine
 from revolta.server.anthropic.protocol import CountTokensRequest, MessagesRequest
 from revolta.server.anthropic.serving import AnthropicServing
+from revolta.server.async_engine import AsyncEngine
 from revolta.server.errors import APIError, error_response, json_error
+from revolta.server.guard import RequestGuard
+from revolta.server.job import ClientGone
 from revolta.server.metrics import Metrics
 from revolta.server.openai.protocol import ChatCompletionRequest, CompletionRequest, DetokenizeRequest, ResponsesRequest, TokenizeRequest
 from revolta.server.openai.responses import ResponsesServing
 from revolta.server.openai.serving import OpenAIServing
+from revolta.server.schema import check_texts
 
 log = logging.getLogger("revolta.server")
 
 
-def create_app(engine: AsyncEngine, tokenizer: Tokenizer, served_names: list[str], options: ServerOptions) -> FastAPI:
+class CheckedRoute(APIRoute):
+    """Routes whose JSON body is checked for text no tokenizer can encode before the models see it
+    (the parsed body is cached on the request, so it is parsed once)."""
+
+    def get_route_handler(self) -> Callable:
+        handler = super().get_route_handler()
+
+        async def checked(request: Request) -> Response:
+            if request.method == "POST" and await request.body():
+                try:
+                    body = await request.json()
+                except Exception:  # noqa: BLE001 - FastAPI reports malformed JSON itself
+                    body = None
+                check_texts(body)
+            try:
+                return await handler(request)
+            except (APIError, ClientGone, RequestValidationError, StarletteHTTPException):
+                raise
+            except Exception as e:  # noqa: BLE001
+                # Answered here: past this point Starlette would re-raise it and the server would
+                # drop the keep-alive connection.
+                log.exception("internal error")
+                return json_error(request.url.path, 500, f"internal error ({type(e).__name__}); see the server log")
+
+        return checked
+
+
+def create_app(engine: AsyncEngine, tokenizer: Tokenizer, served_names: list[str], options: ServerOptions):
     app = FastAPI(title="ReVolta", version=revolta.__version__)
+    app.router.route_class = CheckedRoute
     metrics = Metrics(engine)
     serving = OpenAIServing(engine, tokenizer, served_names, options, metrics)
     anthropic = AnthropicServing(serving)
     responses = ResponsesServing(serving)
     app.state.engine, app.state.serving = engine, serving
-    generating = {"/v1/chat/completions", "/v1/completions", "/v1/messages", "/v1/responses"}
     created = int(time.time())
-    open_paths = {"/health", "/version", "/metrics"}
-
-    @app.middleware("http")
-    async def guard(request: Request, call_next):
-        if options.api_key and request.url.path not in open_paths:
-            auth = request.headers.get("authorization", "")
-            key = auth[7:] if auth.lower().startswith("bearer ") else request.headers.get("x-api-key")
-            if key != options.api_key:
-                return json_error(request.url.path, 401, "Invalid or missing API key.")
-        length = request.headers.get("content-length")
-        if length and length.isdigit() and int(length) > options.max_request_bytes:
-            return json_error(request.url.path, 413, f"request body of {length} bytes exceeds {options.max_request_bytes}")
-        if request.method == "POST" and request.url.path in generating:
-            if engine.dead:
-                return json_error(request.url.path, 503, f"the engine has failed: {engine.dead}")
-            if options.max_waiting_requests and engine.stats().num_waiting >= options.max_waiting_requests:
-                return json_error(request.url.path, 429, f"too many requests waiting (limit {options.max_waiting_requests}); retry later")
-        return await call_next(request)
 
     @app.exception_handler(APIError)
     async def api_error(request: Request, e: APIError):
@@ -60,6 +77,11 @@ def create_app(engine: AsyncEngine, tokenizer: Tokenizer, served_names: list[str
         else:
             log.info("rejected request: %s", e.message)
         return error_response(e, request.url.path)
+
+    @app.exception_handler(ClientGone)
+    async def client_gone(request: Request, e: ClientGone):
+        log.info("client of %s disconnected; its request was aborted", request.url.path)
+        return json_error(request.url.path, 499, "client disconnected")  # nobody reads it
 
     @app.exception_handler(RequestValidationError)
     async def invalid(request: Request, e: RequestValidationError):
@@ -72,11 +94,6 @@ def create_app(engine: AsyncEngine, tokenizer: Tokenizer, served_names: list[str
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, e: StarletteHTTPException):
         return json_error(request.url.path, e.status_code, str(e.detail))
-
-    @app.exception_handler(Exception)
-    async def internal(request: Request, e: Exception):
-        log.exception("internal error")
-        return json_error(request.url.path, 500, f"internal error: {e}")
 
     @app.get("/health")
     async def health():
@@ -100,21 +117,29 @@ def create_app(engine: AsyncEngine, tokenizer: Tokenizer, served_names: list[str
             for name in served_names
         ]}
 
+    def check_alive() -> None:
+        if engine.dead:
+            raise APIError(503, f"the engine has failed: {engine.dead}")
+
     @app.post("/v1/chat/completions")
     async def chat(req: ChatCompletionRequest, raw: Request):
+        check_alive()
         return await serving.chat(req, raw)
 
     @app.post("/v1/completions")
     async def completions(req: CompletionRequest, raw: Request):
+        check_alive()
         return await serving.completions(req, raw)
 
     @app.post("/v1/responses")
-    async def create_response(req: ResponsesRequest):
-        return await responses.create(req)
+    async def create_response(req: ResponsesRequest, raw: Request):
+        check_alive()
+        return await responses.create(req, raw)
 
     @app.post("/v1/messages")
-    async def messages(req: MessagesRequest):
-        return await anthropic.messages(req)
+    async def messages(req: MessagesRequest, raw: Request):
+        check_alive()
+        return await anthropic.messages(req, raw)
 
     @app.post("/v1/messages/count_tokens")
     async def count_tokens(req: CountTokensRequest):
@@ -124,13 +149,16 @@ def create_app(engine: AsyncEngine, tokenizer: Tokenizer, served_names: list[str
     async def tokenize(req: TokenizeRequest):
         serving.check_model(req.model)
         if req.messages is not None:
-            try:
-                text = tokenizer.apply_chat_template([m.model_dump(exclude_none=True) for m in req.messages], add_generation_prompt=req.add_generation_prompt)
-            except ChatTemplateError as e:
-                raise APIError(400, str(e), param="messages") from e
-            ids = tokenizer.encode(text, add_special_tokens=False)
+            def render() -> str:
+                try:
+                    return tokenizer.apply_chat_template([m.model_dump(exclude_none=True) for m in req.messages],
+                                                         add_generation_prompt=req.add_generation_prompt)
+                except ChatTemplateError as e:
+                    raise APIError(400, str(e), param="messages") from e
+
+            ids = await serving.encode(await asyncio.to_thread(render), False, "messages")
         elif req.prompt is not None:
-            ids = tokenizer.encode(req.prompt, add_special_tokens=req.add_special_tokens)
+            ids = await serving.encode(req.prompt, req.add_special_tokens, "prompt")
         else:
             raise APIError(400, "give 'prompt' or 'messages'", param="prompt")
         return {"tokens": ids, "count": len(ids), "max_model_len": engine.model_info.max_model_len}
@@ -138,10 +166,11 @@ def create_app(engine: AsyncEngine, tokenizer: Tokenizer, served_names: list[str
     @app.post("/detokenize")
     async def detokenize(req: DetokenizeRequest):
         serving.check_model(req.model)
-        vocab = engine.model_info.vocab_size
-        bad = [t for t in req.tokens if not 0 <= t < max(vocab, tokenizer.vocab_size)]
-        if bad:
-            raise APIError(400, f"token id {bad[0]} is outside the vocabulary", param="tokens")
-        return {"prompt": tokenizer.decode(req.tokens, skip_special_tokens=False)}
+        return {"prompt": await serving.decode(req.tokens, "tokens")}
 
+    app.add_middleware(RequestGuard, options=options)
+    if options.allowed_origins:
+        # Added last, so outermost: preflight requests are answered without an API key.
+        app.add_middleware(CORSMiddleware, allow_origins=options.allowed_origins, allow_methods=options.allowed_methods,
+                           allow_headers=options.allowed_headers, allow_credentials=options.allow_credentials)
     return app

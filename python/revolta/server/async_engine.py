@@ -3,24 +3,29 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import threading
 from dataclasses import dataclass
 from typing import Any
 
 from revolta import _core
 
+log = logging.getLogger("revolta.server")
+
 
 @dataclass
-class EngineDead:
-    """Put on every queue when the engine thread died."""
+class Failure:
+    """Put on a request's queue instead of an output: the engine died, or the server ends the request."""
 
+    status: int
     message: str
 
 
 class AsyncEngine:
-    def __init__(self, engine: _core.Engine):
+    def __init__(self, engine: _core.Engine, max_num_seqs: int):
         self.engine = engine
         self.model_info = engine.model_info
+        self.max_num_seqs = max_num_seqs
         self._queues: dict[int, tuple[asyncio.AbstractEventLoop, asyncio.Queue]] = {}
         self._lock = threading.Lock()
         self._stop = False
@@ -46,33 +51,55 @@ class AsyncEngine:
     def stats(self) -> Any:
         return self.engine.stats()
 
+    @property
+    def num_live(self) -> int:
+        """Engine requests added through this front and not finished."""
+        return len(self._queues)
+
+    def fail_all(self, status: int, message: str) -> None:
+        """Ends every live request with a Failure (and aborts it in the engine)."""
+        with self._lock:
+            entries, self._queues = list(self._queues.items()), {}
+        for rid, (loop, q) in entries:
+            self.engine.abort(rid)
+            self._put(loop, q, Failure(status, message))
+
     def _pump(self) -> None:
-        while not self._stop:
-            try:
-                outs = self.engine.await_outputs(0.1)
-            except RuntimeError as e:  # fatal engine error
-                self.dead = str(e)
-                with self._lock:
-                    queues, self._queues = list(self._queues.values()), {}
-                for loop, q in queues:
-                    loop.call_soon_threadsafe(q.put_nowait, EngineDead(str(e)))
-                return
-            if not outs:
-                continue
-            with self._lock:
-                targets = []
-                for o in outs:
-                    entry = self._queues.get(o.request_id)
-                    if entry is None:
-                        continue
-                    if o.finished:
-                        del self._queues[o.request_id]
-                    targets.append((entry, o))
-            for (loop, q), o in targets:
+        try:
+            while not self._stop:
                 try:
-                    loop.call_soon_threadsafe(q.put_nowait, o)
-                except RuntimeError:  # the loop is closed
-                    pass
+                    outs = self.engine.await_outputs(0.1)
+                except RuntimeError as e:  # the engine thread stopped on a fatal error
+                    self._die(str(e))
+                    return
+                self._dispatch(outs)
+        except Exception as e:  # noqa: BLE001 - a dead pump would leave every request hanging
+            log.exception("the output pump failed")
+            self._die(f"output pump failed: {e!r}")
+
+    def _dispatch(self, outs: list) -> None:
+        with self._lock:
+            targets = []
+            for o in outs:
+                entry = self._queues.get(o.request_id)
+                if entry is None:
+                    continue
+                if o.finished:
+                    del self._queues[o.request_id]
+                targets.append((entry, o))
+        for (loop, q), o in targets:
+            self._put(loop, q, o)
+
+    def _die(self, message: str) -> None:
+        self.dead = message
+        self.fail_all(500, f"the engine failed: {message}")
+
+    @staticmethod
+    def _put(loop: asyncio.AbstractEventLoop, q: asyncio.Queue, item: Any) -> None:
+        try:
+            loop.call_soon_threadsafe(q.put_nowait, item)
+        except RuntimeError:  # the loop is closed
+            pass
 
     def shutdown(self) -> None:
         self._stop = True

@@ -4,9 +4,11 @@ serve the OpenAI-compatible API with uvicorn."""
 from __future__ import annotations
 
 import argparse
+import asyncio
 import contextlib
 import logging
 import signal
+import socket
 import sys
 from pathlib import Path
 
@@ -47,25 +49,62 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     logging.getLogger().setLevel(settings.server.log_level.upper())
     log.info("%s", report_line(report))
+    s = settings.server
+    try:
+        sock = listen_socket(s.host, s.port)  # before the model loads: a busy port fails at once
+    except OSError as e:
+        print(f"revolta-server: error: cannot listen on --host {s.host} --port {s.port}: {e.strerror or e}", file=sys.stderr)
+        return 2
     try:
         app, engine = build(settings)
     except (ValueError, FileNotFoundError, RuntimeError) as e:
+        sock.close()
         print(f"revolta-server: error: {e}", file=sys.stderr)
         return 2
-    s = settings.server
-    server = _Server(uvicorn.Config(app, host=s.host, port=s.port, log_level=s.log_level, timeout_graceful_shutdown=5))
+    from revolta.server.connection import guarded_protocol
+
+    config = uvicorn.Config(app, log_level=s.log_level, http=guarded_protocol(s), timeout_keep_alive=s.keep_alive_timeout_s,
+                            timeout_graceful_shutdown=_ERROR_GRACE_S)
+    server = _Server(config, engine, s.shutdown_timeout_s)
     try:
-        server.run()
+        server.run(sockets=[sock])
     finally:
         engine.shutdown()
+    if engine.dead:
+        log.error("revolta-server stopped: the engine failed: %s", engine.dead)
+        return 1
     log.info("revolta-server stopped")
     return 0
 
 
+# After the drain, the time given to requests to send the error that ends them.
+_ERROR_GRACE_S = 5
+
+
+def listen_socket(host: str, port: int) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+        sock.listen(2048)
+    except OSError:
+        sock.close()
+        raise
+    sock.set_inheritable(True)
+    return sock
+
+
 class _Server(uvicorn.Server):
-    """uvicorn re-raises SIGINT/SIGTERM after its graceful shutdown, which would skip the engine
-    shutdown and end the process by signal; here a signal only asks the server to stop (a second
-    one forces it)."""
+    """uvicorn's server with the engine's lifecycle: a signal asks it to stop (a second one forces
+    it; uvicorn would re-raise the signal after shutting down and skip the engine's shutdown);
+    stopping drains in-flight requests for up to shutdown_timeout_s before the rest are ended
+    with an error; a dead engine stops the server, which then exits non-zero."""
+
+    def __init__(self, config: uvicorn.Config, engine, shutdown_timeout_s: float):
+        super().__init__(config)
+        self.engine = engine
+        self.shutdown_timeout_s = shutdown_timeout_s
 
     @contextlib.contextmanager
     def capture_signals(self):
@@ -80,6 +119,28 @@ class _Server(uvicorn.Server):
         finally:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
+
+    async def on_tick(self, counter: int) -> bool:
+        if self.engine.dead and not self.should_exit:
+            log.error("the engine failed (%s): stopping the server", self.engine.dead)
+            self.should_exit = True
+        return await super().on_tick(counter)
+
+    async def shutdown(self, sockets=None) -> None:
+        for server in self.servers:
+            server.close()  # no new connections
+        for connection in list(self.server_state.connections):
+            connection.shutdown()  # idle ones close now, busy ones after their response
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.shutdown_timeout_s
+        if self.server_state.tasks:
+            log.info("draining %d in-flight request(s) for up to %g s", len(self.server_state.tasks), self.shutdown_timeout_s)
+        while self.server_state.tasks and loop.time() < deadline and not self.force_exit:
+            await asyncio.sleep(0.05)
+        if self.engine.num_live:
+            log.warning("ending %d unfinished engine request(s) at shutdown", self.engine.num_live)
+        self.engine.fail_all(503, "the server is shutting down")
+        await super().shutdown(sockets)
 
 
 def build(settings):
@@ -98,7 +159,7 @@ def build(settings):
                  "gpu_memory_utilization", "enforce_eager", "async_scheduling"):
         setattr(cfg, name, getattr(e, name))
     cfg.model = path
-    engine = AsyncEngine(_core.Engine(cfg))
+    engine = AsyncEngine(_core.Engine(cfg), e.max_num_seqs)
     tokenizer = Tokenizer(e.tokenizer or path)
     served = [e.served_model_name or (Path(e.model).name if e.model else "SmolLM2-135M-Instruct")]
     if e.model and e.model not in served:

@@ -3,6 +3,8 @@ API, in Anthropic's {"type": "error", "error": {"type", "message"}}."""
 
 from __future__ import annotations
 
+import json
+
 from fastapi.responses import JSONResponse
 
 # Error type by HTTP status, as Anthropic names them; the OpenAI shape uses the same names except
@@ -12,9 +14,11 @@ _ANTHROPIC_TYPES = {
     401: "authentication_error",
     403: "permission_error",
     404: "not_found_error",
+    408: "timeout_error",
     413: "request_too_large",
     429: "rate_limit_error",
     503: "overloaded_error",
+    504: "timeout_error",
     529: "overloaded_error",
 }
 _TYPES = {**_ANTHROPIC_TYPES, 500: "internal_error"}
@@ -30,9 +34,10 @@ def is_anthropic_path(path: str) -> bool:
 
 
 class APIError(Exception):
-    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None):
+    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None,
+                 headers: dict[str, str] | None = None):
         super().__init__(message)
-        self.status, self.message, self.param, self.code = status, message, param, code
+        self.status, self.message, self.param, self.code, self.headers = status, message, param, code, headers
 
 
 def error_body(status: int, message: str, param: str | None = None, code: str | None = None) -> dict:
@@ -40,9 +45,15 @@ def error_body(status: int, message: str, param: str | None = None, code: str | 
 
 
 def error_response(e: APIError, path: str = "") -> JSONResponse:
-    return json_error(path, e.status, e.message, e.param, e.code)
+    return json_error(path, e.status, e.message, e.param, e.code, e.headers)
 
 
-def json_error(path: str, status: int, message: str, param: str | None = None, code: str | None = None) -> JSONResponse:
+def json_error(path: str, status: int, message: str, param: str | None = None, code: str | None = None,
+               headers: dict[str, str] | None = None) -> JSONResponse:
     body = anthropic_error_body(status, message) if is_anthropic_path(path) else error_body(status, message, param, code)
-    return JSONResponse(body, status_code=status)
+    return JSONResponse(body, status_code=status, headers=headers)
+
+
+def sse_error(e: APIError) -> str:
+    """The OpenAI APIs' error in a stream that has started: an error chunk, then the end marker."""
+    return "data: " + json.dumps(error_body(e.status, e.message, e.param, e.code), ensure_ascii=False) + "\n\ndata: [DONE]\n\n"

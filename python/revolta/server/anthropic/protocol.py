@@ -2,52 +2,87 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
+
+from revolta.server.schema import INT32_MAX, Count, RequestModel
 
 
-class Tool(BaseModel):
-    model_config = ConfigDict(extra="allow")
-
+class Tool(RequestModel):
     name: str
     description: str | None = None
     input_schema: dict[str, Any] = Field(default_factory=lambda: {"type": "object", "properties": {}})
 
 
-class ToolChoice(BaseModel):
-    model_config = ConfigDict(extra="allow")
-
+class ToolChoice(RequestModel):
     type: Literal["auto", "any", "tool", "none"] = "auto"
     name: str | None = None
     disable_parallel_tool_use: bool = False
 
 
-class Thinking(BaseModel):
-    model_config = ConfigDict(extra="allow")
-
+class Thinking(RequestModel):
     type: Literal["enabled", "disabled", "adaptive"] = "disabled"
-    budget_tokens: int | None = None
+    budget_tokens: int | None = Field(None, ge=0, le=INT32_MAX)
 
 
-class Message(BaseModel):
-    model_config = ConfigDict(extra="allow")
+class TextBlock(RequestModel):
+    type: Literal["text"]
+    text: str
 
+
+class MediaBlock(RequestModel):
+    """Images and documents: accepted by the schema, refused by the handler (text-only models)."""
+
+    type: Literal["image", "document"]
+    source: dict[str, Any] | None = None
+
+
+class ToolUseBlock(RequestModel):
+    type: Literal["tool_use"]
+    id: str
+    name: str
+    input: dict[str, Any] = Field(default_factory=dict)
+
+
+class ToolResultBlock(RequestModel):
+    type: Literal["tool_result"]
+    tool_use_id: str
+    content: str | list[Annotated[Union[TextBlock, MediaBlock], Field(discriminator="type")]] = ""
+    is_error: bool | None = None
+
+
+class ThinkingBlock(RequestModel):
+    type: Literal["thinking"]
+    thinking: str
+    signature: str | None = None
+
+
+class RedactedThinkingBlock(RequestModel):
+    type: Literal["redacted_thinking"]
+    data: str | None = None
+
+
+ContentBlock = Annotated[
+    Union[TextBlock, MediaBlock, ToolUseBlock, ToolResultBlock, ThinkingBlock, RedactedThinkingBlock],
+    Field(discriminator="type"),
+]
+
+
+class Message(RequestModel):
     role: Literal["user", "assistant", "system"]
-    content: str | list[dict[str, Any]]
+    content: str | list[ContentBlock]
 
 
-class MessagesRequest(BaseModel):
-    model_config = ConfigDict(extra="allow")
-
+class MessagesRequest(RequestModel):
     model: str
     messages: list[Message] = Field(min_length=1)
-    max_tokens: int = Field(ge=1)
-    system: str | list[dict[str, Any]] | None = None
+    max_tokens: Count
+    system: str | list[TextBlock] | None = None
     stop_sequences: list[str] | None = None
     temperature: float | None = Field(None, ge=0, le=1)
     top_p: float | None = Field(None, gt=0, le=1)
-    top_k: int | None = Field(None, ge=0)
+    top_k: int | None = Field(None, ge=0, le=INT32_MAX)
     tools: list[Tool] | None = None
     tool_choice: ToolChoice | None = None
     thinking: Thinking | None = None
@@ -55,12 +90,10 @@ class MessagesRequest(BaseModel):
     metadata: dict[str, Any] | None = None
 
 
-class CountTokensRequest(BaseModel):
-    model_config = ConfigDict(extra="allow")
-
+class CountTokensRequest(RequestModel):
     model: str
     messages: list[Message] = Field(min_length=1)
-    system: str | list[dict[str, Any]] | None = None
+    system: str | list[TextBlock] | None = None
     tools: list[Tool] | None = None
     tool_choice: ToolChoice | None = None
     thinking: Thinking | None = None

@@ -3,16 +3,17 @@
 from __future__ import annotations
 
 import json
-import time
 import uuid
 from typing import Any, AsyncIterator
 
+from fastapi import Request
 from fastapi.responses import JSONResponse
 
-from revolta.server.errors import APIError
+from revolta.server.errors import APIError, anthropic_error_body
 from revolta.server.generation import Delta
 from revolta.server.openai.protocol import ChatCompletionRequest, SamplingFields
-from revolta.server.openai.serving import Choice, OpenAIServing
+from revolta.server.job import Choice, Job
+from revolta.server.openai.serving import OpenAIServing
 from revolta.server.parsers.reasoning import ReasoningRouter, prompt_opens_reasoning
 from revolta.server.parsers.tools import assemble, make_tool_parser
 from revolta.server.anthropic.protocol import CountTokensRequest, MessagesRequest
@@ -55,26 +56,29 @@ class AnthropicServing:
     def to_chat(self, req: MessagesRequest | CountTokensRequest) -> ChatCompletionRequest:
         messages: list[dict[str, Any]] = []
         if req.system:
-            messages.append({"role": "system", "content": _text_of(req.system)})
-        for m in req.messages:
-            if isinstance(m.content, str) or m.role == "system":
-                messages.append({"role": m.role, "content": _text_of(m.content)})
+            system = req.system if isinstance(req.system, str) else [b.model_dump() for b in req.system]
+            messages.append({"role": "system", "content": _text_of(system)})
+        for msg_in in req.messages:
+            m = msg_in.model_dump()  # blocks as dicts; their fields were checked by the schema
+            role, blocks = m["role"], m["content"]
+            if isinstance(blocks, str) or role == "system":
+                messages.append({"role": role, "content": _text_of(blocks)})
                 continue
-            if m.role == "user":
-                for block in m.content:
+            if role == "user":
+                for block in blocks:
                     if block.get("type") == "tool_result":
                         messages.append({"role": "tool", "tool_call_id": block.get("tool_use_id"),
                                          "content": _text_of(block.get("content", ""))})
-                text = _text_of([b for b in m.content if b.get("type") != "tool_result"])
-                if text or not any(b.get("type") == "tool_result" for b in m.content):
+                text = _text_of([b for b in blocks if b.get("type") != "tool_result"])
+                if text or not any(b.get("type") == "tool_result" for b in blocks):
                     messages.append({"role": "user", "content": text})
             else:
-                msg: dict[str, Any] = {"role": "assistant", "content": _text_of(m.content)}
-                thinking = "".join(b.get("thinking", "") for b in m.content if b.get("type") == "thinking")
+                msg: dict[str, Any] = {"role": "assistant", "content": _text_of(blocks)}
+                thinking = "".join(b["thinking"] for b in blocks if b.get("type") == "thinking")
                 if thinking:
                     msg["reasoning_content"] = thinking
                 calls = [{"id": b["id"], "type": "function", "function": {"name": b["name"], "arguments": json.dumps(b.get("input", {}))}}
-                         for b in m.content if b.get("type") == "tool_use"]
+                         for b in blocks if b.get("type") == "tool_use"]
                 if calls:
                     msg["tool_calls"] = calls
                 messages.append(msg)
@@ -90,14 +94,22 @@ class AnthropicServing:
 
     async def count_tokens(self, req: CountTokensRequest) -> JSONResponse:
         self.chat.check_model(req.model)
-        _, prompt_ids, _, _ = self.chat.render_chat(self.to_chat(req))
+        _, prompt_ids, _, _ = await self.chat.render_chat(self.to_chat(req))
         return JSONResponse({"input_tokens": len(prompt_ids)})
 
-    async def messages(self, req: MessagesRequest):
+    async def messages(self, req: MessagesRequest, raw: Request | None = None):
+        model = self.chat.check_model(req.model)
+        job = self.chat.job(raw)
+        try:
+            return await self._messages(req, job, model)
+        except BaseException:
+            job.close()
+            raise
+
+    async def _messages(self, req: MessagesRequest, job: Job, model: str):
         chat = self.chat
-        model = chat.check_model(req.model)
         creq = self.to_chat(req)
-        _, prompt_ids, tools, thinking = chat.render_chat(creq)
+        _, prompt_ids, tools, thinking = await chat.render_chat(creq)
         forced = req.tool_choice.type if req.tool_choice and req.tool_choice.type in ("any", "tool") else None
         if forced and not tools:
             raise APIError(400, f"tool_choice '{forced}' needs tools", param="tool_choice")
@@ -107,22 +119,21 @@ class AnthropicServing:
             raise APIError(400, f"tool_choice names an unknown tool '{req.tool_choice.name}'", param="tool_choice")
         prefix = _FORCED_CALL[chat.opts.tool_call_parser](req.tool_choice.name if forced == "tool" else None) if forced else ""
         if prefix:
-            prompt_ids = prompt_ids + chat.tok.encode(prefix, add_special_tokens=False)
+            prompt_ids = prompt_ids + await chat.encode(prefix, False, "tool_choice")
         fields = SamplingFields(temperature=req.temperature, top_p=req.top_p, top_k=req.top_k, stop=req.stop_sequences)
         params = chat.sampling(fields, len(prompt_ids), req.max_tokens, None)
         rt = chat.reasoning_tokens
         router = (lambda: ReasoningRouter(rt, prompt_opens_reasoning(prompt_ids, rt), enabled=thinking)) if rt else (lambda: None)
         parser = (lambda: make_tool_parser(chat.opts.tool_call_parser, tools)) if tools else (lambda: None)
-        (c,) = chat.start(prompt_ids, params, 0, router, parser)
+        (c,) = job.start(prompt_ids, params, 0, 0, router, parser)
         first = Delta()
         if prefix:
             _, first.tool_calls = c.tool_parser.feed(prefix)
             c.tool_deltas.extend(first.tool_calls)
         single = bool(req.tool_choice and req.tool_choice.disable_parallel_tool_use) or forced is not None
         msg_id = "msg_" + uuid.uuid4().hex[:24]
-        t0 = time.perf_counter()
-        if not req.stream:
-            await chat.run_all([c], t0, len(prompt_ids))
+
+        def body() -> dict:
             content: list[dict[str, Any]] = []
             if c.gen.reasoning:
                 content.append({"type": "thinking", "thinking": c.gen.reasoning, "signature": ""})
@@ -132,12 +143,19 @@ class AnthropicServing:
             for call in calls:
                 content.append({"type": "tool_use", "id": call.id, "name": call.name, "input": parse_partial_json(call.arguments)})
             reason, seq = self.stop_reason(c, bool(calls))
-            return JSONResponse({
+            return {
                 "id": msg_id, "type": "message", "role": "assistant", "model": model, "content": content,
-                "stop_reason": reason, "stop_sequence": seq,
-                "usage": {"input_tokens": len(prompt_ids), "output_tokens": c.gen.num_tokens},
-            })
-        return EventStream(self.events(c, first, msg_id, model, len(prompt_ids), single, t0))
+                "stop_reason": reason, "stop_sequence": seq, "usage": {**self.usage(job), "output_tokens": c.gen.num_tokens},
+            }
+
+        if not req.stream:
+            return await chat.complete(job, body)
+        return EventStream(self.events(job, first, msg_id, model, single), on_close=job.close)
+
+    @staticmethod
+    def usage(job: Job) -> dict:
+        cached = job.cached_tokens()
+        return {"input_tokens": job.prompt_len - cached, "cache_read_input_tokens": cached}
 
     @staticmethod
     def stop_reason(c: Choice, has_calls: bool) -> tuple[str, str | None]:
@@ -147,7 +165,8 @@ class AnthropicServing:
             return "stop_sequence", c.gen.stop_reason
         return ("tool_use" if has_calls else "end_turn"), None
 
-    async def events(self, c: Choice, first: Delta, msg_id: str, model: str, prompt_len: int, single: bool, t0: float) -> AsyncIterator[str]:
+    async def events(self, job: Job, first: Delta, msg_id: str, model: str, single: bool) -> AsyncIterator[str]:
+        (c,) = job.choices
         def event(kind: str, body: dict) -> str:
             return f"event: {kind}\ndata: {json.dumps({'type': kind, **body}, ensure_ascii=False)}\n\n"
 
@@ -189,23 +208,21 @@ class AnthropicServing:
         try:
             yield event("message_start", {"message": {
                 "id": msg_id, "type": "message", "role": "assistant", "model": model, "content": [],
-                "stop_reason": None, "stop_sequence": None, "usage": {"input_tokens": prompt_len, "output_tokens": 0}}})
+                "stop_reason": None, "stop_sequence": None, "usage": {"input_tokens": job.prompt_len, "output_tokens": 0}}})
             yield event("ping", {})
             for item in translate(first):
                 yield item
-            async for _, delta in self.chat.deltas([c], t0):
+            async for _, delta in job.deltas():
                 if delta is None:
                     yield event("ping", {})
                     continue
                 for item in translate(delta):
                     yield item
-            self.chat.observe(prompt_len, [c])
             for item in close_block():
                 yield item
             reason, seq = self.stop_reason(c, bool(calls_seen))
-            yield event("message_delta", {"delta": {"stop_reason": reason, "stop_sequence": seq}, "usage": {"output_tokens": c.gen.num_tokens}})
+            yield event("message_delta", {"delta": {"stop_reason": reason, "stop_sequence": seq},
+                                          "usage": {**self.usage(job), "output_tokens": c.gen.num_tokens}})
             yield event("message_stop", {})
         except APIError as e:
-            yield event("error", {"error": {"type": "api_error" if e.status >= 500 else "invalid_request_error", "message": e.message}})
-        finally:
-            self.chat.abort([c])
+            yield event("error", {"error": anthropic_error_body(e.status, e.message)["error"]})

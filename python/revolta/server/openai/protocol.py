@@ -2,71 +2,95 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Discriminator, Field, Tag
+
+from revolta.server.schema import INT32_MAX, Count, RequestModel, TokenId
 
 
-class StreamOptions(BaseModel):
+class StreamOptions(RequestModel):
     include_usage: bool = False
 
 
-class SamplingFields(BaseModel):
-    model_config = ConfigDict(extra="allow")
-
+class SamplingFields(RequestModel):
     model: str | None = None
     n: int = Field(1, ge=1, le=16)
     stream: bool = False
     stream_options: StreamOptions | None = None
     stop: str | list[str] | None = None
-    stop_token_ids: list[int] | None = None
-    max_tokens: int | None = Field(None, ge=1)
+    stop_token_ids: list[TokenId] | None = None
+    max_tokens: Count | None = None
     temperature: float | None = Field(None, ge=0, le=2)
     top_p: float | None = Field(None, gt=0, le=1)
-    top_k: int | None = Field(None, ge=-1)
+    top_k: int | None = Field(None, ge=-1, le=INT32_MAX)
     min_p: float | None = Field(None, ge=0, le=1)
     presence_penalty: float | None = Field(None, ge=-2, le=2)
     frequency_penalty: float | None = Field(None, ge=-2, le=2)
-    repetition_penalty: float | None = Field(None, gt=0)
+    repetition_penalty: float | None = Field(None, gt=0, le=1e6)
     seed: int | None = Field(None, ge=0, lt=2**63)
-    min_tokens: int = Field(0, ge=0)
+    min_tokens: int = Field(0, ge=0, le=INT32_MAX)
     ignore_eos: bool = False
     skip_special_tokens: bool = True
     include_stop_str_in_output: bool = False
 
 
-class ChatMessage(BaseModel):
-    model_config = ConfigDict(extra="allow")
+class ContentPart(RequestModel):
+    type: str
+    text: str | None = None
 
+
+class FunctionCall(RequestModel):
+    name: str
+    arguments: str | dict[str, Any] = "{}"
+
+
+class ToolCall(RequestModel):
+    id: str | None = None
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
+class ChatMessage(RequestModel):
     role: Literal["system", "developer", "user", "assistant", "tool"]
-    content: str | list[dict[str, Any]] | None = None
+    content: str | list[ContentPart] | None = None
     name: str | None = None
-    tool_calls: list[dict[str, Any]] | None = None
+    tool_calls: list[ToolCall] | None = None
     tool_call_id: str | None = None
     reasoning_content: str | None = None
 
 
+class FunctionSpec(RequestModel):
+    name: str
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+
+
+class ToolSpec(RequestModel):
+    type: Literal["function"] = "function"
+    function: FunctionSpec
+
+
 class ChatCompletionRequest(SamplingFields):
     messages: list[ChatMessage] = Field(min_length=1)
-    max_completion_tokens: int | None = Field(None, ge=1)
+    max_completion_tokens: Count | None = None
     logprobs: bool = False
     top_logprobs: int | None = Field(None, ge=0, le=20)
-    tools: list[dict[str, Any]] | None = None
-    tool_choice: Literal["none", "auto"] | dict[str, Any] | str | None = None
+    tools: list[ToolSpec] | None = None
+    tool_choice: str | dict[str, Any] | None = None
     parallel_tool_calls: bool = True
     chat_template_kwargs: dict[str, Any] | None = None
     add_generation_prompt: bool = True
 
 
 class CompletionRequest(SamplingFields):
-    prompt: str | list[int] | list[str] | list[list[int]]
+    prompt: str | list[TokenId] | list[str] | list[list[TokenId]]
     logprobs: int | None = Field(None, ge=0, le=20)
     echo: bool = False
 
 
-class TokenizeRequest(BaseModel):
-    model_config = ConfigDict(extra="allow")
-
+class TokenizeRequest(RequestModel):
     model: str | None = None
     prompt: str | None = None
     messages: list[ChatMessage] | None = None
@@ -74,23 +98,71 @@ class TokenizeRequest(BaseModel):
     add_generation_prompt: bool = True
 
 
-class DetokenizeRequest(BaseModel):
-    model_config = ConfigDict(extra="allow")
-
+class DetokenizeRequest(RequestModel):
     model: str | None = None
-    tokens: list[int]
+    tokens: list[TokenId]
 
 
-class ResponsesRequest(BaseModel):
-    model_config = ConfigDict(extra="allow")
+# ---- Responses API input items -------------------------------------------------------------
 
+
+class InputMessage(RequestModel):
+    type: Literal["message"] = "message"
+    role: Literal["user", "assistant", "system", "developer"]
+    content: str | list[ContentPart]
+
+
+class FunctionCallItem(RequestModel):
+    type: Literal["function_call"]
+    call_id: str
+    name: str
+    arguments: str = "{}"
+
+
+class FunctionCallOutputItem(RequestModel):
+    type: Literal["function_call_output"]
+    call_id: str
+    output: str | list[ContentPart] = ""
+
+
+class ReasoningItem(RequestModel):
+    type: Literal["reasoning"]
+    summary: list[ContentPart] = Field(default_factory=list)
+    content: list[ContentPart] | None = None
+
+
+def _item_kind(v: Any) -> str | None:
+    if isinstance(v, dict):
+        return v.get("type", "message")
+    return getattr(v, "type", None)
+
+
+InputItem = Annotated[
+    Union[
+        Annotated[InputMessage, Tag("message")],
+        Annotated[FunctionCallItem, Tag("function_call")],
+        Annotated[FunctionCallOutputItem, Tag("function_call_output")],
+        Annotated[ReasoningItem, Tag("reasoning")],
+    ],
+    Discriminator(_item_kind),
+]
+
+
+class ResponsesTool(RequestModel):
+    type: str
+    name: str | None = None  # required of function tools (checked where they are read)
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+
+
+class ResponsesRequest(RequestModel):
     model: str | None = None
-    input: str | list[dict[str, Any]]
+    input: str | list[InputItem]
     instructions: str | None = None
-    tools: list[dict[str, Any]] | None = None
+    tools: list[ResponsesTool] | None = None
     tool_choice: str | dict[str, Any] | None = None
     parallel_tool_calls: bool = True
-    max_output_tokens: int | None = Field(None, ge=1)
+    max_output_tokens: Count | None = None
     temperature: float | None = Field(None, ge=0, le=2)
     top_p: float | None = Field(None, gt=0, le=1)
     reasoning: dict[str, Any] | None = None

@@ -7,12 +7,13 @@ import time
 import uuid
 from typing import Any, AsyncIterator
 
-from fastapi.responses import JSONResponse
+from fastapi import Request
 
 from revolta.server.errors import APIError
 from revolta.server.generation import Delta
 from revolta.server.openai.protocol import ChatCompletionRequest, ResponsesRequest, SamplingFields
-from revolta.server.openai.serving import Choice, OpenAIServing
+from revolta.server.job import Choice, Job
+from revolta.server.openai.serving import OpenAIServing
 from revolta.server.parsers.reasoning import ReasoningRouter, prompt_opens_reasoning
 from revolta.server.parsers.tools import assemble, make_tool_parser
 from revolta.server.streaming import EventStream
@@ -45,18 +46,19 @@ class ResponsesServing:
         messages: list[dict[str, Any]] = []
         if req.instructions:
             messages.append({"role": "system", "content": req.instructions})
-        items = [{"role": "user", "content": req.input}] if isinstance(req.input, str) else req.input
+        # Items as dicts; their fields were checked by the schema.
+        items = [{"type": "message", "role": "user", "content": req.input}] if isinstance(req.input, str) else [i.model_dump() for i in req.input]
         pending_reasoning = ""
         for item in items:
             kind = item.get("type", "message")
             if kind == "message":
-                role = "system" if item.get("role") == "developer" else item.get("role")
-                msg = {"role": role, "content": _text(item.get("content"))}
+                role = "system" if item["role"] == "developer" else item["role"]
+                msg = {"role": role, "content": _text(item["content"])}
                 if role == "assistant" and pending_reasoning:
                     msg["reasoning_content"], pending_reasoning = pending_reasoning, ""
                 messages.append(msg)
             elif kind == "function_call":
-                call = {"id": item["call_id"], "type": "function", "function": {"name": item["name"], "arguments": item.get("arguments", "{}")}}
+                call = {"id": item["call_id"], "type": "function", "function": {"name": item["name"], "arguments": item["arguments"]}}
                 if messages and messages[-1]["role"] == "assistant" and "tool_calls" in messages[-1]:
                     messages[-1]["tool_calls"].append(call)
                 else:
@@ -65,14 +67,18 @@ class ResponsesServing:
                         msg["reasoning_content"], pending_reasoning = pending_reasoning, ""
                     messages.append(msg)
             elif kind == "function_call_output":
-                messages.append({"role": "tool", "tool_call_id": item["call_id"], "content": _text(item.get("output", ""))})
+                messages.append({"role": "tool", "tool_call_id": item["call_id"], "content": _text(item["output"])})
             elif kind == "reasoning":
-                pending_reasoning += "".join(p.get("text", "") for p in (item.get("content") or []) + (item.get("summary") or []))
+                pending_reasoning += "".join(p.get("text") or "" for p in (item.get("content") or []) + item["summary"])
             else:
                 raise APIError(400, f"input items of type '{kind}' are not supported", param="input")
-        tools = [{"type": "function", "function": {"name": t["name"], "description": t.get("description", ""),
-                                                   "parameters": t.get("parameters") or {}}}
-                 for t in req.tools or [] if t.get("type") == "function"]
+        tools = []
+        for i, t in enumerate(req.tools or []):
+            if t.type != "function":
+                continue
+            if not t.name:
+                raise APIError(400, f"tools.{i}.name: a function tool needs a name", param=f"tools.{i}.name")
+            tools.append({"type": "function", "function": {"name": t.name, "description": t.description or "", "parameters": t.parameters or {}}})
         choice = req.tool_choice if req.tool_choice in (None, "none", "auto") else "unsupported"
         effort = (req.reasoning or {}).get("effort")
         return ChatCompletionRequest(
@@ -81,26 +87,32 @@ class ResponsesServing:
             chat_template_kwargs={"enable_thinking": effort not in ("none", "minimal")} if req.reasoning else None,
         )
 
-    async def create(self, req: ResponsesRequest):
+    async def create(self, req: ResponsesRequest, raw: Request | None = None):
+        model = self.chat.check_model(req.model)
+        job = self.chat.job(raw)
+        try:
+            return await self._create(req, job, model)
+        except BaseException:
+            job.close()
+            raise
+
+    async def _create(self, req: ResponsesRequest, job: Job, model: str):
         chat = self.chat
-        model = chat.check_model(req.model)
         creq = self.to_chat(req)
-        _, prompt_ids, tools, thinking = chat.render_chat(creq)
+        _, prompt_ids, tools, thinking = await chat.render_chat(creq)
         fields = SamplingFields(temperature=req.temperature, top_p=req.top_p)
         params = chat.sampling(fields, len(prompt_ids), req.max_output_tokens, None)
         rt = chat.reasoning_tokens
         router = (lambda: ReasoningRouter(rt, prompt_opens_reasoning(prompt_ids, rt), enabled=thinking)) if rt else (lambda: None)
         parser = (lambda: make_tool_parser(chat.opts.tool_call_parser, tools)) if tools else (lambda: None)
-        (c,) = chat.start(prompt_ids, params, 0, router, parser)
+        (c,) = job.start(prompt_ids, params, 0, 0, router, parser)
         head = {"id": _new_id("resp"), "object": "response", "created_at": int(time.time()), "model": model,
                 "parallel_tool_calls": req.parallel_tool_calls, "tool_choice": req.tool_choice or "auto",
-                "tools": req.tools or [], "instructions": req.instructions, "max_output_tokens": req.max_output_tokens,
+                "tools": [t.model_dump(exclude_none=True) for t in req.tools or []], "instructions": req.instructions, "max_output_tokens": req.max_output_tokens,
                 "temperature": req.temperature, "top_p": req.top_p}
-        t0 = time.perf_counter()
         if not req.stream:
-            await chat.run_all([c], t0, len(prompt_ids))
-            return JSONResponse(self.final(head, c, len(prompt_ids), self.items(c, req.parallel_tool_calls)))
-        return EventStream(self.events(head, c, len(prompt_ids), req.parallel_tool_calls, t0))
+            return await chat.complete(job, lambda: self.final(head, job, self.items(c, req.parallel_tool_calls)))
+        return EventStream(self.events(head, job, req.parallel_tool_calls), on_close=job.close)
 
     def items(self, c: Choice, parallel: bool, ids: dict[str, str] | None = None) -> list[dict]:
         ids = ids or {}
@@ -116,15 +128,18 @@ class ResponsesServing:
                         "arguments": call.arguments, "status": "completed"})
         return out
 
-    def final(self, head: dict, c: Choice, prompt_len: int, output: list[dict]) -> dict:
+    def final(self, head: dict, job: Job, output: list[dict]) -> dict:
+        (c,) = job.choices
+        prompt_len = job.prompt_len
         incomplete = c.gen.finish_reason == "length"
         return {**head, "status": "incomplete" if incomplete else "completed", "output": output,
                 "incomplete_details": {"reason": "max_output_tokens"} if incomplete else None, "error": None,
                 "usage": {"input_tokens": prompt_len, "output_tokens": c.gen.num_tokens, "total_tokens": prompt_len + c.gen.num_tokens,
-                          "input_tokens_details": {"cached_tokens": 0},
+                          "input_tokens_details": {"cached_tokens": job.cached_tokens()},
                           "output_tokens_details": {"reasoning_tokens": c.gen.num_reasoning_tokens}}}
 
-    async def events(self, head: dict, c: Choice, prompt_len: int, parallel: bool, t0: float) -> AsyncIterator[str]:
+    async def events(self, head: dict, job: Job, parallel: bool) -> AsyncIterator[str]:
+        (c,) = job.choices
         seq = [0]
 
         def event(kind: str, body: dict) -> str:
@@ -196,18 +211,15 @@ class ResponsesServing:
         try:
             yield event("response.created", {"response": {**head, "status": "in_progress", "output": [], "usage": None}})
             yield event("response.in_progress", {"response": {**head, "status": "in_progress", "output": [], "usage": None}})
-            async for _, delta in self.chat.deltas([c], t0):
+            async for _, delta in job.deltas():
                 if delta is None:
                     yield ": keep-alive\n\n"
                     continue
                 for item in translate(delta):
                     yield item
-            self.chat.observe(prompt_len, [c])
             for item in close():
                 yield item
-            final = self.final(head, c, prompt_len, self.items(c, parallel, ids))
+            final = self.final(head, job, self.items(c, parallel, ids))
             yield event("response.incomplete" if final["status"] == "incomplete" else "response.completed", {"response": final})
         except APIError as e:
             yield event("error", {"code": str(e.status), "message": e.message, "param": e.param})
-        finally:
-            self.chat.abort([c])

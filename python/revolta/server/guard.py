@@ -1,0 +1,101 @@
+"""The ASGI guard every request passes before a route sees it: the API key, and a request body
+limited in size and in time as it arrives, whatever its framing (Content-Length or chunked).
+
+The body is read here in full and handed on to the route; after it, the route's receive() yields
+the client's disconnect, which the generating endpoints watch.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from revolta.config import ServerOptions
+from revolta.server.errors import json_error
+
+OPEN_PATHS = frozenset({"/health", "/version", "/metrics"})
+
+
+class _TooLarge(Exception):
+    pass
+
+
+class _Disconnected(Exception):
+    pass
+
+
+def _header(scope: Scope, name: bytes) -> str | None:
+    for k, v in scope["headers"]:
+        if k == name:
+            return v.decode("latin-1")
+    return None
+
+
+class RequestGuard:
+    def __init__(self, app: ASGIApp, options: ServerOptions):
+        self.app = app
+        self.key = options.api_key.encode() if options.api_key else None
+        self.max_bytes = options.max_request_bytes
+        self.body_timeout = options.body_timeout_s
+
+    def authorized(self, scope: Scope) -> bool:
+        auth = _header(scope, b"authorization") or ""
+        key = auth[7:] if auth[:7].lower() == "bearer " else _header(scope, b"x-api-key")
+        # Constant time, so the key cannot be found a byte at a time by timing the 401s.
+        return key is not None and hmac.compare_digest(key.encode(), self.key)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        path = scope["path"]
+        if self.key is not None and path not in OPEN_PATHS and scope["method"] != "OPTIONS" and not self.authorized(scope):
+            await json_error(path, 401, "Invalid or missing API key.")(scope, receive, send)
+            return
+        if scope["method"] in ("POST", "PUT", "PATCH"):
+            declared = _header(scope, b"content-length")
+            close = {"connection": "close"}  # the rest of the body is never read
+            if declared and declared.isdigit() and int(declared) > self.max_bytes:
+                await json_error(path, 413, f"request body of {declared} bytes exceeds {self.max_bytes}", headers=close)(scope, receive, send)
+                return
+            try:
+                body = await asyncio.wait_for(self._read_body(receive), self.body_timeout)
+            except _TooLarge:
+                await json_error(path, 413, f"request body exceeds {self.max_bytes} bytes", headers=close)(scope, receive, send)
+                return
+            except asyncio.TimeoutError:
+                await json_error(path, 408, f"request body not received within {self.body_timeout:g} s", headers=close)(scope, receive, send)
+                return
+            except _Disconnected:
+                return
+            receive = _replay(body, receive)
+        await self.app(scope, receive, send)
+
+    async def _read_body(self, receive: Receive) -> bytes:
+        chunks, size = [], 0
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                raise _Disconnected()
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > self.max_bytes:
+                raise _TooLarge()
+            chunks.append(chunk)
+            if not message.get("more_body", False):
+                return b"".join(chunks)
+
+
+def _replay(body: bytes, receive: Receive) -> Receive:
+    sent = False
+
+    async def replay() -> Message:
+        nonlocal sent
+        if not sent:
+            sent = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        return await receive()  # after the body: the client's disconnect
+
+    return replay
