@@ -56,17 +56,20 @@ class RequestGuard:
             return
         if scope["method"] in ("POST", "PUT", "PATCH"):
             declared = _header(scope, b"content-length")
-            close = {"connection": "close"}  # the rest of the body is never read
+            # A 413 keeps the connection: closing it while the client still sends would reset it
+            # and lose the response; the protocol discards the rest of the body (for body_timeout_s
+            # at most).
             if declared and declared.isdigit() and int(declared) > self.max_bytes:
-                await json_error(path, 413, f"request body of {declared} bytes exceeds {self.max_bytes}", headers=close)(scope, receive, send)
+                await json_error(path, 413, f"request body of {declared} bytes exceeds {self.max_bytes}")(scope, receive, send)
                 return
             try:
                 body = await asyncio.wait_for(self._read_body(receive), self.body_timeout)
             except _TooLarge:
-                await json_error(path, 413, f"request body exceeds {self.max_bytes} bytes", headers=close)(scope, receive, send)
+                await json_error(path, 413, f"request body exceeds {self.max_bytes} bytes")(scope, receive, send)
                 return
             except asyncio.TimeoutError:
-                await json_error(path, 408, f"request body not received within {self.body_timeout:g} s", headers=close)(scope, receive, send)
+                await json_error(path, 408, f"request body not received within {self.body_timeout:g} s",
+                                 headers={"connection": "close"})(scope, receive, send)
                 return
             except _Disconnected:
                 return
