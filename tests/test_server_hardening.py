@@ -254,3 +254,24 @@ def test_cors_preflight_and_response_headers(server):
     assert r.headers["access-control-allow-origin"] == "http://app.example"
     other = httpx.options(server.url + "/v1/chat/completions", headers={"Origin": "http://evil.example", "Access-Control-Request-Method": "POST"})
     assert "access-control-allow-origin" not in other.headers
+
+
+# ---- usage -------------------------------------------------------------------------------------
+
+
+def test_cached_tokens_are_reported(server):
+    text = "Here is a long preamble that repeats. " * 12
+    chat = {"model": "smol", "max_tokens": 2, "messages": [{"role": "user", "content": text}]}
+    first = httpx.post(server.url + "/v1/chat/completions", json=chat, headers=AUTH, timeout=60).json()
+    second = httpx.post(server.url + "/v1/chat/completions", json=chat, headers=AUTH, timeout=60).json()
+    cached = second["usage"]["prompt_tokens_details"]["cached_tokens"]
+    # The template's system preamble may be cached from earlier requests; the long text is not.
+    assert first["usage"]["prompt_tokens_details"]["cached_tokens"] < cached < second["usage"]["prompt_tokens"]
+    assert cached % 16 == 0 and second["usage"]["prompt_tokens"] - cached <= 16  # whole blocks: all but the last
+    msg = httpx.post(server.url + "/v1/messages", json={**chat, "system": "x"}, headers=AUTH, timeout=60).json()
+    msg = httpx.post(server.url + "/v1/messages", json={**chat, "system": "x"}, headers=AUTH, timeout=60).json()
+    assert msg["usage"]["cache_read_input_tokens"] >= 16
+    resp = {"model": "smol", "max_output_tokens": 2, "input": text}
+    httpx.post(server.url + "/v1/responses", json=resp, headers=AUTH, timeout=60)
+    r = httpx.post(server.url + "/v1/responses", json=resp, headers=AUTH, timeout=60).json()
+    assert r["usage"]["input_tokens_details"]["cached_tokens"] >= 16
