@@ -113,6 +113,10 @@ def test_token_outside_vocabulary(llm):
         ("top_p", 0.0),
         ("top_p", 1.5),
         ("top_k", -3),
+        ("top_k", 10**12),  # past the engine's int32
+        ("max_tokens", 2**31),
+        ("min_tokens", 2**40),
+        ("stop_token_ids", [2**40]),
         ("min_p", 2.0),
         ("repetition_penalty", 0.0),
         ("presence_penalty", 3.0),

@@ -8,6 +8,9 @@ from dataclasses import dataclass, field
 from revolta import _core
 
 
+_INT32_MAX = 2**31 - 1  # the engine's integers
+
+
 @dataclass
 class SamplingParams:
     n: int = 1
@@ -55,7 +58,7 @@ class SamplingParams:
             bad("temperature", "must be >= 0")
         if not 0 < number("top_p") <= 1:
             bad("top_p", "must be in (0, 1]")
-        if not isinstance(self.top_k, int) or self.top_k < -1:
+        if not isinstance(self.top_k, int) or not -1 <= self.top_k <= _INT32_MAX:
             bad("top_k", "must be -1 or 0 (off) or a positive integer")
         if not 0 <= number("min_p") <= 1:
             bad("min_p", "must be in [0, 1]")
@@ -67,16 +70,16 @@ class SamplingParams:
             bad("frequency_penalty", "must be in [-2, 2]")
         if self.seed is not None and (not isinstance(self.seed, int) or self.seed < 0 or self.seed >= 2**64):
             bad("seed", "must be an integer in [0, 2**64)")
-        if self.max_tokens is not None and (not isinstance(self.max_tokens, int) or self.max_tokens < 1):
-            bad("max_tokens", "must be an integer >= 1")
-        if not isinstance(self.min_tokens, int) or self.min_tokens < 0:
-            bad("min_tokens", "must be an integer >= 0")
+        if self.max_tokens is not None and (not isinstance(self.max_tokens, int) or not 1 <= self.max_tokens <= _INT32_MAX):
+            bad("max_tokens", f"must be an integer in [1, {_INT32_MAX}]")
+        if not isinstance(self.min_tokens, int) or not 0 <= self.min_tokens <= _INT32_MAX:
+            bad("min_tokens", f"must be an integer in [0, {_INT32_MAX}]")
         if self.max_tokens is not None and self.min_tokens > self.max_tokens:
             bad("min_tokens", "must not exceed max_tokens")
         if any(not isinstance(s, str) or not s for s in self.stop):
             bad("stop", "must be non-empty strings")
-        if any(not isinstance(t, int) or t < 0 for t in self.stop_token_ids):
-            bad("stop_token_ids", "must be non-negative token ids")
+        if any(not isinstance(t, int) or not 0 <= t <= _INT32_MAX for t in self.stop_token_ids):
+            bad("stop_token_ids", "must be token ids (integers in [0, 2**31))")
         if self.logprobs is not None and (not isinstance(self.logprobs, int) or not 0 <= self.logprobs <= 20):
             bad("logprobs", "must be an integer in [0, 20]")
 

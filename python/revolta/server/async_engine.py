@@ -19,6 +19,7 @@ class Failure:
 
     status: int
     message: str
+    reason: str = "error"  # how /metrics counts the requests it ends
 
 
 class AsyncEngine:
@@ -56,13 +57,13 @@ class AsyncEngine:
         """Engine requests added through this front and not finished."""
         return len(self._queues)
 
-    def fail_all(self, status: int, message: str) -> None:
+    def fail_all(self, status: int, message: str, reason: str = "error") -> None:
         """Ends every live request with a Failure (and aborts it in the engine)."""
         with self._lock:
             entries, self._queues = list(self._queues.items()), {}
         for rid, (loop, q) in entries:
             self.engine.abort(rid)
-            self._put(loop, q, Failure(status, message))
+            self._put(loop, q, Failure(status, message, reason))
 
     def _pump(self) -> None:
         try:

@@ -139,7 +139,7 @@ class _Server(uvicorn.Server):
             await asyncio.sleep(0.05)
         if self.engine.num_live:
             log.warning("ending %d unfinished engine request(s) at shutdown", self.engine.num_live)
-        self.engine.fail_all(503, "the server is shutting down")
+        self.engine.fail_all(503, "the server is shutting down", reason="abort")
         await super().shutdown(sockets)
 
 

@@ -39,7 +39,7 @@ class Choice:
     tool_deltas: list[ToolCallDelta] = field(default_factory=list)
     content: str = ""  # content after tool-call extraction
     done: bool = False
-    failed: bool = False
+    failure: str | None = None  # how /metrics counts a choice the engine or the server ended
     cached_tokens: int = 0
     all_tokens: list = field(default_factory=list)  # TokenInfo of every generated token
     last_t: float | None = None  # when the previous token arrived (inter-token latency)
@@ -113,11 +113,11 @@ class Job:
     async def next_delta(self, c: Choice) -> Delta:
         out = await c.queue.get()
         if isinstance(out, Failure):
-            c.done = c.failed = True
+            c.done, c.failure = True, out.reason
             raise APIError(out.status, out.message)
         c.cached_tokens = max(c.cached_tokens, out.num_cached_tokens)
         if out.finished and out.finish_reason == "error":
-            c.done = c.failed = True
+            c.done, c.failure = True, "error"
             raise APIError(500, out.error or "the engine failed on this request")
         delta = c.gen.feed(out)
         if c.gen.stopped_by_string and not out.finished:
@@ -212,7 +212,7 @@ class Job:
         for c in self.choices:
             if not c.done:
                 s.engine.abort(c.rid)
-            reason = "error" if c.failed else (c.gen.finish_reason if c.done and c.gen.finish_reason else "abort")
+            reason = c.failure or (c.gen.finish_reason if c.done and c.gen.finish_reason else "abort")
             m.generation_tokens.inc(c.gen.num_tokens)
             m.requests.labels(finished_reason=reason).inc()
 

@@ -99,12 +99,7 @@ class AnthropicServing:
 
     async def messages(self, req: MessagesRequest, raw: Request | None = None):
         model = self.chat.check_model(req.model)
-        job = self.chat.job(raw)
-        try:
-            return await self._messages(req, job, model)
-        except BaseException:
-            job.close()
-            raise
+        return await self.chat.run_job(raw, 1, lambda job: self._messages(req, job, model))
 
     async def _messages(self, req: MessagesRequest, job: Job, model: str):
         chat = self.chat

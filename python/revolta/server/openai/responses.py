@@ -89,12 +89,7 @@ class ResponsesServing:
 
     async def create(self, req: ResponsesRequest, raw: Request | None = None):
         model = self.chat.check_model(req.model)
-        job = self.chat.job(raw)
-        try:
-            return await self._create(req, job, model)
-        except BaseException:
-            job.close()
-            raise
+        return await self.chat.run_job(raw, 1, lambda job: self._create(req, job, model))
 
     async def _create(self, req: ResponsesRequest, job: Job, model: str):
         chat = self.chat

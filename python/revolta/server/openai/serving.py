@@ -8,7 +8,7 @@ import functools
 import json
 import time
 import uuid
-from typing import Any, AsyncIterator
+from typing import Any, AsyncIterator, Awaitable, Callable
 
 from fastapi import Request
 from fastapi.responses import JSONResponse
@@ -58,8 +58,15 @@ class OpenAIServing:
             return self.served_names[0]
         raise APIError(404, f"The model `{model}` does not exist.", param="model", code="model_not_found")
 
-    def job(self, raw: Request | None, slots: int = 1) -> Job:
-        return Job(self, raw, slots)
+    async def run_job(self, raw: Request | None, slots: int, handler: Callable[[Job], Awaitable]):
+        """Runs handler with a new job (admitted for `slots` engine requests). The job ends when
+        the handler fails or completes a non-streaming response; a stream ends it as it closes."""
+        job = Job(self, raw, slots)
+        try:
+            return await handler(job)
+        except BaseException:
+            job.close()
+            raise
 
     def context_error(self, prompt_len: int, param: str = "messages") -> APIError:
         return APIError(400, f"This model's maximum context length is {self.max_model_len} tokens. However, your prompt has "
@@ -179,12 +186,7 @@ class OpenAIServing:
 
     async def chat(self, req: ChatCompletionRequest, raw: Request | None):
         model = self.check_model(req.model)
-        job = self.job(raw, req.n)
-        try:
-            return await self._chat(req, job, model)
-        except BaseException:
-            job.close()
-            raise
+        return await self.run_job(raw, req.n, lambda job: self._chat(req, job, model))
 
     async def _chat(self, req: ChatCompletionRequest, job: Job, model: str):
         text, prompt_ids, tools, thinking = await self.render_chat(req)
@@ -311,12 +313,7 @@ class OpenAIServing:
         model = self.check_model(req.model)
         p = req.prompt
         num_prompts = 1 if isinstance(p, str) or (p and all(isinstance(x, int) for x in p)) else len(p)
-        job = self.job(raw, max(1, num_prompts) * req.n)
-        try:
-            return await self._completions(req, job, model)
-        except BaseException:
-            job.close()
-            raise
+        return await self.run_job(raw, max(1, num_prompts) * req.n, lambda job: self._completions(req, job, model))
 
     async def _completions(self, req: CompletionRequest, job: Job, model: str):
         prompts = await self.completion_prompts(req)
