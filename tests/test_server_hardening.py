@@ -24,7 +24,7 @@ LONG = {"model": "smol", "prompt": "Once upon a time", "max_tokens": 1500, "igno
 def server(demo_model_dir):
     srv = ServerProcess("--model", demo_model_dir, "--served-model-name", "smol", "--api-key", KEY,
                         "--max-model-len", str(MAX_LEN), "--kv-cache-memory-bytes", str(128 << 20),
-                        "--max-num-seqs", "2", "--max-waiting-requests", "2", "--max-request-bytes", str(1 << 20),
+                        "--max-num-seqs", "2", "--max-waiting-requests", "2",
                         "--body-timeout-s", "1", "--header-timeout-s", "1", "--write-timeout-s", "1",
                         "--max-connections", "24", "--allowed-origins", "http://app.example")
     yield srv
@@ -162,14 +162,14 @@ def test_engine_requests_are_counted_as_n_times_prompts(server):
 
 def test_chunked_body_is_limited_as_it_arrives(server):
     def chunks():
-        for _ in range(200):  # 20 MB, no Content-Length
+        for _ in range(200):  # 20 MB, no Content-Length; the limit is the default 16 MiB
             yield b"x" * 100_000
 
     t0 = time.time()
     r = httpx.post(server.url + "/v1/completions", content=chunks(), headers={**AUTH, "content-type": "application/json"}, timeout=30)
     assert r.status_code == 413 and "exceeds" in r.json()["error"]["message"]
     assert time.time() - t0 < 10
-    r = httpx.post(server.url + "/v1/messages", content=b"{" + b" " * (2 << 20) + b"}", headers=AUTH, timeout=30)
+    r = httpx.post(server.url + "/v1/messages", content=b"{" + b" " * (17 << 20) + b"}", headers=AUTH, timeout=30)
     assert r.status_code == 413 and r.json()["error"]["type"] == "request_too_large"
 
 
@@ -223,8 +223,11 @@ def test_huge_prompt_does_not_stall_other_clients(server):
     t = threading.Thread(target=probe)
     t.start()
     try:
-        for path, body in [("/v1/completions", {"model": "smol", "prompt": "word " * 190_000, "max_tokens": 1}),
-                           ("/v1/chat/completions", {"model": "smol", "messages": [{"role": "user", "content": "word " * 190_000}]})]:
+        # 12 MB (tokenized on the event loop, it stalled every client for seconds), then 300 KB
+        # (under the size that is refused untokenized: tokenized in a worker thread).
+        for path, body in [("/v1/completions", {"model": "smol", "prompt": "word " * 2_400_000, "max_tokens": 1}),
+                           ("/v1/chat/completions", {"model": "smol", "messages": [{"role": "user", "content": "word " * 2_400_000}]}),
+                           ("/v1/completions", {"model": "smol", "prompt": "word " * 60_000, "max_tokens": 1})]:
             r = httpx.post(server.url + path, json=body, headers=AUTH, timeout=60)
             assert r.status_code == 400 and "maximum context length" in r.json()["error"]["message"]
     finally:
