@@ -2,7 +2,8 @@
 limited in size and in time as it arrives, whatever its framing (Content-Length or chunked).
 
 The body is read here in full and handed on to the route; after it, the route's receive() yields
-the client's disconnect, which the generating endpoints watch.
+the client's disconnect, which the generating endpoints watch. All bodies held at once are
+bounded too (16 x max_request_bytes): beyond that a request gets 503 with Retry-After.
 """
 
 from __future__ import annotations
@@ -26,6 +27,13 @@ class _Disconnected(Exception):
     pass
 
 
+class _Busy(Exception):
+    pass
+
+
+_BODY_BUDGET_REQUESTS = 16  # bodies of max_request_bytes the server holds at once
+
+
 def _header(scope: Scope, name: bytes) -> str | None:
     for k, v in scope["headers"]:
         if k == name:
@@ -39,6 +47,10 @@ class RequestGuard:
         self.key = options.api_key.encode() if options.api_key else None
         self.max_bytes = options.max_request_bytes
         self.body_timeout = options.body_timeout_s
+        # All bodies held at once, from their first byte to the end of their request: many
+        # clients sending large bodies together get 503 instead of growing the server's memory.
+        self.budget = _BODY_BUDGET_REQUESTS * self.max_bytes
+        self.held = 0
 
     def authorized(self, scope: Scope) -> bool:
         auth = _header(scope, b"authorization") or ""
@@ -54,18 +66,25 @@ class RequestGuard:
         if self.key is not None and path not in OPEN_PATHS and scope["method"] != "OPTIONS" and not self.authorized(scope):
             await json_error(path, 401, "Invalid or missing API key.")(scope, receive, send)
             return
-        if scope["method"] in ("POST", "PUT", "PATCH"):
-            declared = _header(scope, b"content-length")
-            # A 413 keeps the connection: closing it while the client still sends would reset it
-            # and lose the response; the protocol discards the rest of the body (for body_timeout_s
-            # at most).
-            if declared and declared.isdigit() and int(declared) > self.max_bytes:
-                await json_error(path, 413, f"request body of {declared} bytes exceeds {self.max_bytes}")(scope, receive, send)
-                return
+        if scope["method"] not in ("POST", "PUT", "PATCH"):
+            await self.app(scope, receive, send)
+            return
+        declared = _header(scope, b"content-length")
+        # A 413 keeps the connection: closing it while the client still sends would reset it and
+        # lose the response; the protocol discards the rest of the body (for body_timeout_s at most).
+        if declared and declared.isdigit() and int(declared) > self.max_bytes:
+            await json_error(path, 413, f"request body of {declared} bytes exceeds {self.max_bytes}")(scope, receive, send)
+            return
+        held = [0]  # bytes of this body counted in self.held until the request ends
+        try:
             try:
-                body = await asyncio.wait_for(self._read_body(receive), self.body_timeout)
+                body = await asyncio.wait_for(self._read_body(receive, held), self.body_timeout)
             except _TooLarge:
                 await json_error(path, 413, f"request body exceeds {self.max_bytes} bytes")(scope, receive, send)
+                return
+            except _Busy:
+                await json_error(path, 503, "the server holds too many request bodies at once; retry later",
+                                 headers={"Retry-After": "1", "connection": "close"})(scope, receive, send)
                 return
             except asyncio.TimeoutError:
                 await json_error(path, 408, f"request body not received within {self.body_timeout:g} s",
@@ -73,10 +92,11 @@ class RequestGuard:
                 return
             except _Disconnected:
                 return
-            receive = _replay(body, receive)
-        await self.app(scope, receive, send)
+            await self.app(scope, _replay(body, receive), send)
+        finally:
+            self.held -= held[0]
 
-    async def _read_body(self, receive: Receive) -> bytes:
+    async def _read_body(self, receive: Receive, held: list[int]) -> bytes:
         chunks, size = [], 0
         while True:
             message = await receive()
@@ -86,6 +106,10 @@ class RequestGuard:
             size += len(chunk)
             if size > self.max_bytes:
                 raise _TooLarge()
+            held[0] += len(chunk)
+            self.held += len(chunk)
+            if self.held > self.budget:
+                raise _Busy()
             chunks.append(chunk)
             if not message.get("more_body", False):
                 return b"".join(chunks)
