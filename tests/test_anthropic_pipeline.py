@@ -14,7 +14,7 @@ from revolta.server.anthropic.serving import AnthropicServing, parse_partial_jso
 from revolta.server.app import create_app
 from revolta.server.async_engine import Failure
 from revolta.server.metrics import Metrics
-from revolta.server.openai.serving import OpenAIServing
+from revolta.server.pipeline import Pipeline
 from scripted_engine import ScriptedEngine
 
 TOOLS = [{"name": "get_weather", "description": "weather", "input_schema": {
@@ -25,7 +25,7 @@ def serving(tok, text, parser="qwen3_coder"):
     eos = tok.token_to_id("<|im_end|>")
     engine = ScriptedEngine(tok.encode(text, add_special_tokens=False) + [eos], eos)
     opts = ServerOptions(reasoning_parser="qwen3", tool_call_parser=parser)
-    return AnthropicServing(OpenAIServing(engine, tok, ["m"], opts, Metrics(engine))), engine
+    return AnthropicServing(Pipeline(engine, tok, ["m"], opts, Metrics(engine))), engine
 
 
 def run_both(svc, body):
@@ -139,14 +139,14 @@ def test_overload_and_dead_engine_statuses(think_tokenizer):
     app = create_app(engine, think_tokenizer, ["m"], ServerOptions(max_waiting_requests=2))
     client = TestClient(app)
     body = {"model": "m", "max_tokens": 4, "messages": [{"role": "user", "content": "hi"}]}
-    app.state.serving.admission.live = engine.max_num_seqs + 2  # every running and waiting place taken
+    app.state.pipeline.admission.live = engine.max_num_seqs + 2  # every running and waiting place taken
     r = client.post("/v1/messages", json=body)
     assert r.status_code == 429 and r.json()["error"]["type"] == "rate_limit_error" and r.headers["retry-after"] == "1"
     r = client.post("/v1/chat/completions", json=body)
     assert r.status_code == 429 and r.json()["error"]["type"] == "rate_limit_error"
-    app.state.serving.admission.live = 0
+    app.state.pipeline.admission.live = 0
     assert client.post("/v1/chat/completions", json=body).status_code == 200
-    assert app.state.serving.admission.live == 0  # released when the request ended
+    assert app.state.pipeline.admission.live == 0  # released when the request ended
     engine.dead = "fatal"
     r = client.post("/v1/messages", json=body)
     assert r.status_code == 503 and r.json()["error"]["type"] == "overloaded_error"

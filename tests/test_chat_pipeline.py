@@ -12,6 +12,7 @@ from revolta.config import ServerOptions
 from revolta.server.metrics import Metrics
 from revolta.server.openai.protocol import ChatCompletionRequest
 from revolta.server.openai.serving import OpenAIServing
+from revolta.server.pipeline import Pipeline
 from scripted_engine import ScriptedEngine
 
 TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": {
@@ -22,7 +23,7 @@ def serve(tok, text: str, parser: str, **req):
     eos = tok.token_to_id("<|im_end|>")
     engine = ScriptedEngine(tok.encode(text, add_special_tokens=False) + [eos], eos)
     opts = ServerOptions(reasoning_parser="qwen3", tool_call_parser=parser)
-    serving = OpenAIServing(engine, tok, ["m"], opts, Metrics(engine))
+    serving = OpenAIServing(Pipeline(engine, tok, ["m"], opts, Metrics(engine)))
     body = {"messages": [{"role": "user", "content": "weather?"}], "tools": TOOLS, "max_tokens": 500, **req}
 
     async def non_streaming():

@@ -10,7 +10,7 @@ from revolta.config import ServerOptions
 from revolta.server.metrics import Metrics
 from revolta.server.openai.protocol import ResponsesRequest
 from revolta.server.openai.responses import ResponsesServing
-from revolta.server.openai.serving import OpenAIServing
+from revolta.server.pipeline import Pipeline
 from scripted_engine import ScriptedEngine
 
 TOOLS = [{"type": "function", "name": "get_weather", "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}]
@@ -20,7 +20,7 @@ TEXT = "<think>Weather needs the tool.</think>One moment.<tool_call>\n<function=
 def test_reasoning_and_function_call_items(think_tokenizer):
     eos = think_tokenizer.token_to_id("<|im_end|>")
     engine = ScriptedEngine(think_tokenizer.encode(TEXT, add_special_tokens=False) + [eos], eos)
-    svc = ResponsesServing(OpenAIServing(engine, think_tokenizer, ["m"], ServerOptions(reasoning_parser="qwen3", tool_call_parser="qwen3_coder"),
+    svc = ResponsesServing(Pipeline(engine, think_tokenizer, ["m"], ServerOptions(reasoning_parser="qwen3", tool_call_parser="qwen3_coder"),
                                          Metrics(engine)))
     body = {"model": "m", "input": "Weather in Lima?", "tools": TOOLS, "reasoning": {"effort": "medium"}}
 

@@ -11,6 +11,7 @@ from revolta.models.resolve import resolve_model
 from revolta.models.tokenizer import IncrementalDetokenizer, Tokenizer
 from revolta.outputs import CompletionOutput, RequestOutput
 from revolta.sampling_params import SamplingParams
+from revolta.stop_strings import StopStrings
 
 PromptType = str | Sequence[int] | dict[str, Any]
 
@@ -30,6 +31,9 @@ class _Sequence:
     finish_reason: str | None = None
     stop_reason: int | str | None = None
 
+    def __post_init__(self) -> None:
+        self.stops = StopStrings(self.params.stop, self.params.include_stop_str_in_output)
+
     def apply(self, out: _core.RequestOutput) -> bool:
         """Takes an engine output; returns True when a stop string ended the sequence here."""
         for t in out.tokens:
@@ -44,22 +48,15 @@ class _Sequence:
             if self.detok is not None:
                 before = len(self.text)
                 self.text += self.detok.add([t.token])
-                if self._check_stop_strings(before):
+                found = self.stops.find(self.text, before)
+                if found is not None:
+                    self.text = self.text[: found[0]]
+                    self.finish_reason, self.stop_reason = "stop", found[1]
                     return True
         if out.finished:
             self.finish_reason = out.finish_reason
             if out.finish_reason == "stop" and out.stop_token_id >= 0:
                 self.stop_reason = out.stop_token_id
-        return False
-
-    def _check_stop_strings(self, before: int) -> bool:
-        for s in self.params.stop:
-            start = max(0, before - len(s) + 1)
-            idx = self.text.find(s, start)
-            if idx >= 0:
-                self.text = self.text[: idx + len(s)] if self.params.include_stop_str_in_output else self.text[:idx]
-                self.finish_reason, self.stop_reason = "stop", s
-                return True
         return False
 
 

@@ -41,49 +41,43 @@ class SamplingParams:
         self.validate()
 
     def validate(self) -> None:
-        """Raises ValueError naming the first invalid field."""
+        """Raises ValueError naming the first invalid field. Here: what Python alone knows (n, stop
+        strings) and that every value converts to the engine's types; the ranges are the engine's
+        own check (SamplingParams::validate in C++), the one place both APIs go through."""
 
         def bad(name: str, rule: str) -> None:
             raise ValueError(f"{name} {rule}, got {getattr(self, name)!r}")
 
-        def number(name: str) -> float:
+        for name in ("temperature", "top_p", "min_p", "repetition_penalty", "presence_penalty", "frequency_penalty"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
                 bad(name, "must be a finite number")
-            return float(v)
-
-        if not isinstance(self.n, int) or self.n < 1:
+        for name, low in (("top_k", -(2**31)), ("min_tokens", -(2**31))):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or not low <= v <= _INT32_MAX:
+                bad(name, "must be an integer")
+        if self.max_tokens is not None and (isinstance(self.max_tokens, bool) or not isinstance(self.max_tokens, int)
+                                            or not -(2**31) <= self.max_tokens <= _INT32_MAX):
+            bad("max_tokens", "must be an integer")
+        if self.logprobs is not None and (isinstance(self.logprobs, bool) or not isinstance(self.logprobs, int) or not 0 <= self.logprobs <= 20):
+            bad("logprobs", "must be an integer in [0, 20]")
+        if isinstance(self.n, bool) or not isinstance(self.n, int) or self.n < 1:
             bad("n", "must be an integer >= 1")
-        if number("temperature") < 0:
-            bad("temperature", "must be >= 0")
-        if not 0 < number("top_p") <= 1:
-            bad("top_p", "must be in (0, 1]")
-        if not isinstance(self.top_k, int) or not -1 <= self.top_k <= _INT32_MAX:
-            bad("top_k", "must be -1 or 0 (off) or a positive integer")
-        if not 0 <= number("min_p") <= 1:
-            bad("min_p", "must be in [0, 1]")
-        if number("repetition_penalty") <= 0:
-            bad("repetition_penalty", "must be > 0")
-        if not -2 <= number("presence_penalty") <= 2:
-            bad("presence_penalty", "must be in [-2, 2]")
-        if not -2 <= number("frequency_penalty") <= 2:
-            bad("frequency_penalty", "must be in [-2, 2]")
-        if self.seed is not None and (not isinstance(self.seed, int) or self.seed < 0 or self.seed >= 2**64):
+        if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int) or not 0 <= self.seed < 2**64):
             bad("seed", "must be an integer in [0, 2**64)")
-        if self.max_tokens is not None and (not isinstance(self.max_tokens, int) or not 1 <= self.max_tokens <= _INT32_MAX):
-            bad("max_tokens", f"must be an integer in [1, {_INT32_MAX}]")
-        if not isinstance(self.min_tokens, int) or not 0 <= self.min_tokens <= _INT32_MAX:
-            bad("min_tokens", f"must be an integer in [0, {_INT32_MAX}]")
-        if self.max_tokens is not None and self.min_tokens > self.max_tokens:
-            bad("min_tokens", "must not exceed max_tokens")
         if any(not isinstance(s, str) or not s for s in self.stop):
             bad("stop", "must be non-empty strings")
-        if any(not isinstance(t, int) or not 0 <= t <= _INT32_MAX for t in self.stop_token_ids):
+        if any(isinstance(t, bool) or not isinstance(t, int) or not 0 <= t <= _INT32_MAX for t in self.stop_token_ids):
             bad("stop_token_ids", "must be token ids (integers in [0, 2**31))")
-        if self.logprobs is not None and (not isinstance(self.logprobs, int) or not 0 <= self.logprobs <= 20):
-            bad("logprobs", "must be an integer in [0, 20]")
+        # The ranges, as the engine checks every request; min_tokens is unclamped here.
+        self._core(self.max_tokens if self.max_tokens is not None else max(1, self.min_tokens)).validate()
 
     def to_core(self, max_tokens_cap: int, seed_offset: int = 0) -> _core.SamplingParams:
+        p = self._core(self.max_tokens if self.max_tokens is not None else max_tokens_cap, seed_offset)
+        p.min_tokens = int(min(self.min_tokens, p.max_tokens))
+        return p
+
+    def _core(self, max_tokens: int, seed_offset: int = 0) -> _core.SamplingParams:
         p = _core.SamplingParams()
         p.temperature = float(self.temperature)
         p.top_p = float(self.top_p)
@@ -93,8 +87,8 @@ class SamplingParams:
         p.presence_penalty = float(self.presence_penalty)
         p.frequency_penalty = float(self.frequency_penalty)
         p.seed = None if self.seed is None else (self.seed + seed_offset) % 2**64
-        p.max_tokens = int(self.max_tokens if self.max_tokens is not None else max_tokens_cap)
-        p.min_tokens = int(min(self.min_tokens, p.max_tokens))
+        p.max_tokens = int(max_tokens)
+        p.min_tokens = int(self.min_tokens)
         p.ignore_eos = bool(self.ignore_eos)
         p.stop_token_ids = list(self.stop_token_ids)
         p.logprobs = -1 if self.logprobs is None else int(self.logprobs)

@@ -28,6 +28,7 @@ from revolta.server.metrics import Metrics
 from revolta.server.openai.protocol import ChatCompletionRequest, CompletionRequest, DetokenizeRequest, ResponsesRequest, TokenizeRequest
 from revolta.server.openai.responses import ResponsesServing
 from revolta.server.openai.serving import OpenAIServing
+from revolta.server.pipeline import Pipeline
 from revolta.server.schema import check_texts
 
 log = logging.getLogger("revolta.server")
@@ -64,10 +65,11 @@ def create_app(engine: AsyncEngine, tokenizer: Tokenizer, served_names: list[str
     app = FastAPI(title="ReVolta", version=revolta.__version__)
     app.router.route_class = CheckedRoute
     metrics = Metrics(engine)
-    serving = OpenAIServing(engine, tokenizer, served_names, options, metrics)
-    anthropic = AnthropicServing(serving)
-    responses = ResponsesServing(serving)
-    app.state.engine, app.state.serving = engine, serving
+    pipeline = Pipeline(engine, tokenizer, served_names, options, metrics)
+    openai = OpenAIServing(pipeline)
+    anthropic = AnthropicServing(pipeline)
+    responses = ResponsesServing(pipeline)
+    app.state.engine, app.state.pipeline = engine, pipeline
     created = int(time.time())
 
     @app.exception_handler(APIError)
@@ -124,12 +126,12 @@ def create_app(engine: AsyncEngine, tokenizer: Tokenizer, served_names: list[str
     @app.post("/v1/chat/completions")
     async def chat(req: ChatCompletionRequest, raw: Request):
         check_alive()
-        return await serving.chat(req, raw)
+        return await openai.chat(req, raw)
 
     @app.post("/v1/completions")
     async def completions(req: CompletionRequest, raw: Request):
         check_alive()
-        return await serving.completions(req, raw)
+        return await openai.completions(req, raw)
 
     @app.post("/v1/responses")
     async def create_response(req: ResponsesRequest, raw: Request):
@@ -147,7 +149,7 @@ def create_app(engine: AsyncEngine, tokenizer: Tokenizer, served_names: list[str
 
     @app.post("/tokenize")
     async def tokenize(req: TokenizeRequest):
-        serving.check_model(req.model)
+        pipeline.check_model(req.model)
         if req.messages is not None:
             def render() -> str:
                 try:
@@ -156,17 +158,17 @@ def create_app(engine: AsyncEngine, tokenizer: Tokenizer, served_names: list[str
                 except ChatTemplateError as e:
                     raise APIError(400, str(e), param="messages") from e
 
-            ids = await serving.encode(await asyncio.to_thread(render), False, "messages")
+            ids = await pipeline.encode(await asyncio.to_thread(render), False, "messages")
         elif req.prompt is not None:
-            ids = await serving.encode(req.prompt, req.add_special_tokens, "prompt")
+            ids = await pipeline.encode(req.prompt, req.add_special_tokens, "prompt")
         else:
             raise APIError(400, "give 'prompt' or 'messages'", param="prompt")
         return {"tokens": ids, "count": len(ids), "max_model_len": engine.model_info.max_model_len}
 
     @app.post("/detokenize")
     async def detokenize(req: DetokenizeRequest):
-        serving.check_model(req.model)
-        return {"prompt": await serving.decode(req.tokens, "tokens")}
+        pipeline.check_model(req.model)
+        return {"prompt": await pipeline.decode(req.tokens, "tokens")}
 
     app.add_middleware(RequestGuard, options=options)
     if options.allowed_origins:

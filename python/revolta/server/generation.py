@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 
 from revolta import _core
 from revolta.models.tokenizer import IncrementalDetokenizer, Tokenizer
+from revolta.stop_strings import StopStrings
 from revolta.server.parsers.reasoning import CONTENT, REASONING, ReasoningRouter
 
 
@@ -39,8 +40,7 @@ class Generation:
         skip_special_tokens: bool,
         router: ReasoningRouter | None,
     ):
-        self.stop = stop
-        self.include_stop_str = include_stop_str
+        self.stops = StopStrings(stop, include_stop_str)
         self.router = router
         self.content_detok = IncrementalDetokenizer(tokenizer, skip_special_tokens)
         self.reasoning_detok = IncrementalDetokenizer(tokenizer, skip_special_tokens)
@@ -72,12 +72,13 @@ class Generation:
             elif channel == CONTENT:
                 before = len(self.content)
                 self.content += self.content_detok.add([t.token])
-                cut = self._find_stop(before)
-                if cut is not None:
-                    self.content = self.content[:cut]
+                found = self.stops.find(self.content, before)
+                if found is not None:
+                    self.content = self.content[:found[0]]
+                    self.finish_reason, self.stop_reason = "stop", found[1]
         # Content that could still be the start of a stop string is held back until it is not.
         final = self.finish_reason is not None or out.finished
-        safe = len(self.content) if final else len(self.content) - self._partial_stop_len()
+        safe = len(self.content) if final else len(self.content) - self.stops.partial_len(self.content)
         if safe > self.emitted:
             delta.content = self.content[self.emitted:safe]
             self.emitted = safe
@@ -88,20 +89,3 @@ class Generation:
         delta.finish_reason = self.finish_reason
         delta.stop_reason = self.stop_reason
         return delta
-
-    def _partial_stop_len(self) -> int:
-        best = 0
-        for s in self.stop:
-            for n in range(min(len(s) - 1, len(self.content)), best, -1):
-                if self.content.endswith(s[:n]):
-                    best = n
-                    break
-        return best
-
-    def _find_stop(self, before: int) -> int | None:
-        for s in self.stop:
-            i = self.content.find(s, max(0, before - len(s) + 1))
-            if i >= 0:
-                self.finish_reason, self.stop_reason = "stop", s
-                return i + len(s) if self.include_stop_str else i
-        return None

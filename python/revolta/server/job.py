@@ -23,7 +23,7 @@ from revolta.server.generation import Delta, Generation
 from revolta.server.parsers.tools import ToolCallDelta, ToolParser
 
 if TYPE_CHECKING:
-    from revolta.server.openai.serving import OpenAIServing
+    from revolta.server.pipeline import Pipeline
 
 
 @dataclass
@@ -76,7 +76,7 @@ async def _wait_disconnect(raw: Request) -> None:
 
 
 class Job:
-    def __init__(self, serving: "OpenAIServing", raw: Request | None, slots: int):
+    def __init__(self, serving: "Pipeline", raw: Request | None, slots: int):
         serving.admission.acquire(slots)
         self.serving = serving
         self.raw = raw

@@ -1,4 +1,4 @@
-"""/v1/messages and /v1/messages/count_tokens: Anthropic's shapes over the chat pipeline."""
+"""/v1/messages and /v1/messages/count_tokens: Anthropic's shapes over the shared pipeline (server/pipeline.py)."""
 
 from __future__ import annotations
 
@@ -13,9 +13,8 @@ from revolta.server.errors import APIError, anthropic_error_body
 from revolta.server.generation import Delta
 from revolta.server.openai.protocol import ChatCompletionRequest, SamplingFields
 from revolta.server.job import Choice, Job
-from revolta.server.openai.serving import OpenAIServing
-from revolta.server.parsers.reasoning import ReasoningRouter, prompt_opens_reasoning
-from revolta.server.parsers.tools import assemble, make_tool_parser
+from revolta.server.pipeline import Pipeline
+from revolta.server.parsers.tools import assemble
 from revolta.server.anthropic.protocol import CountTokensRequest, MessagesRequest
 from revolta.server.streaming import EventStream
 
@@ -50,8 +49,8 @@ def parse_partial_json(text: str) -> dict:
 
 
 class AnthropicServing:
-    def __init__(self, chat: OpenAIServing):
-        self.chat = chat
+    def __init__(self, pipeline: Pipeline):
+        self.p = pipeline
 
     def to_chat(self, req: MessagesRequest | CountTokensRequest) -> ChatCompletionRequest:
         messages: list[dict[str, Any]] = []
@@ -93,18 +92,18 @@ class AnthropicServing:
         )
 
     async def count_tokens(self, req: CountTokensRequest) -> JSONResponse:
-        self.chat.check_model(req.model)
-        _, prompt_ids, _, _ = await self.chat.render_chat(self.to_chat(req))
+        self.p.check_model(req.model)
+        _, prompt_ids, _, _ = await self.p.render_chat(self.to_chat(req))
         return JSONResponse({"input_tokens": len(prompt_ids)})
 
     async def messages(self, req: MessagesRequest, raw: Request | None = None):
-        model = self.chat.check_model(req.model)
-        return await self.chat.run_job(raw, 1, lambda job: self._messages(req, job, model))
+        model = self.p.check_model(req.model)
+        return await self.p.run_job(raw, 1, lambda job: self._messages(req, job, model))
 
     async def _messages(self, req: MessagesRequest, job: Job, model: str):
-        chat = self.chat
+        p = self.p
         creq = self.to_chat(req)
-        _, prompt_ids, tools, thinking = await chat.render_chat(creq)
+        _, prompt_ids, tools, thinking = await p.render_chat(creq)
         forced = req.tool_choice.type if req.tool_choice and req.tool_choice.type in ("any", "tool") else None
         if forced and not tools:
             raise APIError(400, f"tool_choice '{forced}' needs tools", param="tool_choice")
@@ -112,15 +111,12 @@ class AnthropicServing:
             raise APIError(400, "thinking may not be enabled when tool_choice forces tool use", param="tool_choice")
         if forced == "tool" and req.tool_choice.name not in {t["function"]["name"] for t in tools}:
             raise APIError(400, f"tool_choice names an unknown tool '{req.tool_choice.name}'", param="tool_choice")
-        prefix = _FORCED_CALL[chat.opts.tool_call_parser](req.tool_choice.name if forced == "tool" else None) if forced else ""
+        prefix = _FORCED_CALL[p.opts.tool_call_parser](req.tool_choice.name if forced == "tool" else None) if forced else ""
         if prefix:
-            prompt_ids = prompt_ids + await chat.encode(prefix, False, "tool_choice")
+            prompt_ids = prompt_ids + await p.encode(prefix, False, "tool_choice")
         fields = SamplingFields(temperature=req.temperature, top_p=req.top_p, top_k=req.top_k, stop=req.stop_sequences)
-        params = chat.sampling(fields, len(prompt_ids), req.max_tokens, None)
-        rt = chat.reasoning_tokens
-        router = (lambda: ReasoningRouter(rt, prompt_opens_reasoning(prompt_ids, rt), enabled=thinking)) if rt else (lambda: None)
-        parser = (lambda: make_tool_parser(chat.opts.tool_call_parser, tools)) if tools else (lambda: None)
-        (c,) = job.start(prompt_ids, params, 0, 0, router, parser)
+        params = p.sampling(fields, len(prompt_ids), req.max_tokens, None)
+        (c,) = job.start(prompt_ids, params, 0, 0, *p.parsers(prompt_ids, tools, thinking))
         first = Delta()
         if prefix:
             _, first.tool_calls = c.tool_parser.feed(prefix)
@@ -144,7 +140,7 @@ class AnthropicServing:
             }
 
         if not req.stream:
-            return await chat.complete(job, body)
+            return await p.complete(job, body)
         return EventStream(self.events(job, first, msg_id, model, single), on_close=job.close)
 
     @staticmethod

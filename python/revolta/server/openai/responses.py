@@ -1,4 +1,4 @@
-"""/v1/responses: OpenAI's Responses API (stateless: no stored responses) over the chat pipeline."""
+"""/v1/responses: OpenAI's Responses API (stateless: no stored responses) over the shared pipeline (server/pipeline.py)."""
 
 from __future__ import annotations
 
@@ -13,9 +13,8 @@ from revolta.server.errors import APIError
 from revolta.server.generation import Delta
 from revolta.server.openai.protocol import ChatCompletionRequest, ResponsesRequest, SamplingFields
 from revolta.server.job import Choice, Job
-from revolta.server.openai.serving import OpenAIServing
-from revolta.server.parsers.reasoning import ReasoningRouter, prompt_opens_reasoning
-from revolta.server.parsers.tools import assemble, make_tool_parser
+from revolta.server.pipeline import Pipeline
+from revolta.server.parsers.tools import assemble
 from revolta.server.streaming import EventStream
 
 
@@ -36,8 +35,8 @@ def _new_id(prefix: str) -> str:
 
 
 class ResponsesServing:
-    def __init__(self, chat: OpenAIServing):
-        self.chat = chat
+    def __init__(self, pipeline: Pipeline):
+        self.p = pipeline
 
     def to_chat(self, req: ResponsesRequest) -> ChatCompletionRequest:
         if req.previous_response_id:
@@ -69,7 +68,7 @@ class ResponsesServing:
             elif kind == "function_call_output":
                 messages.append({"role": "tool", "tool_call_id": item["call_id"], "content": _text(item["output"])})
             elif kind == "reasoning":
-                pending_reasoning += "".join(p.get("text") or "" for p in (item.get("content") or []) + item["summary"])
+                pending_reasoning += "".join(part.get("text") or "" for part in (item.get("content") or []) + item["summary"])
             else:
                 raise APIError(400, f"input items of type '{kind}' are not supported", param="input")
         tools = []
@@ -88,25 +87,22 @@ class ResponsesServing:
         )
 
     async def create(self, req: ResponsesRequest, raw: Request | None = None):
-        model = self.chat.check_model(req.model)
-        return await self.chat.run_job(raw, 1, lambda job: self._create(req, job, model))
+        model = self.p.check_model(req.model)
+        return await self.p.run_job(raw, 1, lambda job: self._create(req, job, model))
 
     async def _create(self, req: ResponsesRequest, job: Job, model: str):
-        chat = self.chat
+        p = self.p
         creq = self.to_chat(req)
-        _, prompt_ids, tools, thinking = await chat.render_chat(creq)
+        _, prompt_ids, tools, thinking = await p.render_chat(creq)
         fields = SamplingFields(temperature=req.temperature, top_p=req.top_p)
-        params = chat.sampling(fields, len(prompt_ids), req.max_output_tokens, None)
-        rt = chat.reasoning_tokens
-        router = (lambda: ReasoningRouter(rt, prompt_opens_reasoning(prompt_ids, rt), enabled=thinking)) if rt else (lambda: None)
-        parser = (lambda: make_tool_parser(chat.opts.tool_call_parser, tools)) if tools else (lambda: None)
-        (c,) = job.start(prompt_ids, params, 0, 0, router, parser)
+        params = p.sampling(fields, len(prompt_ids), req.max_output_tokens, None)
+        (c,) = job.start(prompt_ids, params, 0, 0, *p.parsers(prompt_ids, tools, thinking))
         head = {"id": _new_id("resp"), "object": "response", "created_at": int(time.time()), "model": model,
                 "parallel_tool_calls": req.parallel_tool_calls, "tool_choice": req.tool_choice or "auto",
                 "tools": [t.model_dump(exclude_none=True) for t in req.tools or []], "instructions": req.instructions, "max_output_tokens": req.max_output_tokens,
                 "temperature": req.temperature, "top_p": req.top_p}
         if not req.stream:
-            return await chat.complete(job, lambda: self.final(head, job, self.items(c, req.parallel_tool_calls)))
+            return await p.complete(job, lambda: self.final(head, job, self.items(c, req.parallel_tool_calls)))
         return EventStream(self.events(head, job, req.parallel_tool_calls), on_close=job.close)
 
     def items(self, c: Choice, parallel: bool, ids: dict[str, str] | None = None) -> list[dict]:

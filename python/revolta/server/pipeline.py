@@ -1,0 +1,168 @@
+"""The request pipeline the three APIs share (OpenAI chat and completions, Responses, Anthropic
+Messages): model names, the chat prompt (templated and tokenized in a worker thread), sampling
+parameters with the context checks, admission, and jobs that drive engine requests."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Awaitable, Callable
+
+from fastapi import Request
+from fastapi.responses import JSONResponse
+
+from revolta.config import ServerOptions
+from revolta.models.tokenizer import ChatTemplateError, Tokenizer
+from revolta.sampling_params import SamplingParams
+from revolta.server.async_engine import AsyncEngine
+from revolta.server.errors import APIError
+from revolta.server.job import Admission, Job
+from revolta.server.metrics import Metrics
+from revolta.server.openai.protocol import ChatCompletionRequest, SamplingFields
+from revolta.server.parsers.reasoning import ReasoningRouter, prompt_opens_reasoning, qwen3_reasoning_tokens
+from revolta.server.parsers.tools import make_tool_parser
+
+# Template variables the server sets itself; chat_template_kwargs may not override them.
+_RESERVED_TEMPLATE_VARS = frozenset({"messages", "tools", "add_generation_prompt", "bos_token", "eos_token"})
+
+
+class Pipeline:
+    def __init__(self, engine: AsyncEngine, tokenizer: Tokenizer, served_names: list[str], options: ServerOptions, metrics: Metrics):
+        self.engine = engine
+        self.tok = tokenizer
+        self.served_names = served_names
+        self.opts = options
+        self.metrics = metrics
+        self.max_model_len = engine.model_info.max_model_len
+        # Every token decodes to at most max_token_chars characters, so a text longer than this
+        # holds more than max_model_len tokens (x2: normalizers that drop characters).
+        self.max_prompt_chars = 2 * self.max_model_len * tokenizer.max_token_chars
+        self.reasoning_tokens = qwen3_reasoning_tokens(tokenizer) if options.reasoning_parser == "qwen3" else None
+        limit = options.max_waiting_requests
+        self.admission = Admission(engine.max_num_seqs + limit if limit else None)
+
+    def check_model(self, model: str | None) -> str:
+        if model is None or model in self.served_names:
+            return self.served_names[0]
+        raise APIError(404, f"The model `{model}` does not exist.", param="model", code="model_not_found")
+
+    async def run_job(self, raw: Request | None, slots: int, handler: Callable[[Job], Awaitable]):
+        """Runs handler with a new job (admitted for `slots` engine requests). The job ends when
+        the handler fails or completes a non-streaming response; a stream ends it as it closes."""
+        job = Job(self, raw, slots)
+        try:
+            return await handler(job)
+        except BaseException:
+            job.close()
+            raise
+
+    def context_error(self, prompt_len: int, param: str = "messages") -> APIError:
+        return APIError(400, f"This model's maximum context length is {self.max_model_len} tokens. However, your prompt has "
+                             f"{prompt_len} tokens, which leaves no room for the completion.", param=param)
+
+    async def encode(self, text: str, add_special_tokens: bool, param: str) -> list[int]:
+        """Tokenizes in a worker thread (a long text would stall every stream on the event loop)."""
+        if len(text) > self.max_prompt_chars:
+            raise APIError(400, f"This model's maximum context length is {self.max_model_len} tokens. However, your prompt has "
+                                f"{len(text)} characters, more than that many tokens can hold.", param=param)
+        return await asyncio.to_thread(self.tok.encode, text, add_special_tokens)
+
+    def sampling(self, req: SamplingFields, prompt_len: int, max_tokens: int | None, logprobs: int | None) -> SamplingParams:
+        if prompt_len >= self.max_model_len:
+            raise self.context_error(prompt_len)
+        room = self.max_model_len - prompt_len
+        if max_tokens is not None and max_tokens > room:
+            raise APIError(
+                400,
+                f"This model's maximum context length is {self.max_model_len} tokens. However, you requested "
+                f"{prompt_len + max_tokens} tokens ({prompt_len} in the prompt, {max_tokens} for the completion).",
+                param="max_tokens",
+            )
+        stop = [req.stop] if isinstance(req.stop, str) else list(req.stop or [])
+        try:
+            return SamplingParams(
+                n=req.n,
+                temperature=1.0 if req.temperature is None else req.temperature,
+                top_p=1.0 if req.top_p is None else req.top_p,
+                top_k=req.top_k or 0,
+                min_p=req.min_p or 0.0,
+                presence_penalty=req.presence_penalty or 0.0,
+                frequency_penalty=req.frequency_penalty or 0.0,
+                repetition_penalty=1.0 if req.repetition_penalty is None else req.repetition_penalty,
+                seed=req.seed,
+                max_tokens=max_tokens if max_tokens is not None else room,
+                min_tokens=min(req.min_tokens, max_tokens or room),
+                stop=stop,
+                stop_token_ids=list(req.stop_token_ids or []),
+                include_stop_str_in_output=req.include_stop_str_in_output,
+                ignore_eos=req.ignore_eos,
+                logprobs=logprobs,
+                skip_special_tokens=req.skip_special_tokens,
+            )
+        except ValueError as e:
+            raise APIError(400, str(e)) from e
+
+    def token_text(self, t: int) -> str:
+        return self.tok.decode([t], skip_special_tokens=False)
+
+    async def complete(self, job: Job, build) -> JSONResponse:
+        """A non-streaming response: drives the job to its end, then builds the body."""
+        try:
+            await job.run()
+            return JSONResponse(build())
+        finally:
+            job.close()
+
+    def render_chat_text(self, req: ChatCompletionRequest) -> tuple[str, list[dict] | None, bool]:
+        tool_choice = req.tool_choice
+        if isinstance(tool_choice, dict) or tool_choice not in (None, "none", "auto"):
+            raise APIError(400, f"tool_choice {json.dumps(tool_choice)} is not supported; use 'auto' or 'none'", param="tool_choice")
+        tools = [t.model_dump(exclude_none=True) for t in req.tools or []]
+        use_tools = bool(tools) and tool_choice != "none"
+        if use_tools and not self.opts.tool_call_parser:
+            raise APIError(400, "tools need a tool-call parser: start the server with --tool-call-parser", param="tools")
+        messages = []
+        for m in req.messages:
+            d = m.model_dump(exclude_none=True)
+            if isinstance(d.get("content"), list):
+                parts = d["content"]
+                if any(p.get("type") != "text" for p in parts):
+                    raise APIError(400, "only text content parts are supported", param="messages")
+                d["content"] = "".join(p.get("text") or "" for p in parts)
+            for call in d.get("tool_calls") or []:
+                fn = call["function"]
+                if isinstance(fn["arguments"], str):
+                    try:
+                        fn["arguments"] = json.loads(fn["arguments"])
+                    except ValueError:
+                        pass
+            messages.append(d)
+        kwargs = dict(req.chat_template_kwargs or {})
+        reserved = sorted(_RESERVED_TEMPLATE_VARS & set(kwargs))
+        if reserved:
+            raise APIError(400, f"chat_template_kwargs may not set {', '.join(reserved)} (the server sets them)", param="chat_template_kwargs")
+        try:
+            text = self.tok.apply_chat_template(messages, add_generation_prompt=req.add_generation_prompt, tools=tools if use_tools else None, **kwargs)
+        except ChatTemplateError as e:
+            raise APIError(400, str(e), param="messages") from e
+        thinking = bool(kwargs.get("enable_thinking", True))
+        return text, tools if use_tools else None, thinking
+
+    async def render_chat(self, req: ChatCompletionRequest) -> tuple[str, list[int], list[dict] | None, bool]:
+        """The prompt text and ids, the tools in use and whether thinking is on; templating and
+        tokenizing run in a worker thread."""
+        text, tools, thinking = await asyncio.to_thread(self.render_chat_text, req)
+        return text, await self.encode(text, False, "messages"), tools, thinking
+
+    def parsers(self, prompt_ids: list[int], tools: list[dict] | None, thinking: bool) -> tuple[Callable, Callable]:
+        """Factories of each choice's reasoning router and tool parser (or of None)."""
+        rt = self.reasoning_tokens
+        router = (lambda: ReasoningRouter(rt, prompt_opens_reasoning(prompt_ids, rt), enabled=thinking)) if rt else (lambda: None)
+        tool = (lambda: make_tool_parser(self.opts.tool_call_parser, tools)) if tools else (lambda: None)
+        return router, tool
+
+    async def decode(self, ids: list[int], param: str = "prompt") -> str:
+        bad = [t for t in ids if t >= max(self.engine.model_info.vocab_size, self.tok.vocab_size)]
+        if bad:
+            raise APIError(400, f"token id {bad[0]} is outside the vocabulary", param=param)
+        return await asyncio.to_thread(self.tok.decode, ids, False)
