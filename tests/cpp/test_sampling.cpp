@@ -1,9 +1,14 @@
-// The two forms of sampling draw from the same distribution: the host sampler (sorted walk,
-// sample/sampler.cpp) and the threshold form of ops::sample (index-order walk; the reference
-// of the device kernel). Kept sets must be equal and frequencies close.
+// Two forms of sampling draw from the same distribution: a sorted walk over the candidates
+// (reference_sample, below) and the threshold form of ops::sample (index-order walk), which the
+// engine uses on every device and which is the reference of the CUDA kernel. Kept sets must be
+// equal and frequencies close.
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
+#include <limits>
 #include <map>
+#include <numeric>
+#include <unordered_map>
 #include <random>
 #include <set>
 #include <vector>
@@ -15,6 +20,91 @@
 using namespace revolta;
 
 namespace {
+
+// The sorted-walk form of the sampler, as the engine had it before ops::sample served every
+// device: an independent second implementation of the same distribution.
+int32_t reference_sample(const float* logits, int32_t V, const SamplingContext& ctx) {
+  const SamplingParams& p = *ctx.params;
+  const auto& toks = *ctx.tokens;
+  std::vector<float> w(logits, logits + V);
+
+  const int32_t n_out = int32_t(toks.size()) - ctx.num_prompt_tokens;
+  if (n_out < p.min_tokens) {
+    if (!p.ignore_eos)
+      for (int32_t e : *ctx.eos_token_ids)
+        if (e >= 0 && e < V) w[size_t(e)] = -std::numeric_limits<float>::infinity();
+    for (int32_t s : p.stop_token_ids)
+      if (s >= 0 && s < V) w[size_t(s)] = -std::numeric_limits<float>::infinity();
+  }
+  if (p.repetition_penalty != 1.0f) {
+    std::vector<char> seen(size_t(V), 0);
+    for (int32_t t : toks)
+      if (t >= 0 && t < V && !seen[size_t(t)]) {
+        seen[size_t(t)] = 1;
+        float& x = w[size_t(t)];
+        x = x > 0 ? x / p.repetition_penalty : x * p.repetition_penalty;
+      }
+  }
+  if (p.presence_penalty != 0.0f || p.frequency_penalty != 0.0f) {
+    std::unordered_map<int32_t, int32_t> counts;
+    for (size_t i = size_t(ctx.num_prompt_tokens); i < toks.size(); ++i) ++counts[toks[i]];
+    for (const auto& [t, c] : counts)
+      if (t >= 0 && t < V) w[size_t(t)] -= p.frequency_penalty * float(c) + p.presence_penalty;
+  }
+
+  struct {
+    int32_t token;
+  } out{};
+  if (p.temperature <= 1e-5f) {
+    out.token = int32_t(std::max_element(w.begin(), w.end()) - w.begin());
+  } else {
+    for (auto& x : w) x /= p.temperature;
+    // Candidates sorted by logit, best first; top-k cuts the list before any softmax.
+    std::vector<int32_t> idx(static_cast<size_t>(V));
+    std::iota(idx.begin(), idx.end(), 0);
+    auto better = [&](int32_t a, int32_t b) { return w[size_t(a)] > w[size_t(b)] || (w[size_t(a)] == w[size_t(b)] && a < b); };
+    int32_t k = (p.top_k > 0 && p.top_k < V) ? p.top_k : V;
+    if (k < V) {
+      std::nth_element(idx.begin(), idx.begin() + k, idx.end(), better);
+      idx.resize(size_t(k));
+    }
+    std::sort(idx.begin(), idx.end(), better);
+    const float mx = w[size_t(idx[0])];
+    std::vector<double> prob(idx.size());
+    double sum = 0.0;
+    for (size_t i = 0; i < idx.size(); ++i) sum += prob[i] = std::exp(double(w[size_t(idx[i])] - mx));
+    size_t keep = idx.size();
+    if (p.top_p < 1.0f) {
+      double cum = 0.0;
+      for (size_t i = 0; i < idx.size(); ++i) {
+        cum += prob[i] / sum;
+        if (cum >= double(p.top_p)) {
+          keep = i + 1;
+          break;
+        }
+      }
+    }
+    if (p.min_p > 0.0f) {
+      const double floor = double(p.min_p) * prob[0];  // prob[0] is the max
+      size_t j = 0;
+      while (j < keep && prob[j] >= floor) ++j;
+      keep = std::max<size_t>(j, 1);
+    }
+    double kept = 0.0;
+    for (size_t i = 0; i < keep; ++i) kept += prob[i];
+    double u = ctx.rng->uniform() * kept, acc = 0.0;
+    out.token = idx[keep - 1];
+    for (size_t i = 0; i < keep; ++i) {
+      acc += prob[i];
+      if (u < acc) {
+        out.token = idx[i];
+        break;
+      }
+    }
+  }
+  return out.token;
+}
+
 
 struct Case {
   float temperature, top_p, min_p, repetition, presence, frequency;
@@ -39,7 +129,7 @@ void check_case(const Case& c, uint64_t seed) {
   for (int i = 0; i < n; ++i) {
     Rng rng(seed * 1000003ull + uint64_t(i));
     SamplingContext ctx{&p, &tokens, 2, &eos, &rng};
-    ++host[sample_token(logits.ptr<float>(), V, ctx).token];
+    ++host[reference_sample(logits.ptr<float>(), V, ctx)];
   }
   ops::SampleRow row;
   row.temperature = c.temperature, row.top_p = c.top_p, row.min_p = c.min_p, row.top_k = c.top_k;

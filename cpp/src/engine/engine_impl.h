@@ -100,7 +100,6 @@ struct Engine::Impl {
   void deliver();
   void finish(Request& r, FinishReason reason, int32_t stop_token = -1);
   void publish_stats();
-  std::vector<TokenOutput> sample_on_device(const Tensor& logits, const std::vector<Request*>& rows);
 };
 
 }  // namespace revolta

@@ -10,56 +10,6 @@
 
 namespace revolta {
 
-// Sampling rows for ops::sample: the per-token adjustments (min_tokens masks, penalties) are
-// listed from the request's tokens here; the draw's uniform comes from the request's generator,
-// one per non-greedy sample as on the host.
-std::vector<TokenOutput> Engine::Impl::sample_on_device(const Tensor& logits, const std::vector<Request*>& reqs) {
-  std::vector<ops::SampleRow> rows;
-  std::vector<ops::SampleAdjust> adjust;
-  const int32_t V = model_cfg.vocab_size;
-  for (Request* r : reqs) {
-    const SamplingParams& p = r->params;
-    ops::SampleRow row;
-    row.temperature = p.temperature;
-    row.top_p = p.top_p;
-    row.top_k = p.top_k;
-    row.min_p = p.min_p;
-    row.repetition_penalty = p.repetition_penalty;
-    row.presence_penalty = p.presence_penalty;
-    row.frequency_penalty = p.frequency_penalty;
-    row.num_logprobs = p.logprobs;
-    row.adjust_begin = int32_t(adjust.size());
-    std::map<int32_t, ops::SampleAdjust> by_token;
-    if (r->num_output_tokens() < p.min_tokens) {
-      if (!p.ignore_eos)
-        for (int32_t e : model_cfg.eos_token_ids) by_token[e].masked = 1;
-      for (int32_t t : p.stop_token_ids) by_token[t].masked = 1;
-    }
-    if (p.repetition_penalty != 1.0f)
-      for (int32_t t : r->tokens) by_token[t].seen = 1;
-    if (p.presence_penalty != 0.0f || p.frequency_penalty != 0.0f)
-      for (size_t i = size_t(r->num_prompt_tokens); i < r->tokens.size(); ++i) ++by_token[r->tokens[i]].out_count;
-    for (auto& [t, a] : by_token)
-      if (t >= 0 && t < V) {
-        a.token = t;
-        adjust.push_back(a);
-      }
-    row.adjust_end = int32_t(adjust.size());
-    if (p.temperature > 1e-5f) row.uniform = float(r->rng.uniform());
-    rows.push_back(row);
-  }
-  std::vector<ops::SampleResult> res;
-  ops::sample(logits, rows, adjust, res);
-  std::vector<TokenOutput> out(res.size());
-  for (size_t i = 0; i < res.size(); ++i) {
-    out[i].token = res[i].token;
-    out[i].logprob = res[i].logprob;
-    for (int32_t j = 0; j < std::min(reqs[i]->params.logprobs, int32_t(ops::kMaxTopLogprobs)); ++j)
-      out[i].top_logprobs.push_back({res[i].top_ids[j], res[i].top_logprobs[j]});
-  }
-  return out;
-}
-
 void Engine::Impl::commit(const std::vector<ScheduledRequest>& scheduled) {
   for (const auto& s : scheduled) {
     Request& r = *s.request;
@@ -214,23 +164,14 @@ void Engine::Impl::step(bool may_run_ahead) {
 }
 
 // Sampling of a step whose rows are not all plain greedy on a device (or any step on the CPU
-// without async scheduling): the device sampler, or the logits rows on the host.
+// without async scheduling): one semantics on every device (sample/sampler.h).
 void Engine::Impl::sample_now(StepLogits& result) {
-  const int32_t V = model_cfg.vocab_size;
-  Tensor logits = result.logits;
-  std::vector<TokenOutput> device_sampled;
-  if (logits.device() != Device::kCPU && !result.samplers.empty()) {
-    const bool wants_logits = std::any_of(result.samplers.begin(), result.samplers.end(),
-                                          [](const Request* r) { return r->params.return_generation_logits; });
-    if (!wants_logits) device_sampled = sample_on_device(logits, result.samplers);
-    else logits = logits.to(Device::kCPU);  // raw rows are returned: sample them on the host too
-  }
-  for (size_t i = 0; i < result.samplers.size(); ++i) {
-    Request& r = *result.samplers[i];
-    SamplingContext ctx{&r.params, &r.tokens, r.num_prompt_tokens, &model_cfg.eos_token_ids, &r.rng};
-    accept(r, !device_sampled.empty() ? std::move(device_sampled[i])
-                                      : sample_token(logits.ptr<float>() + int64_t(i) * V, V, ctx));
-  }
+  std::vector<SamplingContext> rows;
+  rows.reserve(result.samplers.size());
+  for (Request* r : result.samplers)
+    rows.push_back({&r->params, &r->tokens, r->num_prompt_tokens, &model_cfg.eos_token_ids, &r->rng});
+  std::vector<TokenOutput> sampled = sample_rows(result.logits, rows);
+  for (size_t i = 0; i < result.samplers.size(); ++i) accept(*result.samplers[i], std::move(sampled[i]));
 }
 
 }  // namespace revolta

@@ -1,10 +1,15 @@
-// Token sampling for one request row of logits: logprobs of the raw distribution, then
-// min_tokens masking, penalties, temperature, top-k, top-p, min-p and a seeded draw.
+// The engine's one sampling semantics, on every device. Each request's row of logits gets its
+// adjustments listed from the request's tokens (min_tokens masks of EOS / stop tokens,
+// repetition / presence / frequency penalties), then ops::sample applies temperature, top-k,
+// top-p and min-p and draws at the request's next uniform (one per non-greedy sample, from its
+// seeded Rng). The CPU implementation of ops::sample is the reference of the CUDA kernel, so a
+// seeded request draws the same tokens on both devices where their logits agree.
 #pragma once
 
 #include <cstdint>
 #include <vector>
 
+#include "core/tensor.h"
 #include "revolta/engine.h"
 #include "sample/rng.h"
 
@@ -18,7 +23,8 @@ struct SamplingContext {
   Rng* rng;
 };
 
-// logits: one row of vocab floats (not modified).
-TokenOutput sample_token(const float* logits, int32_t vocab, const SamplingContext& ctx);
+// logits: [rows, vocab] on any device; one token per row (with logprobs, and the raw row when
+// return_generation_logits asks for it).
+std::vector<TokenOutput> sample_rows(const Tensor& logits, const std::vector<SamplingContext>& rows);
 
 }  // namespace revolta
