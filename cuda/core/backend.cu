@@ -384,42 +384,27 @@ int blocks_per_sm(const void* kernel, int threads, size_t smem) {
   return n;
 }
 
+namespace {
+
+// The expert kernels (moe/) read fp16 weights in 8-element vectors of both dimensions.
+bool takes(ops::Op op, const ops::OpShape& s) {
+  switch (op) {
+    case ops::Op::kMoeExperts:
+    case ops::Op::kMoeRouteExperts:
+      return s.weight == DType::kF16 && s.rows % 8 == 0 && s.cols % 8 == 0;
+    default:
+      return true;
+  }
+}
+
+}  // namespace
+
 const ops::OpTable* table() {
   static const ops::OpTable t = [] {
-    ops::OpTable o;
-    o.embedding = &embedding;
-    o.rms_norm = &rms_norm;
-    o.add_rms_norm = &add_rms_norm;
-    o.silu_mul = &silu_mul;
-    o.rope = &rope;
-    o.linear = &linear;
-    o.paged_attention = &paged_attention;
-    o.kv_cache_write = &kv_cache_write;
-    o.gather_rows = &gather_rows;
-    o.copy_columns = &copy_columns;
-    o.transpose = &transpose;
-    o.fill_uniform = &fill_uniform;
-    o.argmax = &argmax;
-    o.qkv_rope_cache = &qkv_rope_cache;
-    o.qkv_rope_attention = &qkv_rope_attention;
-    o.sample = &sample;
-    o.linear_swiglu = &linear_swiglu;
-    o.gated_delta_rule = &gated_delta_rule;
-    o.causal_conv1d = &causal_conv1d;
-    o.l2_norm = &l2_norm;
-    o.gated_rms_norm = &gated_rms_norm;
-    o.sigmoid_mul = &sigmoid_mul;
-    o.gdn_gates = &gdn_gates;
-    o.scatter_add_rows = &scatter_add_rows;
-    o.add_gated_rows = &add_gated_rows;
-    o.moe_topk = &moe_topk;
-    o.moe_experts = &moe_experts;
-    o.moe_route = &moe_route;
-    o.moe_route_experts = &moe_route_experts;
-    o.gdn_decode = &gdn_decode;
-    o.linear_scaled = &linear_scaled;
-    o.gdn_split_qkv = &gdn_split_qkv;
-    return o;
+    ops::OpTable table;
+    REVOLTA_OPS(REVOLTA_TABLE_ENTRY)
+    table.takes = &takes;
+    return table;
   }();
   return &t;
 }

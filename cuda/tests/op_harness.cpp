@@ -110,7 +110,7 @@ void test_embedding(int64_t vocab, int64_t hidden, int64_t T, DType dt) {
   Tensor ids = Tensor::empty({T}, DType::kI32);
   for (int64_t i = 0; i < T; ++i) ids.ptr<int32_t>()[i] = int32_t((i * 7919) % vocab);
   Tensor ref = Tensor::empty({T, hidden}, DType::kF32);
-  ops::cpu::embedding(ids, table, ref);
+  ops::cpu::embedding(ids, table, ref, nullptr);
   Tensor dout = Tensor::empty({T, hidden}, DType::kF32, Device::kCUDA);
   Tensor dids = cuda::to_device(ids), dtab = cuda::to_device(table);
   ops::embedding(dids, dtab, dout);
@@ -536,8 +536,8 @@ void test_gated_delta_rule(std::vector<int32_t> lens, int64_t Hk, int64_t Hv, in
   std::memcpy(s_ref.data(), s0.data(), s0.nbytes());
   std::memcpy(s_chunk.data(), s0.data(), s0.nbytes());
   Tensor ref = Tensor::empty({T, Hv, Dv}, DType::kF32), ref_chunk = Tensor::empty({T, Hv, Dv}, DType::kF32);
-  ops::cpu::gated_delta_rule_seqs(q, k, v, g, beta, s_ref, starts, sl, ref, 0);
-  ops::cpu::gated_delta_rule_seqs(q, k, v, g, beta, s_chunk, starts, sl, ref_chunk, 64);
+  ops::cpu::gated_delta_rule(q, k, v, g, beta, s_ref, starts, sl, ref, 0);
+  ops::cpu::gated_delta_rule(q, k, v, g, beta, s_chunk, starts, sl, ref_chunk, 64);
   Tensor ds = cuda::to_device(s0), dout = Tensor::empty({T, Hv, Dv}, DType::kF32, Device::kCUDA);
   Tensor dq = cuda::to_device(q), dk = cuda::to_device(k), dv = cuda::to_device(v), dg = cuda::to_device(g),
          db = cuda::to_device(beta), dst = cuda::to_device(starts), dsl = cuda::to_device(sl);
@@ -618,7 +618,7 @@ void test_gdn_decode(std::vector<int32_t> lens, int64_t Hk, int64_t Hv, int64_t 
   Tensor ref = Tensor::empty({T, Hv * Dv}, DType::kF32), dout = Tensor::empty({T, Hv * Dv}, DType::kF32, Device::kCUDA);
   const ops::GdnWeights hw{&proj, &conv, &neg_a, &dtb, &nw, 1e-6f};
   const Tensor cs0 = host_copy(cs), ss0 = host_copy(ss);  // (deferred's start)
-  ops::cpu::gdn_decode(pad ? nullptr : &x, fused, hw, cs, ss, starts, sl, ref);
+  ops::cpu::gdn_decode(pad ? nullptr : &x, fused, hw, cs, ss, starts, sl, ref, nullptr);
   Tensor dconv = cuda::to_device(conv), dna = cuda::to_device(neg_a), ddt = cuda::to_device(dtb), dnw = cuda::to_device(nw);
   Tensor dproj = cuda::to_device(proj), dx = cuda::to_device(x);
   const ops::GdnWeights dw{&dproj, &dconv, &dna, &ddt, &dnw, 1e-6f};
@@ -669,7 +669,7 @@ void test_conv_and_norms(int64_t T, int64_t C, int64_t W, bool silu, int64_t ext
   Tensor x = random_tensor({T + 2, C + extra_columns}), w = random_tensor({C, W}), st = random_tensor({3, C, W - 1});
   Tensor st_ref = Tensor::empty(st.shape(), DType::kF32), ref = Tensor::empty({T + 2, C}, DType::kF32);
   std::memcpy(st_ref.data(), st.data(), st.nbytes());
-  ops::cpu::causal_conv1d_seqs(x, w, st_ref, starts, sl, ref, silu);
+  ops::cpu::causal_conv1d(x, w, st_ref, starts, sl, ref, silu);
   Tensor dst = cuda::to_device(st), dout = Tensor::empty({T + 2, C}, DType::kF32, Device::kCUDA);
   ops::causal_conv1d(cuda::to_device(x), cuda::to_device(w), dst, cuda::to_device(starts), cuda::to_device(sl), dout, silu);
   report("causal_conv1d T" + std::to_string(T) + "+1+pad C" + std::to_string(C) + " of " + std::to_string(C + extra_columns) +
@@ -900,7 +900,7 @@ void test_moe_route_experts(int64_t T, int64_t E, int64_t K, int64_t H, int64_t 
   Tensor res_ref = Tensor::empty({T, H}, DType::kF32);
   std::memcpy(res_ref.data(), res.data(), res.nbytes());
   const ops::ResidualNorm cpu_first{&res_ref, &nw, 1e-6f, &normed}, cpu_then{&res_ref, &nw2, 1e-6f, &normed};
-  ops::cpu::moe_route_experts(x, router, E, true, cpu_first, ids, w, ex.host, out, with_then ? &cpu_then : nullptr);
+  ops::cpu::moe_route_experts(x, router, E, true, cpu_first, ids, w, ex.host, out, with_then ? &cpu_then : nullptr, nullptr);
   Tensor dx = cuda::to_device(x), dr = cuda::to_device(router), dnw = cuda::to_device(nw), dnw2 = cuda::to_device(nw2);
   Tensor dres, dnormed = Tensor::empty({T, H}, DType::kF32, Device::kCUDA), dout = Tensor::empty({T, H}, DType::kF32, Device::kCUDA);
   Tensor dids = Tensor::empty(ids.shape(), DType::kI32, Device::kCUDA), dw = Tensor::empty(w.shape(), DType::kF32, Device::kCUDA);

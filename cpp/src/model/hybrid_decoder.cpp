@@ -21,7 +21,6 @@
 #include "model/decoder_common.h"
 #include "model/hybrid_decoder.h"
 #include "model/moe_router.h"
-#include "ops/cpu/cpu_ops.h"
 
 namespace revolta {
 namespace {
@@ -294,8 +293,9 @@ class HybridDecoderLM final : public DecoderBase {
   }
 
   void build_expert_tables() {
-    const bool device_kernels = device_ != Device::kCPU && dtype_ == DType::kF16 && cfg_.hidden_size % 8 == 0 &&
-                                cfg_.moe_intermediate_size % 8 == 0;
+    const bool device_kernels =
+        device_ != Device::kCPU &&
+        ops::supports_op(device_, ops::Op::kMoeRouteExperts, {dtype_, cfg_.hidden_size, cfg_.moe_intermediate_size});
     // Past the device kernels' shape limits: host grouping only, no graphs.
     fused_expert_tokens_ = device_ == Device::kCPU ? 1 : device_kernels ? kFusedExpertTokensOnDevice : 0;
     for (Layer& L : layers_) {

@@ -1,6 +1,6 @@
 #include "model/moe_router.h"
 
-#include "ops/cpu/cpu_ops.h"
+#include "ops/ops.h"
 
 namespace revolta {
 
@@ -16,7 +16,7 @@ std::vector<std::vector<std::pair<int64_t, float>>> route_tokens(const float* lo
                                                                  int64_t K, bool renormalize) {
   const Tensor l = Tensor::wrap(const_cast<float*>(logits), {T, E}, DType::kF32, nullptr);
   Tensor ids = Tensor::uninitialized({T, K}, DType::kI32), w = Tensor::uninitialized({T, K}, DType::kF32);
-  ops::cpu::moe_topk(l, E, renormalize, ids, w);
+  ops::moe_topk(l, E, renormalize, ids, w);
   return group_by_expert(ids.ptr<int32_t>(), w.ptr<float>(), T, E, K);
 }
 

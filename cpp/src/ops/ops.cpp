@@ -30,14 +30,16 @@ void check_output_gate(const char* op, const Tensor& q, const OutputGate* gate) 
 }  // namespace
 
 const char* op_name(Op op) {
-  static const char* names[] = {"embedding", "rms_norm",       "add_rms_norm",   "linear",
-                                "rope",      "silu_mul",       "kv_cache_write", "paged_attention",
-                                "gather_rows", "copy_columns", "fill_uniform",   "argmax", "qkv_rope_cache", "sample", "linear_swiglu",
-                                "gated_delta_rule", "causal_conv1d", "l2_norm", "gated_rms_norm",
-                                "sigmoid_mul", "gdn_gates", "scatter_add_rows", "add_gated_rows", "moe_topk", "moe_experts", "gdn_split_qkv",
-                                "moe_route", "gdn_decode", "transpose", "moe_route_experts", "linear_scaled",
-                                "qkv_rope_attention"};
-  return names[int(op)];
+  switch (op) {
+#define REVOLTA_OP_NAME(Name, function, ...) \
+  case Op::k##Name:                          \
+    return #function;
+    REVOLTA_OPS(REVOLTA_OP_NAME)
+#undef REVOLTA_OP_NAME
+    case Op::kCount:
+      break;
+  }
+  return "?";
 }
 
 void register_backend(Device device, const OpTable* table) { g_tables[int(device)] = table; }
@@ -46,41 +48,21 @@ bool supports_op(Device device, Op op) {
   const OpTable* t = g_tables[int(device)];
   if (!t) return false;
   switch (op) {
-    case Op::kEmbedding: return t->embedding != nullptr;
-    case Op::kRmsNorm: return t->rms_norm != nullptr;
-    case Op::kAddRmsNorm: return t->add_rms_norm != nullptr;
-    case Op::kLinear: return t->linear != nullptr;
-    case Op::kRope: return t->rope != nullptr;
-    case Op::kSiluMul: return t->silu_mul != nullptr;
-    case Op::kKvCacheWrite: return t->kv_cache_write != nullptr;
-    case Op::kPagedAttention: return t->paged_attention != nullptr;
-    case Op::kGatherRows: return t->gather_rows != nullptr;
-    case Op::kCopyColumns: return t->copy_columns != nullptr;
-    case Op::kFillUniform: return t->fill_uniform != nullptr;
-    case Op::kArgmax: return t->argmax != nullptr;
-    case Op::kQkvRopeCache: return t->qkv_rope_cache != nullptr;
-    case Op::kSample: return t->sample != nullptr;
-    case Op::kLinearSwiglu: return t->linear_swiglu != nullptr;
-    case Op::kGatedDeltaRule: return t->gated_delta_rule != nullptr;
-    case Op::kCausalConv1d: return t->causal_conv1d != nullptr;
-    case Op::kL2Norm: return t->l2_norm != nullptr;
-    case Op::kGatedRmsNorm: return t->gated_rms_norm != nullptr;
-    case Op::kSigmoidMul: return t->sigmoid_mul != nullptr;
-    case Op::kGdnGates: return t->gdn_gates != nullptr;
-    case Op::kScatterAddRows: return t->scatter_add_rows != nullptr;
-    case Op::kAddGatedRows: return t->add_gated_rows != nullptr;
-    case Op::kMoeTopk: return t->moe_topk != nullptr;
-    case Op::kMoeExperts: return t->moe_experts != nullptr;
-    case Op::kGdnSplitQkv: return t->gdn_split_qkv != nullptr;
-    case Op::kMoeRoute: return t->moe_route != nullptr;
-    case Op::kGdnDecode: return t->gdn_decode != nullptr;
-    case Op::kTranspose: return t->transpose != nullptr;
-    case Op::kMoeRouteExperts: return t->moe_route_experts != nullptr;
-    case Op::kLinearScaled: return t->linear_scaled != nullptr;
-    case Op::kQkvRopeAttention: return t->qkv_rope_attention != nullptr;
-    case Op::kCount: break;
+#define REVOLTA_OP_SUPPORTED(Name, function, ...) \
+  case Op::k##Name:                               \
+    return t->function != nullptr;
+    REVOLTA_OPS(REVOLTA_OP_SUPPORTED)
+#undef REVOLTA_OP_SUPPORTED
+    case Op::kCount:
+      break;
   }
   return false;
+}
+
+bool supports_op(Device device, Op op, const OpShape& shape) {
+  if (!supports_op(device, op)) return false;
+  const OpTable* t = g_tables[int(device)];
+  return !t->takes || t->takes(op, shape);
 }
 
 void set_cpu_thread_pool(ThreadPool* pool) { t_pool = pool; }

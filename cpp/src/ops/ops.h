@@ -7,9 +7,11 @@
 #pragma once
 
 #include <cstdint>
+#include <type_traits>
 #include <vector>
 
 #include "core/tensor.h"
+#include "ops/op_list.h"
 
 namespace revolta {
 class ThreadPool;
@@ -134,96 +136,35 @@ struct SampleResult {
 };
 
 enum class Op {
-  kEmbedding,
-  kRmsNorm,
-  kAddRmsNorm,
-  kLinear,
-  kRope,
-  kSiluMul,
-  kKvCacheWrite,
-  kPagedAttention,
-  kGatherRows,
-  kCopyColumns,
-  kFillUniform,
-  kArgmax,
-  kQkvRopeCache,
-  kSample,
-  kLinearSwiglu,
-  kGatedDeltaRule,
-  kCausalConv1d,
-  kL2Norm,
-  kGatedRmsNorm,
-  kSigmoidMul,
-  kGdnGates,
-  kScatterAddRows,
-  kAddGatedRows,
-  kMoeTopk,
-  kMoeExperts,
-  kGdnSplitQkv,
-  kMoeRoute,
-  kGdnDecode,
-  kTranspose,
-  kMoeRouteExperts,
-  kLinearScaled,
-  kQkvRopeAttention,
+#define REVOLTA_OP_ENUM(Name, function, ...) k##Name,
+  REVOLTA_OPS(REVOLTA_OP_ENUM)
+#undef REVOLTA_OP_ENUM
   kCount
 };
 const char* op_name(Op op);
 
+// What an op would run on, for the backends whose kernels take only some weight formats or
+// shapes: the weights' element type and the sizes that constrain kernels (for the MoE ops:
+// hidden size and the experts' intermediate size).
+struct OpShape {
+  DType weight = DType::kF32;
+  int64_t rows = 0, cols = 0;
+};
+
+// A backend: one function pointer per op (null where the backend lacks it), and which shapes
+// its kernels take (null: every op it has takes every shape).
 struct OpTable {
-  void (*embedding)(const Tensor& ids, const Tensor& table, Tensor& out, const NormInto* norm) = nullptr;
-  void (*rms_norm)(const Tensor& x, const Tensor& weight, float eps, Tensor& out) = nullptr;
-  void (*add_rms_norm)(Tensor& residual, const Tensor& x, const Tensor& weight, float eps,
-                       Tensor& out) = nullptr;
-  void (*linear)(const Tensor& x, const Tensor& weight, const Tensor* bias, Tensor& out) = nullptr;
-  void (*rope)(Tensor& x, const Tensor& positions, const RopeTables& tables) = nullptr;
-  void (*silu_mul)(const Tensor& gate_up, Tensor& out) = nullptr;
-  void (*kv_cache_write)(const Tensor& k, const Tensor& v, const Tensor& slot_mapping,
-                         Tensor& k_cache, Tensor& v_cache) = nullptr;
-  void (*paged_attention)(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
-                          const AttentionBatch& batch, float scale, Tensor& out, const OutputGate* gate) = nullptr;
-  void (*gather_rows)(const Tensor& x, const Tensor& rows, Tensor& out) = nullptr;
-  void (*copy_columns)(const Tensor& src, int64_t first_column, Tensor& dst) = nullptr;
-  void (*fill_uniform)(Tensor& t, uint64_t seed, float lo, float hi) = nullptr;
-  void (*argmax)(const Tensor& x, Tensor& out) = nullptr;
-  void (*qkv_rope_cache)(const Tensor& qkv, const QkNorm& norm, const Tensor& positions, const RopeTables& rope,
-                         const Tensor& slot_mapping, Tensor& q, Tensor& k_cache, Tensor& v_cache) = nullptr;
-  void (*qkv_rope_attention)(const Tensor& qkv, const QkNorm& norm, const Tensor& positions, const RopeTables& rope,
-                             const Tensor& slot_mapping, Tensor& q, Tensor& k_cache, Tensor& v_cache,
-                             const AttentionBatch& batch, float scale, Tensor& out, const OutputGate* gate) = nullptr;
-  void (*linear_swiglu)(const Tensor& x, const Tensor& gate_up_weight, Tensor& act) = nullptr;
-  void (*gated_delta_rule)(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& g, const Tensor& beta,
-                           Tensor& states, const Tensor& seq_starts, const Tensor& seq_slots, Tensor& out,
-                           int32_t chunk_size) = nullptr;
-  void (*causal_conv1d)(const Tensor& x, const Tensor& weight, Tensor& conv_states, const Tensor& seq_starts,
-                        const Tensor& seq_slots, Tensor& out, bool silu) = nullptr;
-  void (*l2_norm)(Tensor& x, int64_t dim, float eps) = nullptr;
-  void (*gated_rms_norm)(const Tensor& x, const Tensor& gate, int64_t gate_column, const Tensor& weight, float eps,
-                         Tensor& out) = nullptr;
-  void (*sigmoid_mul)(Tensor& x, const Tensor& gate, int64_t gate_column) = nullptr;
-  void (*gdn_gates)(const Tensor& fused, int64_t first_column, const Tensor& neg_a, const Tensor& dt_bias, Tensor& beta,
-                    Tensor& g) = nullptr;
-  void (*scatter_add_rows)(Tensor& out, const Tensor& rows, const Tensor& weights, const Tensor& y) = nullptr;
-  void (*add_gated_rows)(Tensor& out, const Tensor& y, const Tensor& gate) = nullptr;
-  void (*moe_topk)(const Tensor& logits, int64_t num_experts, bool renormalize, Tensor& ids, Tensor& weights) = nullptr;
-  void (*moe_experts)(const Tensor& x, const Tensor& ids, const Tensor& weights, const ExpertTable& experts,
-                      Tensor& out, const ResidualNorm* then) = nullptr;
-  void (*moe_route)(const Tensor& x, const Tensor& router, int64_t num_experts, bool renormalize, Tensor& ids,
-                    Tensor& weights, const ResidualNorm* first) = nullptr;
-  void (*moe_route_experts)(const Tensor& x, const Tensor& router, int64_t num_experts, bool renormalize,
-                            const ResidualNorm& first, Tensor& ids, Tensor& weights, const ExpertTable& experts,
-                            Tensor& out, const ResidualNorm* then, const Tensor* warm) = nullptr;
-  void (*gdn_decode)(const Tensor* x, Tensor& fused, const GdnWeights& w, Tensor& conv_states, Tensor& states,
-                     const Tensor& seq_starts, const Tensor& seq_slots, Tensor& out, Tensor* squares) = nullptr;
-  void (*linear_scaled)(const Tensor& x, const GroupScale& scale, const Tensor& weight, Tensor& out) = nullptr;
-  void (*gdn_split_qkv)(const Tensor& mixed, float eps, Tensor& q, Tensor& k, Tensor& v) = nullptr;
-  void (*transpose)(const Tensor& x, Tensor& out) = nullptr;
-  void (*sample)(const Tensor& logits, const std::vector<SampleRow>& rows, const std::vector<SampleAdjust>& adjust,
-                 std::vector<SampleResult>& out) = nullptr;
+#define REVOLTA_OP_POINTER(Name, function, ...) std::add_pointer_t<__VA_ARGS__> function = nullptr;
+  REVOLTA_OPS(REVOLTA_OP_POINTER)
+#undef REVOLTA_OP_POINTER
+  bool (*takes)(Op op, const OpShape& shape) = nullptr;
 };
 
 void register_backend(Device device, const OpTable* table);
 bool supports_op(Device device, Op op);
+// Whether the device's kernel for op takes these weights and sizes: where a model chooses between
+// a backend's kernel and another path, it asks here (the backend's policy stays in the backend).
+bool supports_op(Device device, Op op, const OpShape& shape);
 
 // The CPU ops run their parallel sections on this pool (per calling thread; null = inline).
 void set_cpu_thread_pool(ThreadPool* pool);

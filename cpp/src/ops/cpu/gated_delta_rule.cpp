@@ -233,9 +233,9 @@ Tensor slot_of(const Tensor& states, int32_t slot) {
 }
 }  // namespace
 
-void gated_delta_rule_seqs(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& g, const Tensor& beta,
-                           Tensor& states, const Tensor& seq_starts, const Tensor& seq_slots, Tensor& out,
-                           int32_t chunk_size) {
+void gated_delta_rule(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& g, const Tensor& beta,
+                      Tensor& states, const Tensor& seq_starts, const Tensor& seq_slots, Tensor& out,
+                      int32_t chunk_size) {
   const int32_t* st = seq_starts.ptr<int32_t>();
   for (int64_t s = 0; s < seq_slots.numel(); ++s) {
     const int64_t t0 = st[s], t1 = st[s + 1];
@@ -251,8 +251,8 @@ void gated_delta_rule_seqs(const Tensor& q, const Tensor& k, const Tensor& v, co
   }
 }
 
-void causal_conv1d_seqs(const Tensor& x, const Tensor& weight, Tensor& conv_states, const Tensor& seq_starts,
-                        const Tensor& seq_slots, Tensor& out, bool silu) {
+void causal_conv1d(const Tensor& x, const Tensor& weight, Tensor& conv_states, const Tensor& seq_starts,
+                   const Tensor& seq_slots, Tensor& out, bool silu) {
   const int32_t* st = seq_starts.ptr<int32_t>();
   for (int64_t s = 0; s < seq_slots.numel(); ++s) {
     const int64_t t0 = st[s], t1 = st[s + 1];
@@ -279,10 +279,10 @@ void gdn_decode(const Tensor* x, Tensor& fused, const GdnWeights& w, Tensor& con
   Tensor k = Tensor::uninitialized({T, Hk, Dk}, DType::kF32), v = Tensor::uninitialized({T, Hv, Dv}, DType::kF32);
   Tensor g = Tensor::uninitialized({T, Hv}, DType::kF32), beta = Tensor::uninitialized({T, Hv}, DType::kF32);
   Tensor core = Tensor::uninitialized({T, Hv, Dv}, DType::kF32);
-  causal_conv1d_seqs(fused, *w.conv, conv_states, seq_starts, seq_slots, conv_out, true);
+  causal_conv1d(fused, *w.conv, conv_states, seq_starts, seq_slots, conv_out, true);
   gdn_split_qkv(conv_out, 1e-6f, q, k, v);
   gdn_gates(fused, C + Hv * Dv, *w.neg_a, *w.dt_bias, beta, g);
-  gated_delta_rule_seqs(q, k, v, g, beta, states, seq_starts, seq_slots, core, 64);
+  gated_delta_rule(q, k, v, g, beta, states, seq_starts, seq_slots, core, 64);
   if (squares) gated_unscaled(core, fused, C, *w.norm, *squares, out);
   else gated_rms_norm(core, fused, C, *w.norm, w.norm_eps, out);
 }

@@ -16,40 +16,9 @@ void parallel_tasks(int64_t n, const std::function<void(int64_t)>& fn) {
 
 const OpTable* table() {
   static const OpTable t = [] {
-    OpTable o;
-    o.embedding = &embedding;
-    o.rms_norm = &rms_norm;
-    o.add_rms_norm = &add_rms_norm;
-    o.linear = &linear;
-    o.rope = &rope;
-    o.silu_mul = &silu_mul;
-    o.kv_cache_write = &kv_cache_write;
-    o.paged_attention = &paged_attention;
-    o.gather_rows = &gather_rows;
-    o.copy_columns = &copy_columns;
-    o.transpose = &transpose;
-    o.fill_uniform = &fill_uniform;
-    o.argmax = &argmax;
-    o.qkv_rope_cache = &qkv_rope_cache;
-    o.qkv_rope_attention = &qkv_rope_attention;
-    o.sample = &sample;
-    o.linear_swiglu = &linear_swiglu;
-    o.gated_delta_rule = &gated_delta_rule_seqs;
-    o.causal_conv1d = &causal_conv1d_seqs;
-    o.l2_norm = &l2_norm;
-    o.gated_rms_norm = &gated_rms_norm;
-    o.sigmoid_mul = &sigmoid_mul;
-    o.gdn_gates = &gdn_gates;
-    o.scatter_add_rows = &scatter_add_rows;
-    o.add_gated_rows = &add_gated_rows;
-    o.moe_topk = &moe_topk;
-    o.moe_experts = &moe_experts;
-    o.moe_route = &moe_route;
-    o.moe_route_experts = &moe_route_experts;
-    o.gdn_decode = &gdn_decode;
-    o.linear_scaled = &linear_scaled;
-    o.gdn_split_qkv = &gdn_split_qkv;
-    return o;
+    OpTable table;
+    REVOLTA_OPS(REVOLTA_TABLE_ENTRY)
+    return table;
   }();
   return &t;
 }
