@@ -20,6 +20,7 @@ void run_sampling_tests();     // test_sampling.cpp
 void run_memory_plan_tests();  // test_memory_plan.cpp
 void run_weight_layout_tests();  // test_weight_layout.cpp
 void run_async_scheduling_tests();  // test_async_scheduling.cpp
+void run_cache_coordinator_tests();  // test_cache_coordinator.cpp
 
 static std::unique_ptr<Request> make_request(uint64_t id, int n_tokens, int first = 100) {
   auto r = std::make_unique<Request>();
@@ -164,6 +165,7 @@ int main() {
   run_memory_plan_tests();
   run_weight_layout_tests();
   run_async_scheduling_tests();
+  run_cache_coordinator_tests();
   std::printf("%d passed, %d failed\n", g_passed, g_failed);
   return g_failed == 0 ? 0 : 1;
 }

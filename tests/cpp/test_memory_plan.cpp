@@ -6,7 +6,7 @@
 #include <fstream>
 #include <string>
 
-#include "engine/memory_plan.h"
+#include "model/memory_estimate.h"
 #include "expect.h"
 #include "model/model.h"
 

@@ -18,6 +18,15 @@ int32_t KvCacheManager::snapshot_boundary(const Request& r) const {
   return (r.num_prompt_tokens - 1) / bs * bs;
 }
 
+int32_t KvCacheManager::chunk_limit(const Request& r, int32_t n) const {
+  const int32_t boundary = snapshot_boundary(r), done = r.num_computed_tokens;
+  if (boundary <= done) return n;
+  n = std::min(n, boundary - done);
+  const int32_t bs = pool_.block_size();
+  const int32_t end = (done + n) / bs * bs;
+  return done + n < boundary && end > done ? end - done : n;
+}
+
 void KvCacheManager::drop_snapshot(int32_t slot) {
   for (auto it = snapshot_lru_.begin(); it != snapshot_lru_.end(); ++it)
     if (it->first == slot) {

@@ -24,6 +24,9 @@ class KvCacheManager {
   // The last block boundary a later identical prompt could hit (0: none); hybrid prefills stop
   // there once so that a snapshot exists.
   int32_t snapshot_boundary(const Request& r) const;
+  // Caps a request's new tokens so that a hybrid prefill stops on the snapshot boundary and on
+  // block boundaries before it (each may become a snapshot).
+  int32_t chunk_limit(const Request& r, int32_t n) const;
   // After a step: if the request sits on a block boundary of its prompt, returns the snapshot
   // slot its state must be copied to (and frees the request's superseded snapshot); else -1.
   int32_t snapshot_target(Request& r);

@@ -49,6 +49,13 @@ void StateCache::copy(int32_t from, int32_t to) {
   }
 }
 
+void StateCache::apply(const std::vector<StateAction>& actions) {
+  for (const StateAction& a : actions) {
+    if (a.from < 0) zero(a.to);
+    else copy(a.from, a.to);
+  }
+}
+
 int64_t StateCache::nbytes() const {
   int64_t n = 0;
   for (size_t l = 0; l < conv.size(); ++l) n += int64_t(conv[l].nbytes() + ssm[l].nbytes());

@@ -18,6 +18,11 @@ struct StateSpec {
   }
 };
 
+// Before a forward: zero slot `to` (from < 0), or copy slot `from` into it (a prefix hit).
+struct StateAction {
+  int32_t from = -1, to = -1;
+};
+
 struct StateCache {
   StateCache(const StateSpec& spec, int32_t num_slots, Device device = Device::kCPU);
   std::vector<Tensor> conv, ssm;  // one per recurrent layer
@@ -27,6 +32,7 @@ struct StateCache {
   Tensor ssm_slot(size_t layer, int32_t slot) const;
   void zero(int32_t slot);
   void copy(int32_t from, int32_t to);
+  void apply(const std::vector<StateAction>& actions);  // in order, on the device's stream
   int64_t nbytes() const;
 };
 

@@ -9,7 +9,7 @@
 
 #include "core/error.h"
 #include "engine/engine_impl.h"
-#include "engine/memory_plan.h"
+#include "model/memory_estimate.h"
 #include "ops/ops.h"
 
 namespace revolta {
@@ -37,70 +37,48 @@ Engine::Impl::Impl(const EngineConfig& c) : cfg(c), seed_source(c.seed) {
     if (dt != "float16" && dt != "bfloat16") dt = "float32";
     if (device == Device::kCUDA) dt = "float16";  // bf16 checkpoints are converted with a range check
   }
-  KvCacheSpec spec = kv_cache_spec_for(model_cfg);
-  if (cfg.kv_cache_dtype == "float16" || (cfg.kv_cache_dtype == "auto" && device == Device::kCUDA))
-    spec.dtype = DType::kF16;
-
-  // One memory budget for both cache groups: recurrent-state slots (one per running request,
-  // plus as many prefix-cache snapshots) first, KV blocks from the rest. On CUDA with
-  // gpu_memory_utilization the budget is what the weights and activations leave under it.
-  const StateSpec state_spec = state_spec_for(model_cfg);
-  const int32_t state_slots = state_spec.num_layers ? cfg.max_num_seqs : 0;
-  const int32_t snapshot_slots = cfg.enable_prefix_caching ? state_slots : 0;
-  const int64_t state_bytes = state_spec.bytes_per_slot() * (state_slots + snapshot_slots);
-  const int64_t block_bytes = std::max<int64_t>(1, spec.bytes_per_token() * cfg.block_size);
-  const int64_t need_blocks = (cfg.max_model_len + cfg.block_size - 1) / cfg.block_size;
+  // The model declares its cache groups; the engine picks the KV element type and the budget
+  // (cache/ splits it). On CUDA with gpu_memory_utilization the budget is what the weights and
+  // activations leave under it, checked from the config before any weight is read.
+  CacheSpecs groups = cache_specs_for(model_cfg);
+  for (CacheGroupSpec& g : groups)
+    if (g.kind == CacheGroupSpec::Kind::kPagedKv &&
+        (cfg.kv_cache_dtype == "float16" || (cfg.kv_cache_dtype == "auto" && device == Device::kCUDA)))
+      g.kv.dtype = DType::kF16;
+  const CacheLimits limits{cfg.block_size, cfg.max_num_seqs, cfg.max_model_len, cfg.enable_prefix_caching};
   const bool by_utilization = device == Device::kCUDA && cfg.gpu_memory_utilization > 0.0f;
   int64_t budget = cfg.kv_cache_memory_bytes;
-  const char* budget_option = "kv_cache_memory_bytes";
   int64_t activation_bytes = 0;
   if (by_utilization) {
-    // Checked before any weight is read, from the config's parameter count.
     size_t free_b = 0, total_b = 0;
     device_runtime(device).memory_info(&free_b, &total_b);
     activation_bytes = estimate_activation_bytes(model_cfg, cfg);
     const int64_t weights = estimate_weight_bytes(model_cfg, dtype_size(parse_dtype(dt)));
     budget = int64_t(double(total_b) * cfg.gpu_memory_utilization) - int64_t(total_b - free_b) - weights - activation_bytes;
-    budget_option = "gpu_memory_utilization";
-    RV_CHECK_ARG(budget >= state_bytes + need_blocks * block_bytes, "gpu_memory_utilization (",
-                 cfg.gpu_memory_utilization, ") of ", total_b >> 20, " MiB (", free_b >> 20, " MiB free) leaves ",
-                 std::max<int64_t>(0, budget) >> 20, " MiB for the KV cache after ", weights >> 20, " MiB of weights and ",
-                 activation_bytes >> 20, " MiB of activations; one request of max_model_len (", cfg.max_model_len,
-                 ") needs ", (state_bytes + need_blocks * block_bytes) >> 20,
+    const int64_t need = plan_shape(groups, limits).min_bytes();
+    RV_CHECK_ARG(budget >= need, "gpu_memory_utilization (", cfg.gpu_memory_utilization, ") of ", total_b >> 20, " MiB (",
+                 free_b >> 20, " MiB free) leaves ", std::max<int64_t>(0, budget) >> 20, " MiB for the KV cache after ",
+                 weights >> 20, " MiB of weights and ", activation_bytes >> 20, " MiB of activations; one request of ",
+                 "max_model_len (", cfg.max_model_len, ") needs ", need >> 20,
                  " MiB: raise gpu_memory_utilization or lower max_model_len / max_num_seqs");
   }
-  RV_CHECK_ARG(state_bytes < budget, budget_option, " (", budget, " bytes for caches) does not even hold the recurrent "
-               "states of max_num_seqs (", cfg.max_num_seqs, ") requests (", state_bytes,
-               " bytes with prefix-cache snapshots); raise it or lower max_num_seqs");
-  int64_t num_blocks = (budget - state_bytes) / block_bytes;
-  RV_CHECK_ARG(num_blocks >= need_blocks, budget_option, " (", budget, " bytes for caches) holds ", num_blocks,
-               " blocks of ", cfg.block_size, " tokens, fewer than one request of max_model_len (", cfg.max_model_len,
-               ") needs; raise ", budget_option, " to at least ", need_blocks * block_bytes, " bytes or lower max_model_len");
+  CachePlan plan = plan_caches(groups, limits, budget, by_utilization ? "gpu_memory_utilization" : "kv_cache_memory_bytes");
 
   model = load_model(cfg.model, model_cfg, parse_dtype(dt), device, cfg.load_format == "dummy");
   if (by_utilization) {  // now measured: what the weights really left
     size_t free_b = 0, total_b = 0;
     device_runtime(device).memory_info(&free_b, &total_b);
-    const int64_t left = int64_t(double(total_b) * cfg.gpu_memory_utilization) - int64_t(total_b - free_b) -
-                         activation_bytes - state_bytes;
-    num_blocks = std::max<int64_t>(need_blocks, std::min<int64_t>(num_blocks, left / block_bytes));
+    plan.shrink_to(int64_t(double(total_b) * cfg.gpu_memory_utilization) - int64_t(total_b - free_b) - activation_bytes);
   }
-  // Blocks also index prefix-cache hashes and state snapshots, so a model without attention
-  // layers (KV bytes 0) still gets a pool: enough for every sequence at full length, twice.
-  if (spec.bytes_per_token() == 0) num_blocks = std::min(num_blocks, int64_t(2) * cfg.max_num_seqs * need_blocks);
-  num_blocks = std::min<int64_t>(num_blocks, std::numeric_limits<int32_t>::max() / cfg.block_size);
-  kv = std::make_unique<KvCache>(spec, int32_t(num_blocks), cfg.block_size, device);
-  if (state_slots) states = std::make_unique<StateCache>(state_spec, state_slots + snapshot_slots, device);
-  kv_manager = std::make_unique<KvCacheManager>(int32_t(num_blocks), cfg.block_size,
-                                                cfg.enable_prefix_caching, state_slots, snapshot_slots);
+  caches = std::make_unique<CacheCoordinator>(plan, limits, device);
   scheduler = std::make_unique<Scheduler>(
-      SchedulerConfig{cfg.max_num_seqs, cfg.max_num_batched_tokens, cfg.max_model_len}, *kv_manager);
+      SchedulerConfig{cfg.max_num_seqs, cfg.max_num_batched_tokens, cfg.max_model_len}, caches->manager());
   RunnerOptions ropts;
   ropts.max_model_len = cfg.max_model_len;
   if (device == Device::kCUDA && !cfg.enforce_eager)
     for (int32_t b : cfg.cuda_graph_batch_sizes)
       if (b <= cfg.max_num_seqs) ropts.graph_batch_sizes.push_back(b);
-  runner = std::make_unique<ModelRunner>(*model, *kv, states.get(), ropts);
+  runner = std::make_unique<ModelRunner>(*model, caches->kv(), caches->states(), ropts);
   async_scheduling = cfg.async_scheduling == "on" || (cfg.async_scheduling == "auto" && device != Device::kCPU);
   int threads = cfg.num_threads > 0 ? cfg.num_threads : int(std::thread::hardware_concurrency());
   pool = std::make_unique<ThreadPool>(std::max(1, threads));
@@ -113,11 +91,11 @@ Engine::Impl::Impl(const EngineConfig& c) : cfg(c), seed_source(c.seed) {
   info.eos_token_ids = model_cfg.eos_token_ids;
   info.weight_dtype = dtype_name(model->weight_dtype());
   info.weight_bytes = model->weight_bytes();
-  info.kv_cache_bytes = kv->nbytes() + (states ? states->nbytes() : 0);
+  info.kv_cache_bytes = caches->nbytes();
   info.device = device == Device::kCPU ? "cpu" : device_runtime(device).name();
-  info.kv_cache_dtype = dtype_name(spec.dtype);
-  live.num_blocks_total = num_blocks;
-  live.num_blocks_free = num_blocks;
+  info.kv_cache_dtype = dtype_name(plan.kv.dtype);
+  live.num_blocks_total = plan.num_blocks;
+  live.num_blocks_free = plan.num_blocks;
   publish_stats();
   thread = std::thread([this] { loop(); });
 }
@@ -125,11 +103,12 @@ Engine::Impl::Impl(const EngineConfig& c) : cfg(c), seed_source(c.seed) {
 void Engine::Impl::publish_stats() {
   live.num_running = scheduler ? scheduler->num_running() : 0;
   live.num_waiting = scheduler ? scheduler->num_waiting() : 0;
-  if (kv_manager) {
-    live.num_blocks_free = kv_manager->pool().num_free();
+  if (caches) {
+    const KvCacheManager& m = caches->manager();
+    live.num_blocks_free = m.pool().num_free();
     live.num_blocks_used = live.num_blocks_total - live.num_blocks_free;
-    live.prefix_cache_queries = kv_manager->queries();
-    live.prefix_cache_hits = kv_manager->hits();
+    live.prefix_cache_queries = m.queries();
+    live.prefix_cache_hits = m.hits();
   }
   if (scheduler) live.num_preemptions = scheduler->num_preemptions();
   if (runner) live.graph_replays = runner->graph_replays();

@@ -14,9 +14,7 @@
 #include <utility>
 #include <vector>
 
-#include "cache/cache_manager.h"
-#include "cache/kv_cache.h"
-#include "cache/state_cache.h"
+#include "cache/cache_coordinator.h"
 #include "core/device_runtime.h"
 #include "core/thread_pool.h"
 #include "engine/fault_injection.h"
@@ -33,9 +31,7 @@ struct Engine::Impl {
   ModelInfo info;
   ModelConfig model_cfg;
   std::unique_ptr<CausalLM> model;
-  std::unique_ptr<KvCache> kv;
-  std::unique_ptr<StateCache> states;
-  std::unique_ptr<KvCacheManager> kv_manager;
+  std::unique_ptr<CacheCoordinator> caches;  // storage, blocks, slots and state decisions of every cache group
   std::unique_ptr<Scheduler> scheduler;
   std::unique_ptr<ModelRunner> runner;
   std::unique_ptr<ThreadPool> pool;

@@ -17,9 +17,7 @@ void Engine::Impl::commit(const std::vector<ScheduledRequest>& scheduled) {
     r.num_computed_tokens += s.num_new_tokens;
     live.prompt_tokens_computed +=
         std::max(0, std::min(r.num_computed_tokens, r.num_prompt_tokens) - before);
-    kv_manager->cache_full_blocks(r);
-    const int32_t snapshot = kv_manager->snapshot_target(r);
-    if (snapshot >= 0) states->copy(r.state_slot, snapshot);
+    caches->commit(r);
   }
 }
 
@@ -92,14 +90,15 @@ bool Engine::Impl::can_run_ahead(const Queued& cur) {
   // Exactly the running requests, in the order the next step schedules them, so row i of cur's ids
   // is the input of the next step's request i.
   if (scheduler->running() != cur.samplers) return false;
-  const int32_t bs = kv_manager->pool().block_size();
+  const BlockPool& pool = caches->manager().pool();
+  const int32_t bs = pool.block_size();
   int32_t new_blocks = 0;
   for (const Request* r : cur.samplers) {
     // It goes on unless its token turns out to be a stop token (that step is then discarded).
     if (r->num_output_tokens() + 1 >= r->params.max_tokens || r->num_tokens() + 1 >= cfg.max_model_len) return false;
     new_blocks += (r->num_computed_tokens + 1 + bs - 1) / bs > int32_t(r->block_table.size());
   }
-  return new_blocks <= kv_manager->pool().num_free();  // no preemption can happen
+  return new_blocks <= pool.num_free();  // no preemption can happen
 }
 
 Engine::Impl::Queued Engine::Impl::run_ahead(const Queued& cur) {
@@ -113,7 +112,7 @@ Engine::Impl::Queued Engine::Impl::run_ahead(const Queued& cur) {
   for (size_t i = 0; same && i < plan.scheduled.size(); ++i)
     same = plan.scheduled[i].request == cur.samplers[i] && plan.scheduled[i].num_new_tokens == 1;
   RV_CHECK(same, "async scheduling: the step queued ahead is not one decode token of each running request");
-  StepLogits result = runner->execute(plan, &cur.ids);
+  StepLogits result = runner->execute(plan, caches->prepare(plan.scheduled), &cur.ids);
   ++live.num_steps;
   ++live.steps_run_ahead;
   return queue_greedy(plan.scheduled, result);
@@ -133,7 +132,7 @@ void Engine::Impl::step(bool may_run_ahead) {
     SchedulerOutput plan = scheduler->schedule();
     if (plan.empty()) return;
     begin_step(plan.scheduled);
-    StepLogits result = runner->execute(plan);
+    StepLogits result = runner->execute(plan, caches->prepare(plan.scheduled));
     ++live.num_steps;
     commit(plan.scheduled);
     const bool queueable = !result.samplers.empty() &&

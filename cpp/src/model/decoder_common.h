@@ -25,7 +25,7 @@ class DecoderBase : public CausalLM {
  public:
   DecoderBase(const ModelConfig& c, DType dt, Device device = Device::kCPU) : cfg_(c), dtype_(dt), device_(device) {}
   const ModelConfig& config() const override { return cfg_; }
-  KvCacheSpec kv_cache_spec() const override { return kv_cache_spec_for(cfg_); }
+  CacheSpecs cache_specs() const override { return cache_specs_for(cfg_); }
   int64_t weight_bytes() const override { return bytes_; }
   DType weight_dtype() const override { return dtype_; }
   Device device() const override { return device_; }

@@ -6,8 +6,7 @@
 #include <string>
 #include <vector>
 
-#include "cache/kv_cache.h"
-#include "cache/state_cache.h"
+#include "cache/cache_spec.h"
 #include "model/model_config.h"
 #include "ops/ops.h"
 
@@ -33,7 +32,8 @@ class CausalLM {
  public:
   virtual ~CausalLM() = default;
   virtual const ModelConfig& config() const = 0;
-  virtual KvCacheSpec kv_cache_spec() const = 0;
+  // What its layers need cached (cache/cache_spec.h), as cache_specs_for(config()) says.
+  virtual CacheSpecs cache_specs() const = 0;
   virtual int64_t weight_bytes() const = 0;
   virtual DType weight_dtype() const = 0;
   virtual Device device() const = 0;  // where its weights live and its forward runs
@@ -57,8 +57,9 @@ void check_device_limits(const ModelConfig& config, Device device);
 std::vector<std::string> supported_architectures();
 // Throws std::invalid_argument naming the architecture when no file implements it.
 void check_architecture(const ModelConfig& config, const std::string& dir);
-// The cache a model of this config needs per token, known before any weight is read.
-KvCacheSpec kv_cache_spec_for(const ModelConfig& config);
-StateSpec state_spec_for(const ModelConfig& config);
+// The cache groups a model of this config declares, known before any weight is read: paged KV of
+// its attention layers (float32; the engine picks the element type), recurrent state of its
+// Gated DeltaNet layers.
+CacheSpecs cache_specs_for(const ModelConfig& config);
 
 }  // namespace revolta

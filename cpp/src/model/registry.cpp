@@ -37,20 +37,21 @@ void check_architecture(const ModelConfig& config, const std::string& dir) {
   }
 }
 
-KvCacheSpec kv_cache_spec_for(const ModelConfig& c) {
-  return {c.num_attention_layers(), c.num_kv_heads, c.head_dim, DType::kF32};
-}
-
-StateSpec state_spec_for(const ModelConfig& c) {
-  StateSpec s;
-  s.num_layers = c.num_linear_layers();
-  if (s.num_layers == 0) return s;
-  s.conv_dim = 2 * c.linear_num_key_heads * c.linear_key_head_dim + c.linear_num_value_heads * c.linear_value_head_dim;
-  s.conv_history = c.linear_conv_kernel_dim - 1;
-  s.num_heads = c.linear_num_value_heads;
-  s.k_dim = c.linear_key_head_dim;
-  s.v_dim = c.linear_value_head_dim;
-  return s;
+CacheSpecs cache_specs_for(const ModelConfig& c) {
+  CacheSpecs groups;
+  if (c.num_attention_layers() > 0)
+    groups.push_back(CacheGroupSpec::paged_kv({c.num_attention_layers(), c.num_kv_heads, c.head_dim, DType::kF32}));
+  if (c.num_linear_layers() > 0) {
+    StateSpec s;
+    s.num_layers = c.num_linear_layers();
+    s.conv_dim = 2 * c.linear_num_key_heads * c.linear_key_head_dim + c.linear_num_value_heads * c.linear_value_head_dim;
+    s.conv_history = c.linear_conv_kernel_dim - 1;
+    s.num_heads = c.linear_num_value_heads;
+    s.k_dim = c.linear_key_head_dim;
+    s.v_dim = c.linear_value_head_dim;
+    groups.push_back(CacheGroupSpec::recurrent_state(s));
+  }
+  return groups;
 }
 
 void check_device_limits(const ModelConfig& c, Device device) {

@@ -108,12 +108,6 @@ ModelRunner::Metadata ModelRunner::build(const SchedulerOutput& step, StepLogits
     m.max_seq_len = std::max(m.max_seq_len, start + n);
     std::copy(r.block_table.begin(), r.block_table.end(), m.tables.begin() + size_t(s) * size_t(m.max_blocks));
     m.state_slots.push_back(r.state_slot);
-    if (states_) {
-      if (r.state_restore >= 0) states_->copy(r.state_restore, r.state_slot);  // prefix-cache hit
-      else if (r.state_fresh) states_->zero(r.state_slot);
-      r.state_fresh = false;
-      r.state_restore = -1;
-    }
     if (start + n == r.num_tokens()) {
       m.rows.push_back(t - 1);
       out.samplers.push_back(&r);
@@ -190,9 +184,12 @@ StepLogits ModelRunner::run_graph(DecodeGraph& g, const SchedulerOutput& step, c
   return out;
 }
 
-StepLogits ModelRunner::execute(const SchedulerOutput& step, const Tensor* fed_ids) {
+StepLogits ModelRunner::execute(const SchedulerOutput& step, const std::vector<StateAction>& state_actions,
+                                const Tensor* fed_ids) {
   RV_CHECK(!fed_ids || fed_ids->numel() == int64_t(step.scheduled.size()), "model runner: ",
            fed_ids ? fed_ids->numel() : 0, " fed token ids for ", step.scheduled.size(), " scheduled requests");
+  RV_CHECK(states_ || state_actions.empty(), "model runner: state actions for a model without recurrent state");
+  if (!state_actions.empty()) states_->apply(state_actions);  // eagerly, before any graph replay
   if (DecodeGraph* g = graph_for(step)) return run_graph(*g, step, fed_ids);
   StepLogits out;
   Metadata m = build(step, out, 0, 1, fed_ids != nullptr);

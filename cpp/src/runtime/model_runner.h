@@ -35,7 +35,9 @@ class ModelRunner {
   // fed_ids (async scheduling): [scheduled.size()] int32 on the model's device, the input token of
   // each scheduled request (one new token each), produced by the previous step and not yet read by
   // the host; those requests' last token is a placeholder (Request::last_token_on_device).
-  StepLogits execute(const SchedulerOutput& step, const Tensor* fed_ids = nullptr);
+  // state_actions (the cache coordinator's, for this step) run first.
+  StepLogits execute(const SchedulerOutput& step, const std::vector<StateAction>& state_actions,
+                     const Tensor* fed_ids = nullptr);
   int64_t graph_replays() const { return graph_replays_; }
 
  private:

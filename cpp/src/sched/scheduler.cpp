@@ -23,15 +23,6 @@ void Scheduler::preempt(Request* r) {
   running_.erase(it);
 }
 
-int32_t Scheduler::align(const Request& r, int32_t n) const {
-  const int32_t boundary = cache_.snapshot_boundary(r), done = r.num_computed_tokens;
-  if (boundary <= done) return n;
-  n = std::min(n, boundary - done);
-  const int32_t bs = cache_.pool().block_size();
-  const int32_t end = (done + n) / bs * bs;
-  return done + n < boundary && end > done ? end - done : n;
-}
-
 SchedulerOutput Scheduler::schedule() {
   SchedulerOutput out;
   int32_t budget = cfg_.max_num_batched_tokens;
@@ -39,7 +30,7 @@ SchedulerOutput Scheduler::schedule() {
 
   for (size_t i = 0; i < running_.size() && budget > 0;) {
     Request* r = running_[i].get();
-    int32_t n = align(*r, std::min(r->num_tokens() - r->num_computed_tokens, budget));
+    int32_t n = cache_.chunk_limit(*r, std::min(r->num_tokens() - r->num_computed_tokens, budget));
     if (n <= 0) {
       ++i;
       continue;
@@ -76,7 +67,7 @@ SchedulerOutput Scheduler::schedule() {
       int32_t hit = cache_.match_prefix(*r);
       if (r->num_cached_tokens < 0) r->num_cached_tokens = std::min(hit, r->num_prompt_tokens);
     }
-    int32_t n = align(*r, std::min(r->num_tokens() - r->num_computed_tokens, budget));
+    int32_t n = cache_.chunk_limit(*r, std::min(r->num_tokens() - r->num_computed_tokens, budget));
     if (!cache_.allocate_slots(*r, n)) {
       cache_.free(*r);  // give back the prefix blocks it took; they stay cached
       r->num_computed_tokens = 0;

@@ -50,8 +50,6 @@ class Scheduler {
 
  private:
   void preempt(Request* r);
-  // Caps a request's new tokens so hybrid prefills stop on block boundaries (state snapshots).
-  int32_t align(const Request& r, int32_t n) const;
 
   SchedulerConfig cfg_;
   KvCacheManager& cache_;

@@ -1,4 +1,4 @@
-#include "engine/memory_plan.h"
+#include "model/memory_estimate.h"
 
 #include <algorithm>
 

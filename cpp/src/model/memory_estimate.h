@@ -1,4 +1,5 @@
-// Sizes known from the config alone, so a GPU config that cannot fit fails before any weight is read.
+// Sizes known from the config alone, so a GPU config that cannot fit fails before any weight is
+// read. Model knowledge (which architectures gate their attention), so it lives in model/.
 #pragma once
 
 #include <cstdint>
