@@ -70,3 +70,11 @@ def test_multimodal_wrapper_and_mtp_weights(tmp_path, capfd):
     err = capfd.readouterr().err
     assert "kept 1 multi-token-prediction tensors" in err
     assert "skipped 1 vision tensors" in err
+    # The MTP weights are counted with the others (the memory plan sees them), at the weights' dtype.
+    plain = tmp_path / "no_mtp"
+    shutil.copytree(out, plain)
+    save_file({n: v for n, v in wrapped.items() if not n.startswith("mtp.")}, str(plain / "model.safetensors"))
+    for dtype, size in (("float32", 4), ("bfloat16", 2)):
+        with LLM(str(out), dtype=dtype, kv_cache_memory_bytes=16 << 20, max_model_len=256) as a, \
+                LLM(str(plain), dtype=dtype, kv_cache_memory_bytes=16 << 20, max_model_len=256) as b:
+            assert a.model_info.weight_bytes - b.model_info.weight_bytes == 64 * 128 * size

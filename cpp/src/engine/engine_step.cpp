@@ -134,6 +134,9 @@ void Engine::Impl::step(bool may_run_ahead) {
     begin_step(plan.scheduled);
     StepLogits result = runner->execute(plan, caches->prepare(plan.scheduled));
     ++live.num_steps;
+    // Several rows of one request (Request::sample_rows) are for speculative verification.
+    RV_CHECK(result.logits.size(0) == int64_t(result.samplers.size()),
+             "engine: a request sampled several rows, which needs speculative verification");
     commit(plan.scheduled);
     const bool queueable = !result.samplers.empty() &&
                            (result.logits.device() != Device::kCPU || async_scheduling) &&

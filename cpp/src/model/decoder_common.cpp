@@ -27,16 +27,21 @@ void DecoderBase::place(Device device) {
   RV_CHECK(device == device_, cfg_.architecture, ": weights are loaded onto their device directly");
 }
 
-Tensor final_logits(const Tensor& x, const ForwardBatch& batch, const Tensor& lm_head) {
+ForwardOutput final_outputs(const Tensor& x, const ForwardBatch& batch, const Tensor& lm_head) {
   const std::vector<int32_t>& wanted = batch.logits_rows;
   const int64_t H = x.size(1), R = int64_t(wanted.size());
   bool every_row = R == x.size(0);
   for (int64_t r = 0; every_row && r < R; ++r) every_row = wanted[size_t(r)] == r;
   Tensor picked = every_row ? x : Tensor::uninitialized({R, H}, DType::kF32, x.device());
   if (!every_row) ops::gather_rows(x, batch.logits_row_ids, picked);
-  Tensor logits = Tensor::uninitialized({R, lm_head.size(0)}, DType::kF32, x.device());
-  ops::linear(picked, lm_head, nullptr, logits);
-  return logits;
+  ForwardOutput out;
+  out.logits = Tensor::uninitialized({R, lm_head.size(0)}, DType::kF32, x.device());
+  ops::linear(picked, lm_head, nullptr, out.logits);
+  if (!batch.hidden_rows.empty()) {
+    out.hidden = Tensor::uninitialized({int64_t(batch.hidden_rows.size()), H}, DType::kF32, x.device());
+    ops::gather_rows(x, batch.hidden_row_ids, out.hidden);
+  }
+  return out;
 }
 
 }  // namespace revolta

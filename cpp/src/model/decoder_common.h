@@ -38,8 +38,9 @@ class DecoderBase : public CausalLM {
   int64_t bytes_ = 0;
 };
 
-// f32 logits [R, vocab] of the batch's logits rows of the final hidden states x [T, hidden]. When
-// they are every row in order (decode steps, and so every decode graph), x goes to the LM head as it is.
-Tensor final_logits(const Tensor& x, const ForwardBatch& batch, const Tensor& lm_head);
+// The forward's outputs from the final hidden states x [T, hidden]: logits of the batch's logits
+// rows (when they are every row in order, as in decode steps and so every decode graph, x goes to
+// the LM head as it is) and the hidden states of its hidden rows.
+ForwardOutput final_outputs(const Tensor& x, const ForwardBatch& batch, const Tensor& lm_head);
 
 }  // namespace revolta

@@ -54,7 +54,7 @@ class DenseDecoderLM final : public DecoderBase {
     bytes_ += head_.nbytes();
   }
 
-  Tensor forward(const ForwardBatch& b, ModelCaches& caches) override {
+  ForwardOutput forward(const ForwardBatch& b, ModelCaches& caches) override {
     KvCache& cache = *caches.kv;
     const int64_t T = b.token_ids.numel(), H = cfg_.hidden_size, D = cfg_.head_dim;
     const int64_t NH = cfg_.num_heads, KVH = cfg_.num_kv_heads, I = cfg_.intermediate_size;
@@ -85,7 +85,7 @@ class DenseDecoderLM final : public DecoderBase {
       const Tensor& next_norm = l + 1 < layers_.size() ? layers_[l + 1].input_norm : final_norm_;
       ops::add_rms_norm(residual, proj, next_norm, eps, x);
     }
-    return final_logits(x, b, head_.lm_head);
+    return final_outputs(x, b, head_.lm_head);
   }
 
  private:

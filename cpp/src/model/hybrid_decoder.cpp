@@ -120,8 +120,13 @@ class HybridDecoderLM final : public DecoderBase {
       bytes_ += layer_bytes(L);
       layers_.push_back(std::move(L));
     }
+    // MTP tensors at the weights' element type (vectors: norms, in float32), counted with them.
     for (const auto& name : w.names())
-      if (name.rfind("mtp.", 0) == 0) mtp_[name] = w.get(name, w_shape(w, name), DType::kF32);
+      if (name.rfind("mtp.", 0) == 0) {
+        const std::vector<int64_t> shape = w_shape(w, name);
+        Tensor& t = mtp_[name] = w.get(name, shape, shape.size() >= 2 ? dt : DType::kF32);
+        bytes_ += int64_t(t.nbytes());
+      }
     size_t skipped = 0;
     for (const auto& name : w.names()) skipped += name.find("visual.") != std::string::npos;
     if (!mtp_.empty())
@@ -139,7 +144,7 @@ class HybridDecoderLM final : public DecoderBase {
   // host round trip; on the CPU, grouping by expert pays from two tokens on.
   int32_t max_captured_batch() const override { return has_moe_ ? fused_expert_tokens_ : CausalLM::max_captured_batch(); }
 
-  Tensor forward(const ForwardBatch& b, ModelCaches& caches) override {
+  ForwardOutput forward(const ForwardBatch& b, ModelCaches& caches) override {
     const int64_t T = b.token_ids.numel(), H = cfg_.hidden_size;
     const float eps = cfg_.rms_norm_eps;
     Tensor residual = Tensor::uninitialized({T, H}, DType::kF32, device_);
@@ -159,7 +164,7 @@ class HybridDecoderLM final : public DecoderBase {
       const Tensor& ahead = last ? head_.lm_head : layers_[l + 1].linear ? layers_[l + 1].gdn.proj : layers_[l + 1].attn.proj;
       feed_forward(L.ffn, y, post, ops::ResidualNorm{&residual, &next, eps, &x}, ahead);
     }
-    return final_logits(x, b, head_.lm_head);
+    return final_outputs(x, b, head_.lm_head);
   }
 
   // Weights are prepared on the host (reordered, stacked, (1 + w) norms), then moved here.

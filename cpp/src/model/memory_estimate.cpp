@@ -23,6 +23,18 @@ int64_t estimate_weight_bytes(const ModelConfig& c, size_t bpe) {
       total += 3 * int64_t(c.intermediate_size) * H * b;
     }
   }
+  // An MTP layer: a full-attention decoder layer with the model's MoE, the fc joining embedding
+  // and hidden state (2H -> H) and three norms.
+  if (c.num_mtp_layers > 0) {
+    int64_t mtp = attn * b + 2 * H * H * b + 5 * H * 4;
+    if (c.num_experts > 0) {
+      mtp += int64_t(c.num_experts) * 3 * c.moe_intermediate_size * H * b + int64_t(c.num_experts) * H * 4;
+      if (c.shared_expert_intermediate_size > 0) mtp += 3 * int64_t(c.shared_expert_intermediate_size) * H * b + H * 4;
+    } else {
+      mtp += 3 * int64_t(c.intermediate_size) * H * b;
+    }
+    total += c.num_mtp_layers * mtp;
+  }
   const int64_t embed = int64_t(c.vocab_size) * H * b;
   return total + embed * (c.tie_word_embeddings ? 1 : 2) + H * 4;
 }

@@ -19,8 +19,15 @@ struct ForwardBatch {
   ops::AttentionBatch attention;
   std::vector<int32_t> logits_rows;  // token rows whose next-token logits are wanted
   Tensor logits_row_ids;             // the same rows, int32 on the model's device
+  std::vector<int32_t> hidden_rows;  // token rows whose final hidden states are wanted (drafters)
+  Tensor hidden_row_ids;             // the same rows, int32 on the model's device
   Tensor seq_starts;                 // int32 [S + 1] query starts, on the model's device
   Tensor seq_state_slots;            // int32 [S] state slots, on the model's device
+};
+
+struct ForwardOutput {
+  Tensor logits;  // f32 [logits_rows, vocab]
+  Tensor hidden;  // f32 [hidden_rows, hidden_size], after the final norm (what the LM head reads); empty when none asked
 };
 
 struct ModelCaches {
@@ -39,9 +46,9 @@ class CausalLM {
   virtual Device device() const = 0;  // where its weights live and its forward runs
   // Moves the weights to `device` (models whose loading happens on the host first).
   virtual void place(Device device) = 0;
-  // Writes the batch's K/V (and recurrent states) into the caches and returns f32 logits
-  // [logits_rows.size(), vocab].
-  virtual Tensor forward(const ForwardBatch& batch, ModelCaches& caches) = 0;
+  // Writes the batch's K/V (and recurrent states) into the caches and returns the logits of the
+  // batch's logits rows and the final hidden states of its hidden rows.
+  virtual ForwardOutput forward(const ForwardBatch& batch, ModelCaches& caches) = 0;
   // The largest decode batch whose forward stays on the device (no host round trip), so that a
   // graph can record it.
   virtual int32_t max_captured_batch() const { return 1 << 30; }

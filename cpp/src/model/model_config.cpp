@@ -60,6 +60,8 @@ void parse_hybrid(const Json& j, ModelConfig& c) {
   c.moe_intermediate_size = int32_t(j.get_int("moe_intermediate_size", 0));
   c.shared_expert_intermediate_size = int32_t(j.get_int("shared_expert_intermediate_size", 0));
   c.decoder_sparse_step = int32_t(j.get_int("decoder_sparse_step", 1));
+  // Multi-token-prediction layers the checkpoint carries (mtp.*; the two spellings in use).
+  c.num_mtp_layers = int32_t(j.get_int("mtp_num_hidden_layers", j.get_int("num_nextn_predict_layers", 0)));
   c.norm_topk_prob = j.get_bool("norm_topk_prob", true);
   for (const auto& v : (j["mlp_only_layers"].is_array() ? j["mlp_only_layers"].as_array() : std::vector<Json>{}))
     c.mlp_only_layers.push_back(int32_t(v.as_int()));

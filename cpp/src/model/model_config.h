@@ -47,6 +47,7 @@ struct ModelConfig {
   int32_t linear_key_head_dim = 0, linear_value_head_dim = 0, linear_conv_kernel_dim = 0;
   int32_t num_experts = 0, num_experts_per_tok = 0, moe_intermediate_size = 0;
   int32_t shared_expert_intermediate_size = 0, decoder_sparse_step = 1;
+  int32_t num_mtp_layers = 0;  // multi-token-prediction layers (mtp.*), kept for speculative decoding
   std::vector<int32_t> mlp_only_layers;
   bool norm_topk_prob = true;
   bool is_moe_layer(int32_t layer) const;

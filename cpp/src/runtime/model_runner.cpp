@@ -51,6 +51,10 @@ void bind(ForwardBatch& b, const Tensor& meta, const Packed& p, const M& m, int3
   b.slot_mapping = part(kSlots, T);
   b.logits_row_ids = part(kRows, int64_t(m.rows.size()));
   b.logits_rows = m.rows;
+  if (m.hidden) {  // the hidden states of the same rows
+    b.hidden_row_ids = b.logits_row_ids;
+    b.hidden_rows = m.rows;
+  }
   b.seq_starts = part(kQueryStart, S + 1);
   b.seq_state_slots = part(kStateSlots, S);
   b.attention.query_start = m.query_start.data();
@@ -108,9 +112,12 @@ ModelRunner::Metadata ModelRunner::build(const SchedulerOutput& step, StepLogits
     m.max_seq_len = std::max(m.max_seq_len, start + n);
     std::copy(r.block_table.begin(), r.block_table.end(), m.tables.begin() + size_t(s) * size_t(m.max_blocks));
     m.state_slots.push_back(r.state_slot);
-    if (start + n == r.num_tokens()) {
-      m.rows.push_back(t - 1);
+    if (start + n == r.num_tokens()) {  // its last `sample_rows` positions are sampled
+      RV_CHECK(r.sample_rows >= 1 && r.sample_rows <= n, "model runner: request ", r.id, " samples ", r.sample_rows,
+               " rows of a step that computes ", n, " of its tokens");
+      for (int32_t k = r.sample_rows; k > 0; --k) m.rows.push_back(t - k);
       out.samplers.push_back(&r);
+      out.rows_per_sampler.push_back(r.sample_rows);
     }
   }
   for (int32_t s = S; s < rows; ++s, ++t) {  // padding: one token per row, no cache or state write
@@ -126,7 +133,7 @@ ModelRunner::Metadata ModelRunner::build(const SchedulerOutput& step, StepLogits
 }
 
 ModelRunner::DecodeGraph* ModelRunner::graph_for(const SchedulerOutput& step) {
-  if (model_.device() == Device::kCPU || opts_.graph_batch_sizes.empty()) return nullptr;
+  if (model_.device() == Device::kCPU || opts_.graph_batch_sizes.empty() || opts_.return_hidden) return nullptr;
   const int32_t S = int32_t(step.scheduled.size());
   for (const auto& s : step.scheduled)
     if (s.num_new_tokens != 1 || s.request->num_computed_tokens + 1 != s.request->num_tokens()) return nullptr;
@@ -156,7 +163,7 @@ ModelRunner::DecodeGraph* ModelRunner::graph_for(const SchedulerOutput& step) {
   DecodeGraph* raw = g.get();
   raw->graph = device_runtime(model_.device()).capture([&] {
     raw->logits = Tensor();  // the sizing run's logits go back to the pool before the recorded run
-    raw->logits = model_.forward(raw->batch_desc, caches);
+    raw->logits = model_.forward(raw->batch_desc, caches).logits;
   });
   graphs_[size] = std::move(g);
   return raw;
@@ -193,6 +200,7 @@ StepLogits ModelRunner::execute(const SchedulerOutput& step, const std::vector<S
   if (DecodeGraph* g = graph_for(step)) return run_graph(*g, step, fed_ids);
   StepLogits out;
   Metadata m = build(step, out, 0, 1, fed_ids != nullptr);
+  m.hidden = opts_.return_hidden;
   const int32_t T = int32_t(m.ids.size()), S = int32_t(step.scheduled.size());
   const Device dev = model_.device();
   const Packed p = pack(m);
@@ -203,7 +211,9 @@ StepLogits ModelRunner::execute(const SchedulerOutput& step, const std::vector<S
   ForwardBatch b;
   bind(b, meta, p, m, T, S, cache_.block_size);
   ModelCaches caches{&cache_, states_};
-  out.logits = model_.forward(b, caches);
+  ForwardOutput f = model_.forward(b, caches);
+  out.logits = f.logits;
+  out.hidden = f.hidden;
   return out;
 }
 

@@ -19,13 +19,18 @@
 namespace revolta {
 
 struct StepLogits {
-  Tensor logits;                   // [samplers.size(), vocab] f32, on the model's device
+  Tensor logits;                   // [sum of rows_per_sampler, vocab] f32, on the model's device
   std::vector<Request*> samplers;  // requests that reach their last token this step
+  // Logits rows of each sampler, in order: its last Request::sample_rows positions (1, or 1 +
+  // its draft tokens when a verifier checks them).
+  std::vector<int32_t> rows_per_sampler;
+  Tensor hidden;  // [logits rows, hidden_size] f32 final hidden states, with RunnerOptions::return_hidden
 };
 
 struct RunnerOptions {
   int32_t max_model_len = 0;
   std::vector<int32_t> graph_batch_sizes;  // decode batch sizes to capture (device models only)
+  bool return_hidden = false;  // the final hidden states of the sampled rows too (drafters read them; no graphs)
 };
 
 class ModelRunner {
@@ -46,6 +51,7 @@ class ModelRunner {
   struct Metadata {
     std::vector<int32_t> ids, positions, slots, rows, query_start, seq_lens, tables, token_seq, state_slots;
     int32_t max_blocks = 1, max_seq_len = 0;
+    bool hidden = false;  // the hidden states of `rows` are wanted too
   };
   Metadata build(const SchedulerOutput& step, StepLogits& out, int32_t pad_to, int32_t max_blocks, bool fed);
   StepLogits run_graph(DecodeGraph& g, const SchedulerOutput& step, const Tensor* fed_ids);

@@ -24,6 +24,9 @@ struct Request {
   RequestStatus status = RequestStatus::kWaiting;
 
   int32_t num_computed_tokens = 0;  // tokens whose K/V are in the cache
+  // Logits rows sampled in the step that computes its last token: 1, or 1 + its draft tokens
+  // when a verifier checks them (the runner's hook for speculative decoding).
+  int32_t sample_rows = 1;
   int32_t num_cached_tokens = -1;   // prefix-cache hit of the first schedule (-1: not yet)
   std::vector<int32_t> block_table;
   std::vector<uint64_t> block_hashes;  // hashes of the leading full blocks already registered
