@@ -1,5 +1,5 @@
 """The engine benchmark runs end to end (on the CPU here, with made-up weights of a real shape
-cut to one layer), so it cannot rot between GPU sessions."""
+cut to one layer), so it cannot rot where no GPU runs it."""
 
 import json
 import subprocess
