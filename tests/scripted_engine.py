@@ -36,4 +36,5 @@ class ScriptedEngine:
 
     def stats(self):
         return SimpleNamespace(num_running=0, num_waiting=0, num_blocks_used=0, num_blocks_total=1,
-                               prefix_cache_queries=0, prefix_cache_hits=0, num_preemptions=0)
+                               prefix_cache_queries=0, prefix_cache_hits=0, num_preemptions=0, spec_num_drafts=0,
+                               spec_num_draft_tokens=0, spec_num_accepted_tokens=0, spec_accepted_per_position=[])

@@ -79,6 +79,10 @@ NB_MODULE(_core, m) {
       .def_rw("enable_prefix_caching", &EngineConfig::enable_prefix_caching)
       .def_rw("num_threads", &EngineConfig::num_threads)
       .def_rw("seed", &EngineConfig::seed)
+      .def_rw("speculative_method", &EngineConfig::speculative_method)
+      .def_rw("num_speculative_tokens", &EngineConfig::num_speculative_tokens)
+      .def_rw("prompt_lookup_min", &EngineConfig::prompt_lookup_min)
+      .def_rw("prompt_lookup_max", &EngineConfig::prompt_lookup_max)
       .def("validate", &EngineConfig::validate);
 
   nb::class_<TokenLogprob>(m, "TokenLogprob")
@@ -115,7 +119,11 @@ NB_MODULE(_core, m) {
       .def_ro("generation_tokens", &EngineStats::generation_tokens)
       .def_ro("requests_finished", &EngineStats::requests_finished)
       .def_ro("graph_replays", &EngineStats::graph_replays)
-      .def_ro("steps_run_ahead", &EngineStats::steps_run_ahead);
+      .def_ro("steps_run_ahead", &EngineStats::steps_run_ahead)
+      .def_ro("spec_num_drafts", &EngineStats::spec_num_drafts)
+      .def_ro("spec_num_draft_tokens", &EngineStats::spec_num_draft_tokens)
+      .def_ro("spec_num_accepted_tokens", &EngineStats::spec_num_accepted_tokens)
+      .def_ro("spec_accepted_per_position", &EngineStats::spec_accepted_per_position);
 
   nb::class_<ModelInfo>(m, "ModelInfo")
       .def_ro("architecture", &ModelInfo::architecture)

@@ -4,7 +4,7 @@ weight is read. Names follow vLLM's where the meaning is the same."""
 from __future__ import annotations
 
 import json
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -32,6 +32,19 @@ class EngineOptions(BaseModel):
     enable_prefix_caching: bool = True
     num_threads: int = Field(0, ge=0, le=1024, description="0: all cores")
     seed: int = Field(0, ge=0)
+    speculative_config: dict[str, Any] | None = Field(
+        None, description='speculative decoding, as JSON: {"method": "ngram", "num_speculative_tokens": 4, '
+                          '"prompt_lookup_max": 4, "prompt_lookup_min": 1}')
+
+    @field_validator("speculative_config", mode="before")
+    @classmethod
+    def _json_object(cls, v: object) -> object:
+        if isinstance(v, str):
+            try:
+                return json.loads(v)
+            except ValueError as e:
+                raise ValueError(f"speculative_config is not valid JSON: {e}") from e
+        return v
 
     @model_validator(mode="after")
     def _cross_field(self) -> "EngineOptions":

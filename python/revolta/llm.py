@@ -11,6 +11,7 @@ from revolta.models.resolve import resolve_model
 from revolta.models.tokenizer import IncrementalDetokenizer, Tokenizer
 from revolta.outputs import CompletionOutput, RequestOutput
 from revolta.sampling_params import SamplingParams
+from revolta.speculative import apply_speculative_config
 from revolta.stop_strings import StopStrings
 
 PromptType = str | Sequence[int] | dict[str, Any]
@@ -87,6 +88,7 @@ class LLM:
         gpu_memory_utilization: float = 0.9,
         enforce_eager: bool = False,
         async_scheduling: str = "auto",
+        speculative_config: dict[str, Any] | None = None,
     ):
         self.model_path = resolve_model(model)
         cfg = _core.EngineConfig()
@@ -106,6 +108,7 @@ class LLM:
         cfg.gpu_memory_utilization = gpu_memory_utilization
         cfg.enforce_eager = enforce_eager
         cfg.async_scheduling = async_scheduling
+        apply_speculative_config(cfg, speculative_config)
         self.engine = _core.Engine(cfg)
         self.model_info = self.engine.model_info
         tok_dir = tokenizer or self.model_path

@@ -61,6 +61,12 @@ struct EngineConfig {
   bool enable_prefix_caching = true;
   int32_t num_threads = 0;           // 0: hardware concurrency
   uint64_t seed = 0;                 // seeds requests that bring no seed of their own
+  // Speculative decoding (vLLM's speculative_config): "" (off) | "ngram" (prompt lookup: drafts
+  // copied from where the request's last n tokens, prompt_lookup_max >= n >= prompt_lookup_min,
+  // occurred before). Greedy requests verify up to num_speculative_tokens drafts a step.
+  std::string speculative_method;
+  int32_t num_speculative_tokens = 0;
+  int32_t prompt_lookup_min = 1, prompt_lookup_max = 4;
 
   // Throws std::invalid_argument naming the offending option(s).
   void validate() const;
@@ -108,6 +114,12 @@ struct EngineStats {
   int64_t requests_finished = 0;
   int64_t graph_replays = 0;              // decode steps served by a captured graph
   int64_t steps_run_ahead = 0;            // steps queued before the previous step's tokens were read
+  // Speculative decoding (vLLM's spec_decode counters): steps that verified drafts, drafts
+  // proposed, drafts accepted, and accepted drafts by their position in the draft.
+  int64_t spec_num_drafts = 0;
+  int64_t spec_num_draft_tokens = 0;
+  int64_t spec_num_accepted_tokens = 0;
+  std::vector<int64_t> spec_accepted_per_position;
 };
 
 struct ModelInfo {

@@ -42,6 +42,8 @@ class KvCacheManager {
   void cache_full_blocks(Request& r);
   // Releases every block of the request (tail first, so tails are evicted first).
   void free(Request& r);
+  // Releases the blocks past those its computed tokens and the next one need (drafts rejected).
+  void trim(Request& r);
 
   const BlockPool& pool() const { return pool_; }
   int32_t num_snapshots() const { return int32_t(snapshot_lru_.size()); }

@@ -46,6 +46,10 @@ Engine::Impl::Impl(const EngineConfig& c) : cfg(c), seed_source(c.seed) {
         (cfg.kv_cache_dtype == "float16" || (cfg.kv_cache_dtype == "auto" && device == Device::kCUDA)))
       g.kv.dtype = DType::kF16;
   const CacheLimits limits{cfg.block_size, cfg.max_num_seqs, cfg.max_model_len, cfg.enable_prefix_caching};
+  speculative = !cfg.speculative_method.empty();
+  RV_CHECK_ARG(!speculative || plan_shape(groups, limits).state.num_layers == 0, "speculative_config: ",
+               model_cfg.architecture, " has recurrent (Gated DeltaNet) layers, whose state rollback after "
+               "rejected drafts is not built yet; serve it without speculative decoding");
   const bool by_utilization = device == Device::kCUDA && cfg.gpu_memory_utilization > 0.0f;
   int64_t budget = cfg.kv_cache_memory_bytes;
   int64_t activation_bytes = 0;
@@ -79,7 +83,9 @@ Engine::Impl::Impl(const EngineConfig& c) : cfg(c), seed_source(c.seed) {
     for (int32_t b : cfg.cuda_graph_batch_sizes)
       if (b <= cfg.max_num_seqs) ropts.graph_batch_sizes.push_back(b);
   runner = std::make_unique<ModelRunner>(*model, caches->kv(), caches->states(), ropts);
-  async_scheduling = cfg.async_scheduling == "on" || (cfg.async_scheduling == "auto" && device != Device::kCPU);
+  // A step queued ahead is one token of each request: it cannot carry drafts.
+  async_scheduling = !speculative && (cfg.async_scheduling == "on" || (cfg.async_scheduling == "auto" && device != Device::kCPU));
+  live.spec_accepted_per_position.assign(size_t(speculative ? cfg.num_speculative_tokens : 0), 0);
   int threads = cfg.num_threads > 0 ? cfg.num_threads : int(std::thread::hardware_concurrency());
   pool = std::make_unique<ThreadPool>(std::max(1, threads));
 

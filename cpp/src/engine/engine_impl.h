@@ -26,6 +26,14 @@
 
 namespace revolta {
 
+// Greedy with nothing that needs the logits or the token history on the host: its token is the
+// argmax, so it can be read a step later (async scheduling) or checked against drafts.
+inline bool plain_greedy(const Request* r) {
+  const SamplingParams& p = r->params;
+  return p.temperature == 0.0f && p.logprobs < 0 && !p.return_generation_logits && p.repetition_penalty == 1.0f &&
+         p.presence_penalty == 0.0f && p.frequency_penalty == 0.0f && r->num_output_tokens() >= p.min_tokens;
+}
+
 struct Engine::Impl {
   EngineConfig cfg;
   ModelInfo info;
@@ -90,6 +98,13 @@ struct Engine::Impl {
   bool can_run_ahead(const Queued& cur);
   Queued run_ahead(const Queued& cur);
   void sample_now(StepLogits& result);
+  // Speculative decoding (engine_spec.cpp): drafts for the running plain-greedy requests before a
+  // step; after it, each draft checked against the target's argmax, accepted ones kept, the rest
+  // and their KV slots given back, and the step committed with what was accepted.
+  bool speculative = false;
+  void propose_drafts();
+  void finish_speculative_step(const std::vector<ScheduledRequest>& scheduled, StepLogits& result);
+  void commit_one(Request& r, int32_t num_new_tokens);
   // Appends a sampled token; finishes the request (true) or emits it.
   bool accept(Request& r, TokenOutput tok);
   void emit(Request& r, bool finished);

@@ -11,14 +11,14 @@
 namespace revolta {
 
 void Engine::Impl::commit(const std::vector<ScheduledRequest>& scheduled) {
-  for (const auto& s : scheduled) {
-    Request& r = *s.request;
-    const int32_t before = r.num_computed_tokens;
-    r.num_computed_tokens += s.num_new_tokens;
-    live.prompt_tokens_computed +=
-        std::max(0, std::min(r.num_computed_tokens, r.num_prompt_tokens) - before);
-    caches->commit(r);
-  }
+  for (const auto& s : scheduled) commit_one(*s.request, s.num_new_tokens);
+}
+
+void Engine::Impl::commit_one(Request& r, int32_t num_new_tokens) {
+  const int32_t before = r.num_computed_tokens;
+  r.num_computed_tokens += num_new_tokens;
+  live.prompt_tokens_computed += std::max(0, std::min(r.num_computed_tokens, r.num_prompt_tokens) - before);
+  caches->commit(r);
 }
 
 bool Engine::Impl::accept(Request& r, TokenOutput tok) {
@@ -43,17 +43,6 @@ bool Engine::Impl::accept(Request& r, TokenOutput tok) {
   emit(r, false);
   return false;
 }
-
-namespace {
-
-// Greedy with nothing that needs the logits or the token history on the host.
-bool plain_greedy(const Request* r) {
-  const SamplingParams& p = r->params;
-  return p.temperature == 0.0f && p.logprobs < 0 && !p.return_generation_logits && p.repetition_penalty == 1.0f &&
-         p.presence_penalty == 0.0f && p.frequency_penalty == 0.0f && r->num_output_tokens() >= p.min_tokens;
-}
-
-}  // namespace
 
 Engine::Impl::Queued Engine::Impl::queue_greedy(const std::vector<ScheduledRequest>& scheduled, StepLogits& result) {
   Queued q;
@@ -129,14 +118,16 @@ void Engine::Impl::step(bool may_run_ahead) {
   if (cur) {
     for (const ScheduledRequest& s : cur->scheduled) step_ids.push_back(s.request->id);
   } else {
+    if (speculative) propose_drafts();
     SchedulerOutput plan = scheduler->schedule();
     if (plan.empty()) return;
     begin_step(plan.scheduled);
     StepLogits result = runner->execute(plan, caches->prepare(plan.scheduled));
     ++live.num_steps;
-    // Several rows of one request (Request::sample_rows) are for speculative verification.
-    RV_CHECK(result.logits.size(0) == int64_t(result.samplers.size()),
-             "engine: a request sampled several rows, which needs speculative verification");
+    if (result.logits.size(0) != int64_t(result.samplers.size())) {  // drafts to verify
+      finish_speculative_step(plan.scheduled, result);
+      return;
+    }
     commit(plan.scheduled);
     const bool queueable = !result.samplers.empty() &&
                            (result.logits.device() != Device::kCPU || async_scheduling) &&

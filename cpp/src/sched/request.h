@@ -41,8 +41,18 @@ struct Request {
   int32_t stop_token_id = -1;
   std::string error;
 
+  // Draft tokens at the end of `tokens`, proposed for this step and verified by its forward; the
+  // scheduling rule counts them (num_tokens), the output does not.
+  int32_t num_draft_tokens = 0;
+
   int32_t num_tokens() const { return int32_t(tokens.size()); }
-  int32_t num_output_tokens() const { return num_tokens() - num_prompt_tokens; }
+  int32_t num_output_tokens() const { return num_tokens() - num_prompt_tokens - num_draft_tokens; }
+  // Takes the drafts back (a step that cannot schedule them whole, preemption, verification).
+  void drop_drafts() {
+    tokens.resize(tokens.size() - size_t(num_draft_tokens));
+    num_draft_tokens = 0;
+    sample_rows = 1;
+  }
 };
 
 }  // namespace revolta

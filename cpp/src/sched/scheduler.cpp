@@ -13,6 +13,7 @@ void Scheduler::add(std::unique_ptr<Request> r) {
 }
 
 void Scheduler::preempt(Request* r) {
+  r->drop_drafts();
   cache_.free(*r);
   r->num_computed_tokens = 0;
   r->status = RequestStatus::kWaiting;
@@ -31,6 +32,10 @@ SchedulerOutput Scheduler::schedule() {
   for (size_t i = 0; i < running_.size() && budget > 0;) {
     Request* r = running_[i].get();
     int32_t n = cache_.chunk_limit(*r, std::min(r->num_tokens() - r->num_computed_tokens, budget));
+    if (r->num_draft_tokens > 0 && n < r->num_tokens() - r->num_computed_tokens) {  // drafts go whole or not at all
+      r->drop_drafts();
+      n = cache_.chunk_limit(*r, std::min(r->num_tokens() - r->num_computed_tokens, budget));
+    }
     if (n <= 0) {
       ++i;
       continue;

@@ -150,6 +150,7 @@ def build(settings):
     from revolta.models.tokenizer import Tokenizer
     from revolta.server.app import create_app
     from revolta.server.async_engine import AsyncEngine
+    from revolta.speculative import apply_speculative_config
 
     e = settings.engine
     path = resolve_model(e.model)
@@ -159,6 +160,7 @@ def build(settings):
                  "gpu_memory_utilization", "enforce_eager", "async_scheduling"):
         setattr(cfg, name, getattr(e, name))
     cfg.model = path
+    apply_speculative_config(cfg, e.speculative_config)
     engine = AsyncEngine(_core.Engine(cfg), e.max_num_seqs)
     tokenizer = Tokenizer(e.tokenizer or path)
     served = [e.served_model_name or (Path(e.model).name if e.model else "SmolLM2-135M-Instruct")]

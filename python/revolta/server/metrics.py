@@ -19,6 +19,12 @@ class Metrics:
         self.prefix_queries = Gauge(p + "prefix_cache_queries", "prompt tokens looked up in the prefix cache", registry=r)
         self.prefix_hits = Gauge(p + "prefix_cache_hits", "prompt tokens found in the prefix cache", registry=r)
         self.preemptions = Gauge(p + "num_preemptions", "requests preempted so far", registry=r)
+        # Speculative decoding, with vLLM's names.
+        self.spec_drafts = Gauge(p + "spec_decode_num_drafts", "steps that verified drafts", registry=r)
+        self.spec_draft_tokens = Gauge(p + "spec_decode_num_draft_tokens", "draft tokens proposed", registry=r)
+        self.spec_accepted = Gauge(p + "spec_decode_num_accepted_tokens", "draft tokens accepted", registry=r)
+        self.spec_accepted_per_pos = Gauge(p + "spec_decode_num_accepted_tokens_per_pos", "draft tokens accepted by position",
+                                           ["position"], registry=r)
         self.prompt_tokens = Counter(p + "prompt_tokens", "prompt tokens of finished requests", registry=r)
         self.generation_tokens = Counter(p + "generation_tokens", "generated tokens", registry=r)
         self.requests = Counter(p + "request_success", "finished requests", ["finished_reason"], registry=r)
@@ -34,4 +40,9 @@ class Metrics:
         self.prefix_hits.set(s.prefix_cache_hits)
         self.prefix_hit_rate.set(s.prefix_cache_hits / s.prefix_cache_queries if s.prefix_cache_queries else 0.0)
         self.preemptions.set(s.num_preemptions)
+        self.spec_drafts.set(s.spec_num_drafts)
+        self.spec_draft_tokens.set(s.spec_num_draft_tokens)
+        self.spec_accepted.set(s.spec_num_accepted_tokens)
+        for pos, n in enumerate(s.spec_accepted_per_position):
+            self.spec_accepted_per_pos.labels(position=str(pos)).set(n)
         return generate_latest(self.registry)
