@@ -135,6 +135,8 @@ def test_abort_frees_blocks(setup):
     p = _core.SamplingParams()
     p.max_tokens = 10_000 // 2
     p.ignore_eos = True
+    # Neighbours in the same steps keep each step long enough that the abort lands mid-generation.
+    others = [llm.engine.add_request(PROMPT * 2, p) for _ in range(48)]
     rid = llm.engine.add_request(PROMPT * 3, p)
     seen, reason = 0, None
     deadline = time.time() + 30
@@ -147,6 +149,11 @@ def test_abort_frees_blocks(setup):
                 llm.engine.abort(rid)
             if o.finished:
                 reason = o.finish_reason
+    for other in others:
+        llm.engine.abort(other)
     assert reason == "abort"
+    while llm.stats().num_running or llm.stats().num_waiting:
+        assert time.time() < deadline
+        llm.engine.await_outputs(0.05)
     assert llm.stats().num_blocks_used == 0
     assert llm.stats().num_running == 0

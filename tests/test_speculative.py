@@ -64,13 +64,14 @@ def test_greedy_output_is_unchanged(model_dir, engine):
 
 def test_stops_lengths_and_sampled_neighbours(model_dir):
     """A stop token inside accepted drafts, max_tokens reached mid-draft, and seeded sampled
-    requests sharing the steps: all as without speculation."""
+    requests sharing the steps (with logprobs, which do not draft: their draws are unchanged):
+    all as without speculation."""
     greedy = SamplingParams(temperature=0.0, max_tokens=48, ignore_eos=True)
     with LLM(model_dir, max_model_len=512) as base:
         ref = [o.outputs[0].token_ids for o in base.generate(prompts(), greedy)]
     stop = ref[6][20]  # a token the repetitive prompt's output produces (drafted, likely accepted)
     mixed = [SamplingParams(temperature=0.0, max_tokens=37, stop_token_ids=[stop]) if i % 3 == 0 else
-             SamplingParams(temperature=0.9, top_p=0.9, seed=100 + i, max_tokens=29, ignore_eos=True) if i % 3 == 1 else
+             SamplingParams(temperature=0.9, top_p=0.9, seed=100 + i, max_tokens=29, ignore_eos=True, logprobs=0) if i % 3 == 1 else
              SamplingParams(temperature=0.0, max_tokens=13, ignore_eos=True) for i in range(len(prompts()))]
     outs = {}
     for spec in (None, NGRAM):
@@ -151,3 +152,60 @@ def test_server_flag_and_metrics(demo_model_dir):
                                         "--speculative-config", '{"method": "mtp", "num_speculative_tokens": 1}'],
                                        capture_output=True, text=True, timeout=120)
     assert bad.returncode == 2 and "speculative_config" in bad.stderr.splitlines()[-1]
+
+
+def chi_square_same(a: np.ndarray, b: np.ndarray, alpha: float) -> tuple[float, float]:
+    """Two equal-sized samples of categories: the chi-square statistic of 'same distribution' over
+    the categories both make common enough (the rest pooled), and its critical value at alpha
+    (Wilson-Hilferty; alpha is the test's false-failure rate)."""
+    cats = np.union1d(a, b)
+    ca = np.array([(a == c).sum() for c in cats], float)
+    cb = np.array([(b == c).sum() for c in cats], float)
+    common = (ca + cb) >= 10
+    ca = np.append(ca[common], ca[~common].sum())
+    cb = np.append(cb[common], cb[~common].sum())
+    keep = (ca + cb) > 0
+    ca, cb = ca[keep], cb[keep]
+    stat = float(((ca - cb) ** 2 / (ca + cb)).sum())
+    df = len(ca) - 1
+    z = {1e-3: 3.090, 5e-4: 3.291}[alpha]
+    crit = df * (1 - 2 / (9 * df) + z * np.sqrt(2 / (9 * df))) ** 3
+    return stat, crit
+
+
+@pytest.fixture(scope="module")
+def peaky_llama(tmp_path_factory):
+    d = tmp_path_factory.mktemp("peaky")
+    make_hf_model("llama", d, seed=9, max_position_embeddings=256, initializer_range=0.25)
+    return str(d)
+
+
+def sampled_pairs(model_dir, spec, n: int, monkeypatch=None) -> np.ndarray:
+    # Every token of 3..250 once: whatever comes first, a 1-gram lookup finds it in the prompt and
+    # drafts what followed it there, a guess the model mostly rejects.
+    prompt = {"prompt_token_ids": np.random.default_rng(3).permutation(np.arange(3, 251)).tolist()}
+    params = [SamplingParams(temperature=1.0, top_p=0.95, seed=s, max_tokens=4, ignore_eos=True) for s in range(n)]
+    with LLM(model_dir, max_model_len=256, kv_cache_memory_bytes=256 << 20, max_num_seqs=256, speculative_config=spec) as llm:
+        outs = llm.generate([prompt] * n, params)
+        stats = llm.stats()
+    if spec:
+        assert stats.spec_num_drafts > n // 2
+    return np.array([o.outputs[0].token_ids for o in outs])
+
+
+def test_sampled_output_follows_the_target_distribution(peaky_llama, monkeypatch):
+    """Rejection sampling of n-gram drafts keeps the target distribution: tokens 2 and 3 of 3,000
+    seeded requests (the first comes from the prefill, before any draft) with and without
+    speculation pass a chi-square test of equality (each at a false-failure rate of 0.05%), and a
+    wrong rule that keeps every draft fails it."""
+    n = 3000
+    spec = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 3}
+    base = sampled_pairs(peaky_llama, None, n)
+    with_spec = sampled_pairs(peaky_llama, spec, n)
+    for pos in (1, 2):
+        stat, crit = chi_square_same(base[:, pos], with_spec[:, pos], 5e-4)
+        assert stat < crit, (pos, stat, crit)
+    monkeypatch.setenv("REVOLTA_FAULT_INJECT", "accept-drafts")
+    wrong = sampled_pairs(peaky_llama, spec, n)
+    stat, crit = chi_square_same(base[:, 1], wrong[:, 1], 5e-4)
+    assert stat > crit, (stat, crit)

@@ -22,7 +22,8 @@ def apply_speculative_config(cfg: _core.EngineConfig, spec: dict[str, Any] | Non
     if method is None:
         raise ValueError("speculative_config: 'method' is required ('ngram')")
     if spec.get("draft_sample_method", "greedy") != "greedy":
-        raise ValueError("speculative_config: draft_sample_method must be 'greedy' (probabilistic verification is not built yet)")
+        raise ValueError("speculative_config: draft_sample_method must be 'greedy' (n-gram drafts are certain; sampled "
+                         "requests verify them by rejection sampling either way)")
     for name in ("num_speculative_tokens", "prompt_lookup_min", "prompt_lookup_max"):
         value = spec.get(name)
         if value is not None and (isinstance(value, bool) or not isinstance(value, int) or abs(value) > 2**31 - 1):

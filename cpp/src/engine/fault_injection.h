@@ -1,7 +1,8 @@
 // Fault injection for tests of the engine's error paths, read once from REVOLTA_FAULT_INJECT:
 // "step:TOKEN" makes a step that schedules a request whose prompt holds TOKEN throw as a failing
-// op would (only that step's requests fail); "device:TOKEN" throws a DeviceError (fatal). Unset,
-// as in production, it costs one comparison per step.
+// op would (only that step's requests fail); "device:TOKEN" throws a DeviceError (fatal);
+// "accept-drafts" makes the speculative verifier keep every sampled draft (a wrong rule, which the
+// distribution test must catch). Unset, as in production, it costs one comparison per step.
 #pragma once
 
 #include <cstdint>
@@ -12,7 +13,7 @@
 namespace revolta {
 
 struct FaultInjection {
-  enum class Kind { kNone, kStep, kDevice };
+  enum class Kind { kNone, kStep, kDevice, kAcceptDrafts };
   Kind kind = Kind::kNone;
   int32_t token = -1;
 

@@ -7,6 +7,38 @@
 
 namespace revolta {
 
+ops::SampleRow sample_row(const SamplingContext& c, size_t history, int32_t V, std::vector<ops::SampleAdjust>& adjust) {
+  const SamplingParams& p = *c.params;
+  const std::vector<int32_t>& toks = *c.tokens;
+  ops::SampleRow row;
+  row.temperature = p.temperature;
+  row.top_p = p.top_p;
+  row.top_k = p.top_k;
+  row.min_p = p.min_p;
+  row.repetition_penalty = p.repetition_penalty;
+  row.presence_penalty = p.presence_penalty;
+  row.frequency_penalty = p.frequency_penalty;
+  row.num_logprobs = p.logprobs;
+  row.adjust_begin = int32_t(adjust.size());
+  std::map<int32_t, ops::SampleAdjust> by_token;
+  if (int32_t(history) - c.num_prompt_tokens < p.min_tokens) {
+    if (!p.ignore_eos)
+      for (int32_t e : *c.eos_token_ids) by_token[e].masked = 1;
+    for (int32_t t : p.stop_token_ids) by_token[t].masked = 1;
+  }
+  if (p.repetition_penalty != 1.0f)
+    for (size_t i = 0; i < history; ++i) by_token[toks[i]].seen = 1;
+  if (p.presence_penalty != 0.0f || p.frequency_penalty != 0.0f)
+    for (size_t i = size_t(c.num_prompt_tokens); i < history; ++i) ++by_token[toks[i]].out_count;
+  for (auto& [t, a] : by_token)
+    if (t >= 0 && t < V) {
+      a.token = t;
+      adjust.push_back(a);
+    }
+  row.adjust_end = int32_t(adjust.size());
+  return row;
+}
+
 std::vector<TokenOutput> sample_rows(const Tensor& device_logits, const std::vector<SamplingContext>& rows) {
   const bool wants_logits = std::any_of(rows.begin(), rows.end(),
                                         [](const SamplingContext& c) { return c.params->return_generation_logits; });
@@ -16,35 +48,8 @@ std::vector<TokenOutput> sample_rows(const Tensor& device_logits, const std::vec
   std::vector<ops::SampleRow> sample_rows;
   std::vector<ops::SampleAdjust> adjust;
   for (const SamplingContext& c : rows) {
-    const SamplingParams& p = *c.params;
-    const std::vector<int32_t>& toks = *c.tokens;
-    ops::SampleRow row;
-    row.temperature = p.temperature;
-    row.top_p = p.top_p;
-    row.top_k = p.top_k;
-    row.min_p = p.min_p;
-    row.repetition_penalty = p.repetition_penalty;
-    row.presence_penalty = p.presence_penalty;
-    row.frequency_penalty = p.frequency_penalty;
-    row.num_logprobs = p.logprobs;
-    row.adjust_begin = int32_t(adjust.size());
-    std::map<int32_t, ops::SampleAdjust> by_token;
-    if (int32_t(toks.size()) - c.num_prompt_tokens < p.min_tokens) {
-      if (!p.ignore_eos)
-        for (int32_t e : *c.eos_token_ids) by_token[e].masked = 1;
-      for (int32_t t : p.stop_token_ids) by_token[t].masked = 1;
-    }
-    if (p.repetition_penalty != 1.0f)
-      for (int32_t t : toks) by_token[t].seen = 1;
-    if (p.presence_penalty != 0.0f || p.frequency_penalty != 0.0f)
-      for (size_t i = size_t(c.num_prompt_tokens); i < toks.size(); ++i) ++by_token[toks[i]].out_count;
-    for (auto& [t, a] : by_token)
-      if (t >= 0 && t < V) {
-        a.token = t;
-        adjust.push_back(a);
-      }
-    row.adjust_end = int32_t(adjust.size());
-    if (p.temperature > 1e-5f) row.uniform = float(c.rng->uniform());
+    ops::SampleRow row = sample_row(c, c.tokens->size(), V, adjust);
+    if (c.params->temperature > 1e-5f) row.uniform = float(c.rng->uniform());
     sample_rows.push_back(row);
   }
   std::vector<ops::SampleResult> res;

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "core/tensor.h"
+#include "ops/ops.h"
 #include "revolta/engine.h"
 #include "sample/rng.h"
 
@@ -26,5 +27,9 @@ struct SamplingContext {
 // logits: [rows, vocab] on any device; one token per row (with logprobs, and the raw row when
 // return_generation_logits asks for it).
 std::vector<TokenOutput> sample_rows(const Tensor& logits, const std::vector<SamplingContext>& rows);
+
+// The ops::sample row of a request whose history is its first `history` tokens (a speculative
+// row sees the drafts before it), its adjustments appended to `adjust`; no uniform drawn.
+ops::SampleRow sample_row(const SamplingContext& c, size_t history, int32_t vocab, std::vector<ops::SampleAdjust>& adjust);
 
 }  // namespace revolta

@@ -16,6 +16,13 @@ void gated_delta_rule(const Tensor& q, const Tensor& k, const Tensor& v, const T
                       Tensor& state, Tensor& out, int32_t chunk_size);
 void causal_conv1d(const Tensor& x, const Tensor& weight, Tensor& conv_state, Tensor& out, bool silu);
 
+// The sampler's semantics on one row (the reference form of ops::sample): at temperature 0 the
+// adjusted logits; else the kept tokens' unnormalised probabilities after temperature, top-k,
+// top-p and min-p (0: dropped). The speculative verifier reads target distributions from it.
+std::vector<float> sample_weights(const float* raw, int64_t V, const SampleRow& row, const SampleAdjust* adjust);
+// The token at `uniform` of the weights' mass, walking the kept tokens in index order.
+int32_t draw_index_order(const std::vector<float>& weights, double uniform);
+
 // Runs fn(task) for every task in [0, n) on the current CPU pool, or inline when there is none.
 void parallel_tasks(int64_t n, const std::function<void(int64_t)>& fn);
 // Runs fn(begin, end) over [0, n) on the current CPU pool, or inline when there is none.

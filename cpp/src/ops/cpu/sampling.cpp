@@ -24,6 +24,65 @@ void keep_top(const std::vector<float>& w, int64_t count, std::vector<char>& kee
 
 }  // namespace
 
+std::vector<float> sample_weights(const float* raw, int64_t V, const SampleRow& p, const SampleAdjust* adjust) {
+  std::vector<float> w(raw, raw + V);
+  for (int32_t a = p.adjust_begin; a < p.adjust_end; ++a) {
+    const SampleAdjust& e = adjust[a];
+    float& x = w[size_t(e.token)];
+    if (e.masked) x = -INFINITY;
+    if (e.seen && p.repetition_penalty != 1.0f) x = x > 0 ? x / p.repetition_penalty : x * p.repetition_penalty;
+    if (e.out_count > 0) x -= p.frequency_penalty * float(e.out_count) + p.presence_penalty;
+  }
+  if (p.temperature <= 1e-5f) return w;
+  for (auto& x : w) x /= p.temperature;
+  std::vector<char> keep(size_t(V), 1);
+  if (p.top_k > 0 && p.top_k < V) keep_top(w, p.top_k, keep);
+  const float mx = *std::max_element(w.begin(), w.end());
+  std::vector<float> prob(size_t(V), 0.0f);
+  double sum = 0.0;
+  for (int64_t i = 0; i < V; ++i)
+    if (keep[size_t(i)]) sum += prob[size_t(i)] = std::exp(w[size_t(i)] - mx);
+  if (p.top_p < 1.0f) {  // the fewest best tokens whose mass reaches top_p of the kept mass
+    std::vector<int32_t> idx;
+    for (int64_t i = 0; i < V; ++i)
+      if (keep[size_t(i)]) idx.push_back(int32_t(i));
+    std::sort(idx.begin(), idx.end(), [&](int32_t a, int32_t b) {
+      return w[size_t(a)] > w[size_t(b)] || (w[size_t(a)] == w[size_t(b)] && a < b);
+    });
+    double cum = 0.0;
+    size_t n = idx.size();
+    for (size_t i = 0; i < idx.size(); ++i) {
+      cum += prob[size_t(idx[i])];
+      if (cum >= double(p.top_p) * sum) {
+        n = i + 1;
+        break;
+      }
+    }
+    for (size_t i = n; i < idx.size(); ++i) keep[size_t(idx[i])] = 0;
+  }
+  if (p.min_p > 0.0f)  // relative to the best token (probability 1 before normalising)
+    for (int64_t i = 0; i < V; ++i)
+      if (keep[size_t(i)] && prob[size_t(i)] < p.min_p && w[size_t(i)] != mx) keep[size_t(i)] = 0;
+  for (int64_t i = 0; i < V; ++i)
+    if (!keep[size_t(i)]) prob[size_t(i)] = 0.0f;
+  return prob;
+}
+
+int32_t draw_index_order(const std::vector<float>& weights, double uniform) {
+  double kept = 0.0;
+  for (float x : weights) kept += x;
+  const double target = uniform * kept;
+  double acc = 0.0;
+  int32_t token = -1;
+  for (size_t i = 0; i < weights.size(); ++i) {
+    if (weights[i] <= 0.0f) continue;
+    token = int32_t(i);  // the last kept token if rounding leaves target unreached
+    acc += weights[i];
+    if (target < acc) break;
+  }
+  return token;
+}
+
 void sample(const Tensor& logits, const std::vector<SampleRow>& rows, const std::vector<SampleAdjust>& adjust,
             std::vector<SampleResult>& out) {
   const int64_t R = int64_t(rows.size()), V = logits.numel() / std::max<int64_t>(R, 1);
@@ -31,60 +90,10 @@ void sample(const Tensor& logits, const std::vector<SampleRow>& rows, const std:
   for (int64_t r = 0; r < R; ++r) {
     const SampleRow& p = rows[size_t(r)];
     const float* raw = logits.ptr<float>() + r * V;
-    std::vector<float> w(raw, raw + V);
-    for (int32_t a = p.adjust_begin; a < p.adjust_end; ++a) {
-      const SampleAdjust& e = adjust[size_t(a)];
-      float& x = w[size_t(e.token)];
-      if (e.masked) x = -INFINITY;
-      if (e.seen && p.repetition_penalty != 1.0f) x = x > 0 ? x / p.repetition_penalty : x * p.repetition_penalty;
-      if (e.out_count > 0) x -= p.frequency_penalty * float(e.out_count) + p.presence_penalty;
-    }
+    const std::vector<float> w = sample_weights(raw, V, p, adjust.data());
     SampleResult& o = out[size_t(r)];
-    if (p.temperature <= 1e-5f) {
-      o.token = int32_t(std::max_element(w.begin(), w.end()) - w.begin());
-    } else {
-      for (auto& x : w) x /= p.temperature;
-      std::vector<char> keep(size_t(V), 1);
-      if (p.top_k > 0 && p.top_k < V) keep_top(w, p.top_k, keep);
-      const float mx = *std::max_element(w.begin(), w.end());
-      std::vector<float> prob(size_t(V), 0.0f);
-      double sum = 0.0;
-      for (int64_t i = 0; i < V; ++i)
-        if (keep[size_t(i)]) sum += prob[size_t(i)] = std::exp(w[size_t(i)] - mx);
-      if (p.top_p < 1.0f) {  // the fewest best tokens whose mass reaches top_p of the kept mass
-        std::vector<int32_t> idx;
-        for (int64_t i = 0; i < V; ++i)
-          if (keep[size_t(i)]) idx.push_back(int32_t(i));
-        std::sort(idx.begin(), idx.end(), [&](int32_t a, int32_t b) {
-          return w[size_t(a)] > w[size_t(b)] || (w[size_t(a)] == w[size_t(b)] && a < b);
-        });
-        double cum = 0.0;
-        size_t n = idx.size();
-        for (size_t i = 0; i < idx.size(); ++i) {
-          cum += prob[size_t(idx[i])];
-          if (cum >= double(p.top_p) * sum) {
-            n = i + 1;
-            break;
-          }
-        }
-        for (size_t i = n; i < idx.size(); ++i) keep[size_t(idx[i])] = 0;
-      }
-      if (p.min_p > 0.0f)  // relative to the best token (probability 1 before normalising)
-        for (int64_t i = 0; i < V; ++i)
-          if (keep[size_t(i)] && prob[size_t(i)] < p.min_p && w[size_t(i)] != mx) keep[size_t(i)] = 0;
-      double kept = 0.0;
-      for (int64_t i = 0; i < V; ++i)
-        if (keep[size_t(i)]) kept += prob[size_t(i)];
-      const double target = double(p.uniform) * kept;
-      double acc = 0.0;
-      o.token = -1;
-      for (int64_t i = 0; i < V; ++i) {
-        if (!keep[size_t(i)]) continue;
-        o.token = int32_t(i);  // the last kept token if rounding leaves target unreached
-        acc += prob[size_t(i)];
-        if (target < acc) break;
-      }
-    }
+    if (p.temperature <= 1e-5f) o.token = int32_t(std::max_element(w.begin(), w.end()) - w.begin());
+    else o.token = draw_index_order(w, double(p.uniform));
     if (p.num_logprobs >= 0) {
       const float mx = *std::max_element(raw, raw + V);
       double s = 0.0;
