@@ -257,6 +257,12 @@ def test_ngram_speculation_matches_cpu(model_dir):
             assert_greedy_match(c, g, c.outputs[0].generation_logits)
         s = gpu.stats()
         assert s.spec_num_drafts > 0 and s.spec_num_accepted_tokens > 0 and s.num_blocks_used == 0
+        # Sampled requests verify on a host copy of their rows (rejection sampling): reproducible by seed.
+        sampled = [revolta.SamplingParams(temperature=0.8, top_p=0.9, seed=i, max_tokens=24, ignore_eos=True) for i in range(len(ps))]
+        a = [o.outputs[0].token_ids for o in gpu.generate(ps, sampled)]
+        b = [o.outputs[0].token_ids for o in gpu.generate(ps, sampled)]
+        assert a == b and all(len(x) == 24 for x in a)
+        assert gpu.stats().spec_num_draft_tokens > s.spec_num_draft_tokens and gpu.stats().num_blocks_used == 0
     finally:
         cpu.shutdown()
         gpu.shutdown()
