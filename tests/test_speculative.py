@@ -81,7 +81,7 @@ def test_stops_lengths_and_sampled_neighbours(model_dir):
     assert any(r == "stop" for _, r in outs[True])
 
 
-def test_bad_configurations_are_refused(model_dir, tmp_path):
+def test_bad_configurations_are_refused(model_dir):
     with pytest.raises(ValueError, match="speculative_config: method 'mtp' is not built"):
         LLM(model_dir, speculative_config={"method": "mtp", "num_speculative_tokens": 2})
     with pytest.raises(ValueError, match="num_speculative_tokens"):
@@ -92,13 +92,37 @@ def test_bad_configurations_are_refused(model_dir, tmp_path):
         LLM(model_dir, speculative_config={**NGRAM, "draft_sample_method": "probabilistic"})
     with pytest.raises(ValueError, match="prompt_lookup_min"):
         LLM(model_dir, speculative_config={**NGRAM, "prompt_lookup_min": 5})
-    hybrid = tmp_path / "next"
-    make_hf_model("qwen3_next", hybrid, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
-                  linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=16, linear_value_head_dim=16,
-                  head_dim=16, num_hidden_layers=2, layer_types=["linear_attention", "full_attention"])
-    with pytest.raises(ValueError, match="speculative_config: .*recurrent"):
-        LLM(str(hybrid), speculative_config=NGRAM)
 
+
+HYBRID = dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, shared_expert_intermediate_size=48,
+              linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=16, linear_value_head_dim=16,
+              head_dim=16, num_hidden_layers=4)
+
+
+@pytest.fixture(scope="module", params=["qwen3_next", "qwen3_5_moe"])
+def hybrid_dir(request, tmp_path_factory):
+    d = tmp_path_factory.mktemp(request.param)
+    make_hf_model(request.param, d, seed=4, max_position_embeddings=512, **HYBRID)
+    return str(d)
+
+
+@pytest.mark.parametrize("engine", [
+    dict(kv_cache_memory_bytes=16 << 20),
+    dict(kv_cache_memory_bytes=16 << 20, max_num_batched_tokens=24),
+    dict(kv_cache_memory_bytes=560 << 10, block_size=4, max_num_seqs=9, max_model_len=260),  # preemption
+], ids=["plain", "chunked", "preemption"])
+def test_recurrent_state_rolls_back(hybrid_dir, engine):
+    """Gated DeltaNet models: a verify step saves each drafting request's state in a second slot;
+    after a rejection the state goes back to it and the kept tokens are computed again with the
+    next step. Greedy output is unchanged, with prefix hits (state snapshots) and preemption."""
+    params = SamplingParams(temperature=0.0, max_tokens=160 if "block_size" not in engine else 90, ignore_eos=True)
+    ref, ref_again, ref_stats = run(hybrid_dir, None, params, **engine)
+    out, out_again, stats = run(hybrid_dir, NGRAM, params, **engine)
+    assert out == ref and out_again == ref_again
+    assert stats.spec_num_draft_tokens > stats.spec_num_accepted_tokens > 0  # both paths taken
+    assert stats.num_blocks_used == 0 and stats.prefix_cache_hits > 0
+    if "block_size" in engine:
+        assert stats.num_preemptions > 0
 
 QUOTE = ("The quick brown fox jumps over the lazy dog. The dog was not amused, and it chased the fox around the "
          "farm until the farmer came out with a broom and told them both to be quiet.")

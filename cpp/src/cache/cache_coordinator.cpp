@@ -24,7 +24,7 @@ CachePlan plan_shape(const CacheSpecs& groups, const CacheLimits& limits) {
   RV_CHECK_ARG(kv_groups <= 1 && state_groups <= 1, "the model declares ", kv_groups, " paged-KV and ", state_groups,
                " recurrent-state cache groups; the cache supports one of each");
   p.state_slots = p.state.num_layers ? limits.max_num_seqs * state_slots_per_request : 0;
-  p.snapshot_slots = limits.prefix_caching ? p.state_slots : 0;
+  p.snapshot_slots = limits.prefix_caching && p.state.num_layers ? limits.max_num_seqs : 0;
   p.state_bytes = p.state.bytes_per_slot() * (p.state_slots + p.snapshot_slots);
   p.block_bytes = std::max<int64_t>(1, p.kv.bytes_per_token() * limits.block_size);
   p.need_blocks = (limits.max_model_len + limits.block_size - 1) / limits.block_size;
@@ -65,10 +65,12 @@ std::vector<StateAction> CacheCoordinator::prepare(const std::vector<ScheduledRe
   for (const ScheduledRequest& s : scheduled) {
     Request& r = *s.request;
     if (!states_) continue;
-    if (r.state_restore >= 0) actions.push_back({r.state_restore, r.state_slot});  // prefix-cache hit
+    if (r.state_restore >= 0) actions.push_back({r.state_restore, r.state_slot});  // prefix hit, or a rollback
     else if (r.state_fresh) actions.push_back({-1, r.state_slot});
     r.state_fresh = false;
     r.state_restore = -1;
+    // A verify step: the state before it, in case drafts are rejected (speculative decoding).
+    if (r.num_draft_tokens > 0) actions.push_back({r.state_slot, r.scratch_slot});
   }
   return actions;
 }

@@ -24,7 +24,8 @@ struct CacheLimits {
 };
 
 // One budget split: recurrent-state slots first (slots_per_request for every running request,
-// and as many prefix-cache snapshots when prefix caching is on), KV blocks from the rest.
+// and one prefix-cache snapshot per running request when prefix caching is on), KV blocks from
+// the rest.
 struct CachePlan {
   KvCacheSpec kv;   // the paged group (num_layers 0: the model has none)
   StateSpec state;  // the recurrent group (num_layers 0: none)
@@ -54,7 +55,8 @@ class CacheCoordinator {
   int64_t num_blocks() const { return plan_.num_blocks; }
   int64_t nbytes() const;
 
-  // The state slots of this step's requests that must be zeroed (new) or restored (prefix hit).
+  // The state slots of this step's requests that must be zeroed (new) or restored (a prefix hit,
+  // or a rollback after rejected drafts), and saved (a request verifying drafts: its scratch slot).
   std::vector<StateAction> prepare(const std::vector<ScheduledRequest>& scheduled);
   // After a forward computed the request's scheduled tokens: registers its full blocks for
   // prefix hits and, on a block boundary of its prompt, snapshots its state.

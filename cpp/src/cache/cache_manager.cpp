@@ -131,13 +131,22 @@ void KvCacheManager::trim(Request& r) {
   r.block_table.resize(keep);
 }
 
+bool KvCacheManager::take_scratch_slot(Request& r) {
+  if (r.scratch_slot >= 0) return true;
+  if (free_state_slots_.empty()) return false;
+  r.scratch_slot = free_state_slots_.back();
+  free_state_slots_.pop_back();
+  return true;
+}
+
 void KvCacheManager::free(Request& r) {
   std::vector<int32_t> reversed(r.block_table.rbegin(), r.block_table.rend());
   pool_.release(reversed);
   r.block_table.clear();
   r.block_hashes.clear();
   if (r.state_slot >= 0) free_state_slots_.push_back(r.state_slot);
-  r.state_slot = -1;
+  if (r.scratch_slot >= 0) free_state_slots_.push_back(r.scratch_slot);
+  r.state_slot = r.scratch_slot = -1;
   r.state_restore = -1;
   r.state_fresh = false;
 }

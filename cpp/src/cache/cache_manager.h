@@ -44,6 +44,9 @@ class KvCacheManager {
   void free(Request& r);
   // Releases the blocks past those its computed tokens and the next one need (drafts rejected).
   void trim(Request& r);
+  // A second state slot for a request that drafts (its state before a verify step); false when
+  // none is free (it then does not draft).
+  bool take_scratch_slot(Request& r);
 
   const BlockPool& pool() const { return pool_; }
   int32_t num_snapshots() const { return int32_t(snapshot_lru_.size()); }

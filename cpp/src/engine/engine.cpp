@@ -47,9 +47,10 @@ Engine::Impl::Impl(const EngineConfig& c) : cfg(c), seed_source(c.seed) {
       g.kv.dtype = DType::kF16;
   const CacheLimits limits{cfg.block_size, cfg.max_num_seqs, cfg.max_model_len, cfg.enable_prefix_caching};
   speculative = !cfg.speculative_method.empty();
-  RV_CHECK_ARG(!speculative || plan_shape(groups, limits).state.num_layers == 0, "speculative_config: ",
-               model_cfg.architecture, " has recurrent (Gated DeltaNet) layers, whose state rollback after "
-               "rejected drafts is not built yet; serve it without speculative decoding");
+  // A drafting request of a recurrent model holds a second state slot: its state before the
+  // verify step, restored when drafts are rejected.
+  for (CacheGroupSpec& g : groups)
+    if (speculative && g.kind == CacheGroupSpec::Kind::kRecurrentState) g.slots_per_request = 2;
   const bool by_utilization = device == Device::kCUDA && cfg.gpu_memory_utilization > 0.0f;
   int64_t budget = cfg.kv_cache_memory_bytes;
   int64_t activation_bytes = 0;

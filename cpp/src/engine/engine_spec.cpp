@@ -31,6 +31,7 @@ void Engine::Impl::propose_drafts() {
     // A step yields at most drafts + 1 tokens: stay within max_tokens and max_model_len.
     const int32_t room = std::min(r->params.max_tokens - r->num_output_tokens(), cfg.max_model_len - r->num_tokens()) - 1;
     if (room <= 0) continue;
+    if (caches->states() && !caches->manager().take_scratch_slot(*r)) continue;
     std::vector<int32_t> drafts = propose_ngram(r->tokens, cfg.prompt_lookup_min, cfg.prompt_lookup_max, std::min(k, room));
     if (drafts.empty()) continue;
     r->tokens.insert(r->tokens.end(), drafts.begin(), drafts.end());
@@ -129,7 +130,15 @@ void Engine::Impl::finish_speculative_step(const std::vector<ScheduledRequest>& 
     r.tokens.resize(r.tokens.size() - size_t(k - a));
     r.num_draft_tokens = 0;
     r.sample_rows = 1;
-    commit_one(r, s.num_new_tokens - (k - a));
+    if (a < k && caches->states()) {
+      // The recurrent state ran through the rejected drafts too: back to the state before the
+      // step, and the input token and accepted drafts are computed again with the next token
+      // (their K/V are rewritten with the same values). No extra forward: they join the next step.
+      r.state_restore = r.scratch_slot;
+      commit_one(r, 0);
+    } else {
+      commit_one(r, s.num_new_tokens - (k - a));
+    }
     caches->manager().trim(r);
     r.tokens.resize(r.tokens.size() - size_t(a));
     for (int32_t j = 0; j <= a; ++j) {

@@ -34,6 +34,7 @@ struct Request {
   bool state_fresh = false;    // the slot must be zeroed before the next forward
   int32_t state_restore = -1;  // snapshot slot to copy into state_slot before the next forward
   int32_t snapshot_slot = -1;  // the snapshot this request last saved (superseded ones are freed)
+  int32_t scratch_slot = -1;   // speculative decoding: its state before a verify step, for rollback
 
   Rng rng;
   std::vector<TokenOutput> pending;  // produced since the last output was emitted
