@@ -112,3 +112,25 @@ def test_prefix_cache_hit_restores_the_state(pair):
     assert second.num_cached_tokens >= 256
     assert second.outputs[0].token_ids == first.outputs[0].token_ids
     assert_greedy_match(cpu.generate([p], sampling(True))[0], second)
+
+
+def test_ngram_speculation_rolls_the_state_back(pair, tmp_path):
+    """Drafts verified on the device for a Gated DeltaNet model (a verify step runs k + 1 tokens of
+    a sequence through the DeltaNet kernels; a rejection restores the state saved before it):
+    greedy output equal to the CPU engine's without speculation, up to a CPU near-tie."""
+    import revolta
+
+    cpu, gpu_plain = pair
+    rng = np.random.default_rng(5)
+    ps = [{"prompt_token_ids": (rng.integers(3, 256, size=n).tolist()) * 3} for n in (5, 11, 30)]
+    spec = revolta.LLM(gpu_plain.model_path, device="cuda", gpu_memory_utilization=0.0, max_model_len=1024,
+                       kv_cache_memory_bytes=64 << 20, max_num_seqs=16,
+                       speculative_config={"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 3})
+    try:
+        outs = spec.generate(ps, sampling())
+        for p, g in zip(ps, outs):
+            assert_greedy_match(cpu.generate([p], sampling(True))[0], g)
+        s = spec.stats()
+        assert s.spec_num_draft_tokens > 0 and s.num_blocks_used == 0
+    finally:
+        spec.shutdown()
