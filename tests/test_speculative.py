@@ -57,6 +57,7 @@ def test_greedy_output_is_unchanged(model_dir, engine):
     assert len(per_pos) == 4 and sum(per_pos) == stats.spec_num_accepted_tokens
     assert all(a >= b for a, b in zip(per_pos, per_pos[1:]))  # position j is accepted only after j - 1
     assert stats.num_steps < ref_stats.num_steps  # fewer steps for the same tokens
+    assert stats.spec_verify_time_us > 0 and stats.spec_draft_time_us >= 0
     assert stats.num_blocks_used == 0 and stats.prefix_cache_hits > 0
     if engine.get("block_size") == 4:
         assert stats.num_preemptions > 0 and ref_stats.num_preemptions > 0
@@ -170,6 +171,8 @@ def test_server_flag_and_metrics(demo_model_dir):
         accepted = [line for line in metrics.splitlines() if line.startswith("revolta:spec_decode_num_accepted_tokens ")]
         assert accepted and float(accepted[0].split()[-1]) > 0
         assert 'revolta:spec_decode_num_accepted_tokens_per_pos{position="0"}' in metrics
+        verify = [line for line in metrics.splitlines() if line.startswith("revolta:spec_decode_verify_seconds ")]
+        assert verify and float(verify[0].split()[-1]) > 0
     finally:
         assert "Traceback" not in srv.stop()
     bad = __import__("subprocess").run([__import__("sys").executable, "-m", "revolta.server.cli", "--port", "0", "--model", demo_model_dir,

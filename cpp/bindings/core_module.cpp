@@ -123,7 +123,9 @@ NB_MODULE(_core, m) {
       .def_ro("spec_num_drafts", &EngineStats::spec_num_drafts)
       .def_ro("spec_num_draft_tokens", &EngineStats::spec_num_draft_tokens)
       .def_ro("spec_num_accepted_tokens", &EngineStats::spec_num_accepted_tokens)
-      .def_ro("spec_accepted_per_position", &EngineStats::spec_accepted_per_position);
+      .def_ro("spec_accepted_per_position", &EngineStats::spec_accepted_per_position)
+      .def_ro("spec_draft_time_us", &EngineStats::spec_draft_time_us)
+      .def_ro("spec_verify_time_us", &EngineStats::spec_verify_time_us);
 
   nb::class_<ModelInfo>(m, "ModelInfo")
       .def_ro("architecture", &ModelInfo::architecture)

@@ -120,6 +120,8 @@ struct EngineStats {
   int64_t spec_num_draft_tokens = 0;
   int64_t spec_num_accepted_tokens = 0;
   std::vector<int64_t> spec_accepted_per_position;
+  int64_t spec_draft_time_us = 0;   // proposing drafts
+  int64_t spec_verify_time_us = 0;  // steps that verified drafts: forward, verification, bookkeeping
 };
 
 struct ModelInfo {

@@ -23,6 +23,9 @@ class Metrics:
         self.spec_drafts = Gauge(p + "spec_decode_num_drafts", "steps that verified drafts", registry=r)
         self.spec_draft_tokens = Gauge(p + "spec_decode_num_draft_tokens", "draft tokens proposed", registry=r)
         self.spec_accepted = Gauge(p + "spec_decode_num_accepted_tokens", "draft tokens accepted", registry=r)
+        self.spec_draft_seconds = Gauge(p + "spec_decode_draft_seconds", "time spent proposing drafts", registry=r)
+        self.spec_verify_seconds = Gauge(p + "spec_decode_verify_seconds", "time of the steps that verified drafts",
+                                         registry=r)
         self.spec_accepted_per_pos = Gauge(p + "spec_decode_num_accepted_tokens_per_pos", "draft tokens accepted by position",
                                            ["position"], registry=r)
         self.prompt_tokens = Counter(p + "prompt_tokens", "prompt tokens of finished requests", registry=r)
@@ -43,6 +46,8 @@ class Metrics:
         self.spec_drafts.set(s.spec_num_drafts)
         self.spec_draft_tokens.set(s.spec_num_draft_tokens)
         self.spec_accepted.set(s.spec_num_accepted_tokens)
+        self.spec_draft_seconds.set(getattr(s, "spec_draft_time_us", 0) / 1e6)
+        self.spec_verify_seconds.set(getattr(s, "spec_verify_time_us", 0) / 1e6)
         for pos, n in enumerate(s.spec_accepted_per_position):
             self.spec_accepted_per_pos.labels(position=str(pos)).set(n)
         return generate_latest(self.registry)
