@@ -76,11 +76,17 @@ void Engine::Impl::finish_speculative_step(const std::vector<ScheduledRequest>& 
   std::vector<int32_t> first(S + 1, 0);
   for (size_t i = 0; i < S; ++i) first[i + 1] = first[i] + result.rows_per_sampler[i];
   const Device dev = result.logits.device();
-  // Every row's argmax: the verdicts on the drafts (their requests are plain greedy).
-  Tensor ids = Tensor::uninitialized({int64_t(first[S])}, DType::kI32, dev);
-  ops::argmax(result.logits, ids);
-  const Tensor host_ids = ids.to(Device::kCPU);
-  const int32_t* argmax = host_ids.ptr<int32_t>();
+  // The verdicts of plain-greedy drafted requests: every row's argmax, on the device, in one op.
+  bool greedy_drafts = false;
+  for (size_t i = 0; i < S; ++i) greedy_drafts |= result.rows_per_sampler[i] > 1 && plain_greedy(result.samplers[i]);
+  Tensor host_ids;
+  const int32_t* argmax = nullptr;
+  if (greedy_drafts) {
+    Tensor ids = Tensor::uninitialized({int64_t(first[S])}, DType::kI32, dev);
+    ops::argmax(result.logits, ids);
+    host_ids = ids.to(Device::kCPU);
+    argmax = host_ids.ptr<int32_t>();
+  }
   // Requests without drafts sample their one row as in any step.
   std::vector<int32_t> single_rows;
   std::vector<SamplingContext> contexts;

@@ -12,29 +12,21 @@ int64_t estimate_weight_bytes(const ModelConfig& c, size_t bpe) {
   const int64_t key_dim = int64_t(c.linear_num_key_heads) * c.linear_key_head_dim;
   const int64_t value_dim = int64_t(c.linear_num_value_heads) * c.linear_value_head_dim;
   const int64_t gdn = (2 * key_dim + 2 * value_dim + 2 * int64_t(c.linear_num_value_heads)) * H + H * value_dim;
+  // The feed-forward block: experts (+ router rows and a shared expert), or a dense MLP.
+  const auto ffn = [&](bool moe) {
+    if (!moe) return 3 * int64_t(c.intermediate_size) * H * b;
+    int64_t n = int64_t(c.num_experts) * 3 * c.moe_intermediate_size * H * b + int64_t(c.num_experts) * H * 4;
+    if (c.shared_expert_intermediate_size > 0) n += 3 * int64_t(c.shared_expert_intermediate_size) * H * b + H * 4;
+    return n;
+  };
   int64_t total = 0;
   for (int32_t l = 0; l < c.num_layers; ++l) {
     const bool linear = !c.linear_layers.empty() && c.linear_layers[size_t(l)];
-    total += (linear ? gdn : attn) * b + 2 * H * 4;  // projections + the two norms (f32)
-    if (c.num_experts > 0 && c.is_moe_layer(l)) {
-      total += int64_t(c.num_experts) * 3 * c.moe_intermediate_size * H * b + int64_t(c.num_experts) * H * 4;
-      if (c.shared_expert_intermediate_size > 0) total += 3 * int64_t(c.shared_expert_intermediate_size) * H * b + H * 4;
-    } else {
-      total += 3 * int64_t(c.intermediate_size) * H * b;
-    }
+    total += (linear ? gdn : attn) * b + 2 * H * 4 + ffn(c.num_experts > 0 && c.is_moe_layer(l));  // + the two norms (f32)
   }
   // An MTP layer: a full-attention decoder layer with the model's MoE, the fc joining embedding
   // and hidden state (2H -> H) and three norms.
-  if (c.num_mtp_layers > 0) {
-    int64_t mtp = attn * b + 2 * H * H * b + 5 * H * 4;
-    if (c.num_experts > 0) {
-      mtp += int64_t(c.num_experts) * 3 * c.moe_intermediate_size * H * b + int64_t(c.num_experts) * H * 4;
-      if (c.shared_expert_intermediate_size > 0) mtp += 3 * int64_t(c.shared_expert_intermediate_size) * H * b + H * 4;
-    } else {
-      mtp += 3 * int64_t(c.intermediate_size) * H * b;
-    }
-    total += c.num_mtp_layers * mtp;
-  }
+  total += c.num_mtp_layers * (attn * b + 2 * H * H * b + 5 * H * 4 + ffn(c.num_experts > 0));
   const int64_t embed = int64_t(c.vocab_size) * H * b;
   return total + embed * (c.tie_word_embeddings ? 1 : 2) + H * 4;
 }

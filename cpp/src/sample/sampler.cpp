@@ -45,15 +45,15 @@ std::vector<TokenOutput> sample_rows(const Tensor& device_logits, const std::vec
   // Raw rows are returned on the host: sample them there too (the same op, on the CPU).
   const Tensor logits = wants_logits && device_logits.device() != Device::kCPU ? device_logits.to(Device::kCPU) : device_logits;
   const int32_t V = int32_t(logits.shape().back());
-  std::vector<ops::SampleRow> sample_rows;
+  std::vector<ops::SampleRow> op_rows;
   std::vector<ops::SampleAdjust> adjust;
   for (const SamplingContext& c : rows) {
     ops::SampleRow row = sample_row(c, c.tokens->size(), V, adjust);
     if (c.params->temperature > 1e-5f) row.uniform = float(c.rng->uniform());
-    sample_rows.push_back(row);
+    op_rows.push_back(row);
   }
   std::vector<ops::SampleResult> res;
-  ops::sample(logits, sample_rows, adjust, res);
+  ops::sample(logits, op_rows, adjust, res);
   std::vector<TokenOutput> out(res.size());
   for (size_t i = 0; i < res.size(); ++i) {
     const SamplingParams& p = *rows[i].params;
