@@ -83,8 +83,10 @@ def test_stops_lengths_and_sampled_neighbours(model_dir):
 
 
 def test_bad_configurations_are_refused(model_dir):
-    with pytest.raises(ValueError, match="speculative_config: method 'mtp' is not built"):
+    with pytest.raises(ValueError, match="speculative_config: method 'mtp' needs multi-token-prediction layers"):
         LLM(model_dir, speculative_config={"method": "mtp", "num_speculative_tokens": 2})
+    with pytest.raises(ValueError, match="method must be 'ngram' or 'mtp'"):
+        LLM(model_dir, speculative_config={"method": "eagle", "num_speculative_tokens": 2})
     with pytest.raises(ValueError, match="num_speculative_tokens"):
         LLM(model_dir, speculative_config={"method": "ngram"})
     with pytest.raises(ValueError, match="unknown field.*lookahead"):

@@ -20,16 +20,17 @@ def apply_speculative_config(cfg: _core.EngineConfig, spec: dict[str, Any] | Non
         raise ValueError(f"speculative_config: unknown field(s) {', '.join(unknown)} (known: {', '.join(sorted(_KEYS))})")
     method = spec.get("method")
     if method is None:
-        raise ValueError("speculative_config: 'method' is required ('ngram')")
+        raise ValueError("speculative_config: 'method' is required ('ngram' or 'mtp')")
     if spec.get("draft_sample_method", "greedy") != "greedy":
-        raise ValueError("speculative_config: draft_sample_method must be 'greedy' (n-gram drafts are certain; sampled "
-                         "requests verify them by rejection sampling either way)")
+        raise ValueError("speculative_config: draft_sample_method must be 'greedy' (drafts are each draft model's "
+                         "argmax; sampled requests verify them by rejection sampling, which keeps their distribution)")
     for name in ("num_speculative_tokens", "prompt_lookup_min", "prompt_lookup_max"):
         value = spec.get(name)
         if value is not None and (isinstance(value, bool) or not isinstance(value, int) or abs(value) > 2**31 - 1):
             raise ValueError(f"speculative_config: {name} must be an integer, got {value!r}")
     cfg.speculative_method = str(method)
-    cfg.num_speculative_tokens = int(spec.get("num_speculative_tokens", 0))
+    # vLLM's default for mtp: one draft per MTP layer (the checkpoints carry one).
+    cfg.num_speculative_tokens = int(spec.get("num_speculative_tokens", 1 if method == "mtp" else 0))
     lookup_max = int(spec.get("prompt_lookup_max", 4))
     cfg.prompt_lookup_max = lookup_max
     cfg.prompt_lookup_min = int(spec.get("prompt_lookup_min", min(1, lookup_max)))

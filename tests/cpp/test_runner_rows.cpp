@@ -32,7 +32,7 @@ Rig make_rig(const std::string& dir, const ModelConfig& c) {
   g.scheduler = std::make_unique<Scheduler>(SchedulerConfig{4, 256, 64}, g.caches->manager());
   RunnerOptions o;
   o.max_model_len = 64;
-  o.return_hidden = true;
+  o.hidden = HiddenRows::kSampled;
   g.runner = std::make_unique<ModelRunner>(*g.model, g.caches->kv(), g.caches->states(), o);
   return g;
 }

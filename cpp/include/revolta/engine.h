@@ -63,7 +63,8 @@ struct EngineConfig {
   uint64_t seed = 0;                 // seeds requests that bring no seed of their own
   // Speculative decoding (vLLM's speculative_config): "" (off) | "ngram" (prompt lookup: drafts
   // copied from where the request's last n tokens, prompt_lookup_max >= n >= prompt_lookup_min,
-  // occurred before). Greedy requests verify up to num_speculative_tokens drafts a step.
+  // occurred before) | "mtp" (the checkpoint's multi-token-prediction layers, run
+  // autoregressively). Requests verify up to num_speculative_tokens drafts a step.
   std::string speculative_method;
   int32_t num_speculative_tokens = 0;
   int32_t prompt_lookup_min = 1, prompt_lookup_max = 4;

@@ -124,7 +124,7 @@ void KvCacheManager::cache_full_blocks(Request& r) {
 }
 
 void KvCacheManager::trim(Request& r) {
-  const size_t keep = size_t(r.num_computed_tokens / pool_.block_size() + 1);
+  const size_t keep = size_t(r.num_tokens() / pool_.block_size() + 1);
   if (r.block_table.size() <= keep) return;
   std::vector<int32_t> tail(r.block_table.rbegin(), r.block_table.rend() - ptrdiff_t(keep));
   pool_.release(tail);

@@ -42,7 +42,7 @@ class KvCacheManager {
   void cache_full_blocks(Request& r);
   // Releases every block of the request (tail first, so tails are evicted first).
   void free(Request& r);
-  // Releases the blocks past those its computed tokens and the next one need (drafts rejected).
+  // Releases the blocks past those its tokens and the next one need (drafts rejected).
   void trim(Request& r);
   // A second state slot for a request that drafts (its state before a verify step); false when
   // none is free (it then does not draft).

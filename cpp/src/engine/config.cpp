@@ -71,10 +71,8 @@ void EngineConfig::validate() const {
                kv_cache_memory_bytes);
   RV_CHECK_ARG(num_threads >= 0 && num_threads <= 1024, "num_threads must be in [0, 1024], got ",
                num_threads);
-  RV_CHECK_ARG(speculative_method != "mtp",
-               "speculative_config: method 'mtp' is not built yet (the MTP layers are loaded, not run); use 'ngram'");
-  RV_CHECK_ARG(speculative_method.empty() || speculative_method == "ngram",
-               "speculative_config: method must be 'ngram', got '", speculative_method, "'");
+  RV_CHECK_ARG(speculative_method.empty() || speculative_method == "ngram" || speculative_method == "mtp",
+               "speculative_config: method must be 'ngram' or 'mtp', got '", speculative_method, "'");
   if (!speculative_method.empty()) {
     RV_CHECK_ARG(num_speculative_tokens >= 1 && num_speculative_tokens <= 16,
                  "speculative_config: num_speculative_tokens must be in [1, 16], got ", num_speculative_tokens);

@@ -47,6 +47,12 @@ Engine::Impl::Impl(const EngineConfig& c) : cfg(c), seed_source(c.seed) {
       g.kv.dtype = DType::kF16;
   const CacheLimits limits{cfg.block_size, cfg.max_num_seqs, cfg.max_model_len, cfg.enable_prefix_caching};
   speculative = !cfg.speculative_method.empty();
+  mtp = cfg.speculative_method == "mtp";
+  RV_CHECK_ARG(!mtp || model_cfg.num_mtp_layers > 0, "speculative_config: method 'mtp' needs multi-token-prediction ",
+               "layers, and ", cfg.model, "/config.json names none (mtp_num_hidden_layers); use 'ngram'");
+  // The MTP layers keep K/V like attention layers, after the model's own.
+  for (CacheGroupSpec& g : groups)
+    if (mtp && g.kind == CacheGroupSpec::Kind::kPagedKv) g.kv.num_layers += model_cfg.num_mtp_layers;
   // A drafting request of a recurrent model holds a second state slot: its state before the
   // verify step, restored when drafts are rejected.
   for (CacheGroupSpec& g : groups)
@@ -70,6 +76,10 @@ Engine::Impl::Impl(const EngineConfig& c) : cfg(c), seed_source(c.seed) {
   CachePlan plan = plan_caches(groups, limits, budget, by_utilization ? "gpu_memory_utilization" : "kv_cache_memory_bytes");
 
   model = load_model(cfg.model, model_cfg, parse_dtype(dt), device, cfg.load_format == "dummy");
+  RV_CHECK_ARG(!mtp || model->num_mtp_layers() == model_cfg.num_mtp_layers, "speculative_config: method 'mtp' needs ",
+               "the checkpoint's multi-token-prediction layers, and ", cfg.model, " (", model_cfg.architecture,
+               ") carries ", model->num_mtp_layers(), " of the ", model_cfg.num_mtp_layers,
+               " its config names (no mtp.* tensors); use 'ngram'");
   if (by_utilization) {  // now measured: what the weights really left
     size_t free_b = 0, total_b = 0;
     device_runtime(device).memory_info(&free_b, &total_b);
@@ -80,6 +90,7 @@ Engine::Impl::Impl(const EngineConfig& c) : cfg(c), seed_source(c.seed) {
       SchedulerConfig{cfg.max_num_seqs, cfg.max_num_batched_tokens, cfg.max_model_len}, caches->manager());
   RunnerOptions ropts;
   ropts.max_model_len = cfg.max_model_len;
+  if (mtp) ropts.hidden = HiddenRows::kEvery;  // the MTP layer reads the hidden state of every computed position
   if (device == Device::kCUDA && !cfg.enforce_eager)
     for (int32_t b : cfg.cuda_graph_batch_sizes)
       if (b <= cfg.max_num_seqs) ropts.graph_batch_sizes.push_back(b);

@@ -11,6 +11,7 @@
 #include <optional>
 #include <string>
 #include <thread>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -102,6 +103,15 @@ struct Engine::Impl {
   // step; after it, each draft checked against the target's argmax, accepted ones kept, the rest
   // and their KV slots given back, and the step committed with what was accepted.
   bool speculative = false;
+  bool mtp = false;  // drafts from the checkpoint's MTP layers (else n-gram lookup)
+  // A step with speculation on: drafts proposed, the forward, verification, and (mtp) the MTP
+  // layer's pass over what the step computed, which leaves the next step's drafts.
+  void speculative_step();
+  // Where each scheduled request's rows lie in the step: its first position and first row.
+  struct StepRows {
+    int32_t start = 0, row = 0, count = 0;
+  };
+  void draft_with_mtp(const std::unordered_map<const Request*, StepRows>& rows, const Tensor& hidden);
   void propose_drafts();
   void finish_speculative_step(const std::vector<ScheduledRequest>& scheduled, StepLogits& result);
   // The tokens a drafted request's rows give when it is not plain greedy (sampled: rejection

@@ -7,7 +7,13 @@
 // first rejected row gives the next token (all accepted: the last row gives a bonus token);
 // rejected drafts leave tokens and KV blocks, and the step is committed with the accepted length
 // only, so no block holding a rejected draft is ever hashed for prefix caching.
+//
+// MTP drafting (vLLM's order): after each forward the MTP layer runs over every position the step
+// computed whose next token is now known, fed that token and the target's hidden state there,
+// which writes its K/V and, at a request's last position, gives its first draft; further drafts
+// come from the MTP layer fed its own output hidden state and the previous draft.
 #include <algorithm>
+#include <chrono>
 #include <unordered_map>
 
 #include "core/device_runtime.h"
@@ -21,19 +27,129 @@
 
 namespace revolta {
 
+namespace {
+
+int64_t micros(std::chrono::steady_clock::duration d) {
+  return int64_t(std::chrono::duration_cast<std::chrono::microseconds>(d).count());
+}
+
+}  // namespace
+
+// A step yields at most drafts + 1 tokens: drafts stay within max_tokens and max_model_len.
+static int32_t draft_room(const Request& r, const EngineConfig& cfg) {
+  return std::min(r.params.max_tokens - r.num_output_tokens(), cfg.max_model_len - r.num_tokens()) - 1;
+}
+
+void Engine::Impl::speculative_step() {
+  using Clock = std::chrono::steady_clock;
+  const auto t0 = Clock::now();
+  propose_drafts();
+  const auto t1 = Clock::now();
+  SchedulerOutput plan = scheduler->schedule();
+  if (plan.empty()) return;
+  begin_step(plan.scheduled);
+  std::unordered_map<const Request*, StepRows> rows;
+  int32_t row = 0;
+  bool drafted = false;
+  for (const ScheduledRequest& s : plan.scheduled) {
+    rows[s.request] = {s.request->num_computed_tokens, row, s.num_new_tokens};
+    row += s.num_new_tokens;
+    drafted |= s.request->num_draft_tokens > 0;
+  }
+  StepLogits result = runner->execute(plan, caches->prepare(plan.scheduled));
+  ++live.num_steps;
+  finish_speculative_step(plan.scheduled, result);
+  const auto t2 = Clock::now();
+  if (mtp) draft_with_mtp(rows, result.hidden);
+  live.spec_draft_time_us += micros(t1 - t0) + micros(Clock::now() - t2);
+  if (drafted) live.spec_verify_time_us += micros(t2 - t1);
+}
+
+void Engine::Impl::draft_with_mtp(const std::unordered_map<const Request*, StepRows>& rows, const Tensor& hidden) {
+  // Finished requests have left running(); the step's rows of the others are still in `hidden`.
+  std::vector<DraftSpan> spans;
+  std::vector<int32_t> hidden_rows;
+  std::vector<Request*> drafting;
+  for (Request* r : scheduler->running()) {
+    const auto it = rows.find(r);
+    if (it == rows.end()) continue;
+    const StepRows& s = it->second;
+    // The step's positions whose next token is known: all but a decoding request's last token.
+    const int32_t m = std::min(s.count, r->num_tokens() - 1 - s.start);
+    if (m <= 0) continue;
+    DraftSpan d;
+    d.request = r;
+    d.start = s.start;
+    d.tokens.assign(r->tokens.begin() + s.start + 1, r->tokens.begin() + s.start + 1 + m);
+    d.wanted = s.start + m == r->num_tokens() - 1 && draft_room(*r, cfg) > 0;
+    if (d.wanted) drafting.push_back(r);
+    r->mtp_drafts.clear();
+    r->mtp_drafts_at = -1;
+    for (int32_t i = 0; i < m; ++i) hidden_rows.push_back(s.row + i);
+    spans.push_back(std::move(d));
+  }
+  if (spans.empty()) return;
+  const Device dev = hidden.device();
+  auto device_rows = [&](const std::vector<int32_t>& ids) {
+    Tensor t = Tensor::empty({int64_t(ids.size())}, DType::kI32);
+    std::copy(ids.begin(), ids.end(), t.ptr<int32_t>());
+    return t.to(dev);
+  };
+  Tensor h = Tensor::uninitialized({int64_t(hidden_rows.size()), hidden.size(1)}, DType::kF32, dev);
+  ops::gather_rows(hidden, device_rows(hidden_rows), h);
+  ForwardOutput out = runner->draft_forward(spans, h, 0);
+  const int32_t L = model->num_mtp_layers();
+  for (int32_t j = 1; !drafting.empty(); ++j) {
+    Tensor ids = Tensor::uninitialized({int64_t(drafting.size())}, DType::kI32, dev);
+    ops::argmax(out.logits, ids);
+    const Tensor host = ids.to(Device::kCPU);
+    std::vector<DraftSpan> next;
+    std::vector<int32_t> keep;  // rows of out.hidden that feed the next MTP step
+    std::vector<Request*> still;
+    for (size_t i = 0; i < drafting.size(); ++i) {
+      Request* r = drafting[i];
+      const int32_t N = r->num_tokens();
+      r->mtp_drafts.push_back(host.ptr<int32_t>()[i]);
+      r->mtp_drafts_at = N;
+      // Draft j + 1 comes from position N - 2 + j, fed draft j: its block must exist.
+      if (j >= std::min(cfg.num_speculative_tokens, draft_room(*r, cfg)) ||
+          !caches->manager().allocate_slots(*r, N - 1 + j - r->num_computed_tokens))
+        continue;
+      DraftSpan d;
+      d.request = r;
+      d.start = N - 2 + j;
+      d.tokens = {r->mtp_drafts.back()};
+      d.wanted = true;
+      next.push_back(std::move(d));
+      keep.push_back(int32_t(i));
+      still.push_back(r);
+    }
+    if (next.empty()) break;
+    Tensor fed = Tensor::uninitialized({int64_t(keep.size()), out.hidden.size(1)}, DType::kF32, dev);
+    ops::gather_rows(out.hidden, device_rows(keep), fed);
+    out = runner->draft_forward(next, fed, j % L);
+    drafting = std::move(still);
+  }
+}
+
 void Engine::Impl::propose_drafts() {
   const int32_t k = cfg.num_speculative_tokens;
   for (Request* r : scheduler->running()) {
     const SamplingParams& p = r->params;
-    if (r->num_draft_tokens > 0 || r->num_computed_tokens + 1 != r->num_tokens() || p.logprobs >= 0 ||
-        p.return_generation_logits || r->num_output_tokens() < p.min_tokens)
+    // Drafts follow the request's last token; tokens before it still to compute (a recurrent
+    // model's rollback) go in the same step.
+    if (r->num_draft_tokens > 0 || r->num_computed_tokens < r->num_prompt_tokens ||
+        r->num_computed_tokens >= r->num_tokens() || p.logprobs >= 0 || p.return_generation_logits ||
+        r->num_output_tokens() < p.min_tokens)
       continue;
-    // A step yields at most drafts + 1 tokens: stay within max_tokens and max_model_len.
-    const int32_t room = std::min(r->params.max_tokens - r->num_output_tokens(), cfg.max_model_len - r->num_tokens()) - 1;
+    const int32_t room = draft_room(*r, cfg);
     if (room <= 0) continue;
-    if (caches->states() && !caches->manager().take_scratch_slot(*r)) continue;
-    std::vector<int32_t> drafts = propose_ngram(r->tokens, cfg.prompt_lookup_min, cfg.prompt_lookup_max, std::min(k, room));
+    std::vector<int32_t> drafts;
+    if (!mtp) drafts = propose_ngram(r->tokens, cfg.prompt_lookup_min, cfg.prompt_lookup_max, std::min(k, room));
+    else if (r->mtp_drafts_at == r->num_tokens())
+      drafts.assign(r->mtp_drafts.begin(), r->mtp_drafts.begin() + std::min<size_t>(size_t(std::min(k, room)), r->mtp_drafts.size()));
     if (drafts.empty()) continue;
+    if (caches->states() && !caches->manager().take_scratch_slot(*r)) continue;
     r->tokens.insert(r->tokens.end(), drafts.begin(), drafts.end());
     r->num_draft_tokens = int32_t(drafts.size());
     r->sample_rows = r->num_draft_tokens + 1;
@@ -62,8 +178,8 @@ std::vector<int32_t> Engine::Impl::verify_on_host(Request& r, const Tensor& logi
       emitted.push_back(ops::cpu::draw_index_order(w, r.rng.uniform()));
     } else {
       const double u_accept = r.rng.uniform(), u_residual = r.rng.uniform();
-      const DraftVerdict v = fault.kind == FaultInjection::Kind::kAcceptDrafts ? DraftVerdict{true, draft}
-                                                                                : verify_draft(w, draft, u_accept, u_residual);
+      const bool keep_all = fault.kind == FaultInjection::Kind::kAcceptDrafts && fault.accept_rate < 0;
+      const DraftVerdict v = keep_all ? DraftVerdict{true, draft} : verify_draft(w, draft, u_accept, u_residual);
       emitted.push_back(v.token);
     }
     if (emitted.back() != draft) break;  // the first token that is not its draft ends the step
@@ -121,12 +237,18 @@ void Engine::Impl::finish_speculative_step(const std::vector<ScheduledRequest>& 
       continue;
     }
     const int32_t k = r.num_draft_tokens;
-    const std::vector<int32_t> emitted = plain_greedy(&r) ? std::vector<int32_t>(argmax + first[i], argmax + first[i] + k + 1)
-                                                        : verify_on_host(r, result.logits, first[i]);
-    const int32_t* verdict = emitted.data();
+    std::vector<int32_t> emitted = plain_greedy(&r) ? std::vector<int32_t>(argmax + first[i], argmax + first[i] + k + 1)
+                                                  : verify_on_host(r, result.logits, first[i]);
     const int32_t* draft = r.tokens.data() + (r.tokens.size() - size_t(k));
     int32_t a = 0;
-    while (a < k && verdict[a] == draft[a]) ++a;
+    while (a < k && emitted[size_t(a)] == draft[a]) ++a;
+    if (fault.kind == FaultInjection::Kind::kAcceptDrafts && fault.accept_rate >= 0) {
+      a = fault.forced_accepts(k);  // a stated acceptance: drafts kept up to a, then the row's token
+      if (size_t(a) >= emitted.size()) emitted.resize(size_t(a) + 1, 0);
+      std::copy(draft, draft + a, emitted.begin());
+      if (a < k && emitted[size_t(a)] == draft[a])  // the step must end at row a: not draft a
+        emitted[size_t(a)] = (draft[a] + 1) % int32_t(result.logits.size(1));
+    }
     ++live.spec_num_drafts;
     live.spec_num_draft_tokens += k;
     live.spec_num_accepted_tokens += a;

@@ -2,7 +2,6 @@
 // the host, on the device, or greedy ids read a step later under async scheduling) and the
 // tokens' effects on the requests (stops, lengths, outputs).
 #include <algorithm>
-#include <chrono>
 
 #include "core/error.h"
 #include "engine/engine_impl.h"
@@ -118,22 +117,15 @@ void Engine::Impl::step(bool may_run_ahead) {
   ahead.reset();
   if (cur) {
     for (const ScheduledRequest& s : cur->scheduled) step_ids.push_back(s.request->id);
+  } else if (speculative) {
+    speculative_step();
+    return;
   } else {
-    const auto t0 = std::chrono::steady_clock::now();
-    if (speculative) propose_drafts();
-    const auto t1 = std::chrono::steady_clock::now();
     SchedulerOutput plan = scheduler->schedule();
     if (plan.empty()) return;
     begin_step(plan.scheduled);
     StepLogits result = runner->execute(plan, caches->prepare(plan.scheduled));
     ++live.num_steps;
-    if (result.logits.size(0) != int64_t(result.samplers.size())) {  // drafts to verify
-      finish_speculative_step(plan.scheduled, result);
-      const auto us = [](auto d) { return int64_t(std::chrono::duration_cast<std::chrono::microseconds>(d).count()); };
-      live.spec_draft_time_us += us(t1 - t0);
-      live.spec_verify_time_us += us(std::chrono::steady_clock::now() - t1);
-      return;
-    }
     commit(plan.scheduled);
     const bool queueable = !result.samplers.empty() &&
                            (result.logits.device() != Device::kCPU || async_scheduling) &&

@@ -17,13 +17,26 @@ FaultInjection FaultInjection::from_env() {
     f.kind = Kind::kAcceptDrafts;
     return f;
   }
+  if (spec.rfind("accept-drafts:", 0) == 0) {
+    f.kind = Kind::kAcceptDrafts;
+    f.accept_rate = std::stod(spec.substr(14));
+    RV_CHECK_ARG(f.accept_rate >= 0.0, "REVOLTA_FAULT_INJECT accept-drafts:R needs R >= 0, got '", spec, "'");
+    return f;
+  }
   const size_t colon = spec.find(':');
   const std::string kind = spec.substr(0, colon);
   RV_CHECK_ARG(colon != std::string::npos && (kind == "step" || kind == "device"),
-               "REVOLTA_FAULT_INJECT must be 'step:TOKEN', 'device:TOKEN' or 'accept-drafts', got '", spec, "'");
+               "REVOLTA_FAULT_INJECT must be 'step:TOKEN', 'device:TOKEN' or 'accept-drafts[:R]', got '", spec, "'");
   f.kind = kind == "step" ? Kind::kStep : Kind::kDevice;
   f.token = std::stoi(spec.substr(colon + 1));
   return f;
+}
+
+int32_t FaultInjection::forced_accepts(int32_t k) {
+  ++verify_steps;
+  const int32_t a = std::min<int32_t>(k, int32_t(accept_rate * double(verify_steps) - accepted_so_far + 0.5));
+  accepted_so_far += std::max(0, a);
+  return std::max(0, a);
 }
 
 void FaultInjection::check(const std::vector<ScheduledRequest>& scheduled) const {

@@ -23,6 +23,11 @@ EmbeddingAndHead load_embedding_and_head(const WeightLoader& w, const std::strin
   return e;
 }
 
+ForwardOutput CausalLM::mtp_forward(const ForwardBatch&, const Tensor&, int32_t, ModelCaches&) {
+  RV_CHECK(false, config().architecture, " has no multi-token-prediction layers");
+  return {};
+}
+
 void DecoderBase::place(Device device) {
   RV_CHECK(device == device_, cfg_.architecture, ": weights are loaded onto their device directly");
 }
@@ -37,7 +42,11 @@ ForwardOutput final_outputs(const Tensor& x, const ForwardBatch& batch, const Te
   ForwardOutput out;
   out.logits = Tensor::uninitialized({R, lm_head.size(0)}, DType::kF32, x.device());
   ops::linear(picked, lm_head, nullptr, out.logits);
-  if (!batch.hidden_rows.empty()) {
+  bool every_hidden = int64_t(batch.hidden_rows.size()) == x.size(0);
+  for (size_t r = 0; every_hidden && r < batch.hidden_rows.size(); ++r) every_hidden = batch.hidden_rows[r] == int32_t(r);
+  if (every_hidden) {
+    out.hidden = x;
+  } else if (!batch.hidden_rows.empty()) {
     out.hidden = Tensor::uninitialized({int64_t(batch.hidden_rows.size()), H}, DType::kF32, x.device());
     ops::gather_rows(x, batch.hidden_row_ids, out.hidden);
   }

@@ -13,7 +13,6 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
-#include <map>
 #include <numeric>
 
 #include "core/error.h"
@@ -63,6 +62,16 @@ struct Layer {
   FeedForwardWeights ffn;
 };
 
+// Multi-token prediction (Qwen3-Next / Qwen3.5 `mtp.*`): the embedding of the next token and a
+// hidden state, each RMS-normalised, go through fc into one full-attention decoder layer, whose
+// normalised output the shared LM head reads. Layer i keeps K/V in attention cache layer
+// (attention layers + i).
+struct MtpWeights {
+  Tensor fc_embed, fc_hidden;  // mtp.fc [H, 2H] split by its input halves [embedding | hidden]
+  Tensor norm_embed, norm_hidden, norm;
+  std::vector<Layer> layers;
+};
+
 
 // Rows of `src` (f32 [R, C]) in the given order, converted to dt.
 Tensor gather_rows(const Tensor& src, const std::vector<int64_t>& order, DType dt) {
@@ -108,30 +117,15 @@ class HybridDecoderLM final : public DecoderBase {
     final_norm_ = norm_weight(w, prefix_ + "norm.weight", H);
     int32_t n_attn = 0, n_lin = 0;
     for (int32_t l = 0; l < c.num_layers; ++l) {
-      const std::string p = prefix_ + "layers." + std::to_string(l) + ".";
-      Layer L;
-      L.linear = c.linear_layers.empty() ? false : bool(c.linear_layers[size_t(l)]);
-      L.cache_index = L.linear ? n_lin++ : n_attn++;
-      L.input_norm = norm_weight(w, p + "input_layernorm.weight", H);
-      L.post_norm = norm_weight(w, p + "post_attention_layernorm.weight", H);
-      if (L.linear) load_deltanet(w, p + "linear_attn.", L.gdn);
-      else load_attention(w, p + "self_attn.", L.attn);
-      load_ffn(w, p + "mlp.", l, L.ffn);
-      bytes_ += layer_bytes(L);
-      layers_.push_back(std::move(L));
+      const bool linear = c.linear_layers.empty() ? false : bool(c.linear_layers[size_t(l)]);
+      const int32_t index = linear ? n_lin++ : n_attn++;
+      layers_.push_back(load_layer(w, prefix_ + "layers." + std::to_string(l) + ".", linear, index, c.is_moe_layer(l)));
+      bytes_ += layer_bytes(layers_.back());
     }
-    // MTP tensors at the weights' element type (vectors: norms, in float32), counted with them.
-    for (const auto& name : w.names())
-      if (name.rfind("mtp.", 0) == 0) {
-        const std::vector<int64_t> shape = w_shape(w, name);
-        Tensor& t = mtp_[name] = w.get(name, shape, shape.size() >= 2 ? dt : DType::kF32);
-        bytes_ += int64_t(t.nbytes());
-      }
+    // A config may name MTP layers that a checkpoint (a converted or a tiny one) does not carry.
+    if (c.num_mtp_layers > 0 && w.has("mtp.fc.weight")) load_mtp(w, n_attn);
     size_t skipped = 0;
     for (const auto& name : w.names()) skipped += name.find("visual.") != std::string::npos;
-    if (!mtp_.empty())
-      std::fprintf(stderr, "revolta: kept %zu multi-token-prediction tensors (mtp.*) for speculative decoding\n",
-                   mtp_.size());
     if (skipped)
       std::fprintf(stderr, "revolta: skipped %zu vision tensors (text-only model; multimodal input is not supported yet)\n",
                    skipped);
@@ -167,6 +161,30 @@ class HybridDecoderLM final : public DecoderBase {
     return final_outputs(x, b, head_.lm_head);
   }
 
+  int32_t num_mtp_layers() const override { return int32_t(mtp_.layers.size()); }
+
+  ForwardOutput mtp_forward(const ForwardBatch& b, const Tensor& hidden, int32_t layer, ModelCaches& caches) override {
+    RV_CHECK(layer >= 0 && layer < num_mtp_layers(), cfg_.architecture, ": no multi-token-prediction layer ", layer);
+    const int64_t T = b.token_ids.numel(), H = cfg_.hidden_size;
+    RV_CHECK(hidden.size(0) == T && hidden.size(1) == H, "mtp_forward: hidden states [", hidden.size(0), ", ",
+             hidden.size(1), "] for ", T, " tokens");
+    const float eps = cfg_.rms_norm_eps;
+    const Device dev = device_;
+    const Layer& L = mtp_.layers[size_t(layer)];
+    Tensor embedded = Tensor::uninitialized({T, H}, DType::kF32, dev), e = Tensor::uninitialized({T, H}, DType::kF32, dev);
+    const ops::NormInto embed_norm{&mtp_.norm_embed, eps, &e};
+    ops::embedding(b.token_ids, head_.embed, embedded, &embed_norm);
+    Tensor h = Tensor::uninitialized({T, H}, DType::kF32, dev);
+    ops::rms_norm(hidden, mtp_.norm_hidden, eps, h);
+    // fc over [e | h] as two projections; their sum is the layer's residual stream.
+    Tensor residual = project(e, mtp_.fc_embed), x = Tensor::uninitialized({T, H}, DType::kF32, dev);
+    ops::add_rms_norm(residual, project(h, mtp_.fc_hidden), L.input_norm, eps, x);
+    const Tensor y = attention(L, b, *caches.kv, x);
+    feed_forward(L.ffn, y, ops::ResidualNorm{&residual, &L.post_norm, eps, &x},
+                 ops::ResidualNorm{&residual, &mtp_.norm, eps, &x}, head_.lm_head);
+    return final_outputs(x, b, head_.lm_head);
+  }
+
   // Weights are prepared on the host (reordered, stacked, (1 + w) norms), then moved here.
   void place(Device device) override {
     if (device == device_) return;
@@ -180,27 +198,62 @@ class HybridDecoderLM final : public DecoderBase {
     move(final_norm_);
     move(rope_.cos);
     move(rope_.sin);
-    for (Layer& L : layers_) {
+    auto move_layer = [&](Layer& L) {
       for (Tensor* t : {&L.input_norm, &L.post_norm, &L.attn.proj, &L.attn.o, &L.attn.q_norm, &L.attn.k_norm,
                         &L.gdn.proj, &L.gdn.conv, &L.gdn.neg_a, &L.gdn.dt_bias, &L.gdn.norm, &L.gdn.out,
                         &L.ffn.gate_up, &L.ffn.down, &L.ffn.router, &L.ffn.shared.gate_up, &L.ffn.shared.down,
                         &L.ffn.shared_gate})
         move(*t);
       for (ExpertWeights& e : L.ffn.experts) move(e.gate_up), move(e.down);
-    }
-    for (auto& [name, t] : mtp_) move(t);
+    };
+    for (Layer& L : layers_) move_layer(L);
+    for (Layer& L : mtp_.layers) move_layer(L);
+    for (Tensor* t : {&mtp_.fc_embed, &mtp_.fc_hidden, &mtp_.norm_embed, &mtp_.norm_hidden, &mtp_.norm}) move(*t);
     device_ = device;
     build_expert_tables();
   }
 
  private:
-  static std::vector<int64_t> w_shape(const WeightLoader& w, const std::string& name) {
-    return w.shape(name);
-  }
-
   Tensor norm_weight(const WeightLoader& w, const std::string& name, int64_t n) const {
     Tensor t = w.get(name, {n}, DType::kF32, kHost);
     return opts_.one_plus_norm ? plus_one(t) : t;
+  }
+
+  Layer load_layer(const WeightLoader& w, const std::string& p, bool linear, int32_t cache_index, bool moe) {
+    const int64_t H = cfg_.hidden_size;
+    Layer L;
+    L.linear = linear;
+    L.cache_index = cache_index;
+    L.input_norm = norm_weight(w, p + "input_layernorm.weight", H);
+    L.post_norm = norm_weight(w, p + "post_attention_layernorm.weight", H);
+    if (linear) load_deltanet(w, p + "linear_attn.", L.gdn);
+    else load_attention(w, p + "self_attn.", L.attn);
+    load_ffn(w, p + "mlp.", moe, L.ffn);
+    return L;
+  }
+
+  void load_mtp(const WeightLoader& w, int32_t num_attention_layers) {
+    const int64_t H = cfg_.hidden_size;
+    const Tensor fc = w.get("mtp.fc.weight", {H, 2 * H}, DType::kF32, kHost);
+    mtp_.fc_embed = Tensor::empty({H, H}, dtype_);
+    mtp_.fc_hidden = Tensor::empty({H, H}, dtype_);
+    for (int64_t r = 0; r < H; ++r) {
+      const float* row = fc.ptr<float>() + r * 2 * H;
+      convert_from_f32(row, static_cast<char*>(mtp_.fc_embed.data()) + r * H * dtype_size(dtype_), dtype_, size_t(H));
+      convert_from_f32(row + H, static_cast<char*>(mtp_.fc_hidden.data()) + r * H * dtype_size(dtype_), dtype_, size_t(H));
+    }
+    mtp_.norm_embed = norm_weight(w, "mtp.pre_fc_norm_embedding.weight", H);
+    mtp_.norm_hidden = norm_weight(w, "mtp.pre_fc_norm_hidden.weight", H);
+    mtp_.norm = norm_weight(w, "mtp.norm.weight", H);
+    bytes_ += int64_t(mtp_.fc_embed.nbytes() + mtp_.fc_hidden.nbytes());
+    for (int32_t i = 0; i < cfg_.num_mtp_layers; ++i) {
+      const std::string p = "mtp.layers." + std::to_string(i) + ".";
+      const bool moe = cfg_.num_experts > 0 && w.has(p + "mlp.gate.weight");
+      mtp_.layers.push_back(load_layer(w, p, false, num_attention_layers + i, moe));
+      bytes_ += layer_bytes(mtp_.layers.back());
+    }
+    std::fprintf(stderr, "revolta: %d multi-token-prediction layer(s) (mtp.*) ready for speculative decoding\n",
+                 cfg_.num_mtp_layers);
   }
 
   void load_attention(const WeightLoader& w, const std::string& p, AttentionWeights& a) {
@@ -262,9 +315,9 @@ class HybridDecoderLM final : public DecoderBase {
     g.out = w.get(p + "out_proj.weight", {H, value_dim}, dtype_);
   }
 
-  void load_ffn(const WeightLoader& w, const std::string& p, int32_t layer, FeedForwardWeights& f) {
+  void load_ffn(const WeightLoader& w, const std::string& p, bool moe, FeedForwardWeights& f) {
     const int64_t H = cfg_.hidden_size;
-    f.moe = cfg_.is_moe_layer(layer);
+    f.moe = moe;
     auto mlp = [&](const std::string& q, int64_t I, ExpertWeights& e) {
       e.gate_up = w.get_stacked({q + "gate_proj.weight", q + "up_proj.weight"}, {{I, H}, {I, H}}, dtype_);
       e.down = w.get(q + "down_proj.weight", {H, I}, dtype_);
@@ -303,8 +356,8 @@ class HybridDecoderLM final : public DecoderBase {
         ops::supports_op(device_, ops::Op::kMoeRouteExperts, {dtype_, cfg_.hidden_size, cfg_.moe_intermediate_size});
     // Past the device kernels' shape limits: host grouping only, no graphs.
     fused_expert_tokens_ = device_ == Device::kCPU ? 1 : device_kernels ? kFusedExpertTokensOnDevice : 0;
-    for (Layer& L : layers_) {
-      FeedForwardWeights& f = L.ffn;
+    for (Layer* layer : all_layers()) {
+      FeedForwardWeights& f = layer->ffn;
       if (!f.moe) continue;
       has_moe_ = true;
       const int64_t E = int64_t(f.experts.size()), n = E + (f.shared_routed ? 1 : 0);
@@ -326,6 +379,13 @@ class HybridDecoderLM final : public DecoderBase {
       f.table = {gu.to(device_), dn.to(device_), dtype_, cfg_.hidden_size, cfg_.moe_intermediate_size,
                  f.down_transposed};
     }
+  }
+
+  std::vector<Layer*> all_layers() {
+    std::vector<Layer*> out;
+    for (Layer& L : layers_) out.push_back(&L);
+    for (Layer& L : mtp_.layers) out.push_back(&L);
+    return out;
   }
 
   static int64_t layer_bytes(const Layer& L) {
@@ -484,7 +544,7 @@ class HybridDecoderLM final : public DecoderBase {
   EmbeddingAndHead head_;
   Tensor final_norm_;
   std::vector<Layer> layers_;
-  std::map<std::string, Tensor> mtp_;
+  MtpWeights mtp_;
   ops::RopeTables rope_;
 };
 

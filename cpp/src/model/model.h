@@ -49,6 +49,13 @@ class CausalLM {
   // Writes the batch's K/V (and recurrent states) into the caches and returns the logits of the
   // batch's logits rows and the final hidden states of its hidden rows.
   virtual ForwardOutput forward(const ForwardBatch& batch, ModelCaches& caches) = 0;
+  // Multi-token prediction, the checkpoint's own drafter: how many MTP layers it carries (0: none).
+  virtual int32_t num_mtp_layers() const { return 0; }
+  // MTP layer `layer` over a batch whose row i holds the token that follows row i's position and
+  // hidden row i (f32 [T, hidden]: the target's final hidden state there, or the previous MTP
+  // step's output). Writes that layer's K/V (attention cache layer: attention layers + layer) and
+  // returns the logits of the logits rows and the MTP's final hidden states of the hidden rows.
+  virtual ForwardOutput mtp_forward(const ForwardBatch& batch, const Tensor& hidden, int32_t layer, ModelCaches& caches);
   // The largest decode batch whose forward stays on the device (no host round trip), so that a
   // graph can record it.
   virtual int32_t max_captured_batch() const { return 1 << 30; }

@@ -51,9 +51,12 @@ void bind(ForwardBatch& b, const Tensor& meta, const Packed& p, const M& m, int3
   b.slot_mapping = part(kSlots, T);
   b.logits_row_ids = part(kRows, int64_t(m.rows.size()));
   b.logits_rows = m.rows;
-  if (m.hidden) {  // the hidden states of the same rows
+  if (m.hidden == HiddenRows::kSampled) {  // the hidden states of the same rows
     b.hidden_row_ids = b.logits_row_ids;
     b.hidden_rows = m.rows;
+  } else if (m.hidden == HiddenRows::kEvery) {
+    b.hidden_rows.resize(size_t(T));
+    for (int32_t t = 0; t < T; ++t) b.hidden_rows[size_t(t)] = t;
   }
   b.seq_starts = part(kQueryStart, S + 1);
   b.seq_state_slots = part(kStateSlots, S);
@@ -133,7 +136,8 @@ ModelRunner::Metadata ModelRunner::build(const SchedulerOutput& step, StepLogits
 }
 
 ModelRunner::DecodeGraph* ModelRunner::graph_for(const SchedulerOutput& step) {
-  if (model_.device() == Device::kCPU || opts_.graph_batch_sizes.empty() || opts_.return_hidden) return nullptr;
+  if (model_.device() == Device::kCPU || opts_.graph_batch_sizes.empty() || opts_.hidden != HiddenRows::kNone)
+    return nullptr;
   const int32_t S = int32_t(step.scheduled.size());
   for (const auto& s : step.scheduled)
     if (s.num_new_tokens != 1 || s.request->num_computed_tokens + 1 != s.request->num_tokens()) return nullptr;
@@ -200,7 +204,7 @@ StepLogits ModelRunner::execute(const SchedulerOutput& step, const std::vector<S
   if (DecodeGraph* g = graph_for(step)) return run_graph(*g, step, fed_ids);
   StepLogits out;
   Metadata m = build(step, out, 0, 1, fed_ids != nullptr);
-  m.hidden = opts_.return_hidden;
+  m.hidden = opts_.hidden;
   const int32_t T = int32_t(m.ids.size()), S = int32_t(step.scheduled.size());
   const Device dev = model_.device();
   const Packed p = pack(m);
@@ -215,6 +219,46 @@ StepLogits ModelRunner::execute(const SchedulerOutput& step, const std::vector<S
   out.logits = f.logits;
   out.hidden = f.hidden;
   return out;
+}
+
+ForwardOutput ModelRunner::draft_forward(const std::vector<DraftSpan>& spans, const Tensor& hidden, int32_t layer) {
+  const int32_t bs = cache_.block_size, S = int32_t(spans.size());
+  Metadata m;
+  for (const DraftSpan& d : spans) m.max_blocks = std::max(m.max_blocks, int32_t(d.request->block_table.size()));
+  m.query_start.assign(size_t(S) + 1, 0);
+  m.tables.assign(size_t(S) * size_t(m.max_blocks), 0);
+  int32_t t = 0;
+  for (int32_t s = 0; s < S; ++s) {
+    const DraftSpan& d = spans[size_t(s)];
+    const Request& r = *d.request;
+    const int32_t n = int32_t(d.tokens.size()), end = d.start + n;
+    RV_CHECK(n > 0 && int64_t(end) <= int64_t(r.block_table.size()) * bs, "model runner: draft span of request ", r.id,
+             " [", d.start, ", ", end, ") beyond its ", r.block_table.size(), " blocks");
+    for (int32_t i = 0; i < n; ++i, ++t) {
+      const int32_t p = d.start + i;
+      m.ids.push_back(d.tokens[size_t(i)]);
+      m.positions.push_back(p);
+      m.slots.push_back(r.block_table[size_t(p / bs)] * bs + p % bs);
+      m.token_seq.push_back(s);
+    }
+    m.query_start[size_t(s) + 1] = t;
+    m.seq_lens.push_back(end);
+    m.max_seq_len = std::max(m.max_seq_len, end);
+    std::copy(r.block_table.begin(), r.block_table.end(), m.tables.begin() + size_t(s) * size_t(m.max_blocks));
+    m.state_slots.push_back(-1);
+    if (d.wanted) m.rows.push_back(t - 1);
+  }
+  RV_CHECK(hidden.size(0) == t, "model runner: ", hidden.size(0), " hidden rows for ", t, " draft tokens");
+  m.hidden = HiddenRows::kSampled;
+  const Device dev = model_.device();
+  const Packed p = pack(m);
+  Tensor meta = Tensor::uninitialized({int64_t(p.host.size())}, DType::kI32, dev);
+  if (dev == Device::kCPU) std::copy(p.host.begin(), p.host.end(), meta.ptr<int32_t>());
+  else device_runtime(dev).copy_to_device(meta.data(), p.host.data(), p.host.size() * 4);
+  ForwardBatch b;
+  bind(b, meta, p, m, t, S, bs);
+  ModelCaches caches{&cache_, states_};
+  return model_.mtp_forward(b, hidden, layer, caches);
 }
 
 }  // namespace revolta

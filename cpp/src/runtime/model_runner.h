@@ -24,13 +24,26 @@ struct StepLogits {
   // Logits rows of each sampler, in order: its last Request::sample_rows positions (1, or 1 +
   // its draft tokens when a verifier checks them).
   std::vector<int32_t> rows_per_sampler;
-  Tensor hidden;  // [logits rows, hidden_size] f32 final hidden states, with RunnerOptions::return_hidden
+  // f32 final hidden states, as RunnerOptions::hidden asks: [logits rows, hidden_size] or [every
+  // token row of the step, hidden_size] in scheduling order.
+  Tensor hidden;
+};
+
+enum class HiddenRows { kNone, kSampled, kEvery };
+
+// A drafter's run over consecutive positions of one request: positions [start, start +
+// tokens.size()), each fed the token that follows it (model/model.h: mtp_forward).
+struct DraftSpan {
+  const Request* request = nullptr;
+  int32_t start = 0;
+  std::vector<int32_t> tokens;
+  bool wanted = false;  // the logits and hidden state of its last position are wanted
 };
 
 struct RunnerOptions {
   int32_t max_model_len = 0;
   std::vector<int32_t> graph_batch_sizes;  // decode batch sizes to capture (device models only)
-  bool return_hidden = false;  // the final hidden states of the sampled rows too (drafters read them; no graphs)
+  HiddenRows hidden = HiddenRows::kNone;  // final hidden states returned too (drafters read them; no graphs)
 };
 
 class ModelRunner {
@@ -43,6 +56,10 @@ class ModelRunner {
   // state_actions (the cache coordinator's, for this step) run first.
   StepLogits execute(const SchedulerOutput& step, const std::vector<StateAction>& state_actions,
                      const Tensor* fed_ids = nullptr);
+  // The MTP layer `layer` over the spans (each request's block table must cover them), with
+  // hidden (f32 [total span tokens, hidden_size]) in span order; logits and hidden states of the
+  // wanted spans' last rows, in span order.
+  ForwardOutput draft_forward(const std::vector<DraftSpan>& spans, const Tensor& hidden, int32_t layer);
   int64_t graph_replays() const { return graph_replays_; }
 
  private:
@@ -51,7 +68,7 @@ class ModelRunner {
   struct Metadata {
     std::vector<int32_t> ids, positions, slots, rows, query_start, seq_lens, tables, token_seq, state_slots;
     int32_t max_blocks = 1, max_seq_len = 0;
-    bool hidden = false;  // the hidden states of `rows` are wanted too
+    HiddenRows hidden = HiddenRows::kNone;
   };
   Metadata build(const SchedulerOutput& step, StepLogits& out, int32_t pad_to, int32_t max_blocks, bool fed);
   StepLogits run_graph(DecodeGraph& g, const SchedulerOutput& step, const Tensor* fed_ids);

@@ -45,6 +45,9 @@ struct Request {
   // Draft tokens at the end of `tokens`, proposed for this step and verified by its forward; the
   // scheduling rule counts them (num_tokens), the output does not.
   int32_t num_draft_tokens = 0;
+  // MTP drafting: the drafts made after the step that ended with num_tokens() == mtp_drafts_at.
+  std::vector<int32_t> mtp_drafts;
+  int32_t mtp_drafts_at = -1;
 
   int32_t num_tokens() const { return int32_t(tokens.size()); }
   int32_t num_output_tokens() const { return num_tokens() - num_prompt_tokens - num_draft_tokens; }

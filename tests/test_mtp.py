@@ -1,0 +1,142 @@
+"""Speculative decoding with the checkpoint's multi-token-prediction (MTP) layers.
+
+The engine's drafts equal those of a reference head made of transformers' own Qwen3-Next /
+Qwen3.5 modules (tests/tiny_mtp.py); greedy output is token for token that of decoding without
+speculation, under concurrency, chunked prefill, prefix hits and preemption; and on a tiny hybrid
+model whose MTP layer was trained on Shakespeare, the acceptance per draft position stays at
+what the trained head achieved, measured by the reference, when it was made."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+import tiny_mtp
+from conftest import make_hf_model
+from revolta import LLM, SamplingParams
+
+HYBRID = dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, shared_expert_intermediate_size=48,
+              linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=16, linear_value_head_dim=16,
+              head_dim=16, num_hidden_layers=4)
+
+
+@pytest.fixture(scope="module", params=["qwen3_next", "qwen3_5_moe"])
+def random_mtp(request, tmp_path_factory):
+    d = tmp_path_factory.mktemp(request.param + "_mtp")
+    model = make_hf_model(request.param, d, seed=5, max_position_embeddings=512, **HYBRID)
+    head = tiny_mtp.add_random_mtp(model, d, seed=6)
+    return str(d), model, head
+
+
+def prompts(n_max: int = 70) -> list[list[int]]:
+    rng = np.random.default_rng(11)
+    base = [rng.integers(3, 256, size=n).tolist() for n in (5, 17, 40, 9, n_max, 3)]
+    return base + [base[0] * 4, base[3] * 3]
+
+
+def test_drafts_equal_the_reference_head(random_mtp, monkeypatch):
+    """Every draft kept (accept-drafts:1), so the output alternates the MTP layer's draft and the
+    target's token after it; each must be the reference's argmax (up to a near-tie)."""
+    d, model, head = random_mtp
+    monkeypatch.setenv("REVOLTA_FAULT_INJECT", "accept-drafts:1")
+    with LLM(d, max_model_len=512, speculative_config={"method": "mtp", "num_speculative_tokens": 1}) as llm:
+        outs = llm.generate([{"prompt_token_ids": p} for p in prompts()],
+                            SamplingParams(temperature=0.0, max_tokens=25, ignore_eos=True))  # 1 + 12 x (draft, target)
+        stats = llm.stats()
+    assert stats.spec_num_drafts > 0 and stats.spec_num_accepted_tokens == stats.spec_num_draft_tokens
+    checked = 0
+    for prompt, o in zip(prompts(), outs):
+        out = list(o.outputs[0].token_ids)
+        seq = prompt + out
+        with torch.no_grad():
+            h = tiny_mtp.final_hidden(model, torch.tensor([seq[:-1]]))
+            target = model.lm_head(h)[0]  # row i predicts seq[i + 1]
+            drafts = model.lm_head(head(torch.tensor([seq[1:-1]]), h[:, :-1]))[0]  # row i predicts seq[i + 2]
+        for j, tok in enumerate(out):
+            pos = len(prompt) + j
+            logits = drafts[pos - 2] if j % 2 == 1 else target[pos - 1]
+            assert float(logits[tok]) >= float(logits.max()) - 2e-3, (j, tok, int(logits.argmax()))
+            checked += j % 2
+    assert checked >= 60
+
+
+@pytest.mark.parametrize("engine", [
+    dict(kv_cache_memory_bytes=16 << 20),
+    dict(kv_cache_memory_bytes=16 << 20, max_num_batched_tokens=24),  # chunked prefill; drafts dropped for budget
+    dict(kv_cache_memory_bytes=600 << 10, block_size=4, max_num_seqs=8, max_model_len=260),  # preemption
+], ids=["plain", "chunked", "preemption"])
+def test_greedy_output_is_unchanged(random_mtp, engine):
+    d = random_mtp[0]
+    engine.setdefault("max_model_len", 512)
+    params = SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True)
+    outs, stats = {}, {}
+    for spec in (None, {"method": "mtp", "num_speculative_tokens": 3}):
+        with LLM(d, speculative_config=spec, **engine) as llm:
+            first = llm.generate([{"prompt_token_ids": p} for p in prompts()], params)
+            again = llm.generate([{"prompt_token_ids": p} for p in prompts()], params)  # prefix hits
+            outs[bool(spec)] = [o.outputs[0].token_ids for o in first + again]
+            stats[bool(spec)] = llm.stats()
+    assert outs[True] == outs[False]
+    s = stats[True]
+    assert s.spec_num_drafts > 0 and s.num_blocks_used == 0 and s.prefix_cache_hits > 0
+    if "block_size" in engine:
+        assert s.num_preemptions > 0
+
+
+def test_bad_configurations_are_refused(tmp_path):
+    plain = tmp_path / "plain"
+    make_hf_model("qwen3_next", plain, seed=1, **HYBRID)
+    with pytest.raises(ValueError, match="method 'mtp' needs multi-token-prediction layers.*mtp_num_hidden_layers"):
+        LLM(str(plain), speculative_config={"method": "mtp"})
+    cfg = json.loads((plain / "config.json").read_text())
+    cfg["mtp_num_hidden_layers"] = 1  # named, not carried
+    (plain / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ValueError, match="speculative_config: method 'mtp'.*carries 0 of the 1"):
+        LLM(str(plain), speculative_config={"method": "mtp"})
+    with pytest.raises(ValueError, match="draft_sample_method"):
+        LLM(str(plain), speculative_config={"method": "mtp", "draft_sample_method": "probabilistic"})
+
+
+def trained_dir() -> Path:
+    """The Shakespeare-trained tiny model, made once per version of tests/tiny_mtp.py and cached."""
+    source = Path(tiny_mtp.__file__).read_bytes()
+    root = Path(os.environ.get("REVOLTA_TEST_CACHE", Path.home() / ".cache" / "revolta-tests"))
+    d = root / f"tiny-mtp-shakespeare-{hashlib.sha256(source).hexdigest()[:12]}"
+    if not (d / "acceptance.json").exists():
+        tiny_mtp.train(d)
+    return d
+
+
+def test_trained_head_acceptance():
+    """Drafts that can be right: the acceptance of each draft position and the mean accepted
+    length over verify steps must hold what the reference measured when the head was trained
+    (the same greedy steps, simulated in torch), and the text is that of plain decoding."""
+    d = trained_dir()
+    made = json.loads((d / "acceptance.json").read_text())
+    held_out = json.loads((d / "prompts.json").read_text())
+    k = tiny_mtp.ACCEPTANCE_K
+    params = SamplingParams(temperature=0.0, max_tokens=tiny_mtp.ACCEPTANCE_TOKENS, ignore_eos=True)
+    outs, stats = {}, {}
+    for spec in (None, {"method": "mtp", "num_speculative_tokens": k}):
+        with LLM(str(d), max_model_len=512, speculative_config=spec) as llm:
+            outs[bool(spec)] = [o.outputs[0].token_ids for o in llm.generate([{"prompt_token_ids": p} for p in held_out], params)]
+            stats[bool(spec)] = llm.stats()
+    assert outs[True] == outs[False]
+    s = stats[True]
+    per_pos = [a / s.spec_num_drafts for a in s.spec_accepted_per_position]
+    made_pos = [a / made["steps"] for a in made["accepted_per_position"]]
+    mean = s.spec_num_accepted_tokens / s.spec_num_drafts
+    print(f"trained MTP head, k={k}: acceptance per position {[f'{r:.2f}' for r in per_pos]} (made: "
+          f"{[f'{r:.2f}' for r in made_pos]}), mean accepted {mean:.2f} (made: {made['mean_accepted']:.2f}), "
+          f"{s.num_steps} steps against {stats[False].num_steps}")
+    assert made_pos[0] >= 0.3  # the head learned something: a third of first drafts right at least
+    for got, want in zip(per_pos, made_pos):
+        assert got >= want - 0.05
+    assert mean >= made["mean_accepted"] - 0.1
+    assert s.num_steps < 0.8 * stats[False].num_steps
