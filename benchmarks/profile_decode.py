@@ -4,6 +4,7 @@ included), sorted by total time.
 
     python benchmarks/profile_decode.py [--shape llama-8b|qwen3-next-80b] [--layers N] [--prompt 512]
                                         [--tokens 16] [--eager] [--async-scheduling auto|on|off]
+                                        [--speculative K]  (qwen3-next-80b: MTP, K drafts a step, all kept)
 """
 
 from __future__ import annotations
@@ -27,6 +28,10 @@ def main() -> None:
     ap.add_argument("--concurrency", type=int, default=1, help="sequences decoded together")
     ap.add_argument("--eager", action="store_true", help="no decode graphs")
     ap.add_argument("--async-scheduling", default="auto", choices=["auto", "on", "off"])
+    ap.add_argument("--speculative", type=int, default=0,
+                    help="qwen3-next-80b: verify steps of K MTP drafts (forced accepted, REVOLTA_FAULT_INJECT)")
+    ap.add_argument("--gpu-memory-utilization", type=float, default=0.5)
+    ap.add_argument("--accept", type=float, default=-1.0, help="with --speculative: drafts kept a step (default: K)")
     ap.add_argument("--timeline", action="store_true",
                     help="also print one decode step kernel by kernel: start, duration and how far each moved "
                          "the step's end (with dependent launch kernels overlap, so durations alone mislead)")
@@ -41,7 +46,7 @@ def main() -> None:
         cfg = dict(QWEN3_NEXT_80B, architectures=["Qwen3NextForCausalLM"], model_type="qwen3_next",
                    num_hidden_layers=args.layers or 8, max_position_embeddings=8192, rms_norm_eps=1e-6,
                    rope_theta=10000000.0, decoder_sparse_step=1, mlp_only_layers=[], torch_dtype="bfloat16",
-                   bos_token_id=1, eos_token_id=2)
+                   bos_token_id=1, eos_token_id=2, mtp_num_hidden_layers=1)
     else:
         cfg = dict(SHAPES[args.shape], architectures=["LlamaForCausalLM"], model_type="llama",
                    max_position_embeddings=8192, rms_norm_eps=1e-5, rope_theta=500000.0, torch_dtype="bfloat16",
@@ -50,8 +55,15 @@ def main() -> None:
             cfg["num_hidden_layers"] = args.layers
     d = Path(tempfile.mkdtemp())
     (d / "config.json").write_text(json.dumps(cfg))
-    llm = revolta.LLM(str(d), device="cuda", load_format="dummy", max_model_len=4096, gpu_memory_utilization=0.5,
-                      enforce_eager=args.eager, async_scheduling=args.async_scheduling)
+    spec = None
+    if args.speculative:
+        import os
+
+        os.environ["REVOLTA_FAULT_INJECT"] = f"accept-drafts:{args.accept if args.accept >= 0 else args.speculative}"
+        spec = {"method": "mtp", "num_speculative_tokens": args.speculative}
+    llm = revolta.LLM(str(d), device="cuda", load_format="dummy", max_model_len=4096,
+                      gpu_memory_utilization=args.gpu_memory_utilization,
+                      enforce_eager=args.eager, async_scheduling=args.async_scheduling, speculative_config=spec)
     prompt = [{"prompt_token_ids": list(range(100 + i, 100 + i + args.prompt))} for i in range(args.concurrency)]
     sp = revolta.SamplingParams(temperature=0.0, max_tokens=args.tokens + 1, ignore_eos=True)
     llm.generate(prompt, sp)  # warm-up: graphs recorded, pools sized
@@ -59,8 +71,10 @@ def main() -> None:
     llm.generate(prompt, sp)
     print(f"{args.shape}, eager={args.eager}, async scheduling {args.async_scheduling}, {args.concurrency} sequences: prefill {args.prompt} + {args.tokens} decode steps in "
           f"{(time.perf_counter() - t) * 1e3:.1f} ms")
+    before = llm.stats().num_steps
     with profile(activities=[ProfilerActivity.CUDA]) as p:
         llm.generate(prompt, sp)
+    print(f"profiled: {llm.stats().num_steps - before} steps")
     torch.cuda.synchronize()
     print(p.key_averages().table(sort_by="cuda_time_total", row_limit=40, max_name_column_width=80))
     if args.timeline:

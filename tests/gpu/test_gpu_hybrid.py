@@ -134,3 +134,58 @@ def test_ngram_speculation_rolls_the_state_back(pair, tmp_path):
         assert s.spec_num_draft_tokens > 0 and s.num_blocks_used == 0
     finally:
         spec.shutdown()
+
+
+def test_mtp_speculation_on_the_device(tmp_path):
+    """The MTP drafter on the device (its layer, its K/V, verification of its drafts): greedy
+    output with k = 3 equal to the CPU engine's without speculation, up to a CPU near-tie, and
+    with every draft kept (accept-drafts:1) the drafts equal the CPU engine's."""
+    import os
+
+    import revolta
+    import tiny_mtp
+
+    model = make_hf_model("qwen3_next", tmp_path, seed=5, max_position_embeddings=1024, num_hidden_layers=4, **SMALL)
+    tiny_mtp.add_random_mtp(model, tmp_path, seed=6)
+    common = dict(max_model_len=1024, kv_cache_memory_bytes=64 << 20, max_num_seqs=16)
+    mtp = {"method": "mtp", "num_speculative_tokens": 3}
+    ps = prompts(6)
+    with revolta.LLM(str(tmp_path), dtype="float32", **common) as cpu:
+        ref = [cpu.generate([p], sampling(True))[0] for p in ps]
+    with revolta.LLM(str(tmp_path), device="cuda", gpu_memory_utilization=0.0, speculative_config=mtp, **common) as gpu:
+        for c, g in zip(ref, gpu.generate(ps, sampling())):
+            assert_greedy_match(c, g)
+        assert gpu.stats().spec_num_drafts > 0
+    os.environ["REVOLTA_FAULT_INJECT"] = "accept-drafts:1"
+    try:
+        forced = {}
+        for device in ("cpu", "cuda"):
+            opts = dict(device="cuda", gpu_memory_utilization=0.0) if device == "cuda" else dict(dtype="float32")
+            with revolta.LLM(str(tmp_path), speculative_config=mtp | {"num_speculative_tokens": 1}, **opts, **common) as llm:
+                forced[device] = [o.outputs[0].token_ids for o in llm.generate(ps, sampling())]
+    finally:
+        del os.environ["REVOLTA_FAULT_INJECT"]
+    same = sum(a == b for c, g in zip(forced["cpu"], forced["cuda"]) for a, b in zip(c, g))
+    assert same >= 0.9 * sum(len(c) for c in forced["cpu"])  # divergences only after near-ties
+
+
+def test_trained_mtp_head_accepts_as_on_the_cpu():
+    """The Shakespeare-trained tiny model (tests/tiny_mtp.py, from REVOLTA_TEST_CACHE) on the
+    device: acceptance per draft position within 0.05 of the CPU engine's."""
+    import revolta
+    import test_mtp
+    import tiny_mtp
+
+    d = test_mtp.trained_dir()
+    held_out = [{"prompt_token_ids": p} for p in __import__("json").loads((d / "prompts.json").read_text())]
+    params = revolta.SamplingParams(temperature=0.0, max_tokens=tiny_mtp.ACCEPTANCE_TOKENS, ignore_eos=True)
+    spec = {"method": "mtp", "num_speculative_tokens": tiny_mtp.ACCEPTANCE_K}
+    rates = {}
+    for device in ("cpu", "cuda"):
+        opts = dict(device="cuda", gpu_memory_utilization=0.0) if device == "cuda" else {}
+        with revolta.LLM(str(d), max_model_len=512, kv_cache_memory_bytes=64 << 20, speculative_config=spec, **opts) as llm:
+            llm.generate(held_out, params)
+            s = llm.stats()
+        rates[device] = [a / s.spec_num_drafts for a in s.spec_accepted_per_position]
+    print(f"trained MTP acceptance per position: cpu {rates['cpu']}, cuda {rates['cuda']}")
+    assert all(abs(a - b) <= 0.05 for a, b in zip(rates["cpu"], rates["cuda"]))
