@@ -54,27 +54,35 @@ def test_fused_expert_tensors(next_model, tmp_path):
 
 
 def test_multimodal_wrapper_and_mtp_weights(tmp_path, capfd):
+    import tiny_mtp
+
     model = make_hf_model("qwen3_5_moe", tmp_path / "text", seed=22, **NEXT)
+    head = tiny_mtp.add_random_mtp(model, tmp_path / "text", seed=23)
     tensors = load_file(str(tmp_path / "text" / "model.safetensors"))
     wrapped = {("model.language_model." + n[len("model."):] if n.startswith("model.") else n): v for n, v in tensors.items()}
     wrapped["model.visual.patch_embed.proj.weight"] = np.zeros((4, 4), np.float32)
-    wrapped["mtp.fc.weight"] = np.ones((64, 128), np.float32)
+    mtp = load_file(str(tmp_path / "text" / "mtp.safetensors"))
     out = tmp_path / "wrapped"
     out.mkdir()
-    save_file(wrapped, str(out / "model.safetensors"))
+    save_file(wrapped | mtp, str(out / "model.safetensors"))
     text_cfg = json.loads((tmp_path / "text" / "config.json").read_text())
     cfg = {"architectures": ["Qwen3_5MoeForConditionalGeneration"], "model_type": "qwen3_5_moe",
            "text_config": text_cfg, "vision_config": {"depth": 1}, "tie_word_embeddings": False}
     (out / "config.json").write_text(json.dumps(cfg))
     assert (logits(out) - hf_last_logits(model, PROMPT)).abs().max().item() < 1e-4
     err = capfd.readouterr().err
-    assert "kept 1 multi-token-prediction tensors" in err
+    assert "1 multi-token-prediction layer(s) (mtp.*) ready" in err
     assert "skipped 1 vision tensors" in err
-    # The MTP weights are counted with the others (the memory plan sees them), at the weights' dtype.
+    # The MTP layer's matrices are counted with the weights (the memory plan sees them), at the
+    # weights' dtype, as a decoder layer's are (norms and the router, kept in float32, are not).
     plain = tmp_path / "no_mtp"
     shutil.copytree(out, plain)
-    save_file({n: v for n, v in wrapped.items() if not n.startswith("mtp.")}, str(plain / "model.safetensors"))
+    save_file(wrapped, str(plain / "model.safetensors"))
+    no_mtp = dict(cfg, text_config={k: v for k, v in text_cfg.items() if k != "mtp_num_hidden_layers"})
+    (plain / "config.json").write_text(json.dumps(no_mtp))
+    counted = sum(p.numel() for n, p in tiny_mtp.own_parameters(head)
+                  if p.dim() >= 2 and not n.endswith(("mlp.gate.weight", "shared_expert_gate.weight")))
     for dtype, size in (("float32", 4), ("bfloat16", 2)):
         with LLM(str(out), dtype=dtype, kv_cache_memory_bytes=16 << 20, max_model_len=256) as a, \
                 LLM(str(plain), dtype=dtype, kv_cache_memory_bytes=16 << 20, max_model_len=256) as b:
-            assert a.model_info.weight_bytes - b.model_info.weight_bytes == 64 * 128 * size
+            assert a.model_info.weight_bytes - b.model_info.weight_bytes == counted * size

@@ -19,6 +19,7 @@ from hypothesis import strategies as st
 
 from conftest import make_hf_model
 
+STREAMING = {"/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/messages"}
 SEEDS = {
     "/v1/chat/completions": {"model": "m", "max_tokens": 4, "messages": [{"role": "user", "content": "hi"}]},
     "/v1/completions": {"model": "m", "max_tokens": 4, "prompt": "The sky is"},
@@ -160,7 +161,7 @@ def test_hostile_bodies_never_5xx(client, endpoint):
         assert r.status_code < 500, (payload, r.status_code, r.text)
         if r.status_code >= 400:
             check_error_shape(endpoint, r)
-        elif body.get("stream") is True:
+        elif body.get("stream") is True and endpoint in STREAMING:  # elsewhere an unknown field, ignored
             check_stream(endpoint, r.text)
 
     run()

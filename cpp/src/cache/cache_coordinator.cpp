@@ -65,7 +65,7 @@ std::vector<StateAction> CacheCoordinator::prepare(const std::vector<ScheduledRe
   for (const ScheduledRequest& s : scheduled) {
     Request& r = *s.request;
     if (!states_) continue;
-    if (r.state_restore >= 0) actions.push_back({r.state_restore, r.state_slot});  // prefix hit, or a rollback
+    if (r.state_restore >= 0) actions.push_back({r.state_restore, r.state_slot});  // a prefix hit
     else if (r.state_fresh) actions.push_back({-1, r.state_slot});
     r.state_fresh = false;
     r.state_restore = -1;

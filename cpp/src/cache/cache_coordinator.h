@@ -55,8 +55,8 @@ class CacheCoordinator {
   int64_t num_blocks() const { return plan_.num_blocks; }
   int64_t nbytes() const;
 
-  // The state slots of this step's requests that must be zeroed (new) or restored (a prefix hit,
-  // or a rollback after rejected drafts), and saved (a request verifying drafts: its scratch slot).
+  // The state slots of this step's requests that must be zeroed (new) or restored (a prefix hit),
+  // and saved (a request verifying drafts: its scratch slot, for a rollback after rejections).
   std::vector<StateAction> prepare(const std::vector<ScheduledRequest>& scheduled);
   // After a forward computed the request's scheduled tokens: registers its full blocks for
   // prefix hits and, on a block boundary of its prompt, snapshots its state.

@@ -91,6 +91,7 @@ Engine::Impl::Impl(const EngineConfig& c) : cfg(c), seed_source(c.seed) {
   RunnerOptions ropts;
   ropts.max_model_len = cfg.max_model_len;
   if (mtp) ropts.hidden = HiddenRows::kEvery;  // the MTP layer reads the hidden state of every computed position
+  ropts.keep_verify_rows = speculative && caches->states();  // rollback by replaying the recurrences
   if (device == Device::kCUDA && !cfg.enforce_eager)
     for (int32_t b : cfg.cuda_graph_batch_sizes)
       if (b <= cfg.max_num_seqs) ropts.graph_batch_sizes.push_back(b);

@@ -6,7 +6,9 @@
 // otherwise draw from the rest (spec/rejection.h), so the output follows the target exactly. The
 // first rejected row gives the next token (all accepted: the last row gives a bonus token);
 // rejected drafts leave tokens and KV blocks, and the step is committed with the accepted length
-// only, so no block holding a rejected draft is ever hashed for prefix caching.
+// only, so no block holding a rejected draft is ever hashed for prefix caching. A recurrent
+// state that ran through rejected drafts is restored to the state before the step and replayed
+// through the kept tokens' recurrences only.
 //
 // MTP drafting (vLLM's order): after each forward the MTP layer runs over every position the step
 // computed whose next token is now known, fed that token and the target's hidden state there,
@@ -136,10 +138,9 @@ void Engine::Impl::propose_drafts() {
   const int32_t k = cfg.num_speculative_tokens;
   for (Request* r : scheduler->running()) {
     const SamplingParams& p = r->params;
-    // Drafts follow the request's last token; tokens before it still to compute (a recurrent
-    // model's rollback) go in the same step.
-    if (r->num_draft_tokens > 0 || r->num_computed_tokens < r->num_prompt_tokens ||
-        r->num_computed_tokens >= r->num_tokens() || p.logprobs >= 0 || p.return_generation_logits ||
+    // In decode: one token to compute, not of the prompt (its first token comes from the prefill).
+    if (r->num_draft_tokens > 0 || r->num_computed_tokens + 1 != r->num_tokens() ||
+        r->num_computed_tokens < r->num_prompt_tokens || p.logprobs >= 0 || p.return_generation_logits ||
         r->num_output_tokens() < p.min_tokens)
       continue;
     const int32_t room = draft_room(*r, cfg);
@@ -223,6 +224,9 @@ void Engine::Impl::finish_speculative_step(const std::vector<ScheduledRequest>& 
     sampled = sample_rows(picked, contexts);
   }
   size_t next_single = 0;
+  std::vector<StateReplay> replays;
+  std::vector<StateAction> restores;
+  int32_t kept = 0;  // the step's kept verify rows before this request's (ModelRunner::replay_states)
   for (const ScheduledRequest& s : scheduled) {
     Request& r = *s.request;
     const auto it = sampler_of.find(&r);
@@ -260,13 +264,13 @@ void Engine::Impl::finish_speculative_step(const std::vector<ScheduledRequest>& 
     r.sample_rows = 1;
     if (a < k && caches->states()) {
       // The recurrent state ran through the rejected drafts too: back to the state before the
-      // step, and the input token and accepted drafts are computed again with the next token
-      // (their K/V are rewritten with the same values). No extra forward: they join the next step.
-      r.state_restore = r.scratch_slot;
-      commit_one(r, 0);
-    } else {
-      commit_one(r, s.num_new_tokens - (k - a));
+      // step, then through the input token and the accepted drafts again (their recurrences only,
+      // from the inputs the forward kept).
+      restores.push_back({r.scratch_slot, r.state_slot});
+      replays.push_back({r.state_slot, kept, s.num_new_tokens - (k - a)});
     }
+    kept += s.num_new_tokens;
+    commit_one(r, s.num_new_tokens - (k - a));
     caches->manager().trim(r);
     r.tokens.resize(r.tokens.size() - size_t(a));
     for (int32_t j = 0; j <= a; ++j) {
@@ -274,6 +278,11 @@ void Engine::Impl::finish_speculative_step(const std::vector<ScheduledRequest>& 
       tok.token = emitted[size_t(j)];
       if (accept(r, std::move(tok))) break;  // finished (a stop token, or its length)
     }
+  }
+  // A finished request's slots are free but unused until the next schedule: rolling them too is harmless.
+  if (!restores.empty()) {
+    caches->states()->apply(restores);
+    runner->replay_states(replays);
   }
 }
 

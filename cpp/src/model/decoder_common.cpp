@@ -28,6 +28,10 @@ ForwardOutput CausalLM::mtp_forward(const ForwardBatch&, const Tensor&, int32_t,
   return {};
 }
 
+void CausalLM::replay_states(const Tensor&, const Tensor&, const Tensor&, ModelCaches&) {
+  RV_CHECK(false, config().architecture, " has no recurrent layers to replay");
+}
+
 void DecoderBase::place(Device device) {
   RV_CHECK(device == device_, cfg_.architecture, ": weights are loaded onto their device directly");
 }

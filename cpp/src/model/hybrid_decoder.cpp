@@ -185,6 +185,21 @@ class HybridDecoderLM final : public DecoderBase {
     return final_outputs(x, b, head_.lm_head);
   }
 
+  void replay_states(const Tensor& rows, const Tensor& seq_starts, const Tensor& seq_slots, ModelCaches& caches) override {
+    const int64_t R = rows.numel(), value_dim = int64_t(cfg_.linear_num_value_heads) * cfg_.linear_value_head_dim;
+    for (const Layer& L : layers_) {
+      if (!L.linear) continue;
+      const size_t layer = size_t(L.cache_index);
+      RV_CHECK(layer < kept_.size() && kept_[layer].defined(), "replay_states: the last forward kept no rows");
+      Tensor fused = Tensor::uninitialized({R, kept_[layer].size(1)}, DType::kF32, device_);
+      ops::gather_rows(kept_[layer], rows, fused);
+      Tensor unused = Tensor::uninitialized({R, value_dim}, DType::kF32, device_);
+      const ops::GdnWeights w{&L.gdn.proj, &L.gdn.conv, &L.gdn.neg_a, &L.gdn.dt_bias, &L.gdn.norm, cfg_.rms_norm_eps};
+      ops::gdn_decode(nullptr, fused, w, caches.state->conv[layer], caches.state->ssm[layer], seq_starts, seq_slots,
+                      unused);
+    }
+  }
+
   // Weights are prepared on the host (reordered, stacked, (1 + w) norms), then moved here.
   void place(Device device) override {
     if (device == device_) return;
@@ -388,9 +403,12 @@ class HybridDecoderLM final : public DecoderBase {
     return out;
   }
 
+  // The layer's matrices (a layer holds either attention or DeltaNet, a dense MLP or experts).
   static int64_t layer_bytes(const Layer& L) {
-    int64_t n = int64_t(L.attn.proj.nbytes() + L.attn.o.nbytes() + L.gdn.proj.nbytes() + L.gdn.out.nbytes());
-    n += int64_t(L.ffn.gate_up.nbytes() + L.ffn.down.nbytes() + L.ffn.shared.gate_up.nbytes() + L.ffn.shared.down.nbytes());
+    int64_t n = 0;
+    for (const Tensor* t : {&L.attn.proj, &L.attn.o, &L.gdn.proj, &L.gdn.out, &L.ffn.gate_up, &L.ffn.down,
+                            &L.ffn.shared.gate_up, &L.ffn.shared.down})
+      n += t->defined() ? int64_t(t->nbytes()) : 0;
     for (const auto& e : L.ffn.experts) n += int64_t(e.gate_up.nbytes() + e.down.nbytes());
     return n;
   }
@@ -412,15 +430,26 @@ class HybridDecoderLM final : public DecoderBase {
     return project(attn.view({T, QO}), L.attn.o);
   }
 
-  // The DeltaNet block's output projection (not yet added to the residual stream).
+  // The DeltaNet block's output projection (not yet added to the residual stream); the kept rows
+  // of its input projection are kept for replay_states.
   Tensor deltanet(const Layer& L, const ForwardBatch& b, StateCache& states, const Tensor& x) {
+    Tensor fused = Tensor::uninitialized({x.size(0), L.gdn.proj.size(0)}, DType::kF32, x.device());
+    Tensor y = deltanet_block(L, b, states, x, fused);
+    if (b.kept_rows.defined()) {
+      const size_t layer = size_t(L.cache_index);
+      kept_.resize(std::max(kept_.size(), layer + 1));
+      kept_[layer] = Tensor::uninitialized({b.kept_rows.numel(), fused.size(1)}, DType::kF32, fused.device());
+      ops::gather_rows(fused, b.kept_rows, kept_[layer]);
+    }
+    return y;
+  }
+
+  Tensor deltanet_block(const Layer& L, const ForwardBatch& b, StateCache& states, const Tensor& x, Tensor& fused) {
     const ModelConfig& c = cfg_;
     const int64_t T = x.size(0), Hk = c.linear_num_key_heads, Hv = c.linear_num_value_heads;
     const int64_t Dk = c.linear_key_head_dim, Dv = c.linear_value_head_dim;
     const int64_t key_dim = Hk * Dk, value_dim = Hv * Dv, conv_dim = 2 * key_dim + value_dim;
-    const int64_t width = L.gdn.proj.size(0);
     const Device dev = x.device();
-    Tensor fused = Tensor::uninitialized({T, width}, DType::kF32, dev);
     const size_t layer = size_t(L.cache_index);
     Tensor normed = Tensor::uninitialized({T, value_dim}, DType::kF32, dev);
     if (T <= kDecodeTokens) {  // projection, conv, norms, gates, recurrent rule and output norm in one op
@@ -545,6 +574,7 @@ class HybridDecoderLM final : public DecoderBase {
   Tensor final_norm_;
   std::vector<Layer> layers_;
   MtpWeights mtp_;
+  std::vector<Tensor> kept_;  // per DeltaNet layer: the last forward's kept rows of its projection
   ops::RopeTables rope_;
 };
 

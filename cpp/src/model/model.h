@@ -23,6 +23,9 @@ struct ForwardBatch {
   Tensor hidden_row_ids;             // the same rows, int32 on the model's device
   Tensor seq_starts;                 // int32 [S + 1] query starts, on the model's device
   Tensor seq_state_slots;            // int32 [S] state slots, on the model's device
+  // Rows whose recurrent-layer inputs the forward keeps for replay_states (the rows of sequences
+  // that verify drafts), int32 on the model's device; empty: none kept.
+  Tensor kept_rows;
 };
 
 struct ForwardOutput {
@@ -56,6 +59,12 @@ class CausalLM {
   // step's output). Writes that layer's K/V (attention cache layer: attention layers + layer) and
   // returns the logits of the logits rows and the MTP's final hidden states of the hidden rows.
   virtual ForwardOutput mtp_forward(const ForwardBatch& batch, const Tensor& hidden, int32_t layer, ModelCaches& caches);
+  // Recurrent models under speculative decoding: re-runs only the recurrent layers' state updates
+  // (conv and delta rule, no projection) over rows of the last forward's kept rows (`rows` index
+  // them), grouped into sequences by seq_starts (int32 [S + 1]), on the states of seq_slots (int32
+  // [S]), which the caller has set to the states before that forward. So a rejected draft's state
+  // is rolled back to the last kept token without a second pass through the model.
+  virtual void replay_states(const Tensor& rows, const Tensor& seq_starts, const Tensor& seq_slots, ModelCaches& caches);
   // The largest decode batch whose forward stays on the device (no host round trip), so that a
   // graph can record it.
   virtual int32_t max_captured_batch() const { return 1 << 30; }

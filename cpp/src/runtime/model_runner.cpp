@@ -115,6 +115,8 @@ ModelRunner::Metadata ModelRunner::build(const SchedulerOutput& step, StepLogits
     m.max_seq_len = std::max(m.max_seq_len, start + n);
     std::copy(r.block_table.begin(), r.block_table.end(), m.tables.begin() + size_t(s) * size_t(m.max_blocks));
     m.state_slots.push_back(r.state_slot);
+    if (r.sample_rows > 1)
+      for (int32_t i = t - n; i < t; ++i) m.kept.push_back(i);
     if (start + n == r.num_tokens()) {  // its last `sample_rows` positions are sampled
       RV_CHECK(r.sample_rows >= 1 && r.sample_rows <= n, "model runner: request ", r.id, " samples ", r.sample_rows,
                " rows of a step that computes ", n, " of its tokens");
@@ -214,11 +216,30 @@ StepLogits ModelRunner::execute(const SchedulerOutput& step, const std::vector<S
   if (fed_ids) feed(meta, p.at[kIds], *fed_ids);
   ForwardBatch b;
   bind(b, meta, p, m, T, S, cache_.block_size);
+  if (opts_.keep_verify_rows && !m.kept.empty()) b.kept_rows = device_ints(m.kept);
   ModelCaches caches{&cache_, states_};
   ForwardOutput f = model_.forward(b, caches);
   out.logits = f.logits;
   out.hidden = f.hidden;
   return out;
+}
+
+Tensor ModelRunner::device_ints(const std::vector<int32_t>& v) const {
+  Tensor t = Tensor::empty({int64_t(v.size())}, DType::kI32);
+  std::copy(v.begin(), v.end(), t.ptr<int32_t>());
+  return t.to(model_.device());
+}
+
+void ModelRunner::replay_states(const std::vector<StateReplay>& replays) {
+  if (replays.empty()) return;
+  std::vector<int32_t> rows, starts{0}, slots;
+  for (const StateReplay& r : replays) {
+    for (int32_t i = 0; i < r.count; ++i) rows.push_back(r.first + i);
+    starts.push_back(int32_t(rows.size()));
+    slots.push_back(r.slot);
+  }
+  ModelCaches caches{&cache_, states_};
+  model_.replay_states(device_ints(rows), device_ints(starts), device_ints(slots), caches);
 }
 
 ForwardOutput ModelRunner::draft_forward(const std::vector<DraftSpan>& spans, const Tensor& hidden, int32_t layer) {

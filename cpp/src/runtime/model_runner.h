@@ -40,10 +40,19 @@ struct DraftSpan {
   bool wanted = false;  // the logits and hidden state of its last position are wanted
 };
 
+// A rollback after rejected drafts: the recurrent state of `slot` (set to the state before the
+// verify step) is taken through `count` of the step's kept rows from `first` (CausalLM::replay_states).
+struct StateReplay {
+  int32_t slot = -1, first = 0, count = 0;
+};
+
 struct RunnerOptions {
   int32_t max_model_len = 0;
   std::vector<int32_t> graph_batch_sizes;  // decode batch sizes to capture (device models only)
   HiddenRows hidden = HiddenRows::kNone;  // final hidden states returned too (drafters read them; no graphs)
+  // Recurrent models with speculation: a step's verify rows (every row of each request with
+  // sample_rows > 1, in scheduling order) keep their recurrent inputs for replay_states.
+  bool keep_verify_rows = false;
 };
 
 class ModelRunner {
@@ -60,6 +69,8 @@ class ModelRunner {
   // hidden (f32 [total span tokens, hidden_size]) in span order; logits and hidden states of the
   // wanted spans' last rows, in span order.
   ForwardOutput draft_forward(const std::vector<DraftSpan>& spans, const Tensor& hidden, int32_t layer);
+  // Rolls recurrent states forward over rows the last step kept (RunnerOptions::keep_verify_rows).
+  void replay_states(const std::vector<StateReplay>& replays);
   int64_t graph_replays() const { return graph_replays_; }
 
  private:
@@ -67,6 +78,7 @@ class ModelRunner {
   // Host-side metadata of one step, laid out as the device copy is.
   struct Metadata {
     std::vector<int32_t> ids, positions, slots, rows, query_start, seq_lens, tables, token_seq, state_slots;
+    std::vector<int32_t> kept;  // rows of requests verifying drafts
     int32_t max_blocks = 1, max_seq_len = 0;
     HiddenRows hidden = HiddenRows::kNone;
   };
@@ -75,6 +87,7 @@ class ModelRunner {
   // Overwrites the token ids of the packed metadata on the device with fed_ids.
   void feed(Tensor& meta, size_t ids_at, const Tensor& fed_ids);
   DecodeGraph* graph_for(const SchedulerOutput& step);
+  Tensor device_ints(const std::vector<int32_t>& v) const;  // int32 on the model's device
 
   CausalLM& model_;
   KvCache& cache_;
