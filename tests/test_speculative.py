@@ -175,6 +175,15 @@ def test_server_flag_and_metrics(demo_model_dir):
         assert 'revolta:spec_decode_num_accepted_tokens_per_pos{position="0"}' in metrics
         verify = [line for line in metrics.splitlines() if line.startswith("revolta:spec_decode_verify_seconds ")]
         assert verify and float(verify[0].split()[-1]) > 0
+        values = {line.split()[0]: float(line.split()[-1]) for line in metrics.splitlines() if line.startswith("revolta:spec")}
+        steps, accepted = values["revolta:spec_decode_num_drafts"], values["revolta:spec_decode_num_accepted_tokens"]
+        buckets = [values[f'revolta:spec_decode_accepted_length_bucket{{le="{le}"}}'] for le in ("0", "1", "2", "3", "+Inf")]
+        assert buckets == sorted(buckets) and buckets[-1] == steps > buckets[0]
+        assert values["revolta:spec_decode_accepted_length_sum"] == accepted
+        # the histogram's mean is the accepted tokens per verify step
+        assert sum(steps - b for b in buckets[:-1]) == accepted
+        assert abs(values["revolta:spec_decode_acceptance_rate"] -
+                   accepted / values["revolta:spec_decode_num_draft_tokens"]) < 1e-9
     finally:
         assert "Traceback" not in srv.stop()
     bad = __import__("subprocess").run([__import__("sys").executable, "-m", "revolta.server.cli", "--port", "0", "--model", demo_model_dir,

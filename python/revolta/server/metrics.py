@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import HistogramMetricFamily
 
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 
@@ -28,6 +29,8 @@ class Metrics:
                                          registry=r)
         self.spec_accepted_per_pos = Gauge(p + "spec_decode_num_accepted_tokens_per_pos", "draft tokens accepted by position",
                                            ["position"], registry=r)
+        self.spec_acceptance = Gauge(p + "spec_decode_acceptance_rate", "draft tokens accepted / proposed", registry=r)
+        r.register(_AcceptedLength(engine, p + "spec_decode_accepted_length"))
         self.prompt_tokens = Counter(p + "prompt_tokens", "prompt tokens of finished requests", registry=r)
         self.generation_tokens = Counter(p + "generation_tokens", "generated tokens", registry=r)
         self.requests = Counter(p + "request_success", "finished requests", ["finished_reason"], registry=r)
@@ -50,4 +53,25 @@ class Metrics:
         self.spec_verify_seconds.set(getattr(s, "spec_verify_time_us", 0) / 1e6)
         for pos, n in enumerate(s.spec_accepted_per_position):
             self.spec_accepted_per_pos.labels(position=str(pos)).set(n)
+        self.spec_acceptance.set(s.spec_num_accepted_tokens / s.spec_num_draft_tokens if s.spec_num_draft_tokens else 0.0)
         return generate_latest(self.registry)
+
+
+class _AcceptedLength:
+    """Drafts accepted per verify step, as a histogram: a verify step accepts draft j only after
+    draft j - 1, so the per-position counters give it exactly (steps with length >= j + 1 are
+    those that accepted position j)."""
+
+    def __init__(self, engine, name: str):
+        self.engine, self.name = engine, name
+
+    def describe(self):
+        return [HistogramMetricFamily(self.name, "draft tokens accepted per verify step")]
+
+    def collect(self):
+        s = self.engine.stats()
+        per_pos, n = list(s.spec_accepted_per_position), s.spec_num_drafts
+        buckets = [(str(length), n - per_pos[length]) for length in range(len(per_pos))] + [("+Inf", n)]
+        h = HistogramMetricFamily(self.name, "draft tokens accepted per verify step")
+        h.add_metric([], buckets, sum_value=s.spec_num_accepted_tokens)
+        yield h
