@@ -140,3 +140,56 @@ def test_trained_head_acceptance():
         assert got >= want - 0.05
     assert mean >= made["mean_accepted"] - 0.1
     assert s.num_steps < 0.8 * stats[False].num_steps
+
+
+def byte_tokenizer(d: Path) -> None:
+    """tokenizer.json for the byte vocabulary (token = byte), in the `tokenizers` library's format."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+
+    tok = Tokenizer(models.BPE({ch: b for b, ch in _bytes_to_unicode().items()}, []))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.save(str(d / "tokenizer.json"))
+
+
+def _bytes_to_unicode() -> dict[int, str]:
+    # The byte -> character table of byte-level BPE (GPT-2's), which ByteLevel pre-tokenizes with.
+    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    cs = bs[:]
+    n = 0
+    for b in range(256):
+        if b not in bs:
+            bs.append(b)
+            cs.append(256 + n)
+            n += 1
+    return dict(zip(bs, map(chr, cs)))
+
+
+def test_server_with_mtp_speculation(tmp_path):
+    """--speculative-config with method mtp on the server: the same completion as the offline
+    engine without speculation, and the drafts show in /metrics."""
+    import shutil
+
+    import httpx
+
+    from server_fixture import ServerProcess
+
+    d = tmp_path / "model"
+    shutil.copytree(trained_dir(), d)
+    byte_tokenizer(d)
+    prompt = bytes(json.loads((d / "prompts.json").read_text())[0]).decode("latin-1")
+    with LLM(str(d), max_model_len=512) as llm:
+        assert llm.get_tokenizer().encode(prompt) == list(prompt.encode("latin-1"))  # token = byte
+        plain = llm.generate([prompt], SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True))[0].outputs[0].text
+    srv = ServerProcess("--model", str(d), "--served-model-name", "tiny", "--max-model-len", "512",
+                        "--speculative-config", '{"method": "mtp", "num_speculative_tokens": 3}')
+    try:
+        r = httpx.post(srv.url + "/v1/completions", timeout=60, json={
+            "model": "tiny", "prompt": prompt, "max_tokens": 40, "temperature": 0, "ignore_eos": True})
+        assert r.status_code == 200, r.text
+        assert r.json()["choices"][0]["text"] == plain
+        metrics = httpx.get(srv.url + "/metrics").text
+        accepted = [line for line in metrics.splitlines() if line.startswith("revolta:spec_decode_num_accepted_tokens ")]
+        assert accepted and float(accepted[0].split()[-1]) > 0
+    finally:
+        assert "Traceback" not in srv.stop()
