@@ -116,8 +116,8 @@ def hybrid_dir(request, tmp_path_factory):
 ], ids=["plain", "chunked", "preemption"])
 def test_recurrent_state_rolls_back(hybrid_dir, engine):
     """Gated DeltaNet models: a verify step saves each drafting request's state in a second slot;
-    after a rejection the state goes back to it and the kept tokens are computed again with the
-    next step. Greedy output is unchanged, with prefix hits (state snapshots) and preemption."""
+    after a rejection the state goes back to it and is replayed through the kept tokens. Greedy
+    output is unchanged, with prefix hits (state snapshots) and preemption."""
     params = SamplingParams(temperature=0.0, max_tokens=160 if "block_size" not in engine else 90, ignore_eos=True)
     ref, ref_again, ref_stats = run(hybrid_dir, None, params, **engine)
     out, out_again, stats = run(hybrid_dir, NGRAM, params, **engine)
@@ -218,12 +218,13 @@ def peaky_llama(tmp_path_factory):
     return str(d)
 
 
-def sampled_pairs(model_dir, spec, n: int, monkeypatch=None) -> np.ndarray:
+def sampled_pairs(model_dir, spec, n: int, **engine) -> np.ndarray:
     # Every token of 3..250 once: whatever comes first, a 1-gram lookup finds it in the prompt and
     # drafts what followed it there, a guess the model mostly rejects.
     prompt = {"prompt_token_ids": np.random.default_rng(3).permutation(np.arange(3, 251)).tolist()}
     params = [SamplingParams(temperature=1.0, top_p=0.95, seed=s, max_tokens=4, ignore_eos=True) for s in range(n)]
-    with LLM(model_dir, max_model_len=256, kv_cache_memory_bytes=256 << 20, max_num_seqs=256, speculative_config=spec) as llm:
+    with LLM(model_dir, max_model_len=256, kv_cache_memory_bytes=256 << 20, max_num_seqs=256, speculative_config=spec,
+             **engine) as llm:
         outs = llm.generate([prompt] * n, params)
         stats = llm.stats()
     if spec:
@@ -232,7 +233,7 @@ def sampled_pairs(model_dir, spec, n: int, monkeypatch=None) -> np.ndarray:
 
 
 def test_sampled_output_follows_the_target_distribution(peaky_llama, monkeypatch):
-    """Rejection sampling of n-gram drafts keeps the target distribution: tokens 2 and 3 of 3,000
+    """Verification of sampled n-gram drafts keeps the target distribution: tokens 2 and 3 of 3,000
     seeded requests (the first comes from the prefill, before any draft) with and without
     speculation pass a chi-square test of equality (each at a false-failure rate of 0.05%), and a
     wrong rule that keeps every draft fails it."""

@@ -257,7 +257,7 @@ def test_ngram_speculation_matches_cpu(model_dir):
             assert_greedy_match(c, g, c.outputs[0].generation_logits)
         s = gpu.stats()
         assert s.spec_num_drafts > 0 and s.spec_num_accepted_tokens > 0 and s.num_blocks_used == 0
-        # Sampled requests verify on a host copy of their rows (rejection sampling): reproducible by seed.
+        # Sampled requests draw every row on the device and keep drafts that equal the draws: reproducible by seed.
         sampled = [revolta.SamplingParams(temperature=0.8, top_p=0.9, seed=i, max_tokens=24, ignore_eos=True) for i in range(len(ps))]
         a = [o.outputs[0].token_ids for o in gpu.generate(ps, sampled)]
         b = [o.outputs[0].token_ids for o in gpu.generate(ps, sampled)]
@@ -266,3 +266,23 @@ def test_ngram_speculation_matches_cpu(model_dir):
     finally:
         cpu.shutdown()
         gpu.shutdown()
+
+
+def test_sampled_speculation_keeps_the_distribution_on_the_device(tmp_path, monkeypatch):
+    """Verification of sampled requests on the device (ops::sample over all k + 1 rows): the
+    chi-square test of tests/test_speculative.py against sampling without speculation, on the GPU,
+    and the wrong rule that keeps every draft fails it."""
+    from conftest import make_hf_model
+    from test_speculative import chi_square_same, sampled_pairs
+
+    make_hf_model("llama", tmp_path, seed=9, max_position_embeddings=256, initializer_range=0.25)
+    gpu = dict(device="cuda", gpu_memory_utilization=0.0)
+    spec = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 3}
+    base = sampled_pairs(str(tmp_path), None, 3000, **gpu)
+    with_spec = sampled_pairs(str(tmp_path), spec, 3000, **gpu)
+    for pos in (1, 2):
+        stat, crit = chi_square_same(base[:, pos], with_spec[:, pos], 5e-4)
+        assert stat < crit, (pos, stat, crit)
+    monkeypatch.setenv("REVOLTA_FAULT_INJECT", "accept-drafts")
+    stat, crit = chi_square_same(base[:, 1], sampled_pairs(str(tmp_path), spec, 3000, **gpu)[:, 1], 5e-4)
+    assert stat > crit, (stat, crit)

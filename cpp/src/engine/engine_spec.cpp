@@ -2,13 +2,13 @@
 // to num_speculative_tokens drafts appended to its tokens (the scheduling rule then computes them
 // with its last token, and the runner samples all of them: Request::sample_rows). After the
 // forward, row j is the target's distribution after draft j - 1. Greedy requests keep drafts while
-// they equal the row's argmax; sampled ones keep a draft with the row's probability of it and
-// otherwise draw from the rest (spec/rejection.h), so the output follows the target exactly. The
-// first rejected row gives the next token (all accepted: the last row gives a bonus token);
-// rejected drafts leave tokens and KV blocks, and the step is committed with the accepted length
-// only, so no block holding a rejected draft is ever hashed for prefix caching. A recurrent
-// state that ran through rejected drafts is restored to the state before the step and replayed
-// through the kept tokens' recurrences only.
+// they equal the row's (adjusted) argmax; sampled ones draw every row as without speculation and
+// keep drafts while they equal the draws, which is rejection sampling of a point-mass draft
+// exactly, so the output follows the target. The first row that differs gives the next token
+// (all accepted: the last row gives a bonus token); rejected drafts leave tokens and KV blocks,
+// and the step is committed with the accepted length only, so no block holding a rejected draft
+// is ever hashed for prefix caching. A recurrent state that ran through rejected drafts is
+// restored to the state before the step and replayed through the kept tokens' recurrences only.
 //
 // MTP drafting (vLLM's order): after each forward the MTP layer runs over every position the step
 // computed whose next token is now known, fed that token and the target's hidden state there,
@@ -23,9 +23,7 @@
 #include "engine/engine_impl.h"
 #include "ops/ops.h"
 #include "sample/sampler.h"
-#include "ops/cpu/cpu_ops.h"
 #include "spec/ngram_drafter.h"
-#include "spec/rejection.h"
 
 namespace revolta {
 
@@ -157,37 +155,6 @@ void Engine::Impl::propose_drafts() {
   }
 }
 
-std::vector<int32_t> Engine::Impl::verify_on_host(Request& r, const Tensor& logits, int32_t first_row) {
-  const int32_t k = r.num_draft_tokens, V = int32_t(logits.size(1));
-  Tensor ids = Tensor::empty({k + 1}, DType::kI32);
-  for (int32_t j = 0; j <= k; ++j) ids.ptr<int32_t>()[j] = first_row + j;
-  Tensor rows = Tensor::uninitialized({k + 1, V}, DType::kF32, logits.device());
-  ops::gather_rows(logits, ids.to(logits.device()), rows);
-  const Tensor host = rows.to(Device::kCPU);
-  const SamplingContext c{&r.params, &r.tokens, r.num_prompt_tokens, &model_cfg.eos_token_ids, &r.rng};
-  const size_t before_drafts = r.tokens.size() - size_t(k);
-  const bool sampled = r.params.temperature > 1e-5f;
-  std::vector<int32_t> emitted;
-  for (int32_t j = 0; j <= k; ++j) {
-    std::vector<ops::SampleAdjust> adjust;
-    const ops::SampleRow row = sample_row(c, before_drafts + size_t(j), V, adjust);
-    const std::vector<float> w = ops::cpu::sample_weights(host.ptr<float>() + int64_t(j) * V, V, row, adjust.data());
-    const int32_t draft = j < k ? r.tokens[before_drafts + size_t(j)] : -1;
-    if (!sampled) {  // greedy with penalties or masks: the adjusted argmax
-      emitted.push_back(int32_t(std::max_element(w.begin(), w.end()) - w.begin()));
-    } else if (j == k) {  // every draft kept: the last row gives one more token
-      emitted.push_back(ops::cpu::draw_index_order(w, r.rng.uniform()));
-    } else {
-      const double u_accept = r.rng.uniform(), u_residual = r.rng.uniform();
-      const bool keep_all = fault.kind == FaultInjection::Kind::kAcceptDrafts && fault.accept_rate < 0;
-      const DraftVerdict v = keep_all ? DraftVerdict{true, draft} : verify_draft(w, draft, u_accept, u_residual);
-      emitted.push_back(v.token);
-    }
-    if (emitted.back() != draft) break;  // the first token that is not its draft ends the step
-  }
-  return emitted;
-}
-
 void Engine::Impl::finish_speculative_step(const std::vector<ScheduledRequest>& scheduled, StepLogits& result) {
   const size_t S = result.samplers.size();
   std::vector<int32_t> first(S + 1, 0);
@@ -204,26 +171,36 @@ void Engine::Impl::finish_speculative_step(const std::vector<ScheduledRequest>& 
     host_ids = ids.to(Device::kCPU);
     argmax = host_ids.ptr<int32_t>();
   }
-  // Requests without drafts sample their one row as in any step.
-  std::vector<int32_t> single_rows;
+  // Every other row is sampled in one pass on the model's device: a request without drafts its
+  // one row as in any step, a drafted one all its k + 1 rows, row j with the drafts before it as
+  // history (so penalties and masks see them). A point-mass draft kept with probability p(draft),
+  // else replaced by a draw from p without it, is exactly a draw x from p kept when x == draft:
+  // so row j's draw verifies draft j, and the first draw that differs ends the step.
+  std::vector<int32_t> sample_ids;
   std::vector<SamplingContext> contexts;
+  std::vector<size_t> first_sample(S, 0);
   std::unordered_map<const Request*, size_t> sampler_of;
   for (size_t i = 0; i < S; ++i) {
     Request* r = result.samplers[i];
     sampler_of[r] = i;
-    if (result.rows_per_sampler[i] != 1) continue;
-    single_rows.push_back(first[i]);
-    contexts.push_back({&r->params, &r->tokens, r->num_prompt_tokens, &model_cfg.eos_token_ids, &r->rng});
+    first_sample[i] = sample_ids.size();
+    const int32_t rows = result.rows_per_sampler[i];
+    if (rows > 1 && plain_greedy(r)) continue;
+    const size_t before_drafts = r->tokens.size() - size_t(rows - 1);
+    for (int32_t j = 0; j < rows; ++j) {
+      sample_ids.push_back(first[i] + j);
+      contexts.push_back({&r->params, &r->tokens, r->num_prompt_tokens, &model_cfg.eos_token_ids, &r->rng,
+                          before_drafts + size_t(j)});
+    }
   }
   std::vector<TokenOutput> sampled;
-  if (!single_rows.empty()) {
-    Tensor rows = Tensor::empty({int64_t(single_rows.size())}, DType::kI32);
-    std::copy(single_rows.begin(), single_rows.end(), rows.ptr<int32_t>());
-    Tensor picked = Tensor::uninitialized({int64_t(single_rows.size()), result.logits.size(1)}, DType::kF32, dev);
+  if (!sample_ids.empty()) {
+    Tensor rows = Tensor::empty({int64_t(sample_ids.size())}, DType::kI32);
+    std::copy(sample_ids.begin(), sample_ids.end(), rows.ptr<int32_t>());
+    Tensor picked = Tensor::uninitialized({int64_t(sample_ids.size()), result.logits.size(1)}, DType::kF32, dev);
     ops::gather_rows(result.logits, rows.to(dev), picked);
     sampled = sample_rows(picked, contexts);
   }
-  size_t next_single = 0;
   std::vector<StateReplay> replays;
   std::vector<StateAction> restores;
   int32_t kept = 0;  // the step's kept verify rows before this request's (ModelRunner::replay_states)
@@ -237,13 +214,16 @@ void Engine::Impl::finish_speculative_step(const std::vector<ScheduledRequest>& 
     const size_t i = it->second;
     if (result.rows_per_sampler[i] == 1) {
       commit_one(r, s.num_new_tokens);
-      accept(r, std::move(sampled[next_single++]));
+      accept(r, std::move(sampled[first_sample[i]]));
       continue;
     }
     const int32_t k = r.num_draft_tokens;
-    std::vector<int32_t> emitted = plain_greedy(&r) ? std::vector<int32_t>(argmax + first[i], argmax + first[i] + k + 1)
-                                                  : verify_on_host(r, result.logits, first[i]);
+    std::vector<int32_t> emitted(size_t(k) + 1);
+    for (int32_t j = 0; j <= k; ++j)
+      emitted[size_t(j)] = plain_greedy(&r) ? argmax[first[i] + j] : sampled[first_sample[i] + size_t(j)].token;
     const int32_t* draft = r.tokens.data() + (r.tokens.size() - size_t(k));
+    if (fault.kind == FaultInjection::Kind::kAcceptDrafts && fault.accept_rate < 0 && !plain_greedy(&r))
+      std::copy(draft, draft + k, emitted.begin());  // a wrong rule: every sampled draft kept
     int32_t a = 0;
     while (a < k && emitted[size_t(a)] == draft[a]) ++a;
     if (fault.kind == FaultInjection::Kind::kAcceptDrafts && fault.accept_rate >= 0) {

@@ -48,7 +48,7 @@ std::vector<TokenOutput> sample_rows(const Tensor& device_logits, const std::vec
   std::vector<ops::SampleRow> op_rows;
   std::vector<ops::SampleAdjust> adjust;
   for (const SamplingContext& c : rows) {
-    ops::SampleRow row = sample_row(c, c.tokens->size(), V, adjust);
+    ops::SampleRow row = sample_row(c, c.history == SamplingContext::kAllTokens ? c.tokens->size() : c.history, V, adjust);
     if (c.params->temperature > 1e-5f) row.uniform = float(c.rng->uniform());
     op_rows.push_back(row);
   }

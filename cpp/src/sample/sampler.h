@@ -22,6 +22,10 @@ struct SamplingContext {
   int32_t num_prompt_tokens;
   const std::vector<int32_t>* eos_token_ids;
   Rng* rng;
+  // The first `history` tokens are the row's history (a speculative row sees the drafts before
+  // it, not those after); kAllTokens: all of them.
+  size_t history = kAllTokens;
+  static constexpr size_t kAllTokens = ~size_t(0);
 };
 
 // logits: [rows, vocab] on any device; one token per row (with logprobs, and the raw row when
