@@ -99,8 +99,8 @@ def test_bad_configurations_are_refused(tmp_path):
     (plain / "config.json").write_text(json.dumps(cfg))
     with pytest.raises(ValueError, match="speculative_config: method 'mtp'.*carries 0 of the 1"):
         LLM(str(plain), speculative_config={"method": "mtp"})
-    with pytest.raises(ValueError, match="draft_sample_method"):
-        LLM(str(plain), speculative_config={"method": "mtp", "draft_sample_method": "probabilistic"})
+    with pytest.raises(ValueError, match="draft_sample_method must be 'greedy' or 'probabilistic'"):
+        LLM(str(plain), speculative_config={"method": "mtp", "draft_sample_method": "beam"})
 
 
 def trained_dir() -> Path:
@@ -193,3 +193,36 @@ def test_server_with_mtp_speculation(tmp_path):
         assert accepted and float(accepted[0].split()[-1]) > 0
     finally:
         assert "Traceback" not in srv.stop()
+
+
+def test_probabilistic_drafts_keep_the_distribution(tmp_path, monkeypatch):
+    """draft_sample_method probabilistic: sampled requests draw their drafts from the MTP layer's
+    distribution and keep each with probability min(1, p / q), else draw from max(0, p - q).
+    Tokens 2 and 3 of 3,000 seeded requests with and without speculation pass the chi-square test
+    of tests/test_speculative.py (each at a false-failure rate of 0.05%); keeping every draft fails it."""
+    from test_speculative import chi_square_same
+
+    model = make_hf_model("qwen3_next", tmp_path, seed=8, max_position_embeddings=256, initializer_range=0.25, **HYBRID)
+    tiny_mtp.add_random_mtp(model, tmp_path, seed=9, std=0.25)  # peaky p and q, unlike each other
+    spec = {"method": "mtp", "num_speculative_tokens": 2, "draft_sample_method": "probabilistic"}
+    prompt = {"prompt_token_ids": np.random.default_rng(3).integers(3, 256, size=12).tolist()}
+    n = 3000
+
+    def draws(spec, forced=False):
+        params = [SamplingParams(temperature=1.0, top_p=0.95, seed=s, max_tokens=4, ignore_eos=True) for s in range(n)]
+        with LLM(str(tmp_path), max_model_len=256, kv_cache_memory_bytes=256 << 20, max_num_seqs=256,
+                 speculative_config=spec) as llm:
+            outs = llm.generate([prompt] * n, params)
+            s = llm.stats()
+        if spec and not forced:
+            print(f"probabilistic MTP drafts: {s.spec_num_accepted_tokens} of {s.spec_num_draft_tokens} accepted")
+            assert s.spec_num_drafts > n // 2 and 0 < s.spec_num_accepted_tokens < s.spec_num_draft_tokens
+        return np.array([o.outputs[0].token_ids for o in outs])
+
+    base, with_spec = draws(None), draws(spec)
+    for pos in (1, 2):
+        stat, crit = chi_square_same(base[:, pos], with_spec[:, pos], 5e-4)
+        assert stat < crit, (pos, stat, crit)
+    monkeypatch.setenv("REVOLTA_FAULT_INJECT", "accept-drafts")
+    stat, crit = chi_square_same(base[:, 1], draws(spec, forced=True)[:, 1], 5e-4)
+    assert stat > crit, (stat, crit)

@@ -83,11 +83,11 @@ def init_head(head: MtpHead, std: float, norm_noise: float) -> None:
             p.normal_(0.0, std)
 
 
-def add_random_mtp(model, out_dir: Path, seed: int = 0) -> MtpHead:
+def add_random_mtp(model, out_dir: Path, seed: int = 0, std: float = 0.05) -> MtpHead:
     """A random MTP head (norms perturbed, as conftest does for the model) saved with the model."""
     torch.manual_seed(seed)
     head = MtpHead(model).float().eval()
-    init_head(head, std=0.05, norm_noise=0.1)
+    init_head(head, std=std, norm_noise=0.1)
     head.save(out_dir)
     return head
 

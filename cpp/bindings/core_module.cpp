@@ -83,6 +83,7 @@ NB_MODULE(_core, m) {
       .def_rw("num_speculative_tokens", &EngineConfig::num_speculative_tokens)
       .def_rw("prompt_lookup_min", &EngineConfig::prompt_lookup_min)
       .def_rw("prompt_lookup_max", &EngineConfig::prompt_lookup_max)
+      .def_rw("draft_sample_method", &EngineConfig::draft_sample_method)
       .def("validate", &EngineConfig::validate);
 
   nb::class_<TokenLogprob>(m, "TokenLogprob")

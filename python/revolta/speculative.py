@@ -21,14 +21,12 @@ def apply_speculative_config(cfg: _core.EngineConfig, spec: dict[str, Any] | Non
     method = spec.get("method")
     if method is None:
         raise ValueError("speculative_config: 'method' is required ('ngram' or 'mtp')")
-    if spec.get("draft_sample_method", "greedy") != "greedy":
-        raise ValueError("speculative_config: draft_sample_method must be 'greedy' (drafts are each draft model's "
-                         "argmax; sampled requests verify them by rejection sampling, which keeps their distribution)")
     for name in ("num_speculative_tokens", "prompt_lookup_min", "prompt_lookup_max"):
         value = spec.get(name)
         if value is not None and (isinstance(value, bool) or not isinstance(value, int) or abs(value) > 2**31 - 1):
             raise ValueError(f"speculative_config: {name} must be an integer, got {value!r}")
     cfg.speculative_method = str(method)
+    cfg.draft_sample_method = str(spec.get("draft_sample_method", "greedy"))
     # vLLM's default for mtp: one draft per MTP layer (the checkpoints carry one).
     cfg.num_speculative_tokens = int(spec.get("num_speculative_tokens", 1 if method == "mtp" else 0))
     lookup_max = int(spec.get("prompt_lookup_max", 4))

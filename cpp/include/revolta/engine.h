@@ -68,6 +68,10 @@ struct EngineConfig {
   std::string speculative_method;
   int32_t num_speculative_tokens = 0;
   int32_t prompt_lookup_min = 1, prompt_lookup_max = 4;
+  // "greedy": drafts are the drafter's argmax (sampled requests verify them as point masses);
+  // "probabilistic" (mtp): sampled requests draw their drafts from the MTP layer's distribution
+  // under their sampling parameters and verify them against it.
+  std::string draft_sample_method = "greedy";
 
   // Throws std::invalid_argument naming the offending option(s).
   void validate() const;

@@ -73,6 +73,11 @@ void EngineConfig::validate() const {
                num_threads);
   RV_CHECK_ARG(speculative_method.empty() || speculative_method == "ngram" || speculative_method == "mtp",
                "speculative_config: method must be 'ngram' or 'mtp', got '", speculative_method, "'");
+  RV_CHECK_ARG(draft_sample_method == "greedy" || draft_sample_method == "probabilistic",
+               "speculative_config: draft_sample_method must be 'greedy' or 'probabilistic', got '", draft_sample_method, "'");
+  RV_CHECK_ARG(draft_sample_method == "greedy" || speculative_method == "mtp",
+               "speculative_config: draft_sample_method 'probabilistic' needs a drafter with a distribution (method ",
+               "'mtp'); n-gram drafts are certain");
   if (!speculative_method.empty()) {
     RV_CHECK_ARG(num_speculative_tokens >= 1 && num_speculative_tokens <= 16,
                  "speculative_config: num_speculative_tokens must be in [1, 16], got ", num_speculative_tokens);

@@ -114,6 +114,8 @@ struct Engine::Impl {
   void draft_with_mtp(const std::unordered_map<const Request*, StepRows>& rows, const Tensor& hidden);
   void propose_drafts();
   void finish_speculative_step(const std::vector<ScheduledRequest>& scheduled, StepLogits& result);
+  static ops::SampleRow draft_row(const SamplingParams& p);
+  std::vector<int32_t> verify_sampled_drafts(Request& r, const Tensor& logits, int32_t first_row);
   void commit_one(Request& r, int32_t num_new_tokens);
   // Appends a sampled token; finishes the request (true) or emits it.
   bool accept(Request& r, TokenOutput tok);

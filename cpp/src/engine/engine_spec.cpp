@@ -23,7 +23,9 @@
 #include "engine/engine_impl.h"
 #include "ops/ops.h"
 #include "sample/sampler.h"
+#include "ops/cpu/cpu_ops.h"
 #include "spec/ngram_drafter.h"
+#include "spec/sampled_drafts.h"
 
 namespace revolta {
 
@@ -84,6 +86,7 @@ void Engine::Impl::draft_with_mtp(const std::unordered_map<const Request*, StepR
     d.wanted = s.start + m == r->num_tokens() - 1 && draft_room(*r, cfg) > 0;
     if (d.wanted) drafting.push_back(r);
     r->mtp_drafts.clear();
+    r->mtp_draft_q.clear();
     r->mtp_drafts_at = -1;
     for (int32_t i = 0; i < m; ++i) hidden_rows.push_back(s.row + i);
     spans.push_back(std::move(d));
@@ -98,18 +101,31 @@ void Engine::Impl::draft_with_mtp(const std::unordered_map<const Request*, StepR
   Tensor h = Tensor::uninitialized({int64_t(hidden_rows.size()), hidden.size(1)}, DType::kF32, dev);
   ops::gather_rows(hidden, device_rows(hidden_rows), h);
   ForwardOutput out = runner->draft_forward(spans, h, 0);
-  const int32_t L = model->num_mtp_layers();
+  const int32_t L = model->num_mtp_layers(), V = model_cfg.vocab_size;
+  // Probabilistic drafts of sampled requests: drawn on the host from the MTP layer's distribution
+  // under the request's temperature, top-k, top-p and min-p (kept for verification).
+  auto sampled_draft = [&](const Request* r) {
+    return cfg.draft_sample_method == "probabilistic" && r->params.temperature > 1e-5f;
+  };
   for (int32_t j = 1; !drafting.empty(); ++j) {
     Tensor ids = Tensor::uninitialized({int64_t(drafting.size())}, DType::kI32, dev);
     ops::argmax(out.logits, ids);
     const Tensor host = ids.to(Device::kCPU);
+    Tensor host_logits;
+    if (std::any_of(drafting.begin(), drafting.end(), sampled_draft)) host_logits = out.logits.to(Device::kCPU);
     std::vector<DraftSpan> next;
     std::vector<int32_t> keep;  // rows of out.hidden that feed the next MTP step
     std::vector<Request*> still;
     for (size_t i = 0; i < drafting.size(); ++i) {
       Request* r = drafting[i];
       const int32_t N = r->num_tokens();
-      r->mtp_drafts.push_back(host.ptr<int32_t>()[i]);
+      int32_t draft = host.ptr<int32_t>()[i];
+      if (sampled_draft(r)) {
+        std::vector<float> q = ops::cpu::sample_weights(host_logits.ptr<float>() + int64_t(i) * V, V, draft_row(r->params), nullptr);
+        draft = ops::cpu::draw_index_order(q, r->rng.uniform());
+        r->mtp_draft_q.push_back(std::move(q));
+      }
+      r->mtp_drafts.push_back(draft);
       r->mtp_drafts_at = N;
       // Draft j + 1 comes from position N - 2 + j, fed draft j: its block must exist.
       if (j >= std::min(cfg.num_speculative_tokens, draft_room(*r, cfg)) ||
@@ -152,7 +168,50 @@ void Engine::Impl::propose_drafts() {
     r->tokens.insert(r->tokens.end(), drafts.begin(), drafts.end());
     r->num_draft_tokens = int32_t(drafts.size());
     r->sample_rows = r->num_draft_tokens + 1;
+    if (mtp && !r->mtp_draft_q.empty())  // probabilistic drafts: the distributions they came from
+      r->draft_q.assign(r->mtp_draft_q.begin(), r->mtp_draft_q.begin() + ptrdiff_t(drafts.size()));
   }
+}
+
+// The drafter's sampling row for a request's probabilistic drafts: its temperature, top-k, top-p
+// and min-p, no penalties (the verifier compares the target against exactly this distribution).
+ops::SampleRow Engine::Impl::draft_row(const SamplingParams& p) {
+  ops::SampleRow row;
+  row.temperature = p.temperature;
+  row.top_k = p.top_k;
+  row.top_p = p.top_p;
+  row.min_p = p.min_p;
+  return row;
+}
+
+// Probabilistic drafts: the target's rows against the distributions the drafts were drawn from,
+// on a host copy (spec/sampled_drafts.h).
+std::vector<int32_t> Engine::Impl::verify_sampled_drafts(Request& r, const Tensor& logits, int32_t first_row) {
+  const int32_t k = r.num_draft_tokens, V = int32_t(logits.size(1));
+  Tensor ids = Tensor::empty({k + 1}, DType::kI32);
+  for (int32_t j = 0; j <= k; ++j) ids.ptr<int32_t>()[j] = first_row + j;
+  Tensor rows = Tensor::uninitialized({k + 1, V}, DType::kF32, logits.device());
+  ops::gather_rows(logits, ids.to(logits.device()), rows);
+  const Tensor host = rows.to(Device::kCPU);
+  SamplingContext c{&r.params, &r.tokens, r.num_prompt_tokens, &model_cfg.eos_token_ids, &r.rng};
+  const size_t before_drafts = r.tokens.size() - size_t(k);
+  const bool keep_all = fault.kind == FaultInjection::Kind::kAcceptDrafts && fault.accept_rate < 0;  // a wrong rule
+  std::vector<int32_t> emitted;
+  for (int32_t j = 0; j <= k; ++j) {
+    std::vector<ops::SampleAdjust> adjust;
+    const ops::SampleRow row = sample_row(c, before_drafts + size_t(j), V, adjust);
+    const std::vector<float> p = ops::cpu::sample_weights(host.ptr<float>() + int64_t(j) * V, V, row, adjust.data());
+    if (j == k) {  // every draft kept: the last row gives one more token
+      emitted.push_back(ops::cpu::draw_index_order(p, r.rng.uniform()));
+      break;
+    }
+    const int32_t draft = r.tokens[before_drafts + size_t(j)];
+    const double u_accept = r.rng.uniform(), u_residual = r.rng.uniform();
+    const DraftVerdict v = keep_all ? DraftVerdict{true, draft} : verify_sampled_draft(p, r.draft_q[size_t(j)], draft, u_accept, u_residual);
+    emitted.push_back(v.token);
+    if (!v.accepted) break;
+  }
+  return emitted;
 }
 
 void Engine::Impl::finish_speculative_step(const std::vector<ScheduledRequest>& scheduled, StepLogits& result) {
@@ -185,7 +244,7 @@ void Engine::Impl::finish_speculative_step(const std::vector<ScheduledRequest>& 
     sampler_of[r] = i;
     first_sample[i] = sample_ids.size();
     const int32_t rows = result.rows_per_sampler[i];
-    if (rows > 1 && plain_greedy(r)) continue;
+    if (rows > 1 && (plain_greedy(r) || !r->draft_q.empty())) continue;
     const size_t before_drafts = r->tokens.size() - size_t(rows - 1);
     for (int32_t j = 0; j < rows; ++j) {
       sample_ids.push_back(first[i] + j);
@@ -219,10 +278,11 @@ void Engine::Impl::finish_speculative_step(const std::vector<ScheduledRequest>& 
     }
     const int32_t k = r.num_draft_tokens;
     std::vector<int32_t> emitted(size_t(k) + 1);
-    for (int32_t j = 0; j <= k; ++j)
+    for (int32_t j = 0; j <= k && r.draft_q.empty(); ++j)
       emitted[size_t(j)] = plain_greedy(&r) ? argmax[first[i] + j] : sampled[first_sample[i] + size_t(j)].token;
+    if (!r.draft_q.empty()) emitted = verify_sampled_drafts(r, result.logits, first[i]);
     const int32_t* draft = r.tokens.data() + (r.tokens.size() - size_t(k));
-    if (fault.kind == FaultInjection::Kind::kAcceptDrafts && fault.accept_rate < 0 && !plain_greedy(&r))
+    if (fault.kind == FaultInjection::Kind::kAcceptDrafts && fault.accept_rate < 0 && !plain_greedy(&r) && r.draft_q.empty())
       std::copy(draft, draft + k, emitted.begin());  // a wrong rule: every sampled draft kept
     int32_t a = 0;
     while (a < k && emitted[size_t(a)] == draft[a]) ++a;
@@ -242,6 +302,7 @@ void Engine::Impl::finish_speculative_step(const std::vector<ScheduledRequest>& 
     r.tokens.resize(r.tokens.size() - size_t(k - a));
     r.num_draft_tokens = 0;
     r.sample_rows = 1;
+    r.draft_q.clear();
     if (a < k && caches->states()) {
       // The recurrent state ran through the rejected drafts too: back to the state before the
       // step, then through the input token and the accepted drafts again (their recurrences only,

@@ -48,6 +48,9 @@ struct Request {
   // MTP drafting: the drafts made after the step that ended with num_tokens() == mtp_drafts_at.
   std::vector<int32_t> mtp_drafts;
   int32_t mtp_drafts_at = -1;
+  // Probabilistic drafts: the drafter's distribution each was drawn from (unnormalised, as
+  // ops::cpu::sample_weights gives it), for the MTP drafts and for this step's drafts.
+  std::vector<std::vector<float>> mtp_draft_q, draft_q;
 
   int32_t num_tokens() const { return int32_t(tokens.size()); }
   int32_t num_output_tokens() const { return num_tokens() - num_prompt_tokens - num_draft_tokens; }
@@ -56,6 +59,7 @@ struct Request {
     tokens.resize(tokens.size() - size_t(num_draft_tokens));
     num_draft_tokens = 0;
     sample_rows = 1;
+    draft_q.clear();
   }
 };
 
