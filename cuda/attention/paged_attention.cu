@@ -519,7 +519,9 @@ void qkv_rope_attention(const Tensor& qkv, const ops::QkNorm& norm, const Tensor
                         const Tensor& slot_mapping, Tensor& q, Tensor& k_cache, Tensor& v_cache,
                         const ops::AttentionBatch& b, float scale, Tensor& out, const ops::OutputGate* gate) {
   const int64_t T = q.size(0), H = q.size(1), D = q.size(2), KVH = k_cache.size(2);
-  const bool one_kernel = b.decode_only && b.dev_query_start && T > 0 && D <= kGroupLanes * kMaxFusedEpl &&
+  // One kernel per token writes its own K/V and attends: only with one token per sequence (a
+  // verify step's tokens read each other's K/V, which must all be written first).
+  const bool one_kernel = b.decode_only && b.tokens_per_seq == 1 && b.dev_query_start && T > 0 && D <= kGroupLanes * kMaxFusedEpl &&
                           H % KVH == 0 && qkv.dtype() == DType::kF32 && qkv.size(0) == T &&
                           qkv.size(1) >= (H + 2 * KVH) * D && 2 * (rope.rotary_dim / 2) <= D;
   if (one_kernel && k_cache.dtype() == DType::kF32) {

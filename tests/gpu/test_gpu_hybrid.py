@@ -137,9 +137,9 @@ def test_ngram_speculation_rolls_the_state_back(pair, tmp_path):
 
 
 def test_mtp_speculation_on_the_device(tmp_path):
-    """The MTP drafter on the device (its layer, its K/V, verification of its drafts): greedy
-    output with k = 3 equal to the CPU engine's without speculation, up to a CPU near-tie, and
-    with every draft kept (accept-drafts:1) the drafts equal the CPU engine's."""
+    """The MTP drafter on the device (its layer, its K/V, verification of its drafts in recorded
+    graphs): greedy output with k = 3 equal to the CPU engine's without speculation, up to a CPU
+    near-tie, and with every draft kept (accept-drafts:1) the drafts equal the CPU engine's."""
     import os
 
     import revolta
@@ -156,6 +156,7 @@ def test_mtp_speculation_on_the_device(tmp_path):
         for c, g in zip(ref, gpu.generate(ps, sampling())):
             assert_greedy_match(c, g)
         assert gpu.stats().spec_num_drafts > 0
+        assert gpu.stats().graph_replays > 0  # verify steps of k + 1 tokens per sequence replay graphs
     os.environ["REVOLTA_FAULT_INJECT"] = "accept-drafts:1"
     try:
         forced = {}

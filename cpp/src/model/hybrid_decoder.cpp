@@ -185,6 +185,8 @@ class HybridDecoderLM final : public DecoderBase {
     return final_outputs(x, b, head_.lm_head);
   }
 
+  std::vector<Tensor>* kept_inputs() override { return &kept_; }
+
   void replay_states(const Tensor& rows, const Tensor& seq_starts, const Tensor& seq_slots, ModelCaches& caches) override {
     const int64_t R = rows.numel(), value_dim = int64_t(cfg_.linear_num_value_heads) * cfg_.linear_value_head_dim;
     for (const Layer& L : layers_) {

@@ -65,6 +65,9 @@ class CausalLM {
   // [S]), which the caller has set to the states before that forward. So a rejected draft's state
   // is rolled back to the last kept token without a second pass through the model.
   virtual void replay_states(const Tensor& rows, const Tensor& seq_starts, const Tensor& seq_slots, ModelCaches& caches);
+  // The kept inputs themselves (null: none), so that a recorded graph's buffers can be made the
+  // current ones after it replays.
+  virtual std::vector<Tensor>* kept_inputs() { return nullptr; }
   // The largest decode batch whose forward stays on the device (no host round trip), so that a
   // graph can record it.
   virtual int32_t max_captured_batch() const { return 1 << 30; }

@@ -31,14 +31,16 @@ struct AttentionBatch {
   int32_t block_size = 0;
   // Device mirrors, set by a runner that keeps the metadata in device memory (null: a device
   // backend uploads the host arrays itself). dev_token_seq[t] is the sequence of token row t.
-  // max_seq_len bounds seq_lens (it sizes the work split); decode_only promises one query token
-  // per sequence, so a captured decode graph never depends on the host arrays.
+  // max_seq_len bounds seq_lens (it sizes the work split); decode_only promises tokens_per_seq
+  // query tokens per sequence (1, or a speculative verify step's last token and its drafts), so a
+  // captured graph never depends on the host arrays.
   const int32_t* dev_query_start = nullptr;
   const int32_t* dev_seq_lens = nullptr;
   const int32_t* dev_block_tables = nullptr;
   const int32_t* dev_token_seq = nullptr;
   int32_t max_seq_len = 0;
   bool decode_only = false;
+  int32_t tokens_per_seq = 1;
 };
 
 // RoPE cos/sin tables, [max_positions, rotary_dim / 2] each, already multiplied by the

@@ -8,6 +8,9 @@
 namespace revolta {
 namespace {
 
+// Verify graphs are recorded for up to this many tokens per sequence (the last token + 7 drafts).
+constexpr int32_t kMaxGraphTokensPerSequence = 8;
+
 // The metadata vectors in one int32 buffer, in a fixed order; `at` gives each one's offset.
 enum Part { kIds, kPositions, kSlots, kRows, kQueryStart, kSeqLens, kTables, kTokenSeq, kStateSlots };
 
@@ -21,10 +24,11 @@ struct Packed {
 // A recorded decode step for a fixed padded batch size: static device inputs, updated in one
 // copy before each replay, and the logits tensor the recorded forward writes.
 struct ModelRunner::DecodeGraph {
-  int32_t batch = 0, max_blocks = 0;
+  int32_t batch = 0, max_blocks = 0, tokens = 1;  // padded sequences, tokens per sequence
   Tensor meta;  // device int32: the packed metadata
   ForwardBatch batch_desc;
-  Tensor logits;
+  Tensor logits, hidden;          // the recorded forward's outputs (hidden: with HiddenRows::kEvery)
+  std::vector<Tensor> kept;       // the model's kept inputs the recorded forward writes
   std::unique_ptr<DeviceGraph> graph;
 };
 
@@ -84,7 +88,7 @@ ModelRunner::ModelRunner(CausalLM& model, KvCache& cache, StateCache* states, Ru
 ModelRunner::~ModelRunner() = default;
 
 ModelRunner::Metadata ModelRunner::build(const SchedulerOutput& step, StepLogits& out, int32_t pad_to,
-                                         int32_t max_blocks, bool fed) {
+                                         int32_t max_blocks, bool fed, int32_t pad_tokens) {
   const int32_t S = int32_t(step.scheduled.size());
   const int32_t bs = cache_.block_size;
   Metadata m;
@@ -125,53 +129,72 @@ ModelRunner::Metadata ModelRunner::build(const SchedulerOutput& step, StepLogits
       out.rows_per_sampler.push_back(r.sample_rows);
     }
   }
-  for (int32_t s = S; s < rows; ++s, ++t) {  // padding: one token per row, no cache or state write
+  for (int32_t s = S; s < rows; ++s) {  // padding: pad_tokens tokens per sequence, no cache or state write
     m.state_slots.push_back(-1);
-    m.ids.push_back(0);
-    m.positions.push_back(0);
-    m.slots.push_back(-1);
-    m.token_seq.push_back(s);
-    m.query_start[size_t(s) + 1] = t + 1;
-    m.rows.push_back(t);
+    for (int32_t i = 0; i < pad_tokens; ++i, ++t) {
+      m.ids.push_back(0);
+      m.positions.push_back(i);
+      m.slots.push_back(-1);
+      m.token_seq.push_back(s);
+      m.rows.push_back(t);
+    }
+    m.query_start[size_t(s) + 1] = t;
+    m.seq_lens[size_t(s)] = pad_tokens;
   }
   return m;
 }
 
 ModelRunner::DecodeGraph* ModelRunner::graph_for(const SchedulerOutput& step) {
-  if (model_.device() == Device::kCPU || opts_.graph_batch_sizes.empty() || opts_.hidden != HiddenRows::kNone)
+  if (model_.device() == Device::kCPU || opts_.graph_batch_sizes.empty() || opts_.hidden == HiddenRows::kSampled ||
+      step.scheduled.empty())
     return nullptr;
-  const int32_t S = int32_t(step.scheduled.size());
-  for (const auto& s : step.scheduled)
-    if (s.num_new_tokens != 1 || s.request->num_computed_tokens + 1 != s.request->num_tokens()) return nullptr;
+  const int32_t S = int32_t(step.scheduled.size()), q = step.scheduled[0].num_new_tokens;
+  for (const auto& s : step.scheduled)  // every sequence computes its last q tokens and samples them all
+    if (s.num_new_tokens != q || s.request->sample_rows != q || s.request->num_computed_tokens + q != s.request->num_tokens())
+      return nullptr;
   int32_t size = 0;
   for (int32_t b : opts_.graph_batch_sizes)
     if (b >= S && (size == 0 || b < size)) size = b;
-  if (size == 0 || size > model_.max_captured_batch()) return nullptr;
-  if (auto it = graphs_.find(size); it != graphs_.end()) return it->second.get();
+  if (size == 0 || q > kMaxGraphTokensPerSequence || size * q > model_.max_captured_batch()) return nullptr;
+  if (auto it = graphs_.find({size, q}); it != graphs_.end()) return it->second.get();
 
   // Record it: static inputs sized for the padded batch and the longest block table. It joins
   // the map only once recorded, so a failed recording is retried rather than replayed.
   auto g = std::make_unique<DecodeGraph>();
   g->batch = size;
+  g->tokens = q;
   g->max_blocks = (opts_.max_model_len + cache_.block_size - 1) / cache_.block_size;
   StepLogits unused;
-  Metadata m = build(SchedulerOutput{}, unused, size, g->max_blocks, false);
+  Metadata m = build(SchedulerOutput{}, unused, size, g->max_blocks, false, q);
+  m.hidden = opts_.hidden;
   const Packed p = pack(m);
   g->meta = Tensor::empty({int64_t(p.host.size())}, DType::kI32, model_.device());
   device_runtime(model_.device()).copy_to_device(g->meta.data(), p.host.data(), p.host.size() * 4);
   ForwardBatch& b = g->batch_desc;
-  bind(b, g->meta, p, m, size, size, cache_.block_size);
+  bind(b, g->meta, p, m, size * q, size, cache_.block_size);
+  std::vector<Tensor>* kept = model_.kept_inputs();
+  if (opts_.keep_verify_rows && q > 1 && kept) {  // a verify graph keeps every row (padding last)
+    std::vector<int32_t> all(size_t(size * q));
+    for (size_t i = 0; i < all.size(); ++i) all[i] = int32_t(i);
+    b.kept_rows = device_ints(all);
+  }
   // Replays see other steps' metadata: nothing may be planned from these host arrays.
   b.attention.query_start = b.attention.seq_lens = b.attention.block_tables = nullptr;
   b.attention.max_seq_len = opts_.max_model_len;
   b.attention.decode_only = true;
+  b.attention.tokens_per_seq = q;
   ModelCaches caches{&cache_, states_};
   DecodeGraph* raw = g.get();
   raw->graph = device_runtime(model_.device()).capture([&] {
-    raw->logits = Tensor();  // the sizing run's logits go back to the pool before the recorded run
-    raw->logits = model_.forward(raw->batch_desc, caches).logits;
+    // The sizing run's outputs go back to the pool before the recorded run.
+    raw->logits = raw->hidden = Tensor();
+    if (kept) kept->clear();
+    ForwardOutput f = model_.forward(raw->batch_desc, caches);
+    raw->logits = f.logits;
+    raw->hidden = f.hidden;
   });
-  graphs_[size] = std::move(g);
+  if (raw->batch_desc.kept_rows.defined()) raw->kept = *kept;
+  graphs_[{size, q}] = std::move(g);
   return raw;
 }
 
@@ -186,14 +209,17 @@ void ModelRunner::feed(Tensor& meta, size_t ids_at, const Tensor& fed_ids) {
 
 StepLogits ModelRunner::run_graph(DecodeGraph& g, const SchedulerOutput& step, const Tensor* fed_ids) {
   StepLogits out;
-  Metadata m = build(step, out, g.batch, g.max_blocks, fed_ids != nullptr);
+  Metadata m = build(step, out, g.batch, g.max_blocks, fed_ids != nullptr, g.tokens);
   RV_CHECK(m.max_blocks == g.max_blocks, "decode graph: block table longer than max_model_len allows");
   const Packed p = pack(m);
   device_runtime(model_.device()).copy_to_device(g.meta.data(), p.host.data(), p.host.size() * 4);
   if (fed_ids) feed(g.meta, p.at[kIds], *fed_ids);
   g.graph->replay();
   ++graph_replays_;
-  out.logits = g.logits.slice_rows(0, int64_t(out.samplers.size()));
+  const int64_t T = int64_t(step.scheduled.size()) * g.tokens;
+  out.logits = g.logits.slice_rows(0, T);
+  if (g.hidden.defined()) out.hidden = g.hidden.slice_rows(0, T);
+  if (!g.kept.empty()) *model_.kept_inputs() = g.kept;  // replay_states reads what the graph wrote
   return out;
 }
 

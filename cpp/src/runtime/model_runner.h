@@ -1,10 +1,11 @@
 // Turns a scheduler step into batch metadata (token ids, positions, cache slots, block tables),
 // runs the model forward and returns the logits rows of the requests that sample this step.
 //
-// On a device backend the metadata goes up in one copy per step, and pure decode steps (one new
-// token per sequence) of up to the largest captured batch size replay a recorded graph: the step
-// is padded to the next captured size with rows that write no cache slot and whose logits are
-// ignored.
+// On a device backend the metadata goes up in one copy per step, and steps whose sequences all
+// compute the same few tokens, each sampled (decode: one token; speculative verify: the last token
+// and its k drafts), of up to the largest captured batch size replay a recorded graph, one per
+// (batch size, tokens per sequence): the step is padded to the next captured size with sequences
+// that write no cache slot or state and whose logits are ignored.
 #pragma once
 
 #include <map>
@@ -82,7 +83,8 @@ class ModelRunner {
     int32_t max_blocks = 1, max_seq_len = 0;
     HiddenRows hidden = HiddenRows::kNone;
   };
-  Metadata build(const SchedulerOutput& step, StepLogits& out, int32_t pad_to, int32_t max_blocks, bool fed);
+  Metadata build(const SchedulerOutput& step, StepLogits& out, int32_t pad_to, int32_t max_blocks, bool fed,
+                 int32_t pad_tokens = 1);
   StepLogits run_graph(DecodeGraph& g, const SchedulerOutput& step, const Tensor* fed_ids);
   // Overwrites the token ids of the packed metadata on the device with fed_ids.
   void feed(Tensor& meta, size_t ids_at, const Tensor& fed_ids);
@@ -93,7 +95,7 @@ class ModelRunner {
   KvCache& cache_;
   StateCache* states_;
   RunnerOptions opts_;
-  std::map<int32_t, std::unique_ptr<DecodeGraph>> graphs_;  // by padded batch size
+  std::map<std::pair<int32_t, int32_t>, std::unique_ptr<DecodeGraph>> graphs_;  // by (padded batch, tokens per sequence)
   int64_t graph_replays_ = 0;
 };
 
