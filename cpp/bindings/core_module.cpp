@@ -20,6 +20,7 @@ using namespace nb::literals;
 using namespace revolta;
 
 void bind_ops(nb::module_& m);
+void bind_gguf(nb::module_& m);
 
 namespace {
 // REVOLTA_BACKTRACE=1: a crash prints the native stack to stderr (machines without a debugger).
@@ -41,6 +42,7 @@ NB_MODULE(_core, m) {
     signal(SIGABRT, print_backtrace);
   }
   bind_ops(m);
+  bind_gguf(m);
 
   nb::class_<SamplingParams>(m, "SamplingParams")
       .def(nb::init<>())

@@ -1,40 +1,17 @@
 #include "core/safetensors.h"
 
-#include <fcntl.h>
-#include <sys/mman.h>
-#include <sys/stat.h>
-#include <unistd.h>
-
 #include <cstring>
 
 #include "core/error.h"
+#include "core/file_mapping.h"
 #include "core/json.h"
 
 namespace revolta {
-namespace {
-
-struct FileMapping : Buffer {
-  void* addr = MAP_FAILED;
-  size_t size = 0;
-  ~FileMapping() override {
-    if (addr != MAP_FAILED) munmap(addr, size);
-  }
-};
-
-}  // namespace
 
 SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
-  int fd = ::open(path.c_str(), O_RDONLY);
-  RV_CHECK(fd >= 0, "cannot open ", path, ": ", std::strerror(errno));
-  struct stat st {};
-  ::fstat(fd, &st);
-  auto map = std::make_shared<FileMapping>();
-  map->size = size_t(st.st_size);
-  if (map->size > 0) map->addr = ::mmap(nullptr, map->size, PROT_READ, MAP_PRIVATE, fd, 0);
-  ::close(fd);
+  auto map = map_file(path);
   RV_CHECK(map->size >= 8, "corrupt safetensors file ", path, ": shorter than its 8-byte header");
-  RV_CHECK(map->addr != MAP_FAILED, "cannot map ", path);
-  const char* base = static_cast<const char*>(map->addr);
+  const char* base = map->data;
   uint64_t header_len;
   std::memcpy(&header_len, base, 8);
   RV_CHECK(header_len <= map->size - 8, "corrupt safetensors file ", path, ": header length ",

@@ -1,0 +1,94 @@
+"""The engine's own GGUF reader and block dequantization (quant/) against the `gguf` package:
+random blocks of every format the engine reads, written by gguf's writer, and every tensor of
+the real SmolLM2 demo file; a truncated file is an error naming it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import gguf
+import numpy as np
+import pytest
+from gguf import GGMLQuantizationType as Q
+
+from revolta import _core
+
+# Byte offsets of each block's f16 scale fields (random bytes there could be NaN or huge).
+SCALES = {Q.Q4_0: [0], Q.Q4_1: [0, 2], Q.Q8_0: [0], Q.Q4_K: [0, 2], Q.Q5_K: [0, 2], Q.Q6_K: [208]}
+FORMATS = [Q.F32, Q.F16, Q.BF16, *SCALES]
+
+
+def random_blocks(qtype, rows: int, cols: int, rng) -> np.ndarray:
+    block_values, block_bytes = gguf.GGML_QUANT_SIZES[qtype]
+    if qtype == Q.F32:
+        return rng.standard_normal((rows, cols)).astype(np.float32)
+    if qtype == Q.F16:
+        return rng.standard_normal((rows, cols)).astype(np.float16)
+    raw = rng.integers(0, 256, size=(rows, cols // block_values, block_bytes), dtype=np.uint8)
+    if qtype == Q.BF16:
+        raw[..., 1] = rng.integers(0x3c, 0x40, size=raw.shape[:-1])  # exponents of moderate values
+    for at in SCALES.get(qtype, []):
+        raw[..., at:at + 2] = rng.uniform(-0.5, 0.5, size=raw.shape[:-1] + (1,)).astype(np.float16).view(np.uint8)
+    return raw.reshape(rows, -1)
+
+
+def write(path: Path, tensors: dict) -> None:
+    w = gguf.GGUFWriter(str(path), "llama")
+    for name, (qtype, data) in tensors.items():
+        if qtype in (Q.F32, Q.F16):
+            w.add_tensor(name, data)
+        else:
+            w.add_tensor(name, data, raw_dtype=qtype)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+def test_every_format_matches_the_gguf_package(tmp_path):
+    rng = np.random.default_rng(0)
+    tensors = {f"t.{q.name}": (q, random_blocks(q, 3, 512, rng)) for q in FORMATS}
+    path = tmp_path / "blocks.gguf"
+    write(path, tensors)
+    listed = {name: (kind, tuple(shape)) for name, kind, shape, _ in _core.gguf.tensors(str(path))}
+    reference = gguf.GGUFReader(str(path))
+    for t in reference.tensors:
+        qtype = Q(t.tensor_type)
+        assert listed[t.name] == (qtype.name, (3, 512)), t.name
+        want = gguf.quants.dequantize(np.asarray(t.data), qtype).reshape(3, 512).astype(np.float32)
+        got = _core.gguf.dequantize(str(path), t.name)
+        assert got.shape == (3, 512) and np.isfinite(want).all()
+        np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6 * float(np.abs(want).max()), err_msg=t.name)
+
+
+def test_the_demo_file_matches_the_gguf_package():
+    from revolta.models.resolve import demo_gguf
+
+    path = str(demo_gguf())
+    reference = gguf.GGUFReader(path)
+    listed = {name: kind for name, kind, _, _ in _core.gguf.tensors(path)}
+    assert len(listed) == len(reference.tensors) and "Q4_1" in listed.values()
+    for t in reference.tensors:
+        want = gguf.quants.dequantize(np.asarray(t.data), Q(t.tensor_type)).astype(np.float32)
+        got = _core.gguf.dequantize(path, t.name)
+        assert got.size == want.size, t.name
+        np.testing.assert_allclose(got.reshape(-1), want.reshape(-1), rtol=1e-6, atol=1e-7, err_msg=t.name)
+
+
+def test_truncated_and_foreign_files_are_named(tmp_path):
+    rng = np.random.default_rng(1)
+    path = tmp_path / "whole.gguf"
+    write(path, {"w": (Q.Q4_K, random_blocks(Q.Q4_K, 4, 256, rng))})
+    data = path.read_bytes()
+    cut = tmp_path / "cut.gguf"
+    cut.write_bytes(data[:-100])
+    with pytest.raises(RuntimeError, match=r"corrupt GGUF file .*cut\.gguf: tensor 'w' .* truncated"):
+        _core.gguf.tensors(str(cut))
+    head = tmp_path / "head.gguf"
+    head.write_bytes(data[:30])
+    with pytest.raises(RuntimeError, match=r"corrupt GGUF file .*head\.gguf: truncated at byte"):
+        _core.gguf.tensors(str(head))
+    other = tmp_path / "other.gguf"
+    other.write_bytes(b"PK\x03\x04" + data[4:])
+    with pytest.raises(RuntimeError, match="no GGUF magic"):
+        _core.gguf.tensors(str(other))
