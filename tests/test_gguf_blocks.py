@@ -92,3 +92,24 @@ def test_truncated_and_foreign_files_are_named(tmp_path):
     other.write_bytes(b"PK\x03\x04" + data[4:])
     with pytest.raises(RuntimeError, match="no GGUF magic"):
         _core.gguf.tensors(str(other))
+
+
+@pytest.mark.parametrize("qtype", list(SCALES), ids=[q.name for q in SCALES])
+def test_cpu_linear_and_embedding_over_blocks(qtype):
+    """ops::linear with weights kept in their blocks (decode-sized and prefill-sized inputs, a row
+    count that is not a multiple of the kernels' tiles) and ops::embedding rows from them, against
+    numpy over the gguf package's dequantization."""
+    rng = np.random.default_rng(int(qtype))
+    N, K = 37, 512
+    raw = random_blocks(qtype, N, K, rng)
+    w = gguf.quants.dequantize(raw, qtype).reshape(N, K).astype(np.float64)
+    for M in (1, 3, 40):
+        x = rng.standard_normal((M, K)).astype(np.float32)
+        out = np.zeros((M, N), np.float32)
+        _core.ops.linear_quantized(x, raw, qtype.name, out)
+        want = x.astype(np.float64) @ w.T
+        np.testing.assert_allclose(out, want, rtol=1e-4, atol=1e-4 * np.abs(want).max(), err_msg=f"M={M}")
+    ids = np.array([5, 0, 36, 5], np.int32)
+    rows = np.zeros((4, K), np.float32)
+    _core.ops.embedding_quantized(ids, raw, qtype.name, rows)
+    np.testing.assert_allclose(rows, w[ids], rtol=1e-6, atol=1e-7)

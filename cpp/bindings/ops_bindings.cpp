@@ -2,9 +2,11 @@
 // an independent reference (HF transformers' torch code, naive recurrences).
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
+#include <nanobind/stl/string.h>
 
 #include <vector>
 
+#include "core/error.h"
 #include "ops/cpu/cpu_ops.h"
 
 namespace nb = nanobind;
@@ -12,6 +14,8 @@ using namespace nb::literals;
 using namespace revolta;
 
 using F32Array = nb::ndarray<float, nb::c_contig, nb::device::cpu>;
+using U8Array = nb::ndarray<uint8_t, nb::c_contig, nb::device::cpu>;
+using I32Array = nb::ndarray<int32_t, nb::c_contig, nb::device::cpu>;
 
 namespace {
 
@@ -25,6 +29,31 @@ Tensor wrap(const F32Array& a) {
 
 void bind_ops(nb::module_& m) {
   auto ops = m.def_submodule("ops", "CPU ops on float32 numpy arrays (for tests)");
+  // Quantized weights: raw blocks [N, bytes per row] of the named block type (q4_0, q4_k, ...).
+  auto blocks = [](const U8Array& raw, const std::string& dtype, int64_t K) {
+    const DType t = parse_dtype(dtype);
+    RV_CHECK(raw.ndim() == 2 && int64_t(raw.shape(1)) == dtype_bytes(t, K), "raw blocks [N, ", dtype_bytes(t, K),
+             "] expected for K = ", K);
+    return Tensor::wrap(const_cast<uint8_t*>(raw.data()), {int64_t(raw.shape(0)), K}, t, nullptr);
+  };
+  ops.def(
+      "linear_quantized",
+      [blocks](F32Array x, U8Array raw, const std::string& dtype, F32Array out) {
+        Tensor o = wrap(out);
+        const Tensor w = blocks(raw, dtype, int64_t(x.shape(x.ndim() - 1)));
+        nb::gil_scoped_release release;
+        ops::cpu::linear(wrap(x), w, nullptr, o);
+      },
+      "x"_a, "raw"_a, "dtype"_a, "out"_a, "out[M, N] = x[M, K] . dequantized(raw)^T");
+  ops.def(
+      "embedding_quantized",
+      [blocks](I32Array ids, U8Array raw, const std::string& dtype, F32Array out) {
+        Tensor o = wrap(out);
+        const Tensor table = blocks(raw, dtype, int64_t(out.shape(out.ndim() - 1)));
+        const Tensor t = Tensor::wrap(const_cast<int32_t*>(ids.data()), {int64_t(ids.size())}, DType::kI32, nullptr);
+        ops::cpu::embedding(t, table, o, nullptr);
+      },
+      "ids"_a, "raw"_a, "dtype"_a, "out"_a, "out[T, K] = dequantized(raw)[ids]");
   ops.def(
       "gated_delta_rule",
       [](F32Array q, F32Array k, F32Array v, F32Array g, F32Array beta, F32Array state, F32Array out, int chunk_size) {

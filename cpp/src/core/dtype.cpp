@@ -1,5 +1,6 @@
 #include "core/dtype.h"
 
+#include <cctype>
 #include <cmath>
 
 #include "core/error.h"
@@ -14,8 +15,39 @@ size_t dtype_size(DType t) {
     case DType::kI32: return 4;
     case DType::kI64: return 8;
     case DType::kU8: return 1;
+    default: break;
   }
-  return 0;
+  throw std::logic_error(str_cat(dtype_name(t), " is a block type: its size is per block"));
+}
+
+namespace {
+
+struct Block {
+  int64_t values, bytes;
+};
+
+Block block_of(DType t) {
+  switch (t) {
+    case DType::kQ4_0: return {32, 18};
+    case DType::kQ4_1: return {32, 20};
+    case DType::kQ8_0: return {32, 34};
+    case DType::kQ4_K: return {256, 144};
+    case DType::kQ5_K: return {256, 176};
+    case DType::kQ6_K: return {256, 210};
+    default: return {1, int64_t(dtype_size(t))};
+  }
+}
+
+}  // namespace
+
+bool is_block_dtype(DType t) { return t >= DType::kQ4_0; }
+
+int64_t dtype_block_values(DType t) { return block_of(t).values; }
+
+int64_t dtype_bytes(DType t, int64_t n) {
+  const Block b = block_of(t);
+  RV_CHECK(n % b.values == 0, dtype_name(t), ": ", n, " values are not a whole number of ", b.values, "-value blocks");
+  return n / b.values * b.bytes;
 }
 
 const char* dtype_name(DType t) {
@@ -26,6 +58,12 @@ const char* dtype_name(DType t) {
     case DType::kI32: return "int32";
     case DType::kI64: return "int64";
     case DType::kU8: return "uint8";
+    case DType::kQ4_0: return "q4_0";
+    case DType::kQ4_1: return "q4_1";
+    case DType::kQ8_0: return "q8_0";
+    case DType::kQ4_K: return "q4_k";
+    case DType::kQ5_K: return "q5_k";
+    case DType::kQ6_K: return "q6_k";
   }
   return "?";
 }
@@ -37,6 +75,11 @@ DType parse_dtype(const std::string& n) {
   if (n == "I32" || n == "int32") return DType::kI32;
   if (n == "I64" || n == "int64") return DType::kI64;
   if (n == "U8" || n == "uint8" || n == "BOOL") return DType::kU8;
+  for (DType t : {DType::kQ4_0, DType::kQ4_1, DType::kQ8_0, DType::kQ4_K, DType::kQ5_K, DType::kQ6_K}) {
+    std::string upper = dtype_name(t);
+    for (char& c : upper) c = char(std::toupper(static_cast<unsigned char>(c)));
+    if (n == dtype_name(t) || n == upper) return t;
+  }
   throw std::invalid_argument(str_cat("unsupported dtype '", n, "'"));
 }
 

@@ -7,9 +7,17 @@
 
 namespace revolta {
 
-enum class DType : uint8_t { kF32, kF16, kBF16, kI32, kI64, kU8 };
+// The block types are quantized weights kept as stored (quant/gguf_blocks.h): a run of values
+// along a row shares its scales, so their sizes are per block, not per element.
+enum class DType : uint8_t { kF32, kF16, kBF16, kI32, kI64, kU8, kQ4_0, kQ4_1, kQ8_0, kQ4_K, kQ5_K, kQ6_K };
 
+// Bytes per element; throws std::logic_error for a block type (use dtype_bytes).
 size_t dtype_size(DType t);
+bool is_block_dtype(DType t);
+// Values per block (1 for element types).
+int64_t dtype_block_values(DType t);
+// Bytes of n values (a whole number of blocks for a block type).
+int64_t dtype_bytes(DType t, int64_t n);
 const char* dtype_name(DType t);
 // Parses names used by safetensors ("F32", "F16", "BF16", ...) and by options ("float16").
 DType parse_dtype(const std::string& name);

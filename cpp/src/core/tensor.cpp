@@ -95,7 +95,7 @@ Tensor Tensor::slice_rows(int64_t begin, int64_t end) const {
            "slice_rows [", begin, ", ", end, ") out of range for ", shape_str());
   Tensor t = *this;
   t.shape_[0] = end - begin;
-  t.data_ = static_cast<char*>(data_) + begin * strides_[0] * int64_t(dtype_size(dtype_));
+  t.data_ = static_cast<char*>(data_) + dtype_bytes(dtype_, begin * strides_[0]);
   return t;
 }
 

@@ -40,7 +40,7 @@ class Tensor {
   int64_t dim() const { return int64_t(shape_.size()); }
   int64_t size(int64_t d) const { return shape_[d < 0 ? d + dim() : d]; }
   int64_t numel() const;
-  size_t nbytes() const { return size_t(numel()) * dtype_size(dtype_); }
+  size_t nbytes() const { return size_t(dtype_bytes(dtype_, numel())); }
   bool is_contiguous() const;
   std::string shape_str() const;
 

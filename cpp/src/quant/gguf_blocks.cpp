@@ -169,4 +169,38 @@ void dequantize_blocks(uint32_t t, const void* blocks, float* out, int64_t n) {
   for (int64_t i = 0; i < n / f.values; ++i) block(b + i * f.bytes, out + i * f.values);
 }
 
+DType dtype_of_gguf(uint32_t t) {
+  switch (GgufType(t)) {
+    case GgufType::kF32: return DType::kF32;
+    case GgufType::kF16: return DType::kF16;
+    case GgufType::kBF16: return DType::kBF16;
+    case GgufType::kQ4_0: return DType::kQ4_0;
+    case GgufType::kQ4_1: return DType::kQ4_1;
+    case GgufType::kQ8_0: return DType::kQ8_0;
+    case GgufType::kQ4_K: return DType::kQ4_K;
+    case GgufType::kQ5_K: return DType::kQ5_K;
+    case GgufType::kQ6_K: return DType::kQ6_K;
+  }
+  block_format(t);  // throws naming the type
+  return DType::kF32;
+}
+
+uint32_t gguf_type_of(DType t) {
+  switch (t) {
+    case DType::kF32: return uint32_t(GgufType::kF32);
+    case DType::kF16: return uint32_t(GgufType::kF16);
+    case DType::kBF16: return uint32_t(GgufType::kBF16);
+    case DType::kQ4_0: return uint32_t(GgufType::kQ4_0);
+    case DType::kQ4_1: return uint32_t(GgufType::kQ4_1);
+    case DType::kQ8_0: return uint32_t(GgufType::kQ8_0);
+    case DType::kQ4_K: return uint32_t(GgufType::kQ4_K);
+    case DType::kQ5_K: return uint32_t(GgufType::kQ5_K);
+    case DType::kQ6_K: return uint32_t(GgufType::kQ6_K);
+    default: break;
+  }
+  throw std::invalid_argument(str_cat("no GGUF tensor type holds ", dtype_name(t)));
+}
+
+void dequantize(DType t, const void* data, float* out, int64_t n) { dequantize_blocks(gguf_type_of(t), data, out, n); }
+
 }  // namespace revolta

@@ -7,6 +7,8 @@
 #include <cstdint>
 #include <string>
 
+#include "core/dtype.h"
+
 namespace revolta {
 
 // GGUF's tensor type numbers (ggml_type) for the formats the engine reads.
@@ -26,5 +28,10 @@ const char* gguf_type_name(uint32_t gguf_type);
 int64_t block_bytes(uint32_t gguf_type, int64_t n);
 // n values (a multiple of the block's values) from their blocks to float32.
 void dequantize_blocks(uint32_t gguf_type, const void* blocks, float* out, int64_t n);
+// The engine's element type of a GGUF tensor type, and back.
+DType dtype_of_gguf(uint32_t gguf_type);
+uint32_t gguf_type_of(DType t);
+// dequantize_blocks for an engine element type (block or not).
+void dequantize(DType t, const void* data, float* out, int64_t n);
 
 }  // namespace revolta

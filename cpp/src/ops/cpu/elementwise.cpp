@@ -7,6 +7,7 @@
 #include "core/error.h"
 #include "ops/cpu/cpu_ops.h"
 #include "ops/cpu/simd.h"
+#include "quant/gguf_blocks.h"
 
 namespace revolta::ops::cpu {
 namespace {
@@ -31,11 +32,12 @@ void embedding(const Tensor& ids, const Tensor& table, Tensor& out, const NormIn
   const int64_t T = ids.numel(), H = table.size(1), V = table.size(0);
   RV_CHECK(out.numel() == T * H, "embedding: out ", out.shape_str());
   const int32_t* id = ids.ptr<int32_t>();
-  const size_t row_bytes = size_t(H) * dtype_size(table.dtype());
+  const size_t row_bytes = size_t(dtype_bytes(table.dtype(), H));
   for (int64_t t = 0; t < T; ++t) {
     RV_CHECK(id[t] >= 0 && id[t] < V, "embedding: token id ", id[t], " outside vocab of ", V);
-    convert_to_f32(static_cast<const char*>(table.data()) + size_t(id[t]) * row_bytes,
-                   table.dtype(), out.ptr<float>() + t * H, size_t(H));
+    const char* row = static_cast<const char*>(table.data()) + size_t(id[t]) * row_bytes;
+    if (is_block_dtype(table.dtype())) dequantize(table.dtype(), row, out.ptr<float>() + t * H, H);
+    else convert_to_f32(row, table.dtype(), out.ptr<float>() + t * H, size_t(H));
   }
   if (norm) rms_norm(out, *norm->weight, norm->eps, *norm->normed);
 }

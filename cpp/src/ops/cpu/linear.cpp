@@ -1,5 +1,5 @@
-// Dense linear layer on the CPU: out[M, N] = x[M, K] . W[N, K]^T with f32/f16/bf16 weights and
-// f32 accumulation. Work is split over blocks of output features so that each thread streams
+// Dense linear layer on the CPU: out[M, N] = x[M, K] . W[N, K]^T with f32/f16/bf16 weights (or
+// quantized blocks, dequantized per task) and f32 accumulation. Work is split over blocks of output features so that each thread streams
 // its own slice of W once; for batched inputs a block of W is first widened to f32 in a
 // thread-local buffer so the conversion is paid once per weight, not once per input row.
 #include <algorithm>
@@ -10,6 +10,7 @@
 #include "core/thread_pool.h"
 #include "ops/cpu/cpu_ops.h"
 #include "ops/cpu/simd.h"
+#include "quant/gguf_blocks.h"
 
 namespace revolta::ops::cpu {
 namespace {
@@ -215,25 +216,29 @@ void panel_kernel6(const float* __restrict x, int64_t K, const float* __restrict
   for (int64_t i = 0; i < rows; ++i) std::copy_n(tile[i], cols, out + i * ldo);
 }
 
+// Weight rows [n0, n0 + cols) (cols <= kPanel) against all M input rows.
+template <typename W>
+void linear_panel(const float* x, int64_t M, int64_t K, const typename W::T* rows, int64_t cols, float* out, int64_t N) {
+  thread_local std::vector<float> panel;
+  panel.resize(size_t(K * kPanel));
+  pack_panel<W>(rows, cols, K, panel.data());
+  int64_t m = 0;
+  for (; m + kPanelRows <= M; m += kPanelRows) panel_kernel6(x + m * K, K, panel.data(), out + m * N, N, kPanelRows, cols);
+  if (m < M) {  // the last rows, zero-padded to a full group
+    thread_local std::vector<float> padded;
+    padded.assign(size_t(kPanelRows * K), 0.0f);
+    std::copy_n(x + m * K, (M - m) * K, padded.begin());
+    panel_kernel6(padded.data(), K, panel.data(), out + m * N, N, M - m, cols);
+  }
+}
+
 template <typename W>
 void linear_batched(const float* x, int64_t M, int64_t K, const typename W::T* w, int64_t N, float* out) {
   const int64_t tasks = (N + kPanel - 1) / kPanel;
-  auto run = [&](int64_t t) {
-    const int64_t n0 = t * kPanel, cols = std::min(kPanel, N - n0);
-    thread_local std::vector<float> panel;
-    panel.resize(size_t(K * kPanel));
-    pack_panel<W>(w + n0 * K, cols, K, panel.data());
-    int64_t m = 0;
-    for (; m + kPanelRows <= M; m += kPanelRows)
-      panel_kernel6(x + m * K, K, panel.data(), out + m * N + n0, N, kPanelRows, cols);
-    if (m < M) {  // the last rows, zero-padded to a full group
-      thread_local std::vector<float> padded;
-      padded.assign(size_t(kPanelRows * K), 0.0f);
-      std::copy_n(x + m * K, (M - m) * K, padded.begin());
-      panel_kernel6(padded.data(), K, panel.data(), out + m * N + n0, N, M - m, cols);
-    }
-  };
-  parallel_tasks(tasks, run);
+  parallel_tasks(tasks, [&](int64_t t) {
+    const int64_t n0 = t * kPanel;
+    linear_panel<W>(x, M, K, w + n0 * K, std::min(kPanel, N - n0), out + n0, N);
+  });
 }
 
 // ---- small-M path: weights streamed once, dot products -------------------------------------
@@ -254,6 +259,21 @@ void linear_typed(const float* x, int64_t M, int64_t K, const typename W::T* w, 
   else linear_small<W>(x, M, K, w, N, out);
 }
 
+// Quantized blocks (quant/gguf_blocks.h): each task dequantizes its weight rows into float32 and
+// runs the float32 kernels over them, so the weights are read once, as stored.
+void linear_blocks(const float* x, int64_t M, int64_t K, const Tensor& w, int64_t N, float* out) {
+  const int64_t per_task = M >= 32 ? kPanel : kRowsPerTask, row_bytes = dtype_bytes(w.dtype(), K);
+  const char* base = static_cast<const char*>(w.data());
+  parallel_tasks((N + per_task - 1) / per_task, [&](int64_t t) {
+    const int64_t n0 = t * per_task, cols = std::min(per_task, N - n0);
+    thread_local std::vector<float> rows;
+    rows.resize(size_t(cols * K));
+    for (int64_t n = 0; n < cols; ++n) dequantize(w.dtype(), base + (n0 + n) * row_bytes, rows.data() + n * K, K);
+    if (M >= 32) linear_panel<F32W>(x, M, K, rows.data(), cols, out + n0, N);
+    else linear_block<F32W>(x, M, K, rows.data(), 0, cols, out + n0, N);
+  });
+}
+
 }  // namespace
 
 void linear(const Tensor& x, const Tensor& weight, const Tensor* bias, Tensor& out) {
@@ -270,7 +290,10 @@ void linear(const Tensor& x, const Tensor& weight, const Tensor* bias, Tensor& o
     case DType::kF32: linear_typed<F32W>(xp, M, K, weight.ptr<float>(), N, op); break;
     case DType::kF16: linear_typed<F16W>(xp, M, K, weight.ptr<uint16_t>(), N, op); break;
     case DType::kBF16: linear_typed<BF16W>(xp, M, K, weight.ptr<uint16_t>(), N, op); break;
-    default: throw std::invalid_argument(str_cat("linear: weight dtype ", dtype_name(weight.dtype())));
+    default:
+      if (!is_block_dtype(weight.dtype()))
+        throw std::invalid_argument(str_cat("linear: weight dtype ", dtype_name(weight.dtype())));
+      linear_blocks(xp, M, K, weight, N, op);
   }
   if (bias && bias->defined()) {
     std::vector<float> b(static_cast<size_t>(N));
