@@ -94,11 +94,24 @@ def test_truncated_and_foreign_files_are_named(tmp_path):
         _core.gguf.tensors(str(other))
 
 
+INTEGER_DOT = {Q.Q4_0, Q.Q4_1, Q.Q8_0}  # decode-sized inputs: 8-bit activations, integer dot products
+
+
+def q8_activations(x: np.ndarray) -> np.ndarray:
+    """x as the integer-dot kernels see it: per 32 values, scale amax / 127, values rounded to
+    the nearest multiple (ties to even), in float32 as the kernel computes them."""
+    blocks = x.reshape(x.shape[0], -1, 32)
+    d = (np.abs(blocks).max(axis=-1, keepdims=True) / np.float32(127)).astype(np.float32)
+    inv = np.where(d > 0, np.float32(1) / np.where(d > 0, d, 1), 0).astype(np.float32)
+    return (np.rint(blocks * inv) * d).reshape(x.shape)
+
+
 @pytest.mark.parametrize("qtype", list(SCALES), ids=[q.name for q in SCALES])
 def test_cpu_linear_and_embedding_over_blocks(qtype):
     """ops::linear with weights kept in their blocks (decode-sized and prefill-sized inputs, a row
     count that is not a multiple of the kernels' tiles) and ops::embedding rows from them, against
-    numpy over the gguf package's dequantization."""
+    numpy over the gguf package's dequantization (for the integer-dot formats at decode sizes,
+    with the activations quantized as the kernel does)."""
     rng = np.random.default_rng(int(qtype))
     N, K = 37, 512
     raw = random_blocks(qtype, N, K, rng)
@@ -107,7 +120,15 @@ def test_cpu_linear_and_embedding_over_blocks(qtype):
         x = rng.standard_normal((M, K)).astype(np.float32)
         out = np.zeros((M, N), np.float32)
         _core.ops.linear_quantized(x, raw, qtype.name, out)
-        want = x.astype(np.float64) @ w.T
+        if qtype in INTEGER_DOT and M < 32:
+            # Q4_1's block minimums meet the exact sums of x; the rest meets the 8-bit x.
+            mins = np.zeros_like(w)
+            if qtype == Q.Q4_1:
+                m = raw.reshape(N, -1, 20)[..., 2:4].copy().view(np.float16)[..., 0].astype(np.float64)
+                mins = np.repeat(m, 32, axis=1)
+            want = q8_activations(x).astype(np.float64) @ (w - mins).T + x.astype(np.float64) @ mins.T
+        else:
+            want = x.astype(np.float64) @ w.T
         np.testing.assert_allclose(out, want, rtol=1e-4, atol=1e-4 * np.abs(want).max(), err_msg=f"M={M}")
     ids = np.array([5, 0, 36, 5], np.int32)
     rows = np.zeros((4, K), np.float32)

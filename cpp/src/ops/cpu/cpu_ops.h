@@ -23,6 +23,11 @@ std::vector<float> sample_weights(const float* raw, int64_t V, const SampleRow& 
 // The token at `uniform` of the weights' mass, walking the kept tokens in index order.
 int32_t draw_index_order(const std::vector<float>& weights, double uniform);
 
+// out[M, N] = x[M, K] . w^T for w in 32-value blocks (Q4_0, Q4_1, Q8_0) with 8-bit integer dot
+// products over x quantized per block (linear_blocks.cpp); false (nothing done) for other
+// formats or without AVX2.
+bool linear_blocks_int8(const float* x, int64_t M, int64_t K, const Tensor& w, int64_t N, float* out);
+
 // Runs fn(task) for every task in [0, n) on the current CPU pool, or inline when there is none.
 void parallel_tasks(int64_t n, const std::function<void(int64_t)>& fn);
 // Runs fn(begin, end) over [0, n) on the current CPU pool, or inline when there is none.

@@ -259,9 +259,12 @@ void linear_typed(const float* x, int64_t M, int64_t K, const typename W::T* w, 
   else linear_small<W>(x, M, K, w, N, out);
 }
 
-// Quantized blocks (quant/gguf_blocks.h): each task dequantizes its weight rows into float32 and
-// runs the float32 kernels over them, so the weights are read once, as stored.
+// Quantized blocks (quant/gguf_blocks.h): decode-sized inputs take integer dot products where the
+// format has them; otherwise each task dequantizes its weight rows into float32 and runs the
+// float32 kernels over them, so the weights are read once, as stored.
+constexpr int64_t kIntegerDotRows = 32;
 void linear_blocks(const float* x, int64_t M, int64_t K, const Tensor& w, int64_t N, float* out) {
+  if (M < kIntegerDotRows && linear_blocks_int8(x, M, K, w, N, out)) return;
   const int64_t per_task = M >= 32 ? kPanel : kRowsPerTask, row_bytes = dtype_bytes(w.dtype(), K);
   const char* base = static_cast<const char*>(w.data());
   parallel_tasks((N + per_task - 1) / per_task, [&](int64_t t) {
