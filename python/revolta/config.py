@@ -18,7 +18,9 @@ class EngineOptions(BaseModel):
     device: Literal["cpu", "cuda"] = "cpu"
     dtype: Literal["auto", "float32", "float16", "bfloat16"] = "auto"
     kv_cache_dtype: Literal["auto", "float32", "float16"] = "auto"
-    load_format: Literal["auto", "dummy"] = Field("auto", description="dummy: random weights of the config's shapes")
+    load_format: Literal["auto", "dummy", "gguf"] = Field(
+        "auto", description="dummy: random weights of the config's shapes; gguf: a .gguf model read in place, its "
+        "quantized matrices kept in their blocks (CPU)")
     gpu_memory_utilization: float = Field(0.9, ge=0, le=0.99, description="cuda: share of device memory to use "
                                           "(0: size the KV pool by kv_cache_memory_bytes)")
     enforce_eager: bool = Field(False, description="cuda: no decode graphs")

@@ -90,7 +90,7 @@ class LLM:
         async_scheduling: str = "auto",
         speculative_config: dict[str, Any] | None = None,
     ):
-        self.model_path = resolve_model(model)
+        self.model_path = resolve_model(model, load_format)
         cfg = _core.EngineConfig()
         cfg.model = self.model_path
         cfg.dtype = dtype

@@ -43,7 +43,9 @@ struct EngineConfig {
   std::string dtype = "auto";        // weight storage: auto | float32 | float16 | bfloat16 (CPU only)
   std::string kv_cache_dtype = "auto";  // auto (float32 on the CPU, float16 on CUDA) | float32 | float16 (CUDA)
   std::string device = "cpu";        // cpu | cuda
-  std::string load_format = "auto";  // auto: safetensors | dummy: random weights of the config's shapes
+  // auto: safetensors | dummy: random weights of the config's shapes | gguf: the GGUF file the model
+  // directory names (gguf_weights.json), quantized matrices kept in their blocks (CPU)
+  std::string load_format = "auto";
   // CUDA: the fraction of device memory the engine may use (weights + activations + KV); the KV
   // pool gets what is left. 0: size the KV pool by kv_cache_memory_bytes instead.
   float gpu_memory_utilization = 0.9f;

@@ -52,8 +52,10 @@ void EngineConfig::validate() const {
   RV_CHECK_ARG(device == "cpu" || dtype != "bfloat16",
                "dtype bfloat16 is not supported with device cuda (SM70 has no bf16 arithmetic): use auto or float16, "
                "bf16 checkpoints are converted to float16 with a range check");
-  RV_CHECK_ARG(load_format == "auto" || load_format == "dummy", "load_format must be auto or dummy; got '",
-               load_format, "'");
+  RV_CHECK_ARG(load_format == "auto" || load_format == "dummy" || load_format == "gguf",
+               "load_format must be auto, dummy or gguf; got '", load_format, "'");
+  RV_CHECK_ARG(load_format != "gguf" || device == "cpu", "load_format 'gguf' keeps weights in quantized blocks, ",
+               "which only the CPU runs so far; use load_format 'auto' (float16 weights) with device '", device, "'");
   RV_CHECK_ARG(async_scheduling == "auto" || async_scheduling == "on" || async_scheduling == "off",
                "async_scheduling must be auto, on or off; got '", async_scheduling, "'");
   RV_CHECK_ARG(gpu_memory_utilization >= 0.0f && gpu_memory_utilization <= 0.99f,

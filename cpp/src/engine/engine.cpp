@@ -75,7 +75,7 @@ Engine::Impl::Impl(const EngineConfig& c) : cfg(c), seed_source(c.seed) {
   }
   CachePlan plan = plan_caches(groups, limits, budget, by_utilization ? "gpu_memory_utilization" : "kv_cache_memory_bytes");
 
-  model = load_model(cfg.model, model_cfg, parse_dtype(dt), device, cfg.load_format == "dummy");
+  model = load_model(cfg.model, model_cfg, parse_dtype(dt), device, cfg.load_format == "dummy", cfg.load_format == "gguf");
   RV_CHECK_ARG(!mtp || model->num_mtp_layers() == model_cfg.num_mtp_layers, "speculative_config: method 'mtp' needs ",
                "the checkpoint's multi-token-prediction layers, and ", cfg.model, " (", model_cfg.architecture,
                ") carries ", model->num_mtp_layers(), " of the ", model_cfg.num_mtp_layers,

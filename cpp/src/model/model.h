@@ -74,10 +74,11 @@ class CausalLM {
 };
 
 // Reads config.json, picks the architecture and loads its weights converted to weight_dtype onto
-// the device (made-up values when dummy). Throws naming the unsupported architecture or the
+// the device (made-up values when dummy; from the GGUF file gguf_weights.json names, quantized
+// matrices kept in their blocks, when gguf). Throws naming the unsupported architecture or the
 // missing tensor.
 std::unique_ptr<CausalLM> load_model(const std::string& dir, const ModelConfig& config, DType weight_dtype,
-                                     Device device = Device::kCPU, bool dummy = false);
+                                     Device device = Device::kCPU, bool dummy = false, bool gguf = false);
 // Throws std::invalid_argument naming the config field when a shape is beyond the device's kernels.
 void check_device_limits(const ModelConfig& config, Device device);
 std::vector<std::string> supported_architectures();

@@ -70,11 +70,11 @@ void check_device_limits(const ModelConfig& c, Device device) {
 }
 
 std::unique_ptr<CausalLM> load_model(const std::string& dir, const ModelConfig& config, DType weight_dtype,
-                                     Device device, bool dummy) {
+                                     Device device, bool dummy, bool gguf) {
   check_architecture(config, dir);
   // Weights load onto the device; those a model rearranges first come through the host and are
   // placed by place().
-  WeightLoader weights(dir, device, dummy);
+  WeightLoader weights(dir, device, dummy, gguf);
   auto model = registry().at(config.architecture)(weights, config, weight_dtype);
   model->place(device);
   return model;

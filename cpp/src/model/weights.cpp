@@ -12,6 +12,7 @@
 #include "core/error.h"
 #include "core/json.h"
 #include "ops/ops.h"
+#include "quant/gguf_blocks.h"
 
 namespace revolta {
 namespace fs = std::filesystem;
@@ -26,9 +27,27 @@ std::string shape_text(const std::vector<int64_t>& s) {
 
 }  // namespace
 
-WeightLoader::WeightLoader(const std::string& dir, Device device, bool dummy)
+WeightLoader::WeightLoader(const std::string& dir, Device device, bool dummy, bool gguf)
     : dir_(dir), device_(device), dummy_(dummy) {
   if (dummy_) return;
+  if (gguf) {
+    const fs::path map_path = fs::path(dir) / "gguf_weights.json";
+    RV_CHECK(fs::exists(map_path), "load_format 'gguf': no gguf_weights.json in ", dir,
+             " (pass the .gguf file as the model; it is prepared on first use)");
+    std::ifstream f(map_path);
+    std::stringstream ss;
+    ss << f.rdbuf();
+    const Json j = Json::parse(ss.str());
+    gguf_ = std::make_unique<GgufFile>(j["file"].as_string());
+    for (const auto& [hf, v] : j["tensors"].as_object()) {
+      const std::string& name = v.as_array().at(0).as_string();
+      const GgufTensor* t = gguf_->find(name);
+      RV_CHECK(t, "GGUF file ", gguf_->path(), " has no tensor '", name, "' (named for ", hf, ")");
+      gguf_entries_[hf] = {SafetensorsEntry{dtype_of_gguf(t->type), t->shape, t->data, size_t(t->nbytes)},
+                           int32_t(v.as_array().at(1).as_int())};
+    }
+    return;
+  }
   std::vector<std::string> shard_names;
   fs::path index = fs::path(dir) / "model.safetensors.index.json";
   if (fs::exists(index)) {
@@ -53,17 +72,26 @@ WeightLoader::WeightLoader(const std::string& dir, Device device, bool dummy)
   }
 }
 
-bool WeightLoader::has(const std::string& name) const { return dummy_ || where_.count(name) > 0; }
+bool WeightLoader::has(const std::string& name) const {
+  return dummy_ || where_.count(name) > 0 || gguf_entries_.count(name) > 0;
+}
+
+int32_t WeightLoader::rope_heads(const std::string& name) const {
+  const auto it = gguf_entries_.find(name);
+  return it == gguf_entries_.end() ? 0 : it->second.second;
+}
 
 std::vector<std::string> WeightLoader::names() const {
   std::vector<std::string> out;
   for (const auto& [n, f] : where_) out.push_back(n);
+  for (const auto& [n, e] : gguf_entries_) out.push_back(n);
   return out;
 }
 
 std::vector<int64_t> WeightLoader::shape(const std::string& name) const { return entry(name).shape; }
 
 const SafetensorsEntry& WeightLoader::entry(const std::string& name) const {
+  if (const auto g = gguf_entries_.find(name); g != gguf_entries_.end()) return g->second.first;
   auto it = where_.find(name);
   RV_CHECK(it != where_.end(), "model ", dir_, ": missing tensor '", name, "'");
   return it->second->entries().at(name);
@@ -118,25 +146,43 @@ Tensor WeightLoader::get_stacked(const std::vector<std::string>& names,
     cols = c;
     rows += e.shape.empty() ? 1 : e.shape[0];
   }
-  Tensor out = Tensor::empty({rows, cols}, dtype);
+  // GGUF matrices in quantized blocks stay in them when every stacked part shares the block type.
+  const DType first = entry(names[0]).dtype;
+  bool keep = gguf_ && is_block_dtype(first);
+  for (const auto& name : names) keep = keep && entry(name).dtype == first && entry(name).shape.size() == 2;
+  const DType out_dtype = keep ? first : dtype;
+  Tensor out = Tensor::empty({rows, cols}, out_dtype);
   char* dst = static_cast<char*>(out.data());
-  std::vector<float> tmp;
+  std::vector<float> tmp, ordered;
   for (const auto& name : names) {
     const auto& e = entry(name);
-    size_t n = e.nbytes / dtype_size(e.dtype);
-    if (e.dtype == dtype) {
+    const int64_t r = e.shape.empty() ? 1 : e.shape[0], n = r * cols;
+    const int64_t src_row = dtype_bytes(e.dtype, cols), dst_row = dtype_bytes(out_dtype, cols);
+    // Row o of the result is stored row src(o): llama.cpp interleaves each head's two rotary halves.
+    const int32_t heads = rope_heads(name);
+    auto src = [&](int64_t o) {
+      if (heads <= 0) return o;
+      const int64_t per = r / heads, half = per / 2, h = o / per, i = (o % per) / half, k = o % half;
+      return h * per + k * 2 + i;
+    };
+    if (keep) {
+      for (int64_t o = 0; o < r; ++o) std::memcpy(dst + o * dst_row, static_cast<const char*>(e.data) + src(o) * src_row, size_t(src_row));
+    } else if (e.dtype == out_dtype && heads <= 0) {
       std::memcpy(dst, e.data, e.nbytes);
     } else {
-      tmp.resize(n);
-      convert_to_f32(e.data, e.dtype, tmp.data(), n);
-      if (dtype == DType::kF16) {  // bf16/f32 checkpoints on a device without bf16: values must fit
-        for (size_t i = 0; i < n; ++i)
-          RV_CHECK(!(std::fabs(tmp[i]) > 65504.0f), "model ", dir_, ": tensor '", name, "' holds ", tmp[i],
-                   ", outside the float16 range (|x| <= 65504); run it in float32 or bfloat16 on the CPU");
+      tmp.resize(size_t(n));
+      if (is_block_dtype(e.dtype)) dequantize(e.dtype, e.data, tmp.data(), n);
+      else convert_to_f32(e.data, e.dtype, tmp.data(), size_t(n));
+      ordered.resize(size_t(n));
+      for (int64_t o = 0; o < r; ++o) std::copy_n(tmp.data() + src(o) * cols, cols, ordered.data() + o * cols);
+      if (out_dtype == DType::kF16) {  // bf16/f32 checkpoints on a device without bf16: values must fit
+        for (int64_t i = 0; i < n; ++i)
+          RV_CHECK(!(std::fabs(ordered[size_t(i)]) > 65504.0f), "model ", dir_, ": tensor '", name, "' holds ",
+                   ordered[size_t(i)], ", outside the float16 range (|x| <= 65504); run it in float32 or bfloat16 on the CPU");
       }
-      convert_from_f32(tmp.data(), dst, dtype, n);
+      convert_from_f32(ordered.data(), dst, out_dtype, size_t(n));
     }
-    dst += n * dtype_size(dtype);
+    dst += r * dst_row;
   }
   return out.to(on);
 }

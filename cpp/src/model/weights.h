@@ -2,7 +2,10 @@
 // storage dtype the engine runs with and places them on the engine's device. In dummy mode
 // (load_format=dummy) no file is read: every tensor asked for is made up, filled on the device
 // with uniform random values (1-D tensors, the norms, with values around 1), so benchmarks can run
-// at real model shapes from a config.json alone.
+// at real model shapes from a config.json alone. In GGUF mode (load_format=gguf) the tensors come
+// from the GGUF file that gguf_weights.json in dir names (HF name -> GGUF name, and the heads of
+// Q / K rows stored in llama.cpp's rotary order), and matrices stored in quantized blocks stay in
+// them, whatever element type is asked for; stacked parts must then share their block type.
 #pragma once
 
 #include <map>
@@ -11,13 +14,14 @@
 #include <vector>
 
 #include "core/safetensors.h"
+#include "quant/gguf_file.h"
 
 namespace revolta {
 
 class WeightLoader {
  public:
   // Opens model.safetensors.index.json when present, otherwise every *.safetensors in dir.
-  explicit WeightLoader(const std::string& dir, Device device = Device::kCPU, bool dummy = false);
+  explicit WeightLoader(const std::string& dir, Device device = Device::kCPU, bool dummy = false, bool gguf = false);
   bool has(const std::string& name) const;
   // The tensor converted to dtype, with its shape checked, on the loader's device or on `on`
   // (host copies for weights a model rearranges before placing them). Throws naming the tensor
@@ -37,12 +41,16 @@ class WeightLoader {
 
  private:
   const SafetensorsEntry& entry(const std::string& name) const;
+  // GGUF mode: rows of a Q / K matrix regrouped from llama.cpp's rotary order (0: as stored).
+  int32_t rope_heads(const std::string& name) const;
   Tensor make_dummy(const std::string& name, std::vector<int64_t> shape, DType dtype, Device on) const;
   std::string dir_;
   Device device_ = Device::kCPU;
   bool dummy_ = false;
   std::vector<std::unique_ptr<SafetensorsFile>> files_;
   std::map<std::string, const SafetensorsFile*> where_;
+  std::unique_ptr<GgufFile> gguf_;
+  std::map<std::string, std::pair<SafetensorsEntry, int32_t>> gguf_entries_;  // HF name -> tensor, rope heads
 };
 
 }  // namespace revolta

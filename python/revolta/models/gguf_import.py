@@ -59,9 +59,11 @@ def _field(reader, key: str, default=None):
     return f.contents()
 
 
-def import_gguf(gguf_path: str | Path, out_dir: str | Path, progress: bool = True) -> Path:
-    """Writes config.json, model.safetensors, tokenizer.json and tokenizer_config.json to out_dir
-    (atomically: a half-written directory is never left behind)."""
+def import_gguf(gguf_path: str | Path, out_dir: str | Path, progress: bool = True, weights: bool = True) -> Path:
+    """Writes config.json, tokenizer.json, tokenizer_config.json, gguf_weights.json (which GGUF
+    tensor holds each HF weight, for load_format 'gguf', which reads the file itself) and, with
+    weights, model.safetensors in float32 to out_dir (atomically: a half-written directory is
+    never left behind)."""
     from gguf import GGUFReader
     from gguf.quants import dequantize
 
@@ -132,9 +134,16 @@ def import_gguf(gguf_path: str | Path, out_dir: str | Path, progress: bool = Tru
     try:
         from revolta.models.safetensors_io import write_safetensors
 
-        write_safetensors(tmp / "model.safetensors", specs, produce)
-        if progress:
-            print(file=sys.stderr)
+        if weights:
+            write_safetensors(tmp / "model.safetensors", specs, produce)
+            if progress:
+                print(file=sys.stderr)
+        # Q and K rows are stored in llama.cpp's rotary order: the loader regroups them per head.
+        heads = {"q_proj": n_head, "k_proj": n_kv}
+        weight_map = {_hf_name(n): [n, next((h for k, h in heads.items() if f".{k}." in _hf_name(n)), 0)]
+                      for n in tensors}
+        (tmp / "gguf_weights.json").write_text(json.dumps({"file": str(gguf_path.resolve()), "tensors": weight_map},
+                                                          indent=1))
         (tmp / "config.json").write_text(json.dumps(config, indent=2))
         _write_tokenizer(reader, tokens, tmp)
         (tmp / "generation_config.json").write_text(

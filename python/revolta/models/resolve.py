@@ -60,20 +60,29 @@ def demo_gguf() -> Path:
     return target
 
 
-def demo_model() -> str:
-    """Path of the demo model as an HF-style directory (imported once, then cached)."""
-    out = cache_dir() / "models" / DEMO_MODEL_NAME
-    if not (out / "model.safetensors").is_file():
+def _imported(gguf: Path, out: Path, load_format: str) -> str:
+    """The HF-style directory of a GGUF file: with load_format 'gguf' only its config, tokenizer
+    and weight map (the engine reads the file), else float32 weights too (imported once, cached)."""
+    quantized = load_format == "gguf"
+    if quantized:
+        out = out.with_name(out.name + "-gguf")
+    if not (out / ("gguf_weights.json" if quantized else "model.safetensors")).is_file():
         from revolta.models.gguf_import import import_gguf
 
-        import_gguf(demo_gguf(), out)
+        import_gguf(gguf, out, weights=not quantized)
     return str(out)
 
 
-def resolve_model(model: str | os.PathLike | None) -> str:
-    """Returns a directory with config.json + safetensors for the engine."""
+def demo_model(load_format: str = "auto") -> str:
+    """Path of the demo model as an HF-style directory (imported once, then cached)."""
+    return _imported(demo_gguf(), cache_dir() / "models" / DEMO_MODEL_NAME, load_format)
+
+
+def resolve_model(model: str | os.PathLike | None, load_format: str = "auto") -> str:
+    """Returns a directory with config.json + safetensors (or, with load_format 'gguf', the GGUF
+    weight map) for the engine."""
     if model is None:
-        return demo_model()
+        return demo_model(load_format)
     p = Path(model).expanduser()
     if not p.exists():
         raise FileNotFoundError(f"model path '{model}' does not exist")
@@ -82,12 +91,7 @@ def resolve_model(model: str | os.PathLike | None) -> str:
             raise ValueError(f"model '{model}' is a file but not a .gguf; pass an HF model directory or a GGUF file")
         st = p.stat()
         key = hashlib.sha256(f"{p.resolve()}:{st.st_size}:{st.st_mtime_ns}".encode()).hexdigest()[:16]
-        out = cache_dir() / "models" / f"{p.stem}-{key}"
-        if not (out / "model.safetensors").is_file():
-            from revolta.models.gguf_import import import_gguf
-
-            import_gguf(p, out)
-        return str(out)
+        return _imported(p, cache_dir() / "models" / f"{p.stem}-{key}", load_format)
     if not (p / "config.json").is_file():
         raise FileNotFoundError(f"model directory '{model}' has no config.json")
     return str(p)

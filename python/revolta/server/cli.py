@@ -153,7 +153,7 @@ def build(settings):
     from revolta.speculative import apply_speculative_config
 
     e = settings.engine
-    path = resolve_model(e.model)
+    path = resolve_model(e.model, e.load_format)
     cfg = _core.EngineConfig()
     for name in ("dtype", "kv_cache_dtype", "device", "max_model_len", "max_num_seqs", "max_num_batched_tokens",
                  "block_size", "kv_cache_memory_bytes", "enable_prefix_caching", "num_threads", "seed", "load_format",
