@@ -121,6 +121,8 @@ def main() -> None:
     ap.add_argument("--new-tokens", type=int, default=64)
     ap.add_argument("--prefill-len", type=int, default=256)
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 2)
+    ap.add_argument("--gguf-blocks", action="store_true",
+                    help="also the GGUF read in place with its quantized blocks kept (load_format gguf)")
     args = ap.parse_args()
 
     import revolta
@@ -144,11 +146,15 @@ def main() -> None:
     ref = peer_figures(hf, prompts8, long_prompt, args.new_tokens)
     print(row("transformers float32", ref))
     del hf
-    for dtype in args.dtypes.split(","):
-        llm = revolta.LLM(engine_dir, dtype=dtype, num_threads=args.threads, kv_cache_memory_bytes=256 << 20, max_model_len=2048)
+    runs = [("revolta " + dtype, dict(dtype=dtype)) for dtype in args.dtypes.split(",") if dtype]
+    if args.gguf_blocks:
+        runs.append(("revolta gguf blocks", dict(load_format="gguf")))
+    for label, opts in runs:
+        model = (args.model if label.endswith("blocks") else engine_dir)
+        llm = revolta.LLM(model, num_threads=args.threads, kv_cache_memory_bytes=256 << 20, max_model_len=2048, **opts)
         got = engine_figures(llm, prompts8, long_prompt, args.new_tokens)
         llm.shutdown()
-        print(row("revolta " + dtype, got, ref))
+        print(row(label, got, ref))
 
 
 if __name__ == "__main__":
