@@ -36,7 +36,7 @@ void bind_gguf(nb::module_& m) {
         nb::capsule owner(data, [](void* p) noexcept { delete[] static_cast<float*>(p); });
         {
           nb::gil_scoped_release release;
-          dequantize_blocks(t->type, t->data, data, n);
+          dequantize(dtype_of_gguf(t->type), t->data, data, n);
         }
         std::vector<size_t> shape(t->shape.begin(), t->shape.end());
         return nb::ndarray<nb::numpy, float>(data, shape.size(), shape.data(), owner);

@@ -115,6 +115,7 @@ struct Engine::Impl {
   void propose_drafts();
   void finish_speculative_step(const std::vector<ScheduledRequest>& scheduled, StepLogits& result);
   static ops::SampleRow draft_row(const SamplingParams& p);
+  int32_t force_acceptance(const Request& r, const int32_t* draft, int32_t k, int32_t a, std::vector<int32_t>& emitted);
   std::vector<int32_t> verify_sampled_drafts(Request& r, const Tensor& logits, int32_t first_row);
   void commit_one(Request& r, int32_t num_new_tokens);
   // Appends a sampled token; finishes the request (true) or emits it.

@@ -35,12 +35,12 @@ int64_t micros(std::chrono::steady_clock::duration d) {
   return int64_t(std::chrono::duration_cast<std::chrono::microseconds>(d).count());
 }
 
-}  // namespace
-
 // A step yields at most drafts + 1 tokens: drafts stay within max_tokens and max_model_len.
-static int32_t draft_room(const Request& r, const EngineConfig& cfg) {
+int32_t draft_room(const Request& r, const EngineConfig& cfg) {
   return std::min(r.params.max_tokens - r.num_output_tokens(), cfg.max_model_len - r.num_tokens()) - 1;
 }
+
+}  // namespace
 
 void Engine::Impl::speculative_step() {
   using Clock = std::chrono::steady_clock;
@@ -173,6 +173,22 @@ void Engine::Impl::propose_drafts() {
   }
 }
 
+// REVOLTA_FAULT_INJECT=accept-drafts[:R]: the drafts kept and the row token after them, as the
+// fault says (tests of the verifier, benchmarks at a stated acceptance); else as verified.
+int32_t Engine::Impl::force_acceptance(const Request& r, const int32_t* draft, int32_t k, int32_t a,
+                                       std::vector<int32_t>& emitted) {
+  if (fault.accept_rate < 0) {  // a wrong rule: every sampled point-mass draft kept
+    if (plain_greedy(&r) || !r.draft_q.empty()) return a;
+    std::copy(draft, draft + k, emitted.begin());
+    return k;
+  }
+  a = fault.forced_accepts(k);  // drafts kept up to a, then the row's token
+  if (size_t(a) >= emitted.size()) emitted.resize(size_t(a) + 1, 0);
+  std::copy(draft, draft + a, emitted.begin());
+  if (a < k && emitted[size_t(a)] == draft[a]) emitted[size_t(a)] = (draft[a] + 1) % model_cfg.vocab_size;  // the step ends at row a
+  return a;
+}
+
 // The drafter's sampling row for a request's probabilistic drafts: its temperature, top-k, top-p
 // and min-p, no penalties (the verifier compares the target against exactly this distribution).
 ops::SampleRow Engine::Impl::draft_row(const SamplingParams& p) {
@@ -193,7 +209,7 @@ std::vector<int32_t> Engine::Impl::verify_sampled_drafts(Request& r, const Tenso
   Tensor rows = Tensor::uninitialized({k + 1, V}, DType::kF32, logits.device());
   ops::gather_rows(logits, ids.to(logits.device()), rows);
   const Tensor host = rows.to(Device::kCPU);
-  SamplingContext c{&r.params, &r.tokens, r.num_prompt_tokens, &model_cfg.eos_token_ids, &r.rng};
+  const SamplingContext c{&r.params, &r.tokens, r.num_prompt_tokens, &model_cfg.eos_token_ids, &r.rng};
   const size_t before_drafts = r.tokens.size() - size_t(k);
   const bool keep_all = fault.kind == FaultInjection::Kind::kAcceptDrafts && fault.accept_rate < 0;  // a wrong rule
   std::vector<int32_t> emitted;
@@ -277,22 +293,16 @@ void Engine::Impl::finish_speculative_step(const std::vector<ScheduledRequest>& 
       continue;
     }
     const int32_t k = r.num_draft_tokens;
-    std::vector<int32_t> emitted(size_t(k) + 1);
-    for (int32_t j = 0; j <= k && r.draft_q.empty(); ++j)
-      emitted[size_t(j)] = plain_greedy(&r) ? argmax[first[i] + j] : sampled[first_sample[i] + size_t(j)].token;
-    if (!r.draft_q.empty()) emitted = verify_sampled_drafts(r, result.logits, first[i]);
+    // The rows' tokens: from q-drawn drafts' verification, else the argmax or the draw of each row.
     const int32_t* draft = r.tokens.data() + (r.tokens.size() - size_t(k));
-    if (fault.kind == FaultInjection::Kind::kAcceptDrafts && fault.accept_rate < 0 && !plain_greedy(&r) && r.draft_q.empty())
-      std::copy(draft, draft + k, emitted.begin());  // a wrong rule: every sampled draft kept
+    std::vector<int32_t> emitted;
+    if (!r.draft_q.empty()) emitted = verify_sampled_drafts(r, result.logits, first[i]);
+    else
+      for (int32_t j = 0; j <= k; ++j)
+        emitted.push_back(plain_greedy(&r) ? argmax[first[i] + j] : sampled[first_sample[i] + size_t(j)].token);
     int32_t a = 0;
     while (a < k && emitted[size_t(a)] == draft[a]) ++a;
-    if (fault.kind == FaultInjection::Kind::kAcceptDrafts && fault.accept_rate >= 0) {
-      a = fault.forced_accepts(k);  // a stated acceptance: drafts kept up to a, then the row's token
-      if (size_t(a) >= emitted.size()) emitted.resize(size_t(a) + 1, 0);
-      std::copy(draft, draft + a, emitted.begin());
-      if (a < k && emitted[size_t(a)] == draft[a])  // the step must end at row a: not draft a
-        emitted[size_t(a)] = (draft[a] + 1) % int32_t(result.logits.size(1));
-    }
+    if (fault.kind == FaultInjection::Kind::kAcceptDrafts) a = force_acceptance(r, draft, k, a, emitted);
     ++live.spec_num_drafts;
     live.spec_num_draft_tokens += k;
     live.spec_num_accepted_tokens += a;

@@ -56,36 +56,23 @@ void scale_min(const uint8_t* s, int i, float& scale, float& minimum) {
 
 // Q4_K: d, dmin (f16), the packed scales, then 128 bytes of nibbles: each 32-byte run holds two
 // sub-blocks (low nibbles the first, high nibbles the second); x = d scale q - dmin minimum.
-void q4_k(const uint8_t* b, float* y) {
-  const float d = half_at(b), dmin = half_at(b + 2);
-  const uint8_t* s = b + 4;
-  const uint8_t* q = b + 16;
-  for (int pair = 0; pair < 4; ++pair, q += 32, y += 64) {
-    float sc0, m0, sc1, m1;
-    scale_min(s, 2 * pair, sc0, m0);
-    scale_min(s, 2 * pair + 1, sc1, m1);
-    for (int l = 0; l < 32; ++l) {
-      y[l] = d * sc0 * float(q[l] & 0xF) - dmin * m0;
-      y[l + 32] = d * sc1 * float(q[l] >> 4) - dmin * m1;
-    }
-  }
-}
-
-// Q5_K: as Q4_K with a fifth bit per value: 32 bytes qh after the scales, bit 2 pair (and
-// 2 pair + 1) of byte l giving the top bit of value l of the pair's first (second) sub-block.
-void q5_k(const uint8_t* b, float* y) {
+// Q5_K: the same with a fifth bit per value: 32 bytes qh between the scales and the nibbles, bit
+// 2 pair (2 pair + 1) of byte l the top bit of value l of the pair's first (second) sub-block.
+template <bool kFifthBit>
+void q4_5_k(const uint8_t* b, float* y) {
   const float d = half_at(b), dmin = half_at(b + 2);
   const uint8_t* s = b + 4;
   const uint8_t* qh = b + 16;
-  const uint8_t* q = b + 48;
+  const uint8_t* q = b + (kFifthBit ? 48 : 16);
   for (int pair = 0; pair < 4; ++pair, q += 32, y += 64) {
     float sc0, m0, sc1, m1;
     scale_min(s, 2 * pair, sc0, m0);
     scale_min(s, 2 * pair + 1, sc1, m1);
     const uint8_t lo = uint8_t(1u << (2 * pair)), hi = uint8_t(2u << (2 * pair));
     for (int l = 0; l < 32; ++l) {
-      y[l] = d * sc0 * float((q[l] & 0xF) + ((qh[l] & lo) ? 16 : 0)) - dmin * m0;
-      y[l + 32] = d * sc1 * float((q[l] >> 4) + ((qh[l] & hi) ? 16 : 0)) - dmin * m1;
+      const int top0 = kFifthBit && (qh[l] & lo) ? 16 : 0, top1 = kFifthBit && (qh[l] & hi) ? 16 : 0;
+      y[l] = d * sc0 * float((q[l] & 0xF) + top0) - dmin * m0;
+      y[l + 32] = d * sc1 * float((q[l] >> 4) + top1) - dmin * m1;
     }
   }
 }
@@ -111,96 +98,54 @@ void q6_k(const uint8_t* b, float* y) {
     }
 }
 
+// The formats the engine reads: GGUF's type number and name, the engine's element type (which
+// knows the block sizes, core/dtype.h) and the block decoder (none: an element type).
+struct Format {
+  GgufType gguf;
+  const char* name;
+  DType dtype;
+  void (*block)(const uint8_t*, float*);
+};
+
+constexpr Format kFormats[] = {
+    {GgufType::kF32, "F32", DType::kF32, nullptr},      {GgufType::kF16, "F16", DType::kF16, nullptr},
+    {GgufType::kBF16, "BF16", DType::kBF16, nullptr},   {GgufType::kQ4_0, "Q4_0", DType::kQ4_0, q4_0},
+    {GgufType::kQ4_1, "Q4_1", DType::kQ4_1, q4_1},      {GgufType::kQ8_0, "Q8_0", DType::kQ8_0, q8_0},
+    {GgufType::kQ4_K, "Q4_K", DType::kQ4_K, q4_5_k<false>}, {GgufType::kQ5_K, "Q5_K", DType::kQ5_K, q4_5_k<true>},
+    {GgufType::kQ6_K, "Q6_K", DType::kQ6_K, q6_k},
+};
+
+const Format* by_gguf(uint32_t t) {
+  for (const Format& f : kFormats)
+    if (uint32_t(f.gguf) == t) return &f;
+  return nullptr;
+}
+
 }  // namespace
 
-BlockFormat block_format(uint32_t t) {
-  switch (GgufType(t)) {
-    case GgufType::kF32: return {1, 4};
-    case GgufType::kF16: return {1, 2};
-    case GgufType::kBF16: return {1, 2};
-    case GgufType::kQ4_0: return {32, 18};
-    case GgufType::kQ4_1: return {32, 20};
-    case GgufType::kQ8_0: return {32, 34};
-    case GgufType::kQ4_K: return {256, 144};
-    case GgufType::kQ5_K: return {256, 176};
-    case GgufType::kQ6_K: return {256, 210};
-  }
-  throw std::invalid_argument(str_cat("GGUF tensor type ", t, " is not supported (supported: F32, F16, BF16, Q4_0, ",
-                                      "Q4_1, Q8_0, Q4_K, Q5_K, Q6_K)"));
-}
-
 const char* gguf_type_name(uint32_t t) {
-  switch (GgufType(t)) {
-    case GgufType::kF32: return "F32";
-    case GgufType::kF16: return "F16";
-    case GgufType::kBF16: return "BF16";
-    case GgufType::kQ4_0: return "Q4_0";
-    case GgufType::kQ4_1: return "Q4_1";
-    case GgufType::kQ8_0: return "Q8_0";
-    case GgufType::kQ4_K: return "Q4_K";
-    case GgufType::kQ5_K: return "Q5_K";
-    case GgufType::kQ6_K: return "Q6_K";
-  }
-  return "unsupported";
-}
-
-int64_t block_bytes(uint32_t t, int64_t n) {
-  const BlockFormat f = block_format(t);
-  RV_CHECK(n % f.values == 0, gguf_type_name(t), ": ", n, " values are not a whole number of ", f.values, "-value blocks");
-  return n / f.values * f.bytes;
-}
-
-void dequantize_blocks(uint32_t t, const void* blocks, float* out, int64_t n) {
-  const BlockFormat f = block_format(t);
-  RV_CHECK(n % f.values == 0, gguf_type_name(t), ": ", n, " values are not a whole number of ", f.values, "-value blocks");
-  const auto* b = static_cast<const uint8_t*>(blocks);
-  void (*block)(const uint8_t*, float*) = nullptr;
-  switch (GgufType(t)) {
-    case GgufType::kF32: std::memcpy(out, b, size_t(n) * 4); return;
-    case GgufType::kF16: convert_to_f32(b, DType::kF16, out, size_t(n)); return;
-    case GgufType::kBF16: convert_to_f32(b, DType::kBF16, out, size_t(n)); return;
-    case GgufType::kQ4_0: block = q4_0; break;
-    case GgufType::kQ4_1: block = q4_1; break;
-    case GgufType::kQ8_0: block = q8_0; break;
-    case GgufType::kQ4_K: block = q4_k; break;
-    case GgufType::kQ5_K: block = q5_k; break;
-    case GgufType::kQ6_K: block = q6_k; break;
-  }
-  for (int64_t i = 0; i < n / f.values; ++i) block(b + i * f.bytes, out + i * f.values);
+  const Format* f = by_gguf(t);
+  return f ? f->name : "unsupported";
 }
 
 DType dtype_of_gguf(uint32_t t) {
-  switch (GgufType(t)) {
-    case GgufType::kF32: return DType::kF32;
-    case GgufType::kF16: return DType::kF16;
-    case GgufType::kBF16: return DType::kBF16;
-    case GgufType::kQ4_0: return DType::kQ4_0;
-    case GgufType::kQ4_1: return DType::kQ4_1;
-    case GgufType::kQ8_0: return DType::kQ8_0;
-    case GgufType::kQ4_K: return DType::kQ4_K;
-    case GgufType::kQ5_K: return DType::kQ5_K;
-    case GgufType::kQ6_K: return DType::kQ6_K;
-  }
-  block_format(t);  // throws naming the type
-  return DType::kF32;
+  const Format* f = by_gguf(t);
+  if (!f)
+    throw std::invalid_argument(str_cat("GGUF tensor type ", t, " is not supported (supported: F32, F16, BF16, Q4_0, ",
+                                        "Q4_1, Q8_0, Q4_K, Q5_K, Q6_K)"));
+  return f->dtype;
 }
 
-uint32_t gguf_type_of(DType t) {
-  switch (t) {
-    case DType::kF32: return uint32_t(GgufType::kF32);
-    case DType::kF16: return uint32_t(GgufType::kF16);
-    case DType::kBF16: return uint32_t(GgufType::kBF16);
-    case DType::kQ4_0: return uint32_t(GgufType::kQ4_0);
-    case DType::kQ4_1: return uint32_t(GgufType::kQ4_1);
-    case DType::kQ8_0: return uint32_t(GgufType::kQ8_0);
-    case DType::kQ4_K: return uint32_t(GgufType::kQ4_K);
-    case DType::kQ5_K: return uint32_t(GgufType::kQ5_K);
-    case DType::kQ6_K: return uint32_t(GgufType::kQ6_K);
-    default: break;
-  }
-  throw std::invalid_argument(str_cat("no GGUF tensor type holds ", dtype_name(t)));
+void dequantize(DType t, const void* data, float* out, int64_t n) {
+  dtype_bytes(t, n);  // throws unless n is a whole number of blocks
+  const int64_t values = dtype_block_values(t), bytes = dtype_bytes(t, values);
+  if (!is_block_dtype(t)) return convert_to_f32(data, t, out, size_t(n));
+  const Format* f = nullptr;
+  for (const Format& g : kFormats)
+    if (g.dtype == t) f = &g;
+  RV_CHECK(f && f->block, "dequantize: no block decoder for ", dtype_name(t));
+  const auto* b = static_cast<const uint8_t*>(data);
+  for (int64_t i = 0; i < n / values; ++i) f->block(b + i * bytes, out + i * values);
 }
-
-void dequantize(DType t, const void* data, float* out, int64_t n) { dequantize_blocks(gguf_type_of(t), data, out, n); }
 
 }  // namespace revolta

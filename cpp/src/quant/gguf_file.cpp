@@ -106,7 +106,7 @@ GgufFile::GgufFile(const std::string& path) : path_(path), map_(map_file(path)) 
     }
     t.type = r.pod<uint32_t>();
     try {
-      t.nbytes = block_bytes(t.type, n);
+      t.nbytes = dtype_bytes(dtype_of_gguf(t.type), n);
     } catch (const std::exception& e) {
       r.fail(str_cat("tensor '", t.name, "': ", e.what()));
     }

@@ -101,7 +101,10 @@ bool linear_blocks_int8(const float* x, int64_t M, int64_t K, const Tensor& w, i
 #if RV_AVX2
   const DType t = w.dtype();
   if ((t != DType::kQ8_0 && t != DType::kQ4_0 && t != DType::kQ4_1) || K % kBlock) return false;
-  std::vector<QuantizedRow> rows(static_cast<size_t>(M));
+  // Reused by the calling thread (the workers see it through this reference, not their own copy).
+  thread_local std::vector<QuantizedRow> buffers;
+  std::vector<QuantizedRow>& rows = buffers;
+  rows.resize(size_t(M));
   for (int64_t m = 0; m < M; ++m) quantize_row(x + m * K, K, rows[size_t(m)]);
   const int64_t row_bytes = dtype_bytes(t, K), blocks = K / kBlock, per_task = 16;
   const auto* base = static_cast<const uint8_t*>(w.data());
