@@ -2,12 +2,14 @@
 // an independent reference (HF transformers' torch code, naive recurrences).
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
+#include <nanobind/stl/pair.h>
 #include <nanobind/stl/string.h>
 
 #include <vector>
 
 #include "core/error.h"
 #include "ops/cpu/cpu_ops.h"
+#include "quant/int4_groups.h"
 
 namespace nb = nanobind;
 using namespace nb::literals;
@@ -45,6 +47,23 @@ void bind_ops(nb::module_& m) {
         ops::cpu::linear(wrap(x), w, nullptr, o);
       },
       "x"_a, "raw"_a, "dtype"_a, "out"_a, "out[M, N] = x[M, K] . dequantized(raw)^T");
+  ops.def(
+      "repack_awq",
+      [](I32Array qweight, I32Array qzeros, nb::ndarray<uint16_t, nb::c_contig, nb::device::cpu> scales) {
+        RV_CHECK(qweight.ndim() == 2 && qzeros.ndim() == 2 && scales.ndim() == 2, "repack_awq: 2-D tensors expected");
+        const int64_t K = int64_t(qweight.shape(0)), N = int64_t(qweight.shape(1)) * 8, groups = int64_t(scales.shape(0));
+        RV_CHECK(groups > 0 && K % groups == 0 && int64_t(scales.shape(1)) == N && int64_t(qzeros.shape(0)) == groups &&
+                     int64_t(qzeros.shape(1)) == N / 8,
+                 "repack_awq: qweight [K, N/8], qzeros [K/g, N/8], scales [K/g, N] expected");
+        const DType t = int4_group_dtype(K / groups, "repack_awq");
+        auto* raw = new uint8_t[size_t(dtype_bytes(t, N * K))];
+        repack_awq(qweight.data(), qzeros.data(), scales.data(), N, K, K / groups, raw);
+        nb::capsule owner(raw, [](void* p) noexcept { delete[] static_cast<uint8_t*>(p); });
+        return std::make_pair(nb::ndarray<nb::numpy, uint8_t, nb::ndim<2>>(raw, {size_t(N), size_t(dtype_bytes(t, K))}, owner),
+                              std::string(dtype_name(t)));
+      },
+      "qweight"_a, "qzeros"_a, "scales"_a,
+      "AutoAWQ GEMM tensors (scales as float16 bits) -> (raw int4 blocks [N, bytes per row], dtype name)");
   ops.def(
       "embedding_quantized",
       [blocks](I32Array ids, U8Array raw, const std::string& dtype, F32Array out) {

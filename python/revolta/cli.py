@@ -1,4 +1,5 @@
-"""Command line: `revolta generate` runs a prompt (or a chat turn) through the engine."""
+"""Command line: `revolta generate` runs a prompt (or a chat turn) through the engine; `revolta
+quantize --awq` writes a 4-bit AWQ copy of a model directory."""
 
 from __future__ import annotations
 
@@ -29,6 +30,17 @@ def _generate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _quantize(args: argparse.Namespace) -> int:
+    from revolta.models.resolve import resolve_model
+    from revolta.quantize import quantize_awq
+
+    if not args.awq:
+        raise ValueError("name the format: --awq (the only one so far)")
+    out = quantize_awq(resolve_model(args.model), args.out, args.group_size)
+    print(f"wrote {out}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="revolta", description="ReVolta inference engine")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -44,9 +56,14 @@ def main(argv: list[str] | None = None) -> int:
     g.add_argument("--dtype", default="auto", choices=["auto", "float32", "float16", "bfloat16"])
     g.add_argument("--max-model-len", type=int, default=0)
     g.add_argument("--threads", type=int, default=0)
+    qz = sub.add_parser("quantize", help="write a quantized copy of a model directory")
+    qz.add_argument("--model", default=None, help="HF model directory or GGUF file (default: the demo model)")
+    qz.add_argument("--awq", action="store_true", help="4-bit AWQ (AutoAWQ GEMM layout), round to nearest")
+    qz.add_argument("--group-size", type=int, default=128, choices=[32, 128], help="values per scale and zero point")
+    qz.add_argument("out", help="directory to write")
     args = parser.parse_args(argv)
     try:
-        return _generate(args)
+        return _generate(args) if args.command == "generate" else _quantize(args)
     except (ValueError, FileNotFoundError, RuntimeError) as e:
         print(f"revolta: error: {e}", file=sys.stderr)
         return 2

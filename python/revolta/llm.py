@@ -85,6 +85,7 @@ class LLM:
         device: str = "cpu",
         kv_cache_dtype: str = "auto",
         load_format: str = "auto",
+        quantization: str = "auto",
         gpu_memory_utilization: float = 0.9,
         enforce_eager: bool = False,
         async_scheduling: str = "auto",
@@ -105,6 +106,7 @@ class LLM:
         cfg.device = device
         cfg.kv_cache_dtype = kv_cache_dtype
         cfg.load_format = load_format
+        cfg.quantization = quantization
         cfg.gpu_memory_utilization = gpu_memory_utilization
         cfg.enforce_eager = enforce_eager
         cfg.async_scheduling = async_scheduling

@@ -46,6 +46,9 @@ struct EngineConfig {
   // auto: safetensors | dummy: random weights of the config's shapes | gguf: the GGUF file the model
   // directory names (gguf_weights.json), quantized matrices kept in their blocks (CPU)
   std::string load_format = "auto";
+  // auto: as the checkpoint's quantization_config says | awq: 4-bit weights (the checkpoint must be
+  // AWQ; with load_format dummy, the linear layers get made-up 4-bit weights in groups of 128)
+  std::string quantization = "auto";
   // CUDA: the fraction of device memory the engine may use (weights + activations + KV); the KV
   // pool gets what is left. 0: size the KV pool by kv_cache_memory_bytes instead.
   float gpu_memory_utilization = 0.9f;
@@ -139,6 +142,7 @@ struct ModelInfo {
   int32_t hidden_size = 0;
   std::vector<int32_t> eos_token_ids;
   std::string weight_dtype;
+  std::string quantization;  // "" or the quantized linear layers' format ("awq int4 g128")
   int64_t weight_bytes = 0;
   int64_t kv_cache_bytes = 0;
   std::string device;                // "cpu" or the GPU's name

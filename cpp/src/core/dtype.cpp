@@ -34,6 +34,8 @@ Block block_of(DType t) {
     case DType::kQ4_K: return {256, 144};
     case DType::kQ5_K: return {256, 176};
     case DType::kQ6_K: return {256, 210};
+    case DType::kI4G32: return {32, 20};
+    case DType::kI4G128: return {128, 68};
     default: return {1, int64_t(dtype_size(t))};
   }
 }
@@ -64,6 +66,8 @@ const char* dtype_name(DType t) {
     case DType::kQ4_K: return "q4_k";
     case DType::kQ5_K: return "q5_k";
     case DType::kQ6_K: return "q6_k";
+    case DType::kI4G32: return "int4_g32";
+    case DType::kI4G128: return "int4_g128";
   }
   return "?";
 }
@@ -75,7 +79,8 @@ DType parse_dtype(const std::string& n) {
   if (n == "I32" || n == "int32") return DType::kI32;
   if (n == "I64" || n == "int64") return DType::kI64;
   if (n == "U8" || n == "uint8" || n == "BOOL") return DType::kU8;
-  for (DType t : {DType::kQ4_0, DType::kQ4_1, DType::kQ8_0, DType::kQ4_K, DType::kQ5_K, DType::kQ6_K}) {
+  for (DType t : {DType::kQ4_0, DType::kQ4_1, DType::kQ8_0, DType::kQ4_K, DType::kQ5_K, DType::kQ6_K,
+                  DType::kI4G32, DType::kI4G128}) {
     std::string upper = dtype_name(t);
     for (char& c : upper) c = char(std::toupper(static_cast<unsigned char>(c)));
     if (n == dtype_name(t) || n == upper) return t;

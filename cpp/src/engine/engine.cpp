@@ -22,6 +22,14 @@ Engine::Impl::Impl(const EngineConfig& c) : cfg(c), seed_source(c.seed) {
   RV_CHECK_ARG(fs::exists(cfg_path), "model: no config.json in '", cfg.model, "'");
   model_cfg = ModelConfig::from_file(cfg_path);
   check_architecture(model_cfg, cfg.model);
+  if (cfg.quantization == "awq" && model_cfg.quantization.method.empty()) {
+    RV_CHECK_ARG(cfg.load_format == "dummy", "quantization 'awq': ", cfg.model, " has no AWQ quantization_config in its ",
+                 "config.json (make one with `revolta-quantize --awq`, or use load_format dummy for made-up weights)");
+    model_cfg.quantization = {"awq", 128};
+  }
+  RV_CHECK_ARG(model_cfg.quantization.method.empty() || (model_cfg.num_linear_layers() == 0 && model_cfg.num_experts == 0),
+               "quantization '", model_cfg.quantization.method, "': 4-bit weights of ", model_cfg.architecture,
+               " (hybrid or MoE layers) are not supported yet; dense decoders (Llama, Qwen3) are");
 
   if (cfg.max_model_len == 0) cfg.max_model_len = model_cfg.max_position_embeddings;
   RV_CHECK_ARG(cfg.max_model_len <= model_cfg.max_position_embeddings, "max_model_len (",
@@ -76,6 +84,9 @@ Engine::Impl::Impl(const EngineConfig& c) : cfg(c), seed_source(c.seed) {
   CachePlan plan = plan_caches(groups, limits, budget, by_utilization ? "gpu_memory_utilization" : "kv_cache_memory_bytes");
 
   model = load_model(cfg.model, model_cfg, parse_dtype(dt), device, cfg.load_format == "dummy", cfg.load_format == "gguf");
+  info.quantization = model_cfg.quantization.method.empty()
+                          ? std::string()
+                          : str_cat(model_cfg.quantization.method, " int4 g", model_cfg.quantization.group_size);
   RV_CHECK_ARG(!mtp || model->num_mtp_layers() == model_cfg.num_mtp_layers, "speculative_config: method 'mtp' needs ",
                "the checkpoint's multi-token-prediction layers, and ", cfg.model, " (", model_cfg.architecture,
                ") carries ", model->num_mtp_layers(), " of the ", model_cfg.num_mtp_layers,

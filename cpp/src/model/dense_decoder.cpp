@@ -30,21 +30,21 @@ class DenseDecoderLM final : public DecoderBase {
       L.input_norm = w.get(p + "input_layernorm.weight", {H}, DType::kF32);
       L.post_attn_norm = w.get(p + "post_attention_layernorm.weight", {H}, DType::kF32);
       const std::string a = p + "self_attn.";
-      L.qkv = w.get_stacked({a + "q_proj.weight", a + "k_proj.weight", a + "v_proj.weight"},
-                            {{QO, H}, {KVO, H}, {KVO, H}}, dt);
+      L.qkv = w.get_stacked_linear({a + "q_proj.weight", a + "k_proj.weight", a + "v_proj.weight"},
+                                   {{QO, H}, {KVO, H}, {KVO, H}}, dt);
       if (c.attention_bias) {
         L.qkv_bias = w.get_stacked({a + "q_proj.bias", a + "k_proj.bias", a + "v_proj.bias"},
                                    {{QO}, {KVO}, {KVO}}, DType::kF32);
         L.o_bias = w.get(a + "o_proj.bias", {H}, DType::kF32);
       }
-      L.o = w.get(a + "o_proj.weight", {H, QO}, dt);
+      L.o = w.get_linear(a + "o_proj.weight", {H, QO}, dt);
       if (opts.qk_norm) {
         L.q_norm = w.get(a + "q_norm.weight", {D}, DType::kF32);
         L.k_norm = w.get(a + "k_norm.weight", {D}, DType::kF32);
       }
       const std::string m = p + "mlp.";
-      L.gate_up = w.get_stacked({m + "gate_proj.weight", m + "up_proj.weight"}, {{I, H}, {I, H}}, dt);
-      L.down = w.get(m + "down_proj.weight", {H, I}, dt);
+      L.gate_up = w.get_stacked_linear({m + "gate_proj.weight", m + "up_proj.weight"}, {{I, H}, {I, H}}, dt);
+      L.down = w.get_linear(m + "down_proj.weight", {H, I}, dt);
       layers_.push_back(std::move(L));
     }
     rope_ = build_rope_tables(c.rope, int32_t(D), c.max_positions);

@@ -6,6 +6,9 @@ namespace revolta {
 
 int64_t estimate_weight_bytes(const ModelConfig& c, size_t bpe) {
   const int64_t H = c.hidden_size, D = c.head_dim, b = int64_t(bpe);
+  // 4-bit linear layers: a 4-byte scale and zero point per group (the embedding and head stay).
+  const int64_t group = c.quantization.group_size;
+  const auto linear = [&](int64_t values) { return group > 0 ? values / 2 + values / group * 4 : values * b; };
   // Qwen3-Next and Qwen3.5 attention projects a gate beside q.
   const bool gated = c.architecture.rfind("Qwen3Next", 0) == 0 || c.architecture.rfind("Qwen3_5", 0) == 0;
   const int64_t attn = H * D * (int64_t(c.num_heads) * (gated ? 3 : 2) + 2 * int64_t(c.num_kv_heads));
@@ -14,19 +17,19 @@ int64_t estimate_weight_bytes(const ModelConfig& c, size_t bpe) {
   const int64_t gdn = (2 * key_dim + 2 * value_dim + 2 * int64_t(c.linear_num_value_heads)) * H + H * value_dim;
   // The feed-forward block: experts (+ router rows and a shared expert), or a dense MLP.
   const auto ffn = [&](bool moe) {
-    if (!moe) return 3 * int64_t(c.intermediate_size) * H * b;
-    int64_t n = int64_t(c.num_experts) * 3 * c.moe_intermediate_size * H * b + int64_t(c.num_experts) * H * 4;
-    if (c.shared_expert_intermediate_size > 0) n += 3 * int64_t(c.shared_expert_intermediate_size) * H * b + H * 4;
+    if (!moe) return linear(3 * int64_t(c.intermediate_size) * H);
+    int64_t n = linear(int64_t(c.num_experts) * 3 * c.moe_intermediate_size * H) + int64_t(c.num_experts) * H * 4;
+    if (c.shared_expert_intermediate_size > 0) n += linear(3 * int64_t(c.shared_expert_intermediate_size) * H) + H * 4;
     return n;
   };
   int64_t total = 0;
   for (int32_t l = 0; l < c.num_layers; ++l) {
-    const bool linear = !c.linear_layers.empty() && c.linear_layers[size_t(l)];
-    total += (linear ? gdn : attn) * b + 2 * H * 4 + ffn(c.num_experts > 0 && c.is_moe_layer(l));  // + the two norms (f32)
+    const bool is_linear = !c.linear_layers.empty() && c.linear_layers[size_t(l)];
+    total += linear(is_linear ? gdn : attn) + 2 * H * 4 + ffn(c.num_experts > 0 && c.is_moe_layer(l));  // + the two norms (f32)
   }
   // An MTP layer: a full-attention decoder layer with the model's MoE, the fc joining embedding
   // and hidden state (2H -> H) and three norms.
-  total += c.num_mtp_layers * (attn * b + 2 * H * H * b + 5 * H * 4 + ffn(c.num_experts > 0));
+  total += c.num_mtp_layers * (linear(attn) + linear(2 * H * H) + 5 * H * 4 + ffn(c.num_experts > 0));
   const int64_t embed = int64_t(c.vocab_size) * H * b;
   return total + embed * (c.tie_word_embeddings ? 1 : 2) + H * 4;
 }

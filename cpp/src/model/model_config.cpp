@@ -1,6 +1,7 @@
 #include "model/model_config.h"
 
 #include <algorithm>
+#include <cctype>
 #include <cmath>
 #include <fstream>
 #include <sstream>
@@ -103,6 +104,24 @@ int32_t ModelConfig::num_linear_layers() const {
 
 int32_t ModelConfig::num_attention_layers() const { return num_layers - num_linear_layers(); }
 
+// The formats a checkpoint may declare; anything else is refused before any weight is read.
+static WeightQuantization parse_quantization(const Json& j, const std::string& src) {
+  if (!j.contains("quantization_config") || j["quantization_config"].is_null()) return {};
+  const Json& q = j["quantization_config"];
+  std::string method = q.get_string("quant_method", "");
+  for (char& ch : method) ch = char(std::tolower(static_cast<unsigned char>(ch)));
+  RV_CHECK(method == "awq", src, ": quantization_config quant_method '", method,
+           "' is not supported (supported: awq, 4-bit with zero points in the AutoAWQ GEMM layout)");
+  std::string version = q.get_string("version", "gemm");
+  for (char& ch : version) ch = char(std::tolower(static_cast<unsigned char>(ch)));
+  const int64_t bits = q.get_int("bits", q.get_int("w_bit", 4)), group = q.get_int("group_size", q.get_int("q_group_size", 128));
+  RV_CHECK(bits == 4 && q.get_bool("zero_point", true) && version == "gemm", src, ": quantization_config awq with bits ",
+           bits, ", zero_point ", q.get_bool("zero_point", true) ? "true" : "false", ", version '", version,
+           "' is not supported (4-bit, zero_point true, version gemm)");
+  RV_CHECK(group == 32 || group == 128, src, ": quantization_config group_size ", group, " is not supported (32 or 128)");
+  return {"awq", int32_t(group)};
+}
+
 ModelConfig ModelConfig::from_json(const Json& j, const std::string& src) {
   ModelConfig c;
   const auto& archs = j["architectures"];
@@ -112,6 +131,7 @@ ModelConfig ModelConfig::from_json(const Json& j, const std::string& src) {
   if (j["text_config"].is_object()) {  // a multimodal checkpoint: the language model's fields
     ModelConfig text = from_json_fields(j["text_config"], src, c.architecture);
     text.tie_word_embeddings = j.get_bool("tie_word_embeddings", text.tie_word_embeddings);
+    if (text.quantization.method.empty()) text.quantization = parse_quantization(j, src);
     return text;
   }
   return from_json_fields(j, src, c.architecture);
@@ -142,6 +162,7 @@ ModelConfig ModelConfig::from_json_fields(const Json& j, const std::string& src,
   c.rope = parse_rope(j, c.max_position_embeddings);
   c.max_positions = c.max_position_embeddings;
   parse_hybrid(j, c);
+  c.quantization = parse_quantization(j, src);
   RV_CHECK(!j.get_bool("use_sliding_window", false), src,
            ": sliding-window attention (use_sliding_window) is not supported");
   RV_CHECK(c.num_kv_heads > 0 && c.num_heads % c.num_kv_heads == 0, src,

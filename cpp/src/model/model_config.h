@@ -22,8 +22,15 @@ struct RopeConfig {
   int64_t original_max_position_embeddings = 0;
 };
 
+// The checkpoint's quantization_config (HF): which weights are stored quantized, and how.
+struct WeightQuantization {
+  std::string method;  // "" (none) | "awq" (4-bit, zero point, AutoAWQ GEMM layout)
+  int32_t group_size = 0;
+};
+
 struct ModelConfig {
   std::string architecture;
+  WeightQuantization quantization;
   int32_t vocab_size = 0;
   int32_t hidden_size = 0;
   int32_t intermediate_size = 0;

@@ -2,6 +2,7 @@
 
 #include "core/error.h"
 #include "model/architectures.h"
+#include "quant/int4_groups.h"
 
 namespace revolta {
 namespace {
@@ -75,6 +76,8 @@ std::unique_ptr<CausalLM> load_model(const std::string& dir, const ModelConfig& 
   // Weights load onto the device; those a model rearranges first come through the host and are
   // placed by place().
   WeightLoader weights(dir, device, dummy, gguf);
+  if (dummy && config.quantization.method == "awq")
+    weights.set_dummy_blocks(int4_group_dtype(config.quantization.group_size, "quantization awq"));
   auto model = registry().at(config.architecture)(weights, config, weight_dtype);
   model->place(device);
   return model;

@@ -13,6 +13,7 @@
 #include "core/json.h"
 #include "ops/ops.h"
 #include "quant/gguf_blocks.h"
+#include "quant/int4_groups.h"
 
 namespace revolta {
 namespace fs = std::filesystem;
@@ -73,7 +74,35 @@ WeightLoader::WeightLoader(const std::string& dir, Device device, bool dummy, bo
 }
 
 bool WeightLoader::has(const std::string& name) const {
-  return dummy_ || where_.count(name) > 0 || gguf_entries_.count(name) > 0;
+  return dummy_ || where_.count(name) > 0 || gguf_entries_.count(name) > 0 || !awq_base(name).empty();
+}
+
+std::string WeightLoader::awq_base(const std::string& name) const {
+  static const std::string kSuffix = ".weight";
+  if (name.size() <= kSuffix.size() || name.compare(name.size() - kSuffix.size(), kSuffix.size(), kSuffix) != 0) return {};
+  const std::string base = name.substr(0, name.size() - kSuffix.size());
+  return where_.count(base + ".qweight") ? base : std::string();
+}
+
+SafetensorsEntry WeightLoader::awq_entry(const std::string& base, std::vector<uint8_t>& storage) const {
+  auto part = [&](const char* suffix, DType dt) -> const SafetensorsEntry& {
+    auto it = where_.find(base + suffix);
+    RV_CHECK(it != where_.end(), "model ", dir_, ": AWQ weight ", base, " has no ", base, suffix);
+    const SafetensorsEntry& e = it->second->entries().at(base + suffix);
+    RV_CHECK(e.dtype == dt && e.shape.size() == 2, "model ", dir_, ": AWQ tensor ", base, suffix, " must be a 2-D ",
+             dtype_name(dt), " tensor (AutoAWQ GEMM layout), got ", dtype_name(e.dtype), " ", shape_text(e.shape));
+    return e;
+  };
+  const SafetensorsEntry &qw = part(".qweight", DType::kI32), &qz = part(".qzeros", DType::kI32), &sc = part(".scales", DType::kF16);
+  const int64_t K = qw.shape[0], N = qw.shape[1] * 8, groups = sc.shape[0];
+  RV_CHECK(groups > 0 && K % groups == 0 && sc.shape[1] == N && qz.shape[0] == groups && qz.shape[1] == N / 8, "model ", dir_,
+           ": AWQ weight ", base, ": qweight ", shape_text(qw.shape), ", qzeros ", shape_text(qz.shape), " and scales ",
+           shape_text(sc.shape), " do not describe one [N, K] matrix in groups along K");
+  const DType t = int4_group_dtype(K / groups, (base + ".qweight").c_str());
+  storage.resize(size_t(dtype_bytes(t, N * K)));
+  repack_awq(static_cast<const int32_t*>(qw.data), static_cast<const int32_t*>(qz.data),
+             static_cast<const uint16_t*>(sc.data), N, K, K / groups, storage.data());
+  return SafetensorsEntry{t, {N, K}, storage.data(), storage.size()};
 }
 
 int32_t WeightLoader::rope_heads(const std::string& name) const {
@@ -88,7 +117,13 @@ std::vector<std::string> WeightLoader::names() const {
   return out;
 }
 
-std::vector<int64_t> WeightLoader::shape(const std::string& name) const { return entry(name).shape; }
+std::vector<int64_t> WeightLoader::shape(const std::string& name) const {
+  if (const std::string base = awq_base(name); !base.empty() && !where_.count(name)) {
+    const auto& qw = where_.at(base + ".qweight")->entries().at(base + ".qweight");
+    return {qw.shape.size() == 2 ? qw.shape[1] * 8 : 0, qw.shape.empty() ? 0 : qw.shape[0]};
+  }
+  return entry(name).shape;
+}
 
 const SafetensorsEntry& WeightLoader::entry(const std::string& name) const {
   if (const auto g = gguf_entries_.find(name); g != gguf_entries_.end()) return g->second.first;
@@ -126,6 +161,20 @@ Tensor WeightLoader::get_stacked(const std::vector<std::string>& names,
 
 Tensor WeightLoader::get_stacked(const std::vector<std::string>& names,
                                  const std::vector<std::vector<int64_t>>& shapes, DType dtype, Device on) const {
+  return load(names, shapes, dtype, on, false);
+}
+
+Tensor WeightLoader::get_linear(const std::string& name, const std::vector<int64_t>& shape, DType dtype) const {
+  return load({name}, {shape}, dtype, device_, true).view(shape);
+}
+
+Tensor WeightLoader::get_stacked_linear(const std::vector<std::string>& names,
+                                        const std::vector<std::vector<int64_t>>& shapes, DType dtype) const {
+  return load(names, shapes, dtype, device_, true);
+}
+
+Tensor WeightLoader::load(const std::vector<std::string>& names, const std::vector<std::vector<int64_t>>& shapes,
+                          DType dtype, Device on, bool linear) const {
   if (dummy_) {
     std::vector<int64_t> shape = shapes[0];
     std::string key;
@@ -133,11 +182,24 @@ Tensor WeightLoader::get_stacked(const std::vector<std::string>& names,
       key += names[i] + ";";
       if (i > 0 && !shape.empty()) shape[0] += shapes[i].empty() ? 1 : shapes[i][0];
     }
+    if (linear && is_block_dtype(dummy_blocks_) && shape.size() == 2 && shape[1] % dtype_block_values(dummy_blocks_) == 0) {
+      Tensor t = Tensor::empty(shape, dummy_blocks_);
+      fill_int4_dummy(dummy_blocks_, shape[0], shape[1], 1.0f / std::sqrt(float(shape[1])), std::hash<std::string>{}(key),
+                      static_cast<uint8_t*>(t.data()));
+      return t.to(on);
+    }
     return make_dummy(key, shape, dtype, on);
+  }
+  // AWQ matrices are repacked into blocks first (storage holds them until they are copied).
+  std::vector<std::vector<uint8_t>> storage(names.size());
+  std::vector<SafetensorsEntry> entries;
+  for (size_t i = 0; i < names.size(); ++i) {
+    const std::string base = where_.count(names[i]) ? std::string() : awq_base(names[i]);
+    entries.push_back(base.empty() ? entry(names[i]) : awq_entry(base, storage[i]));
   }
   int64_t rows = 0, cols = -1;
   for (size_t i = 0; i < names.size(); ++i) {
-    const auto& e = entry(names[i]);
+    const auto& e = entries[i];
     RV_CHECK(e.shape == shapes[i], "model ", dir_, ": tensor '", names[i], "' has shape ",
              shape_text(e.shape), ", expected ", shape_text(shapes[i]));
     int64_t c = 1;
@@ -146,16 +208,18 @@ Tensor WeightLoader::get_stacked(const std::vector<std::string>& names,
     cols = c;
     rows += e.shape.empty() ? 1 : e.shape[0];
   }
-  // GGUF matrices in quantized blocks stay in them when every stacked part shares the block type.
-  const DType first = entry(names[0]).dtype;
-  bool keep = gguf_ && is_block_dtype(first);
-  for (const auto& name : names) keep = keep && entry(name).dtype == first && entry(name).shape.size() == 2;
+  // Matrices in quantized blocks stay in them when every stacked part shares the block type: GGUF's
+  // wherever asked for (CPU), AWQ's where the model takes a linear layer's weights.
+  const DType first = entries[0].dtype;
+  bool keep = is_block_dtype(first) && (gguf_ || linear);
+  for (const auto& e : entries) keep = keep && e.dtype == first && e.shape.size() == 2;
   const DType out_dtype = keep ? first : dtype;
   Tensor out = Tensor::empty({rows, cols}, out_dtype);
   char* dst = static_cast<char*>(out.data());
   std::vector<float> tmp, ordered;
-  for (const auto& name : names) {
-    const auto& e = entry(name);
+  for (size_t i = 0; i < names.size(); ++i) {
+    const std::string& name = names[i];
+    const auto& e = entries[i];
     const int64_t r = e.shape.empty() ? 1 : e.shape[0], n = r * cols;
     const int64_t src_row = dtype_bytes(e.dtype, cols), dst_row = dtype_bytes(out_dtype, cols);
     // Row o of the result is stored row src(o): llama.cpp interleaves each head's two rotary halves.

@@ -5,7 +5,9 @@
 // at real model shapes from a config.json alone. In GGUF mode (load_format=gguf) the tensors come
 // from the GGUF file that gguf_weights.json in dir names (HF name -> GGUF name, and the heads of
 // Q / K rows stored in llama.cpp's rotary order), and matrices stored in quantized blocks stay in
-// them, whatever element type is asked for; stacked parts must then share their block type.
+// them, whatever element type is asked for; stacked parts must then share their block type. AWQ
+// linear weights (X.qweight / X.qzeros / X.scales, asked for as X.weight) become 4-bit group
+// blocks the same way.
 #pragma once
 
 #include <map>
@@ -33,6 +35,12 @@ class WeightLoader {
                      const std::vector<std::vector<int64_t>>& shapes, DType dtype) const;
   Tensor get_stacked(const std::vector<std::string>& names, const std::vector<std::vector<int64_t>>& shapes,
                      DType dtype, Device on) const;
+  // A linear layer's weights, which may stay in quantized blocks (the op table's linear takes
+  // them): AWQ checkpoints, and with load_format dummy the block type set_dummy_blocks names.
+  Tensor get_linear(const std::string& name, const std::vector<int64_t>& shape, DType dtype) const;
+  Tensor get_stacked_linear(const std::vector<std::string>& names, const std::vector<std::vector<int64_t>>& shapes,
+                            DType dtype) const;
+  void set_dummy_blocks(DType t) { dummy_blocks_ = t; }
   std::vector<std::string> names() const;
   std::vector<int64_t> shape(const std::string& name) const;
   const std::string& dir() const { return dir_; }
@@ -41,12 +49,19 @@ class WeightLoader {
 
  private:
   const SafetensorsEntry& entry(const std::string& name) const;
+  // AWQ: the prefix of `name` (".weight" dropped) when the model holds it as qweight / qzeros /
+  // scales, else empty; awq_entry repacks those into blocks held by storage (quant/int4_groups.h).
+  std::string awq_base(const std::string& name) const;
+  SafetensorsEntry awq_entry(const std::string& base, std::vector<uint8_t>& storage) const;
   // GGUF mode: rows of a Q / K matrix regrouped from llama.cpp's rotary order (0: as stored).
   int32_t rope_heads(const std::string& name) const;
+  Tensor load(const std::vector<std::string>& names, const std::vector<std::vector<int64_t>>& shapes, DType dtype,
+             Device on, bool linear) const;
   Tensor make_dummy(const std::string& name, std::vector<int64_t> shape, DType dtype, Device on) const;
   std::string dir_;
   Device device_ = Device::kCPU;
   bool dummy_ = false;
+  DType dummy_blocks_ = DType::kF32;  // kF32: dummy linear weights in the model's dtype
   std::vector<std::unique_ptr<SafetensorsFile>> files_;
   std::map<std::string, const SafetensorsFile*> where_;
   std::unique_ptr<GgufFile> gguf_;

@@ -5,6 +5,7 @@
 
 #include "core/dtype.h"
 #include "core/error.h"
+#include "quant/int4_groups.h"
 
 namespace revolta {
 namespace {
@@ -140,11 +141,15 @@ void dequantize(DType t, const void* data, float* out, int64_t n) {
   dtype_bytes(t, n);  // throws unless n is a whole number of blocks
   const int64_t values = dtype_block_values(t), bytes = dtype_bytes(t, values);
   if (!is_block_dtype(t)) return convert_to_f32(data, t, out, size_t(n));
+  const auto* b = static_cast<const uint8_t*>(data);
+  if (t == DType::kI4G32 || t == DType::kI4G128) {
+    for (int64_t i = 0; i < n / values; ++i) dequantize_int4_block(t, b + i * bytes, out + i * values);
+    return;
+  }
   const Format* f = nullptr;
   for (const Format& g : kFormats)
     if (g.dtype == t) f = &g;
   RV_CHECK(f && f->block, "dequantize: no block decoder for ", dtype_name(t));
-  const auto* b = static_cast<const uint8_t*>(data);
   for (int64_t i = 0; i < n / values; ++i) f->block(b + i * bytes, out + i * values);
 }
 

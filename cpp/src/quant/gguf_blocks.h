@@ -20,7 +20,7 @@ const char* gguf_type_name(uint32_t gguf_type);
 // The engine's element type of a GGUF tensor type (its block sizes: core/dtype.h); throws
 // std::invalid_argument naming the type number when the engine does not read it.
 DType dtype_of_gguf(uint32_t gguf_type);
-// n values (a whole number of blocks) of type t to float32.
+// n values (a whole number of blocks) of type t (any element or block type) to float32.
 void dequantize(DType t, const void* data, float* out, int64_t n);
 
 }  // namespace revolta

@@ -39,3 +39,24 @@ def write_safetensors(
             if tuple(arr.shape) != tuple(shape):
                 raise ValueError(f"{name}: produced shape {arr.shape}, declared {shape}")
             f.write(arr.tobytes())
+
+
+def read_safetensors(path: str | Path) -> dict[str, np.ndarray]:
+    """Every tensor of a safetensors file as a read-only numpy view of a memory map (BF16 as
+    float32 copies: numpy has no bfloat16)."""
+    raw = np.memmap(path, dtype=np.uint8, mode="r")
+    (size,) = struct.unpack("<Q", bytes(raw[:8]))
+    header = json.loads(bytes(raw[8:8 + size]))
+    types = {"F32": np.float32, "F16": np.float16, "I32": np.int32, "I64": np.int64, "U8": np.uint8, "BF16": np.uint16}
+    out = {}
+    for name, info in header.items():
+        if name == "__metadata__":
+            continue
+        if info["dtype"] not in types:
+            raise ValueError(f"{path}: tensor {name} has dtype {info['dtype']}, which this reader does not take")
+        begin, end = info["data_offsets"]
+        arr = raw[8 + size + begin:8 + size + end].view(types[info["dtype"]]).reshape(info["shape"])
+        if info["dtype"] == "BF16":
+            arr = (arr.astype(np.uint32) << 16).view(np.float32)
+        out[name] = arr
+    return out
