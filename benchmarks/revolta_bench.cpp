@@ -5,7 +5,7 @@
 //   revolta_bench --shape llama-8b|llama-1b|qwen3-next-80b [--layers N] [--device cuda|cpu]
 //                 [--concurrency 1,2,4,8,16,32] [--prefill 2048,8192] [--prompt 128] [--decode 128]
 //                 [--eager] [--no-dependent-launch] [--async-scheduling auto|on|off] [--json FILE]
-//                 [--probe FILE] [--max-model-len N]
+//                 [--probe FILE] [--max-model-len N] [--quantization awq]
 //
 // qwen3-next-80b is Qwen3-Next-80B-A3B's shape (hidden 2048, 512 experts top-10, its attention and
 // Gated DeltaNet dimensions); its 48 layers in fp16 do not fit one 141 GB GPU, so it runs 32 unless
@@ -18,6 +18,8 @@
 // --max-model-len N: the engine's context limit (default: the longest prefill, or prompt + decode,
 // plus 16). Decode graphs are recorded for it, so decode runs with and without long prefills
 // compare at the same limit only when it is given.
+// --quantization awq: the linear layers in 4-bit groups of 128 (made-up values), the byte counts
+// with them.
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -90,20 +92,21 @@ std::string write_config(const std::string& name, const Shape& s) {
   return dir.string();
 }
 
-// Bytes one decoded token reads (weights it touches in fp16, the router in f32, recurrent state
-// read + written in f32) and KV bytes per context token (fp16).
+// Bytes one decoded token reads (weights it touches in fp16, or the linear layers' at `linear`
+// bytes a value when they are 4-bit, the router in f32, recurrent state read + written in f32) and
+// KV bytes per context token (fp16).
 struct TokenBytes {
   double weights = 0;      // read once per step whatever the batch
   double per_expert = 0;   // one routed expert, summed over the layers
   double state = 0, kv_per_ctx = 0;
 };
 
-TokenBytes token_bytes(const Shape& s) {
+TokenBytes token_bytes(const Shape& s, double linear) {
   TokenBytes b;
   const double H = s.hidden;
   if (!s.hybrid()) {
     const double D = H / s.heads;
-    b.weights = s.layers * (H * D * (2.0 * s.heads + 2.0 * s.kv_heads) + 3.0 * H * s.intermediate) * 2 +
+    b.weights = s.layers * (H * D * (2.0 * s.heads + 2.0 * s.kv_heads) + 3.0 * H * s.intermediate) * linear +
                 double(s.vocab) * H * 2;
     b.kv_per_ctx = 2.0 * s.layers * s.kv_heads * D * 2;
     return b;
@@ -155,7 +158,7 @@ std::pair<double, int64_t> run_decode(Engine& e, const std::vector<std::vector<i
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::string shape_name = "llama-8b", json_path, probe_path, device = "cuda", async_scheduling = "auto";
+  std::string shape_name = "llama-8b", json_path, probe_path, device = "cuda", async_scheduling = "auto", quantization = "auto";
   int layers = 0;
   std::vector<int> conc = {1, 2, 4, 8, 16, 32}, prefill = {2048, 8192};
   int prompt = 128, decode = 128, max_model_len = 0;
@@ -176,6 +179,7 @@ int main(int argc, char** argv) {
     else if (a == "--async-scheduling") async_scheduling = next();
     else if (a == "--probe") probe_path = next();
     else if (a == "--max-model-len") max_model_len = std::stoi(next());
+    else if (a == "--quantization") quantization = next();
     else {
       std::fprintf(stderr, "unknown argument %s\n", a.c_str());
       return 2;
@@ -204,6 +208,7 @@ int main(int argc, char** argv) {
   cfg.model = write_config(shape_name, s);
   cfg.device = device;
   cfg.load_format = "dummy";
+  cfg.quantization = quantization;
   int max_prefill = 0;
   for (int p : prefill) max_prefill = std::max(max_prefill, p);
   int max_conc = 1;
@@ -225,7 +230,8 @@ int main(int argc, char** argv) {
   cfg.enable_prefix_caching = false;  // every prefill is measured in full
   Engine engine(cfg);
   const ModelInfo& info = engine.model_info();
-  const TokenBytes tb = token_bytes(s);
+  const TokenBytes tb = token_bytes(s, quantization == "awq" ? 68.0 / 128.0 : 2.0);  // int4 g128: 68-byte blocks
+  if (!info.quantization.empty()) std::printf("weights: %s\n", info.quantization.c_str());
   std::printf("shape %s: %.2f GB of weights; a decoded token reads %.3f GB of them + %.1f MB of state + KV; "
               "KV pool %.1f GB; %s; async scheduling %s; max_model_len %d\n",
               shape_name.c_str(), info.weight_bytes / 1e9, (tb.weights + s.top_k * tb.per_expert) / 1e9, tb.state / 1e6,

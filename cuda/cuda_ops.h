@@ -51,4 +51,8 @@ std::vector<ProbeRecord> probe_take();
 // Every op of the table (ops/op_list.h).
 REVOLTA_OPS(REVOLTA_DECLARE_OP)
 
+// linear's 4-bit group weights (gemm/linear_int4.cu), and their f16 copy [N, K] for the GEMM.
+void linear_int4(const Tensor& x, const Tensor& weight, const Tensor* bias, Tensor& out);
+void dequantize_int4(const Tensor& weight, Tensor& out);
+
 }  // namespace revolta::cuda

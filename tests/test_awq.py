@@ -46,10 +46,10 @@ def random_awq(n: int, k: int, group: int, rng):
 @pytest.mark.parametrize("m", [1, 5, 40])
 def test_linear_over_repacked_awq_matches_the_published_dequantization(group, m):
     rng = np.random.default_rng(group + m)
-    n, k = 48, 512
+    n, k = 48, 1024
     qweight, qzeros, scales = random_awq(n, k, group, rng)
     raw, dtype = _core.ops.repack_awq(qweight, qzeros, scales.view(np.uint16))
-    assert dtype == f"int4_g{group}" and raw.shape == (n, k // group * (4 + group // 2))
+    assert dtype == f"int4_g{group}" and raw.shape == (n, k // group * (4 + group // 2))  # 4 groups a block
     w = awq_dequantize(qweight, qzeros, scales)
     x = rng.standard_normal((m, k)).astype(np.float32)
     out = np.zeros((m, n), dtype=np.float32)
@@ -86,7 +86,13 @@ def dequantized_hf_model(model, awq_dir):
     return model
 
 
-CASES = {"llama-g32": ("llama", 32, {}), "qwen3-g128": ("qwen3", 128, dict(hidden_size=128, intermediate_size=256))}
+# Rows of 4-bit blocks hold four groups: K a multiple of 128 (g32) or 512 (g128). The first case's
+# projections (K = 64, 96) are not, and are held dequantized.
+CASES = {
+    "llama-g32-unblocked": ("llama", 32, {}),
+    "llama-g32": ("llama", 32, dict(hidden_size=128, intermediate_size=256)),
+    "qwen3-g128": ("qwen3", 128, dict(hidden_size=512, intermediate_size=1024, head_dim=128)),
+}
 
 
 @pytest.fixture(scope="module", params=list(CASES))
@@ -125,15 +131,19 @@ def test_weights_are_held_in_four_bits(awq_case):
     tensors = {}
     for f in path.glob("*.safetensors"):
         tensors.update(read_safetensors(f))
-    values = sum(t.size * 8 for n, t in tensors.items() if n.endswith(".qweight"))
-    assert values > 0
+    packed = [t for n, t in tensors.items() if n.endswith(".qweight")]
+    assert packed
+    blocked = sum(t.size * 8 for t in packed if t.shape[0] % (4 * group) == 0)
+    unblocked = sum(t.size * 8 for t in packed if t.shape[0] % (4 * group) != 0)  # held dequantized (float32)
     unquantized = sum(t.size for n, t in tensors.items() if n.endswith("_proj.weight"))  # K not a whole group
     heads = sum(p.numel() for n, p in model.named_parameters() if "embed_tokens" in n or "lm_head" in n)
-    expected = values // 2 + values // group * 4 + (unquantized + heads) * 4
-    for load_format in ("auto", "dummy"):
-        with LLM(str(path), kv_cache_memory_bytes=8 << 20, load_format=load_format) as llm:
-            assert llm.model_info.quantization == f"awq int4 g{group}"
-            assert llm.model_info.weight_bytes == expected, load_format
+    expected = blocked // 2 + blocked // group * 4 + (unblocked + unquantized + heads) * 4
+    with LLM(str(path), kv_cache_memory_bytes=8 << 20) as llm:
+        assert llm.model_info.quantization == f"awq int4 g{group}"
+        assert llm.model_info.weight_bytes == expected
+    if unblocked == 0:  # dummy weights of the checkpoint's format take the same bytes
+        with LLM(str(path), kv_cache_memory_bytes=8 << 20, load_format="dummy") as llm:
+            assert llm.model_info.weight_bytes == expected
 
 
 def test_unsupported_quantization_configs_are_refused_naming_the_field(awq_case, tmp_path):
@@ -156,7 +166,7 @@ def test_unsupported_quantization_configs_are_refused_naming_the_field(awq_case,
 
 
 def test_quantization_awq_needs_an_awq_checkpoint(tmp_path):
-    make_hf_model("llama", tmp_path, seed=1, hidden_size=128, intermediate_size=256)
+    make_hf_model("llama", tmp_path, seed=1, hidden_size=512, intermediate_size=1024)
     with pytest.raises(ValueError, match="quantization 'awq'.*no AWQ quantization_config"):
         LLM(str(tmp_path), kv_cache_memory_bytes=8 << 20, quantization="awq")
     with LLM(str(tmp_path), kv_cache_memory_bytes=8 << 20, load_format="dummy") as llm:

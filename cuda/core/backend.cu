@@ -386,9 +386,12 @@ int blocks_per_sm(const void* kernel, int threads, size_t smem) {
 
 namespace {
 
-// The expert kernels (moe/) read fp16 weights in 8-element vectors of both dimensions.
+// The expert kernels (moe/) read fp16 weights in 8-element vectors of both dimensions; linear takes
+// f32, f16 and 4-bit group weights (no GGUF blocks).
 bool takes(ops::Op op, const ops::OpShape& s) {
   switch (op) {
+    case ops::Op::kLinear:
+      return s.weight == DType::kF32 || s.weight == DType::kF16 || s.weight == DType::kI4G32 || s.weight == DType::kI4G128;
     case ops::Op::kMoeExperts:
     case ops::Op::kMoeRouteExperts:
       return s.weight == DType::kF16 && s.rows % 8 == 0 && s.cols % 8 == 0;

@@ -399,7 +399,9 @@ void linear(const Tensor& x, const Tensor& weight, const Tensor* bias, Tensor& o
   const float* b = bias && bias->defined() ? bias->ptr<float>() : nullptr;
   if (weight.dtype() == DType::kF32) run(x, weight.ptr<float>(), b, out, int(M), int(N), int(K));
   else if (weight.dtype() == DType::kF16) run(x, weight.ptr<__half>(), b, out, int(M), int(N), int(K));
-  else throw std::invalid_argument("CUDA linear: weights must be float32 or float16 (bf16 is converted at load)");
+  else if (weight.dtype() == DType::kI4G32 || weight.dtype() == DType::kI4G128) linear_int4(x, weight, bias, out);
+  else throw std::invalid_argument(str_cat("CUDA linear: weights must be float32, float16 or 4-bit groups (bf16 is ",
+                                           "converted at load), got ", dtype_name(weight.dtype())));
 }
 
 // One token with f16 weights where the whole-row form applies: its scaled form; else the scaled

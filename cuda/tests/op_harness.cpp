@@ -27,7 +27,26 @@ bool g_perf = false;
 std::string g_perf_only;  // --perf=SUBSTRING times only the cases whose name contains it
 std::mt19937 g_rng(1234);
 
+// 4-bit group weights (quant/int4_groups.h): random nibbles, scales around `scale` / 8 and zero
+// points over 0..15.
+Tensor random_int4(int64_t N, int64_t K, DType dt, float scale) {
+  Tensor t = Tensor::empty({N, K}, dt);
+  auto* b = static_cast<uint8_t*>(t.data());
+  std::uniform_int_distribution<int> byte(0, 255), zero(0, 15);
+  std::uniform_real_distribution<float> s(0.05f * scale, 0.2f * scale);
+  const int64_t values = dtype_block_values(dt), block = dtype_bytes(dt, values);
+  for (int64_t i = 0; i < N * K / values; ++i) {
+    for (int g = 0; g < 4; ++g) {  // four groups a block: their headers first
+      const uint16_t head[2] = {f32_to_f16(s(g_rng)), f32_to_f16(float(zero(g_rng)))};
+      std::memcpy(b + i * block + 4 * g, head, 4);
+    }
+    for (int64_t j = 16; j < block; ++j) b[i * block + j] = uint8_t(byte(g_rng));
+  }
+  return t;
+}
+
 Tensor random_tensor(std::vector<int64_t> shape, DType dt = DType::kF32, float scale = 1.0f) {
+  if (is_block_dtype(dt)) return random_int4(shape.at(0), shape.at(1), dt, scale);
   Tensor t = Tensor::empty(std::move(shape), DType::kF32);
   std::normal_distribution<float> nd(0.0f, scale);
   for (int64_t i = 0; i < t.numel(); ++i) t.ptr<float>()[i] = nd(g_rng);
@@ -175,8 +194,9 @@ void test_linear(int64_t M, int64_t N, int64_t K, DType dt, bool with_bias) {
   ops::linear(dx, dw, with_bias ? &db : nullptr, dout);
   const std::string tag = std::string(dtype_name(dt)) + " " + std::to_string(M) + "x" + std::to_string(N) + "x" +
                           std::to_string(K) + (with_bias ? " +bias" : "");
-  // Tensor-core tiles (f16 weights, M > 8) round x to f16 as they stage it: a wider tolerance.
-  const bool tensor_cores = dt == DType::kF16 && M > 8 && K % 8 == 0;  // incl. the split-K fragments
+  // Tensor-core tiles (f16 weights, M > 8; 4-bit weights past 64 rows, dequantized to f16) round x
+  // to f16 as they stage it: a wider tolerance.
+  const bool tensor_cores = (dt == DType::kF16 && M > 8 && K % 8 == 0) || (is_block_dtype(dt) && M > 64);
   const float tol = tensor_cores ? 4e-4f * std::sqrt(float(K)) : 2e-4f * std::sqrt(float(K)) / 8.0f + 1e-4f;
   report("linear " + tag, max_abs_diff(cuda::to_host(dout), ref), tol);
   // As in a decode step: x written by the kernel right before (an RMSNorm), nothing between them,
@@ -189,7 +209,7 @@ void test_linear(int64_t M, int64_t N, int64_t K, DType dt, bool with_bias) {
   ops::rms_norm(dx, dnw, 1e-6f, dxn);
   ops::linear(dxn, dw, with_bias ? &db : nullptr, dout_n);
   report("linear after rms_norm " + tag, max_abs_diff(cuda::to_host(dout_n), ref_n), tol);
-  perf("linear " + tag, double(N * K) * double(dtype_size(dt)) + double(M * K + M * N) * 4,
+  perf("linear " + tag, double(dtype_bytes(dt, N * K)) + double(M * K + M * N) * 4,
        [&] { ops::linear(dx, dw, with_bias ? &db : nullptr, dout); }, 2.0 * double(M) * double(N) * double(K));
 }
 
@@ -998,6 +1018,18 @@ int main(int argc, char** argv) {
     test_linear(1, 32000, 2048, DType::kF16, false);
     for (int64_t m : {16, 32, 61})  // an f32 router (E + 1 rows) at decode batches past 8: GEMVs 8 rows at a time
       test_linear(m, 513, 2048, DType::kF32, false);
+    // 4-bit group weights (AWQ): the GEMV at 1..8 rows, chunks of 8 up to 64, the f16 copy past it;
+    // SmolLM2's down projection in groups of 32, Llama-8B's projections, a ragged N.
+    for (DType dt : {DType::kI4G32, DType::kI4G128}) {
+      for (int64_t m : {1, 2, 3, 4, 5, 8, 9, 16, 64, 65, 200}) test_linear(m, 1003, 1024, dt, m % 2 == 1);
+      test_linear(1, 4096, 4096, dt, false);
+      test_linear(1, 28672, 4096, dt, false);
+      test_linear(1, 4096, 14336, dt, false);
+      test_linear(8, 4096, 4096, dt, false);
+      test_linear(32, 4096, 4096, dt, false);
+      test_linear(512, 4096, 4096, dt, false);
+    }
+    test_linear(1, 576, 1536, DType::kI4G32, false);
     test_paged_attention({{0, 1}}, 4, 4, 64, 16);                           // first decode token
     test_paged_attention({{100, 1}, {0, 37}, {250, 5}, {3000, 1}}, 32, 8, 128, 16);  // mixed, GQA 4
     test_paged_attention({{17, 1}, {64, 64}}, 9, 3, 64, 32);                // SmolLM2 heads, MQA-ish groups

@@ -34,8 +34,8 @@ Block block_of(DType t) {
     case DType::kQ4_K: return {256, 144};
     case DType::kQ5_K: return {256, 176};
     case DType::kQ6_K: return {256, 210};
-    case DType::kI4G32: return {32, 20};
-    case DType::kI4G128: return {128, 68};
+    case DType::kI4G32: return {128, 80};
+    case DType::kI4G128: return {512, 272};
     default: return {1, int64_t(dtype_size(t))};
   }
 }

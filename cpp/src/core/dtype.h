@@ -10,7 +10,7 @@ namespace revolta {
 // The block types are quantized weights: a run of values along a row shares its scales, so their
 // sizes are per block, not per element. kQ4_0 .. kQ6_K are GGUF's blocks as stored
 // (quant/gguf_blocks.h); kI4G32 / kI4G128 are 4-bit integers with a scale and a zero point per
-// group of 32 / 128 (AWQ's format in the engine's layout, quant/int4_groups.h).
+// group of 32 / 128, four groups a block (AWQ's format in the engine's layout, quant/int4_groups.h).
 enum class DType : uint8_t {
   kF32, kF16, kBF16, kI32, kI64, kU8, kQ4_0, kQ4_1, kQ8_0, kQ4_K, kQ5_K, kQ6_K, kI4G32, kI4G128
 };

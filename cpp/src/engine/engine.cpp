@@ -11,6 +11,7 @@
 #include "engine/engine_impl.h"
 #include "model/memory_estimate.h"
 #include "ops/ops.h"
+#include "quant/int4_groups.h"
 
 namespace revolta {
 namespace fs = std::filesystem;
@@ -26,6 +27,12 @@ Engine::Impl::Impl(const EngineConfig& c) : cfg(c), seed_source(c.seed) {
     RV_CHECK_ARG(cfg.load_format == "dummy", "quantization 'awq': ", cfg.model, " has no AWQ quantization_config in its ",
                  "config.json (make one with `revolta-quantize --awq`, or use load_format dummy for made-up weights)");
     model_cfg.quantization = {"awq", 128};
+  }
+  if (!model_cfg.quantization.method.empty()) {
+    const DType blocks = int4_group_dtype(model_cfg.quantization.group_size, "quantization awq");
+    RV_CHECK_ARG(ops::supports_op(cfg.device == "cuda" ? Device::kCUDA : Device::kCPU, ops::Op::kLinear, ops::OpShape{blocks, 0, 0}), "quantization '",
+                 model_cfg.quantization.method, "': device '", cfg.device, "' has no linear kernel for ", dtype_name(blocks),
+                 " weights");
   }
   RV_CHECK_ARG(model_cfg.quantization.method.empty() || (model_cfg.num_linear_layers() == 0 && model_cfg.num_experts == 0),
                "quantization '", model_cfg.quantization.method, "': 4-bit weights of ", model_cfg.architecture,

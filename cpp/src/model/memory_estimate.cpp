@@ -39,7 +39,11 @@ int64_t estimate_activation_bytes(const ModelConfig& c, const EngineConfig& e) {
   const int64_t QO = int64_t(c.num_heads) * D, KVO = int64_t(c.num_kv_heads) * D;
   const int64_t per_token = 4 * H + 2 * (QO + 2 * KVO) + 2 * QO + 3 * int64_t(c.intermediate_size);
   const int64_t logits = int64_t(std::max(e.max_num_seqs, 32)) * c.vocab_size * 2;
-  return 2 * (T * per_token + logits) * 4 + (int64_t(256) << 20);
+  // 4-bit linear layers of a prefill run on a float16 copy of the widest one.
+  const int64_t dequantized = c.quantization.group_size > 0
+                                  ? 2 * H * std::max({int64_t(2) * c.intermediate_size, QO + 2 * KVO, int64_t(H)})
+                                  : 0;
+  return 2 * (T * per_token + logits) * 4 + dequantized + (int64_t(256) << 20);
 }
 
 }  // namespace revolta

@@ -99,9 +99,16 @@ SafetensorsEntry WeightLoader::awq_entry(const std::string& base, std::vector<ui
            ": AWQ weight ", base, ": qweight ", shape_text(qw.shape), ", qzeros ", shape_text(qz.shape), " and scales ",
            shape_text(sc.shape), " do not describe one [N, K] matrix in groups along K");
   const DType t = int4_group_dtype(K / groups, (base + ".qweight").c_str());
+  const auto* q = static_cast<const int32_t*>(qw.data);
+  const auto* z = static_cast<const int32_t*>(qz.data);
+  const auto* s = static_cast<const uint16_t*>(sc.data);
+  if (K % dtype_block_values(t) != 0) {  // rows not a whole number of blocks: held dequantized
+    storage.resize(size_t(N * K) * 4);
+    dequantize_awq(q, z, s, N, K, K / groups, reinterpret_cast<float*>(storage.data()));
+    return SafetensorsEntry{DType::kF32, {N, K}, storage.data(), storage.size()};
+  }
   storage.resize(size_t(dtype_bytes(t, N * K)));
-  repack_awq(static_cast<const int32_t*>(qw.data), static_cast<const int32_t*>(qz.data),
-             static_cast<const uint16_t*>(sc.data), N, K, K / groups, storage.data());
+  repack_awq(q, z, s, N, K, K / groups, storage.data());
   return SafetensorsEntry{t, {N, K}, storage.data(), storage.size()};
 }
 
