@@ -15,6 +15,7 @@ size_t dtype_size(DType t) {
     case DType::kI32: return 4;
     case DType::kI64: return 8;
     case DType::kU8: return 1;
+    case DType::kF8E4M3: return 1;
     default: break;
   }
   throw std::logic_error(str_cat(dtype_name(t), " is a block type: its size is per block"));
@@ -36,6 +37,7 @@ Block block_of(DType t) {
     case DType::kQ6_K: return {256, 210};
     case DType::kI4G32: return {128, 80};
     case DType::kI4G128: return {512, 272};
+    case DType::kF8G128: return {128, 132};
     default: return {1, int64_t(dtype_size(t))};
   }
 }
@@ -60,6 +62,7 @@ const char* dtype_name(DType t) {
     case DType::kI32: return "int32";
     case DType::kI64: return "int64";
     case DType::kU8: return "uint8";
+    case DType::kF8E4M3: return "float8_e4m3";
     case DType::kQ4_0: return "q4_0";
     case DType::kQ4_1: return "q4_1";
     case DType::kQ8_0: return "q8_0";
@@ -68,6 +71,7 @@ const char* dtype_name(DType t) {
     case DType::kQ6_K: return "q6_k";
     case DType::kI4G32: return "int4_g32";
     case DType::kI4G128: return "int4_g128";
+    case DType::kF8G128: return "float8_g128";
   }
   return "?";
 }
@@ -79,8 +83,9 @@ DType parse_dtype(const std::string& n) {
   if (n == "I32" || n == "int32") return DType::kI32;
   if (n == "I64" || n == "int64") return DType::kI64;
   if (n == "U8" || n == "uint8" || n == "BOOL") return DType::kU8;
+  if (n == "F8_E4M3" || n == "float8_e4m3") return DType::kF8E4M3;
   for (DType t : {DType::kQ4_0, DType::kQ4_1, DType::kQ8_0, DType::kQ4_K, DType::kQ5_K, DType::kQ6_K,
-                  DType::kI4G32, DType::kI4G128}) {
+                  DType::kI4G32, DType::kI4G128, DType::kF8G128}) {
     std::string upper = dtype_name(t);
     for (char& c : upper) c = char(std::toupper(static_cast<unsigned char>(c)));
     if (n == dtype_name(t) || n == upper) return t;
@@ -131,8 +136,20 @@ uint16_t f32_to_f16(float f) {  // round to nearest even
   return uint16_t(sign | (ax >> 13));
 }
 
+float f8e4m3_to_f32(uint8_t v) {
+  const int exp = (v >> 3) & 0xF, mant = v & 0x7;
+  if (exp == 0xF && mant == 0x7) return std::nanf("");
+  const float mag = exp == 0 ? std::ldexp(float(mant), -9) : std::ldexp(float(8 + mant), exp - 10);
+  return v & 0x80 ? -mag : mag;
+}
+
 void convert_to_f32(const void* src, DType st, float* dst, size_t n) {
   switch (st) {
+    case DType::kF8E4M3: {
+      auto* s = static_cast<const uint8_t*>(src);
+      for (size_t i = 0; i < n; ++i) dst[i] = f8e4m3_to_f32(s[i]);
+      return;
+    }
     case DType::kF32: std::memcpy(dst, src, n * 4); return;
     case DType::kF16: {
       auto* s = static_cast<const uint16_t*>(src);

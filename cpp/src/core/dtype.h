@@ -10,9 +10,12 @@ namespace revolta {
 // The block types are quantized weights: a run of values along a row shares its scales, so their
 // sizes are per block, not per element. kQ4_0 .. kQ6_K are GGUF's blocks as stored
 // (quant/gguf_blocks.h); kI4G32 / kI4G128 are 4-bit integers with a scale and a zero point per
-// group of 32 / 128, four groups a block (AWQ's format in the engine's layout, quant/int4_groups.h).
+// group of 32 / 128, four groups a block (AWQ's format in the engine's layout, quant/int4_groups.h);
+// kF8G128 is FP8 E4M3 with a float32 scale per 128 values (quant/fp8_blocks.h). kF8E4M3 is the
+// plain element type checkpoints store FP8 weights in (OCP E4M3FN).
 enum class DType : uint8_t {
-  kF32, kF16, kBF16, kI32, kI64, kU8, kQ4_0, kQ4_1, kQ8_0, kQ4_K, kQ5_K, kQ6_K, kI4G32, kI4G128
+  kF32, kF16, kBF16, kI32, kI64, kU8, kF8E4M3,
+  kQ4_0, kQ4_1, kQ8_0, kQ4_K, kQ5_K, kQ6_K, kI4G32, kI4G128, kF8G128
 };
 
 // Bytes per element; throws std::logic_error for a block type (use dtype_bytes).
@@ -42,6 +45,8 @@ inline uint16_t f32_to_bf16(float f) {  // round to nearest even, NaN kept quiet
 }
 
 float f16_to_f32(uint16_t h);
+// OCP FP8 E4M3FN (bias 7, no infinities, 0x7F / 0xFF NaN, largest 448).
+float f8e4m3_to_f32(uint8_t v);
 uint16_t f32_to_f16(float f);
 
 // Converts n elements of src (type st) to float.

@@ -23,13 +23,17 @@ Engine::Impl::Impl(const EngineConfig& c) : cfg(c), seed_source(c.seed) {
   RV_CHECK_ARG(fs::exists(cfg_path), "model: no config.json in '", cfg.model, "'");
   model_cfg = ModelConfig::from_file(cfg_path);
   check_architecture(model_cfg, cfg.model);
-  if (cfg.quantization == "awq" && model_cfg.quantization.method.empty()) {
-    RV_CHECK_ARG(cfg.load_format == "dummy", "quantization 'awq': ", cfg.model, " has no AWQ quantization_config in its ",
-                 "config.json (make one with `revolta-quantize --awq`, or use load_format dummy for made-up weights)");
-    model_cfg.quantization = {"awq", 128};
+  if (cfg.quantization != "auto" && model_cfg.quantization.method != cfg.quantization) {
+    RV_CHECK_ARG(cfg.load_format == "dummy", "quantization '", cfg.quantization, "': ", cfg.model, " has no ",
+                 cfg.quantization, " quantization_config in its config.json (",
+                 cfg.quantization == "awq" ? "make one with `revolta quantize --awq`, or " : "",
+                 "use load_format dummy for made-up weights)");
+    model_cfg.quantization = {cfg.quantization, 128};
   }
   if (!model_cfg.quantization.method.empty()) {
-    const DType blocks = int4_group_dtype(model_cfg.quantization.group_size, "quantization awq");
+    const DType blocks = model_cfg.quantization.method == "fp8"
+                             ? DType::kF8G128
+                             : int4_group_dtype(model_cfg.quantization.group_size, "quantization awq");
     RV_CHECK_ARG(ops::supports_op(cfg.device == "cuda" ? Device::kCUDA : Device::kCPU, ops::Op::kLinear, ops::OpShape{blocks, 0, 0}), "quantization '",
                  model_cfg.quantization.method, "': device '", cfg.device, "' has no linear kernel for ", dtype_name(blocks),
                  " weights");
@@ -91,9 +95,10 @@ Engine::Impl::Impl(const EngineConfig& c) : cfg(c), seed_source(c.seed) {
   CachePlan plan = plan_caches(groups, limits, budget, by_utilization ? "gpu_memory_utilization" : "kv_cache_memory_bytes");
 
   model = load_model(cfg.model, model_cfg, parse_dtype(dt), device, cfg.load_format == "dummy", cfg.load_format == "gguf");
-  info.quantization = model_cfg.quantization.method.empty()
-                          ? std::string()
-                          : str_cat(model_cfg.quantization.method, " int4 g", model_cfg.quantization.group_size);
+  info.quantization = model_cfg.quantization.method.empty() ? std::string()
+                       : model_cfg.quantization.method == "fp8"
+                           ? std::string("fp8 e4m3, a scale per 128")
+                           : str_cat(model_cfg.quantization.method, " int4 g", model_cfg.quantization.group_size);
   RV_CHECK_ARG(!mtp || model->num_mtp_layers() == model_cfg.num_mtp_layers, "speculative_config: method 'mtp' needs ",
                "the checkpoint's multi-token-prediction layers, and ", cfg.model, " (", model_cfg.architecture,
                ") carries ", model->num_mtp_layers(), " of the ", model_cfg.num_mtp_layers,

@@ -6,9 +6,13 @@ namespace revolta {
 
 int64_t estimate_weight_bytes(const ModelConfig& c, size_t bpe) {
   const int64_t H = c.hidden_size, D = c.head_dim, b = int64_t(bpe);
-  // 4-bit linear layers: a 4-byte scale and zero point per group (the embedding and head stay).
+  // Quantized linear layers (the embedding and head stay): 4-bit values with a 4-byte scale and zero
+  // point per group, or FP8 values with a 4-byte scale per 128.
   const int64_t group = c.quantization.group_size;
-  const auto linear = [&](int64_t values) { return group > 0 ? values / 2 + values / group * 4 : values * b; };
+  const bool fp8 = c.quantization.method == "fp8";
+  const auto linear = [&](int64_t values) {
+    return group == 0 ? values * b : fp8 ? values + values / group * 4 : values / 2 + values / group * 4;
+  };
   // Qwen3-Next and Qwen3.5 attention projects a gate beside q.
   const bool gated = c.architecture.rfind("Qwen3Next", 0) == 0 || c.architecture.rfind("Qwen3_5", 0) == 0;
   const int64_t attn = H * D * (int64_t(c.num_heads) * (gated ? 3 : 2) + 2 * int64_t(c.num_kv_heads));

@@ -110,8 +110,21 @@ static WeightQuantization parse_quantization(const Json& j, const std::string& s
   const Json& q = j["quantization_config"];
   std::string method = q.get_string("quant_method", "");
   for (char& ch : method) ch = char(std::tolower(static_cast<unsigned char>(ch)));
+  if (method == "fp8") return {"fp8", 128};  // HF's FP8: E4M3 weights, weight_scale_inv per tensor or block
+  if (method == "compressed-tensors") {      // FP8 weights only: 8-bit float in every config group
+    const Json& groups = q["config_groups"];
+    RV_CHECK(groups.is_object() && !groups.as_object().empty(), src, ": quantization_config compressed-tensors without config_groups");
+    for (const auto& [name, g] : groups.as_object()) {
+      const Json& w = g["weights"];
+      RV_CHECK(w.is_object() && w.get_int("num_bits", 0) == 8 && w.get_string("type", "") == "float", src,
+               ": quantization_config compressed-tensors group '", name, "' has weights of ", w.get_int("num_bits", 0),
+               "-bit type '", w.get_string("type", ""), "', which is not supported (8-bit float: FP8 E4M3)");
+    }
+    return {"fp8", 128};
+  }
   RV_CHECK(method == "awq", src, ": quantization_config quant_method '", method,
-           "' is not supported (supported: awq, 4-bit with zero points in the AutoAWQ GEMM layout)");
+           "' is not supported (supported: awq, 4-bit with zero points in the AutoAWQ GEMM layout; fp8 and ",
+           "compressed-tensors FP8, E4M3 weights with scales)");
   std::string version = q.get_string("version", "gemm");
   for (char& ch : version) ch = char(std::tolower(static_cast<unsigned char>(ch)));
   const int64_t bits = q.get_int("bits", q.get_int("w_bit", 4)), group = q.get_int("group_size", q.get_int("q_group_size", 128));

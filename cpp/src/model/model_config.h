@@ -24,8 +24,8 @@ struct RopeConfig {
 
 // The checkpoint's quantization_config (HF): which weights are stored quantized, and how.
 struct WeightQuantization {
-  std::string method;  // "" (none) | "awq" (4-bit, zero point, AutoAWQ GEMM layout)
-  int32_t group_size = 0;
+  std::string method;  // "" (none) | "awq" (4-bit, zero point, AutoAWQ GEMM layout) | "fp8" (E4M3 + scales)
+  int32_t group_size = 0;  // awq: 32 or 128; fp8: 128 (the engine's block)
 };
 
 struct ModelConfig {

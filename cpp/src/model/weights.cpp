@@ -13,6 +13,7 @@
 #include "core/json.h"
 #include "ops/ops.h"
 #include "quant/gguf_blocks.h"
+#include "quant/fp8_blocks.h"
 #include "quant/int4_groups.h"
 
 namespace revolta {
@@ -124,6 +125,31 @@ std::vector<std::string> WeightLoader::names() const {
   return out;
 }
 
+SafetensorsEntry WeightLoader::fp8_entry(const std::string& name, const SafetensorsEntry& e, bool blocks,
+                                         std::vector<uint8_t>& storage) const {
+  const std::string base = name.size() > 7 && name.compare(name.size() - 7, 7, ".weight") == 0 ? name.substr(0, name.size() - 7) : name;
+  const std::string scale_name = where_.count(base + ".weight_scale_inv") ? base + ".weight_scale_inv" : base + ".weight_scale";
+  auto it = where_.find(scale_name);
+  RV_CHECK(it != where_.end() && e.shape.size() == 2, "model ", dir_, ": FP8 weight ", name, " has no ", base,
+           ".weight_scale_inv or .weight_scale beside it (or is not a matrix)");
+  const SafetensorsEntry& se = it->second->entries().at(scale_name);
+  int64_t n = 1;
+  for (int64_t d : se.shape) n *= d;
+  std::vector<float> scales(static_cast<size_t>(n));
+  convert_to_f32(se.data, se.dtype, scales.data(), size_t(n));
+  const int64_t N = e.shape[0], K = e.shape[1];
+  const int64_t rows = se.shape.empty() ? 1 : se.shape[0], cols = se.shape.size() < 2 ? 1 : se.shape[1];
+  const auto* w = static_cast<const uint8_t*>(e.data);
+  if (blocks && K % kF8Block == 0) {
+    storage.resize(size_t(dtype_bytes(DType::kF8G128, N * K)));
+    pack_f8(w, scales.data(), rows, cols, N, K, storage.data(), nullptr);
+    return SafetensorsEntry{DType::kF8G128, {N, K}, storage.data(), storage.size()};
+  }
+  storage.resize(size_t(N * K) * 4);
+  pack_f8(w, scales.data(), rows, cols, N, K, nullptr, reinterpret_cast<float*>(storage.data()));
+  return SafetensorsEntry{DType::kF32, {N, K}, storage.data(), storage.size()};
+}
+
 std::vector<int64_t> WeightLoader::shape(const std::string& name) const {
   if (const std::string base = awq_base(name); !base.empty() && !where_.count(name)) {
     const auto& qw = where_.at(base + ".qweight")->entries().at(base + ".qweight");
@@ -191,8 +217,10 @@ Tensor WeightLoader::load(const std::vector<std::string>& names, const std::vect
     }
     if (linear && is_block_dtype(dummy_blocks_) && shape.size() == 2 && shape[1] % dtype_block_values(dummy_blocks_) == 0) {
       Tensor t = Tensor::empty(shape, dummy_blocks_);
-      fill_int4_dummy(dummy_blocks_, shape[0], shape[1], 1.0f / std::sqrt(float(shape[1])), std::hash<std::string>{}(key),
-                      static_cast<uint8_t*>(t.data()));
+      const float bound = 1.0f / std::sqrt(float(shape[1]));
+      const uint64_t seed = std::hash<std::string>{}(key);
+      if (dummy_blocks_ == DType::kF8G128) fill_f8_dummy(shape[0], shape[1], bound, seed, static_cast<uint8_t*>(t.data()));
+      else fill_int4_dummy(dummy_blocks_, shape[0], shape[1], bound, seed, static_cast<uint8_t*>(t.data()));
       return t.to(on);
     }
     return make_dummy(key, shape, dtype, on);
@@ -202,7 +230,9 @@ Tensor WeightLoader::load(const std::vector<std::string>& names, const std::vect
   std::vector<SafetensorsEntry> entries;
   for (size_t i = 0; i < names.size(); ++i) {
     const std::string base = where_.count(names[i]) ? std::string() : awq_base(names[i]);
-    entries.push_back(base.empty() ? entry(names[i]) : awq_entry(base, storage[i]));
+    if (!base.empty()) entries.push_back(awq_entry(base, storage[i]));
+    else if (entry(names[i]).dtype == DType::kF8E4M3) entries.push_back(fp8_entry(names[i], entry(names[i]), linear, storage[i]));
+    else entries.push_back(entry(names[i]));
   }
   int64_t rows = 0, cols = -1;
   for (size_t i = 0; i < names.size(); ++i) {
@@ -216,7 +246,7 @@ Tensor WeightLoader::load(const std::vector<std::string>& names, const std::vect
     rows += e.shape.empty() ? 1 : e.shape[0];
   }
   // Matrices in quantized blocks stay in them when every stacked part shares the block type: GGUF's
-  // wherever asked for (CPU), AWQ's where the model takes a linear layer's weights.
+  // wherever asked for (CPU), AWQ's and FP8's where the model takes a linear layer's weights.
   const DType first = entries[0].dtype;
   bool keep = is_block_dtype(first) && (gguf_ || linear);
   for (const auto& e : entries) keep = keep && e.dtype == first && e.shape.size() == 2;

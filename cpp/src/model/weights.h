@@ -7,7 +7,7 @@
 // Q / K rows stored in llama.cpp's rotary order), and matrices stored in quantized blocks stay in
 // them, whatever element type is asked for; stacked parts must then share their block type. AWQ
 // linear weights (X.qweight / X.qzeros / X.scales, asked for as X.weight) become 4-bit group
-// blocks the same way.
+// blocks the same way, and FP8 ones (X.weight in F8_E4M3 with X.weight_scale[_inv]) FP8 blocks.
 #pragma once
 
 #include <map>
@@ -53,6 +53,10 @@ class WeightLoader {
   // scales, else empty; awq_entry repacks those into blocks held by storage (quant/int4_groups.h).
   std::string awq_base(const std::string& name) const;
   SafetensorsEntry awq_entry(const std::string& base, std::vector<uint8_t>& storage) const;
+  // FP8: an F8_E4M3 matrix with its scales applied, as blocks (a linear layer's, K a multiple of
+  // 128) or as float32 (quant/fp8_blocks.h).
+  SafetensorsEntry fp8_entry(const std::string& name, const SafetensorsEntry& e, bool blocks,
+                             std::vector<uint8_t>& storage) const;
   // GGUF mode: rows of a Q / K matrix regrouped from llama.cpp's rotary order (0: as stored).
   int32_t rope_heads(const std::string& name) const;
   Tensor load(const std::vector<std::string>& names, const std::vector<std::vector<int64_t>>& shapes, DType dtype,

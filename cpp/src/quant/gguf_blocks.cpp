@@ -5,6 +5,7 @@
 
 #include "core/dtype.h"
 #include "core/error.h"
+#include "quant/fp8_blocks.h"
 #include "quant/int4_groups.h"
 
 namespace revolta {
@@ -144,6 +145,10 @@ void dequantize(DType t, const void* data, float* out, int64_t n) {
   const auto* b = static_cast<const uint8_t*>(data);
   if (t == DType::kI4G32 || t == DType::kI4G128) {
     for (int64_t i = 0; i < n / values; ++i) dequantize_int4_block(t, b + i * bytes, out + i * values);
+    return;
+  }
+  if (t == DType::kF8G128) {
+    for (int64_t i = 0; i < n / values; ++i) dequantize_f8_block(b + i * bytes, out + i * values);
     return;
   }
   const Format* f = nullptr;
