@@ -128,12 +128,13 @@ def test_other_compressed_tensors_formats_are_refused(fp8_case, tmp_path):
         LLM(str(tmp_path), kv_cache_memory_bytes=8 << 20)
 
 
-def test_dummy_fp8_weights(tmp_path):
+@pytest.mark.parametrize("fmt, share", [("fp8", 0.6), ("nvfp4", 0.45)])
+def test_dummy_weights_of_a_float_format(tmp_path, fmt, share):
     make_hf_model("llama", tmp_path, seed=1, hidden_size=128, intermediate_size=256)
     with LLM(str(tmp_path), kv_cache_memory_bytes=8 << 20, load_format="dummy") as llm:
         full = llm.model_info.weight_bytes
-    with LLM(str(tmp_path), kv_cache_memory_bytes=8 << 20, load_format="dummy", quantization="fp8") as llm:
-        assert llm.model_info.quantization.startswith("fp8")
-        assert llm.model_info.weight_bytes < 0.6 * full
+    with LLM(str(tmp_path), kv_cache_memory_bytes=8 << 20, load_format="dummy", quantization=fmt) as llm:
+        assert llm.model_info.quantization.startswith(fmt)
+        assert llm.model_info.weight_bytes < share * full
         out = llm.generate([[5, 6, 7]], SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True))
         assert len(out[0].outputs[0].token_ids) == 4

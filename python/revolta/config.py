@@ -21,8 +21,8 @@ class EngineOptions(BaseModel):
     load_format: Literal["auto", "dummy", "gguf"] = Field(
         "auto", description="dummy: random weights of the config's shapes; gguf: a .gguf model read in place, its "
         "quantized matrices kept in their blocks (CPU)")
-    quantization: Literal["auto", "awq", "fp8"] = Field(
-        "auto", description="auto: as the checkpoint's quantization_config says; awq (4-bit) / fp8 (E4M3): a "
+    quantization: Literal["auto", "awq", "fp8", "nvfp4"] = Field(
+        "auto", description="auto: as the checkpoint's quantization_config says; awq (4-bit) / fp8 (E4M3) / nvfp4: a "
         "checkpoint of that format, or made-up linear layers of it with load_format dummy")
     gpu_memory_utilization: float = Field(0.9, ge=0, le=0.99, description="cuda: share of device memory to use "
                                           "(0: size the KV pool by kv_cache_memory_bytes)")

@@ -46,9 +46,9 @@ struct EngineConfig {
   // auto: safetensors | dummy: random weights of the config's shapes | gguf: the GGUF file the model
   // directory names (gguf_weights.json), quantized matrices kept in their blocks (CPU)
   std::string load_format = "auto";
-  // auto: as the checkpoint's quantization_config says | awq: 4-bit weights | fp8: E4M3 weights (the
-  // checkpoint must be of that format; with load_format dummy, the linear layers get made-up
-  // weights of it: 4-bit groups of 128, or FP8 with a scale per 128)
+  // auto: as the checkpoint's quantization_config says | awq: 4-bit weights | fp8: E4M3 weights |
+  // nvfp4: E2M1 weights (the checkpoint must be of that format; with load_format dummy, the linear
+  // layers get made-up weights of it: 4-bit groups of 128, FP8 with a scale per 128, NVFP4)
   std::string quantization = "auto";
   // CUDA: the fraction of device memory the engine may use (weights + activations + KV); the KV
   // pool gets what is left. 0: size the KV pool by kv_cache_memory_bytes instead.

@@ -38,6 +38,7 @@ Block block_of(DType t) {
     case DType::kI4G32: return {128, 80};
     case DType::kI4G128: return {512, 272};
     case DType::kF8G128: return {128, 132};
+    case DType::kNVFP4: return {64, 40};
     default: return {1, int64_t(dtype_size(t))};
   }
 }
@@ -72,6 +73,7 @@ const char* dtype_name(DType t) {
     case DType::kI4G32: return "int4_g32";
     case DType::kI4G128: return "int4_g128";
     case DType::kF8G128: return "float8_g128";
+    case DType::kNVFP4: return "nvfp4";
   }
   return "?";
 }
@@ -85,7 +87,8 @@ DType parse_dtype(const std::string& n) {
   if (n == "U8" || n == "uint8" || n == "BOOL") return DType::kU8;
   if (n == "F8_E4M3" || n == "float8_e4m3") return DType::kF8E4M3;
   for (DType t : {DType::kQ4_0, DType::kQ4_1, DType::kQ8_0, DType::kQ4_K, DType::kQ5_K, DType::kQ6_K,
-                  DType::kI4G32, DType::kI4G128, DType::kF8G128}) {
+                  DType::kI4G32, DType::kI4G128, DType::kF8G128,
+                  DType::kNVFP4}) {
     std::string upper = dtype_name(t);
     for (char& c : upper) c = char(std::toupper(static_cast<unsigned char>(c)));
     if (n == dtype_name(t) || n == upper) return t;

@@ -11,11 +11,12 @@ namespace revolta {
 // sizes are per block, not per element. kQ4_0 .. kQ6_K are GGUF's blocks as stored
 // (quant/gguf_blocks.h); kI4G32 / kI4G128 are 4-bit integers with a scale and a zero point per
 // group of 32 / 128, four groups a block (AWQ's format in the engine's layout, quant/int4_groups.h);
-// kF8G128 is FP8 E4M3 with a float32 scale per 128 values (quant/fp8_blocks.h). kF8E4M3 is the
-// plain element type checkpoints store FP8 weights in (OCP E4M3FN).
+// kF8G128 is FP8 E4M3 with a float32 scale per 128 values (quant/fp8_blocks.h); kNVFP4 is FP4 E2M1
+// with an E4M3 scale per 16 values and a float32 global scale (quant/fp8_blocks.h). kF8E4M3 is the
+// plain element type checkpoints store FP8 weights and scales in (OCP E4M3FN).
 enum class DType : uint8_t {
   kF32, kF16, kBF16, kI32, kI64, kU8, kF8E4M3,
-  kQ4_0, kQ4_1, kQ8_0, kQ4_K, kQ5_K, kQ6_K, kI4G32, kI4G128, kF8G128
+  kQ4_0, kQ4_1, kQ8_0, kQ4_K, kQ5_K, kQ6_K, kI4G32, kI4G128, kF8G128, kNVFP4
 };
 
 // Bytes per element; throws std::logic_error for a block type (use dtype_bytes).

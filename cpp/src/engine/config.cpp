@@ -56,8 +56,8 @@ void EngineConfig::validate() const {
                "load_format must be auto, dummy or gguf; got '", load_format, "'");
   RV_CHECK_ARG(load_format != "gguf" || device == "cpu", "load_format 'gguf' keeps weights in quantized blocks, ",
                "which only the CPU runs so far; use load_format 'auto' (float16 weights) with device '", device, "'");
-  RV_CHECK_ARG(quantization == "auto" || quantization == "awq" || quantization == "fp8",
-               "quantization must be auto, awq or fp8; got '", quantization, "'");
+  RV_CHECK_ARG(quantization == "auto" || quantization == "awq" || quantization == "fp8" || quantization == "nvfp4",
+               "quantization must be auto, awq, fp8 or nvfp4; got '", quantization, "'");
   RV_CHECK_ARG(quantization == "auto" || load_format != "gguf", "quantization '", quantization, "' and load_format 'gguf' exclude each other ",
                "(a GGUF file carries its own block formats)");
   RV_CHECK_ARG(async_scheduling == "auto" || async_scheduling == "on" || async_scheduling == "off",

@@ -28,12 +28,13 @@ Engine::Impl::Impl(const EngineConfig& c) : cfg(c), seed_source(c.seed) {
                  cfg.quantization, " quantization_config in its config.json (",
                  cfg.quantization == "awq" ? "make one with `revolta quantize --awq`, or " : "",
                  "use load_format dummy for made-up weights)");
-    model_cfg.quantization = {cfg.quantization, 128};
+    model_cfg.quantization = {cfg.quantization, cfg.quantization == "nvfp4" ? 16 : 128};
   }
   if (!model_cfg.quantization.method.empty()) {
-    const DType blocks = model_cfg.quantization.method == "fp8"
-                             ? DType::kF8G128
-                             : int4_group_dtype(model_cfg.quantization.group_size, "quantization awq");
+    const std::string& method = model_cfg.quantization.method;
+    const DType blocks = method == "fp8"     ? DType::kF8G128
+                         : method == "nvfp4" ? DType::kNVFP4
+                                             : int4_group_dtype(model_cfg.quantization.group_size, "quantization awq");
     RV_CHECK_ARG(ops::supports_op(cfg.device == "cuda" ? Device::kCUDA : Device::kCPU, ops::Op::kLinear, ops::OpShape{blocks, 0, 0}), "quantization '",
                  model_cfg.quantization.method, "': device '", cfg.device, "' has no linear kernel for ", dtype_name(blocks),
                  " weights");
@@ -96,9 +97,9 @@ Engine::Impl::Impl(const EngineConfig& c) : cfg(c), seed_source(c.seed) {
 
   model = load_model(cfg.model, model_cfg, parse_dtype(dt), device, cfg.load_format == "dummy", cfg.load_format == "gguf");
   info.quantization = model_cfg.quantization.method.empty() ? std::string()
-                       : model_cfg.quantization.method == "fp8"
-                           ? std::string("fp8 e4m3, a scale per 128")
-                           : str_cat(model_cfg.quantization.method, " int4 g", model_cfg.quantization.group_size);
+                       : model_cfg.quantization.method == "fp8"   ? std::string("fp8 e4m3, a scale per 128")
+                       : model_cfg.quantization.method == "nvfp4" ? std::string("nvfp4 e2m1, an e4m3 scale per 16")
+                                                                  : str_cat(model_cfg.quantization.method, " int4 g", model_cfg.quantization.group_size);
   RV_CHECK_ARG(!mtp || model->num_mtp_layers() == model_cfg.num_mtp_layers, "speculative_config: method 'mtp' needs ",
                "the checkpoint's multi-token-prediction layers, and ", cfg.model, " (", model_cfg.architecture,
                ") carries ", model->num_mtp_layers(), " of the ", model_cfg.num_mtp_layers,

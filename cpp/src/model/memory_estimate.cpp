@@ -7,11 +7,14 @@ namespace revolta {
 int64_t estimate_weight_bytes(const ModelConfig& c, size_t bpe) {
   const int64_t H = c.hidden_size, D = c.head_dim, b = int64_t(bpe);
   // Quantized linear layers (the embedding and head stay): 4-bit values with a 4-byte scale and zero
-  // point per group, or FP8 values with a 4-byte scale per 128.
+  // point per group, FP8 values with a 4-byte scale per 128, or NVFP4's 40-byte blocks of 64.
   const int64_t group = c.quantization.group_size;
-  const bool fp8 = c.quantization.method == "fp8";
+  const std::string& method = c.quantization.method;
   const auto linear = [&](int64_t values) {
-    return group == 0 ? values * b : fp8 ? values + values / group * 4 : values / 2 + values / group * 4;
+    if (group == 0) return values * b;
+    if (method == "fp8") return values + values / group * 4;
+    if (method == "nvfp4") return values / 64 * 40;
+    return values / 2 + values / group * 4;
   };
   // Qwen3-Next and Qwen3.5 attention projects a gate beside q.
   const bool gated = c.architecture.rfind("Qwen3Next", 0) == 0 || c.architecture.rfind("Qwen3_5", 0) == 0;

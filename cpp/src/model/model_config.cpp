@@ -111,6 +111,14 @@ static WeightQuantization parse_quantization(const Json& j, const std::string& s
   std::string method = q.get_string("quant_method", "");
   for (char& ch : method) ch = char(std::tolower(static_cast<unsigned char>(ch)));
   if (method == "fp8") return {"fp8", 128};  // HF's FP8: E4M3 weights, weight_scale_inv per tensor or block
+  if (method == "modelopt") {                // NVIDIA ModelOpt exports
+    std::string algo = q.get_string("quant_algo", "");
+    for (char& ch : algo) ch = char(std::toupper(static_cast<unsigned char>(ch)));
+    if (algo == "FP8") return {"fp8", 128};
+    RV_CHECK(algo == "NVFP4" && q.get_int("group_size", 16) == 16, src, ": quantization_config modelopt quant_algo '", algo,
+             "' (group_size ", q.get_int("group_size", 16), ") is not supported (FP8, NVFP4 in groups of 16)");
+    return {"nvfp4", 16};
+  }
   if (method == "compressed-tensors") {      // FP8 weights only: 8-bit float in every config group
     const Json& groups = q["config_groups"];
     RV_CHECK(groups.is_object() && !groups.as_object().empty(), src, ": quantization_config compressed-tensors without config_groups");
@@ -124,7 +132,7 @@ static WeightQuantization parse_quantization(const Json& j, const std::string& s
   }
   RV_CHECK(method == "awq", src, ": quantization_config quant_method '", method,
            "' is not supported (supported: awq, 4-bit with zero points in the AutoAWQ GEMM layout; fp8 and ",
-           "compressed-tensors FP8, E4M3 weights with scales)");
+           "compressed-tensors FP8, E4M3 weights with scales; modelopt FP8 and NVFP4)");
   std::string version = q.get_string("version", "gemm");
   for (char& ch : version) ch = char(std::tolower(static_cast<unsigned char>(ch)));
   const int64_t bits = q.get_int("bits", q.get_int("w_bit", 4)), group = q.get_int("group_size", q.get_int("q_group_size", 128));

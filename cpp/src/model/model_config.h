@@ -24,8 +24,9 @@ struct RopeConfig {
 
 // The checkpoint's quantization_config (HF): which weights are stored quantized, and how.
 struct WeightQuantization {
-  std::string method;  // "" (none) | "awq" (4-bit, zero point, AutoAWQ GEMM layout) | "fp8" (E4M3 + scales)
-  int32_t group_size = 0;  // awq: 32 or 128; fp8: 128 (the engine's block)
+  // "" (none) | "awq" (4-bit, zero point, AutoAWQ GEMM layout) | "fp8" (E4M3 + scales) | "nvfp4" (ModelOpt)
+  std::string method;
+  int32_t group_size = 0;  // awq: 32 or 128; fp8: 128 (the engine's block); nvfp4: 16
 };
 
 struct ModelConfig {

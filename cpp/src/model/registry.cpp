@@ -79,6 +79,7 @@ std::unique_ptr<CausalLM> load_model(const std::string& dir, const ModelConfig& 
   if (dummy && config.quantization.method == "awq")
     weights.set_dummy_blocks(int4_group_dtype(config.quantization.group_size, "quantization awq"));
   if (dummy && config.quantization.method == "fp8") weights.set_dummy_blocks(DType::kF8G128);
+  if (dummy && config.quantization.method == "nvfp4") weights.set_dummy_blocks(DType::kNVFP4);
   auto model = registry().at(config.architecture)(weights, config, weight_dtype);
   model->place(device);
   return model;

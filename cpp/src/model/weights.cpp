@@ -150,7 +150,44 @@ SafetensorsEntry WeightLoader::fp8_entry(const std::string& name, const Safetens
   return SafetensorsEntry{DType::kF32, {N, K}, storage.data(), storage.size()};
 }
 
+std::string WeightLoader::nvfp4_base(const std::string& name) const {
+  auto it = where_.find(name);
+  if (it == where_.end() || it->second->entries().at(name).dtype != DType::kU8 || name.size() <= 7 ||
+      name.compare(name.size() - 7, 7, ".weight") != 0)
+    return {};
+  const std::string base = name.substr(0, name.size() - 7);
+  return where_.count(base + ".weight_scale_2") ? base : std::string();
+}
+
+SafetensorsEntry WeightLoader::nvfp4_entry(const std::string& base, const SafetensorsEntry& e, bool blocks,
+                                           std::vector<uint8_t>& storage) const {
+  auto part = [&](const char* suffix) -> const SafetensorsEntry& {
+    auto it = where_.find(base + suffix);
+    RV_CHECK(it != where_.end(), "model ", dir_, ": NVFP4 weight ", base, " has no ", base, suffix);
+    return it->second->entries().at(base + suffix);
+  };
+  const SafetensorsEntry &sc = part(".weight_scale"), &g = part(".weight_scale_2");
+  RV_CHECK(e.shape.size() == 2 && sc.dtype == DType::kF8E4M3 && sc.shape.size() == 2 && sc.shape[0] == e.shape[0] &&
+               sc.shape[1] * kNvfp4Group == e.shape[1] * 2,
+           "model ", dir_, ": NVFP4 weight ", base, ": values ", shape_text(e.shape), " (uint8, two a byte) and scales ",
+           dtype_name(sc.dtype), " ", shape_text(sc.shape), " are not ModelOpt's layout (E4M3 scales per 16 values)");
+  float global = 0.0f;
+  convert_to_f32(g.data, g.dtype, &global, 1);
+  const int64_t N = e.shape[0], K = e.shape[1] * 2;
+  const auto* v = static_cast<const uint8_t*>(e.data);
+  const auto* s = static_cast<const uint8_t*>(sc.data);
+  if (blocks && K % kNvfp4Block == 0) {
+    storage.resize(size_t(dtype_bytes(DType::kNVFP4, N * K)));
+    pack_nvfp4(v, s, global, N, K, storage.data(), nullptr);
+    return SafetensorsEntry{DType::kNVFP4, {N, K}, storage.data(), storage.size()};
+  }
+  storage.resize(size_t(N * K) * 4);
+  pack_nvfp4(v, s, global, N, K, nullptr, reinterpret_cast<float*>(storage.data()));
+  return SafetensorsEntry{DType::kF32, {N, K}, storage.data(), storage.size()};
+}
+
 std::vector<int64_t> WeightLoader::shape(const std::string& name) const {
+  if (!nvfp4_base(name).empty()) return {entry(name).shape.at(0), entry(name).shape.at(1) * 2};
   if (const std::string base = awq_base(name); !base.empty() && !where_.count(name)) {
     const auto& qw = where_.at(base + ".qweight")->entries().at(base + ".qweight");
     return {qw.shape.size() == 2 ? qw.shape[1] * 8 : 0, qw.shape.empty() ? 0 : qw.shape[0]};
@@ -220,6 +257,7 @@ Tensor WeightLoader::load(const std::vector<std::string>& names, const std::vect
       const float bound = 1.0f / std::sqrt(float(shape[1]));
       const uint64_t seed = std::hash<std::string>{}(key);
       if (dummy_blocks_ == DType::kF8G128) fill_f8_dummy(shape[0], shape[1], bound, seed, static_cast<uint8_t*>(t.data()));
+      else if (dummy_blocks_ == DType::kNVFP4) fill_nvfp4_dummy(shape[0], shape[1], bound, seed, static_cast<uint8_t*>(t.data()));
       else fill_int4_dummy(dummy_blocks_, shape[0], shape[1], bound, seed, static_cast<uint8_t*>(t.data()));
       return t.to(on);
     }
@@ -231,6 +269,8 @@ Tensor WeightLoader::load(const std::vector<std::string>& names, const std::vect
   for (size_t i = 0; i < names.size(); ++i) {
     const std::string base = where_.count(names[i]) ? std::string() : awq_base(names[i]);
     if (!base.empty()) entries.push_back(awq_entry(base, storage[i]));
+    else if (const std::string fp4 = nvfp4_base(names[i]); !fp4.empty())
+      entries.push_back(nvfp4_entry(fp4, entry(names[i]), linear, storage[i]));
     else if (entry(names[i]).dtype == DType::kF8E4M3) entries.push_back(fp8_entry(names[i], entry(names[i]), linear, storage[i]));
     else entries.push_back(entry(names[i]));
   }
@@ -246,7 +286,7 @@ Tensor WeightLoader::load(const std::vector<std::string>& names, const std::vect
     rows += e.shape.empty() ? 1 : e.shape[0];
   }
   // Matrices in quantized blocks stay in them when every stacked part shares the block type: GGUF's
-  // wherever asked for (CPU), AWQ's and FP8's where the model takes a linear layer's weights.
+  // wherever asked for (CPU), AWQ's, FP8's and NVFP4's where the model takes a linear layer's weights.
   const DType first = entries[0].dtype;
   bool keep = is_block_dtype(first) && (gguf_ || linear);
   for (const auto& e : entries) keep = keep && e.dtype == first && e.shape.size() == 2;

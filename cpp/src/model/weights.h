@@ -7,7 +7,8 @@
 // Q / K rows stored in llama.cpp's rotary order), and matrices stored in quantized blocks stay in
 // them, whatever element type is asked for; stacked parts must then share their block type. AWQ
 // linear weights (X.qweight / X.qzeros / X.scales, asked for as X.weight) become 4-bit group
-// blocks the same way, and FP8 ones (X.weight in F8_E4M3 with X.weight_scale[_inv]) FP8 blocks.
+// blocks the same way, FP8 ones (X.weight in F8_E4M3 with X.weight_scale[_inv]) FP8 blocks, and
+// NVFP4 ones (X.weight packed E2M1, X.weight_scale E4M3, X.weight_scale_2) NVFP4 blocks.
 #pragma once
 
 #include <map>
@@ -57,6 +58,11 @@ class WeightLoader {
   // 128) or as float32 (quant/fp8_blocks.h).
   SafetensorsEntry fp8_entry(const std::string& name, const SafetensorsEntry& e, bool blocks,
                              std::vector<uint8_t>& storage) const;
+  // NVFP4 (ModelOpt): the prefix of `name` when it holds packed E2M1 values with weight_scale and
+  // weight_scale_2 beside them, else empty; nvfp4_entry makes blocks or float32 of them.
+  std::string nvfp4_base(const std::string& name) const;
+  SafetensorsEntry nvfp4_entry(const std::string& base, const SafetensorsEntry& e, bool blocks,
+                               std::vector<uint8_t>& storage) const;
   // GGUF mode: rows of a Q / K matrix regrouped from llama.cpp's rotary order (0: as stored).
   int32_t rope_heads(const std::string& name) const;
   Tensor load(const std::vector<std::string>& names, const std::vector<std::vector<int64_t>>& shapes, DType dtype,

@@ -147,8 +147,9 @@ void dequantize(DType t, const void* data, float* out, int64_t n) {
     for (int64_t i = 0; i < n / values; ++i) dequantize_int4_block(t, b + i * bytes, out + i * values);
     return;
   }
-  if (t == DType::kF8G128) {
-    for (int64_t i = 0; i < n / values; ++i) dequantize_f8_block(b + i * bytes, out + i * values);
+  if (t == DType::kF8G128 || t == DType::kNVFP4) {
+    const auto block = t == DType::kF8G128 ? dequantize_f8_block : dequantize_nvfp4_block;
+    for (int64_t i = 0; i < n / values; ++i) block(b + i * bytes, out + i * values);
     return;
   }
   const Format* f = nullptr;
