@@ -84,11 +84,13 @@ int64_t Tensor::numel() const {
 
 bool Tensor::is_contiguous() const { return strides_ == contiguous_strides(shape_); }
 
-std::string Tensor::shape_str() const {
+std::string shape_text(const std::vector<int64_t>& shape) {
   std::string s = "[";
-  for (size_t i = 0; i < shape_.size(); ++i) s += (i ? ", " : "") + std::to_string(shape_[i]);
+  for (size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
   return s + "]";
 }
+
+std::string Tensor::shape_str() const { return shape_text(shape_); }
 
 Tensor Tensor::slice_rows(int64_t begin, int64_t end) const {
   RV_CHECK(dim() >= 1 && begin >= 0 && begin <= end && end <= shape_[0],

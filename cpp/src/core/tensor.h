@@ -21,6 +21,9 @@ struct Buffer {
 using DeviceAllocator = std::shared_ptr<Buffer> (*)(size_t bytes, bool zero, void** data);
 void register_device_allocator(Device device, DeviceAllocator allocator);
 
+// "[2, 3]": a shape as messages print it.
+std::string shape_text(const std::vector<int64_t>& shape);
+
 class Tensor {
  public:
   Tensor() = default;
