@@ -121,12 +121,9 @@ def test_cpu_linear_and_embedding_over_blocks(qtype):
         out = np.zeros((M, N), np.float32)
         _core.ops.linear_quantized(x, raw, qtype.name, out)
         if qtype in INTEGER_DOT and M < 32:
-            # Q4_1's block minimums meet the exact sums of x; the rest meets the 8-bit x.
-            mins = np.zeros_like(w)
-            if qtype == Q.Q4_1:
-                m = raw.reshape(N, -1, 20)[..., 2:4].copy().view(np.float16)[..., 0].astype(np.float64)
-                mins = np.repeat(m, 32, axis=1)
-            want = q8_activations(x).astype(np.float64) @ (w - mins).T + x.astype(np.float64) @ mins.T
+            # The weights meet x in 8-bit blocks, Q4_1's minimums included (with the exact sums of
+            # x they would no longer cancel the values' error).
+            want = q8_activations(x).astype(np.float64) @ w.T
         else:
             want = x.astype(np.float64) @ w.T
         np.testing.assert_allclose(out, want, rtol=1e-4, atol=1e-4 * np.abs(want).max(), err_msg=f"M={M}")

@@ -1,6 +1,6 @@
 // The CPU linear layer over weights kept in 32-value blocks (Q4_0, Q4_1, Q8_0) with integer dot
 // products: each input row is quantized once to 8-bit blocks (a scale per 32 values, plus the
-// block's exact float sum for Q4_1's minimum), then every weight block meets its input block in
+// block's sum for Q4_1's minimum), then every weight block meets its input block in
 // 32 int8 x int8 products summed in int32 (AVX2 maddubs / madd), scaled by both blocks' scales.
 // The weights are read once, as stored, and never widened to float.
 #include <algorithm>
@@ -24,7 +24,10 @@ constexpr int64_t kBlock = 32;
 struct QuantizedRow {
   std::vector<int8_t> q;      // K values
   std::vector<float> scale;   // K / 32 scales: x ~ q * scale
-  std::vector<float> sum;     // K / 32 exact sums of x over each block
+  // K / 32 sums of each block's quantized values (times its scale): Q4_1's minimum must meet the
+  // same x as its values, or their errors stop cancelling (the exact float sum tripled the error
+  // of SmolLM2's projections: 2.4% against 0.7%).
+  std::vector<float> sum;
 };
 
 void quantize_row(const float* x, int64_t K, QuantizedRow& r) {
@@ -33,12 +36,17 @@ void quantize_row(const float* x, int64_t K, QuantizedRow& r) {
   r.sum.resize(size_t(K / kBlock));
   for (int64_t b = 0; b < K / kBlock; ++b) {
     const float* v = x + b * kBlock;
-    float amax = 0.0f, sum = 0.0f;
-    for (int64_t j = 0; j < kBlock; ++j) amax = std::max(amax, std::fabs(v[j])), sum += v[j];
+    float amax = 0.0f;
+    for (int64_t j = 0; j < kBlock; ++j) amax = std::max(amax, std::fabs(v[j]));
     const float d = amax / 127.0f, inv = d > 0.0f ? 1.0f / d : 0.0f;
-    for (int64_t j = 0; j < kBlock; ++j) r.q[size_t(b * kBlock + j)] = int8_t(std::lrintf(v[j] * inv));
+    int32_t sum = 0;
+    for (int64_t j = 0; j < kBlock; ++j) {
+      const int8_t q = int8_t(std::lrintf(v[j] * inv));
+      r.q[size_t(b * kBlock + j)] = q;
+      sum += q;
+    }
     r.scale[size_t(b)] = d;
-    r.sum[size_t(b)] = sum;
+    r.sum[size_t(b)] = d * float(sum);
   }
 }
 
