@@ -5,8 +5,8 @@ text agrees.
     pip install llama-cpp-python     (built from source: several minutes)
     python benchmarks/bench_llama_cpp.py [--threads 2] [--new-tokens 64] [--prefill-len 256]
 
-Files: the demo SmolLM2-135M-Instruct Q4_1 GGUF and a Q8_0 copy that llama.cpp's own quantizer
-makes from it (requantized, kept in a temporary directory). Not a test.
+Files: the demo SmolLM2-135M-Instruct Q4_1 GGUF and copies that llama.cpp's own quantizer makes
+from it (`--copies`, default Q8_0; requantized, kept in a temporary directory). Not a test.
 """
 
 from __future__ import annotations
@@ -23,17 +23,18 @@ sys.path.insert(0, str(Path(__file__).parent))
 from bench_cpu import engine_decode, engine_prefill  # noqa: E402
 
 
-def q8_0_copy(src: Path, out_dir: str) -> Path:
+def requantized(src: Path, out_dir: str, ftype: str) -> Path:
+    """A copy of src in another format, made by llama.cpp's own quantizer (Q8_0, Q4_K_S, ...)."""
     import llama_cpp
 
-    out = Path(out_dir) / (src.stem + "-Q8_0.gguf")
+    out = Path(out_dir) / f"{src.stem}-{ftype}.gguf"
     params = llama_cpp.llama_model_quantize_default_params()
-    params.ftype = llama_cpp.LLAMA_FTYPE_MOSTLY_Q8_0
+    params.ftype = getattr(llama_cpp, f"LLAMA_FTYPE_MOSTLY_{ftype}")
     params.allow_requantize = True
     params.nthread = 2
     rc = llama_cpp.llama_model_quantize(str(src).encode(), str(out).encode(), params)
     if rc != 0:
-        raise RuntimeError(f"llama.cpp could not quantize {src} to Q8_0 (rc {rc})")
+        raise RuntimeError(f"llama.cpp could not quantize {src} to {ftype} (rc {rc})")
     return out
 
 
@@ -65,6 +66,7 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 2)
     ap.add_argument("--new-tokens", type=int, default=64)
     ap.add_argument("--prefill-len", type=int, default=256)
+    ap.add_argument("--copies", default="Q8_0", help="formats llama.cpp makes of the Q4_1 file (e.g. Q8_0,Q4_K_S)")
     args = ap.parse_args()
 
     import revolta
@@ -73,7 +75,7 @@ def main() -> None:
     src = revolta.demo_gguf()
     rng = random.Random(0)
     with tempfile.TemporaryDirectory() as tmp:
-        files = {"Q4_1": src, "Q8_0": q8_0_copy(src, tmp)}
+        files = {"Q4_1": src, **{f: requantized(src, tmp, f) for f in args.copies.split(",") if f}}
         print(f"{args.threads} threads; decode: {args.new_tokens} tokens at batch 1; prefill: {args.prefill_len} tokens")
         for name, path in files.items():
             llm = revolta.LLM(str(path), load_format="gguf", num_threads=args.threads,

@@ -1,4 +1,4 @@
-// The CPU linear layer over weights kept in 32-value blocks (Q4_0, Q4_1, Q8_0) with integer dot
+// The CPU linear layer over weights kept in 32-value blocks (Q4_0, Q4_1, Q8_0; Q4_K's sub-blocks) with integer dot
 // products: each input row is quantized once to 8-bit blocks (a scale per 32 values, plus the
 // block's sum for Q4_1's minimum), then every weight block meets its input block in
 // 32 int8 x int8 products summed in int32 (AVX2 maddubs / madd), scaled by both blocks' scales.
@@ -76,10 +76,49 @@ inline __m256i unpack_nibbles(const uint8_t* p) {
 
 inline __m256i load32(const int8_t* p) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)); }
 
+// Q4_K's 6-bit scale and minimum of sub-block i (quant/gguf_blocks.cpp has the layout).
+inline void k_scale_min(const uint8_t* s, int i, int& scale, int& minimum) {
+  if (i < 4) {
+    scale = s[i] & 63, minimum = s[i + 4] & 63;
+  } else {
+    scale = (s[i + 4] & 0xF) | ((s[i - 4] >> 6) << 4), minimum = (s[i + 4] >> 4) | ((s[i] >> 6) << 4);
+  }
+}
+
+// Q4_K rows: 256-value super-blocks of eight 32-value sub-blocks, each 32 bytes of nibbles holding
+// two sub-blocks (low nibbles the first); x = d scale q - dmin minimum, so a sub-block meets its
+// input block as Q4_1 does, with d scale and -dmin minimum.
+template <int R>
+void row_dots_q4_k(const uint8_t* w, const QuantizedRow* const* x, int64_t blocks, float* out) {
+  __m256 acc[R];
+  float minimums[R];
+  for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps(), minimums[r] = 0.0f;
+  const __m256i mask = _mm256_set1_epi8(0x0F);
+  for (int64_t b = 0; b < blocks; b += 8, w += 144) {
+    const float d = half_at(w), dmin = half_at(w + 2);
+    for (int pair = 0; pair < 4; ++pair) {
+      const __m256i bytes = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + 16 + 32 * pair));
+      const __m256i halves[2] = {_mm256_and_si256(bytes, mask), _mm256_and_si256(_mm256_srli_epi16(bytes, 4), mask)};
+      for (int h = 0; h < 2; ++h) {
+        int sc, mn;
+        k_scale_min(w + 4, 2 * pair + h, sc, mn);
+        const int64_t xb = b + 2 * pair + h;
+        for (int r = 0; r < R; ++r) {
+          const __m256 s = dot32_unsigned(halves[h], load32(x[r]->q.data() + xb * kBlock));
+          acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(d * float(sc) * x[r]->scale[size_t(xb)]), s, acc[r]);
+          minimums[r] -= dmin * float(mn) * x[r]->sum[size_t(xb)];
+        }
+      }
+    }
+  }
+  for (int r = 0; r < R; ++r) out[r] = hsum(acc[r]) + minimums[r];
+}
+
 // One weight row (K / 32 blocks) against R quantized input rows: each weight block is unpacked
 // once and meets the R input blocks while it is in registers.
 template <int R>
 void row_dots(DType t, const uint8_t* w, const QuantizedRow* const* x, int64_t blocks, float* out) {
+  if (t == DType::kQ4_K) return row_dots_q4_k<R>(w, x, blocks, out);
   __m256 acc[R];
   float minimums[R];  // Q4_1: sums over blocks of m * sum(x)
   for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps(), minimums[r] = 0.0f;
@@ -108,7 +147,8 @@ void row_dots(DType t, const uint8_t* w, const QuantizedRow* const* x, int64_t b
 bool linear_blocks_int8(const float* x, int64_t M, int64_t K, const Tensor& w, int64_t N, float* out) {
 #if RV_AVX2
   const DType t = w.dtype();
-  if ((t != DType::kQ8_0 && t != DType::kQ4_0 && t != DType::kQ4_1) || K % kBlock) return false;
+  if ((t != DType::kQ8_0 && t != DType::kQ4_0 && t != DType::kQ4_1 && t != DType::kQ4_K) || K % dtype_block_values(t))
+    return false;
   // Reused by the calling thread (the workers see it through this reference, not their own copy).
   thread_local std::vector<QuantizedRow> buffers;
   std::vector<QuantizedRow>& rows = buffers;
