@@ -288,7 +288,7 @@ class HybridDecoderLM final : public DecoderBase {
       parts = {to_dtype(q, dtype_), to_dtype(k, dtype_), to_dtype(v, dtype_)};
     }
     a.proj = stack(parts, dtype_);
-    a.o = w.get(p + "o_proj.weight", {H, NH * D}, dtype_);
+    a.o = w.get_linear(p + "o_proj.weight", {H, NH * D}, dtype_);
     a.q_norm = norm_weight(w, p + "q_norm.weight", D);
     a.k_norm = norm_weight(w, p + "k_norm.weight", D);
   }
@@ -336,8 +336,8 @@ class HybridDecoderLM final : public DecoderBase {
     const int64_t H = cfg_.hidden_size;
     f.moe = moe;
     auto mlp = [&](const std::string& q, int64_t I, ExpertWeights& e) {
-      e.gate_up = w.get_stacked({q + "gate_proj.weight", q + "up_proj.weight"}, {{I, H}, {I, H}}, dtype_);
-      e.down = w.get(q + "down_proj.weight", {H, I}, dtype_);
+      e.gate_up = w.get_stacked_linear({q + "gate_proj.weight", q + "up_proj.weight"}, {{I, H}, {I, H}}, dtype_);
+      e.down = w.get_linear(q + "down_proj.weight", {H, I}, dtype_);
     };
     if (!f.moe) {
       ExpertWeights e;
@@ -357,9 +357,13 @@ class HybridDecoderLM final : public DecoderBase {
     }
     const int64_t SI = cfg_.shared_expert_intermediate_size;
     if (SI > 0) mlp(p + "shared_expert.", SI, f.shared);
-    // A shared expert of the routed experts' size joins them: its gate logit comes out of the
-    // router's GEMV as one more column and its rows out of the same expert kernels.
-    f.shared_routed = SI == I;
+    // A shared expert of the routed experts' size and format joins them: its gate logit comes out
+    // of the router's GEMV as one more column and its rows out of the same expert kernels.
+    const DType routed = f.experts[0].gate_up.dtype();
+    for (const ExpertWeights& e : f.experts)
+      RV_CHECK(e.gate_up.dtype() == routed && e.down.dtype() == routed, "model: the experts of ", p, " mix weight formats (",
+               dtype_name(routed), ", ", dtype_name(e.gate_up.dtype()), ", ", dtype_name(e.down.dtype()), ")");
+    f.shared_routed = SI == I && f.shared.gate_up.dtype() == routed && f.shared.down.dtype() == routed;
     if (f.shared_routed)
       f.router = w.get_stacked({p + "gate.weight", p + "shared_expert_gate.weight"}, {{E, H}, {1, H}}, DType::kF32);
     else
@@ -368,9 +372,12 @@ class HybridDecoderLM final : public DecoderBase {
   }
 
   void build_expert_tables() {
+    DType experts = dtype_;  // the experts' weight format (a quantized checkpoint's blocks)
+    for (Layer* layer : all_layers())
+      if (layer->ffn.moe) experts = layer->ffn.experts[0].gate_up.dtype();
     const bool device_kernels =
         device_ != Device::kCPU &&
-        ops::supports_op(device_, ops::Op::kMoeRouteExperts, {dtype_, cfg_.hidden_size, cfg_.moe_intermediate_size});
+        ops::supports_op(device_, ops::Op::kMoeRouteExperts, {experts, cfg_.hidden_size, cfg_.moe_intermediate_size});
     // Past the device kernels' shape limits: host grouping only, no graphs.
     fused_expert_tokens_ = device_ == Device::kCPU ? 1 : device_kernels ? kFusedExpertTokensOnDevice : 0;
     for (Layer* layer : all_layers()) {
@@ -393,8 +400,8 @@ class HybridDecoderLM final : public DecoderBase {
         gu.ptr<int64_t>()[e] = int64_t(reinterpret_cast<intptr_t>(x.gate_up.data()));
         dn.ptr<int64_t>()[e] = int64_t(reinterpret_cast<intptr_t>(x.down.data()));
       }
-      f.table = {gu.to(device_), dn.to(device_), dtype_, cfg_.hidden_size, cfg_.moe_intermediate_size,
-                 f.down_transposed};
+      f.table = {gu.to(device_), dn.to(device_), f.experts[0].gate_up.dtype(), cfg_.hidden_size,
+                 cfg_.moe_intermediate_size, f.down_transposed};
     }
   }
 
