@@ -1,8 +1,8 @@
 // Linear layers over 4-bit group weights (DType::kI4G32 / kI4G128, quant/int4_groups.h), for the
 // SM70 instruction set: nothing past fp16 arithmetic and 32-bit integer logic.
 //  - up to kGemvRows activation rows: a GEMV per warp streaming R weight rows a word per lane, eight
-//    rows of x at a time (grid.y takes further chunks of eight, each reading the weights again: at 0.53 bytes a
-//    value, eight re-reads still move less than one pass over f16 weights plus a dequantized copy);
+//    rows of x at a time (grid.y takes further chunks of eight, each reading the weights again: at
+//    0.53 bytes a value, eight re-reads move less than an f16 copy written and read);
 //  - more rows: the weights dequantized to f16 once, then the f16 tensor-core GEMM.
 // A word of 8 values becomes four half2 of (1024 + q) with one logic op each (the nibbles of
 // values 2i and 2i + 1 sit at bits 4i and 16 + 4i: OR-ing in the exponent of 1024 makes halves of
@@ -32,7 +32,6 @@ __device__ __forceinline__ float2 pair(uint32_t word, int i, __half2 zz) {
 __device__ __forceinline__ uint32_t load_word(const uint8_t* p) {
   return __ldg(reinterpret_cast<const unsigned int*>(p));
 }
-
 
 // out[m, n] = sum_k x[m, k] w[n, k] for M rows of x (grid.y: chunks of M rows) and R weight rows per
 // warp. A lane takes one word (8 values) of each row per step, so a warp's step covers 256
