@@ -9,7 +9,8 @@ whether the argmax agrees. Formats: the same GGUF read in place (blocks kept, 8-
 decode-sized linear layers), and AWQ copies of the float32 import made by `revolta quantize --awq`
 in groups of 32 and 128 (round to nearest, so their error adds to the Q4_1 values'; with groups of
 128 only the projections whose input size is a multiple of 128 are quantized: SmolLM2's down
-projections, K = 1536, not its K = 576 ones). Not a test.
+projections, K = 1536, not its K = 576 ones), and an FP8 copy (E4M3, a scale per 128 x 128 block).
+Not a test.
 """
 
 from __future__ import annotations
@@ -53,7 +54,7 @@ def position_logits(llm, contexts: list[list[int]]) -> np.ndarray:
 def main() -> None:
     from revolta import LLM, SamplingParams
     from revolta.models.resolve import demo_gguf, demo_model
-    from revolta.quantize import quantize_awq
+    from revolta.quantize import quantize_awq, quantize_fp8
 
     ap = argparse.ArgumentParser()
     ap.add_argument("--prompts", type=int, default=8)
@@ -72,6 +73,7 @@ def main() -> None:
         formats = {"GGUF Q4_1 in place (load_format gguf)": (str(demo_gguf()), dict(load_format="gguf"))}
         for group in (32, 128):
             formats[f"AWQ int4 g{group} (revolta quantize)"] = (str(quantize_awq(ref_dir, f"{tmp}/g{group}", group)), {})
+        formats["FP8 E4M3, 128x128 scales (revolta quantize)"] = (str(quantize_fp8(ref_dir, f"{tmp}/fp8")), {})
         print(f"{len(contexts)} positions ({len(prompts)} prompts x {args.tokens} greedy tokens of the reference)")
         print(f"{'format':42s} {'mean KL':>10s} {'max KL':>10s} {'top-1 agree':>12s}")
         for name, (path, kw) in formats.items():

@@ -1,5 +1,5 @@
 """Command line: `revolta generate` runs a prompt (or a chat turn) through the engine; `revolta
-quantize --awq` writes a 4-bit AWQ copy of a model directory."""
+quantize --awq | --fp8` writes a 4-bit AWQ or an FP8 copy of a model directory."""
 
 from __future__ import annotations
 
@@ -32,11 +32,12 @@ def _generate(args: argparse.Namespace) -> int:
 
 def _quantize(args: argparse.Namespace) -> int:
     from revolta.models.resolve import resolve_model
-    from revolta.quantize import quantize_awq
+    from revolta.quantize import quantize_awq, quantize_fp8
 
-    if not args.awq:
-        raise ValueError("name the format: --awq (the only one so far)")
-    out = quantize_awq(resolve_model(args.model), args.out, args.group_size)
+    if args.awq == args.fp8:
+        raise ValueError("name one format: --awq or --fp8")
+    src = resolve_model(args.model)
+    out = quantize_awq(src, args.out, args.group_size) if args.awq else quantize_fp8(src, args.out)
     print(f"wrote {out}")
     return 0
 
@@ -59,7 +60,8 @@ def main(argv: list[str] | None = None) -> int:
     qz = sub.add_parser("quantize", help="write a quantized copy of a model directory")
     qz.add_argument("--model", default=None, help="HF model directory or GGUF file (default: the demo model)")
     qz.add_argument("--awq", action="store_true", help="4-bit AWQ (AutoAWQ GEMM layout), round to nearest")
-    qz.add_argument("--group-size", type=int, default=128, choices=[32, 128], help="values per scale and zero point")
+    qz.add_argument("--fp8", action="store_true", help="FP8 E4M3 with a scale per 128 x 128 block (HF fp8 layout)")
+    qz.add_argument("--group-size", type=int, default=128, choices=[32, 128], help="AWQ: values per scale and zero point")
     qz.add_argument("out", help="directory to write")
     args = parser.parse_args(argv)
     try:
