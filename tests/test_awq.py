@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import hf_greedy, hf_last_logits, make_hf_model
+from conftest import make_hf_model
+from quant_checks import assert_matches_hf, with_quantization_config
 from revolta import LLM, SamplingParams, _core
 from revolta.cli import main as revolta_cli
 from revolta.models.safetensors_io import read_safetensors
@@ -113,14 +114,7 @@ def test_awq_checkpoint_matches_hf_on_its_dequantized_weights(awq_case):
     prompts = [rng.integers(3, 256, size=n).tolist() for n in (6, 23, 41)]
     with LLM(str(path), kv_cache_memory_bytes=8 << 20) as llm:
         assert llm.model_info.quantization == f"awq int4 g{group}"
-        outs = llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=1, return_generation_logits=True))
-        for prompt, out in zip(prompts, outs):
-            ours = torch.tensor(out.outputs[0].generation_logits[0])
-            err = (ours - hf_last_logits(model, prompt)).abs().max().item()
-            assert err < 1e-4, f"prompt of {len(prompt)} tokens: max |logit diff| {err}"
-        greedy = SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True)
-        got = [o.outputs[0].token_ids for o in llm.generate(prompts, greedy)]
-    assert got == [hf_greedy(model, p, 16) for p in prompts]
+        assert_matches_hf(llm, model, prompts, 16)
 
 
 def test_weights_are_held_in_four_bits(awq_case):
@@ -153,14 +147,7 @@ def test_unsupported_quantization_configs_are_refused_naming_the_field(awq_case,
         ("group_size", 64, "group_size 64 is not supported"),
         ("bits", 8, "bits 8"),
     ]:
-        bad = tmp_path / f"{field}-{value}"
-        bad.mkdir()
-        for f in path.iterdir():
-            (bad / f.name).symlink_to(f)
-        cfg = json.loads((path / "config.json").read_text())
-        cfg["quantization_config"][field] = value
-        (bad / "config.json").unlink()
-        (bad / "config.json").write_text(json.dumps(cfg))
+        bad = with_quantization_config(path, tmp_path / f"{field}-{value}", lambda q: {**q, field: value})
         with pytest.raises(Exception, match=message):
             LLM(str(bad), kv_cache_memory_bytes=8 << 20)
 

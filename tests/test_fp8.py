@@ -12,7 +12,8 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from conftest import hf_greedy, hf_last_logits, make_hf_model
+from conftest import hf_last_logits, make_hf_model
+from quant_checks import assert_matches_hf, projection_values, with_quantization_config
 from revolta import LLM, SamplingParams, _core
 
 
@@ -95,21 +96,12 @@ def test_fp8_checkpoint_matches_hf_on_its_dequantized_weights(fp8_case):
     prompts = [rng.integers(3, 256, size=n).tolist() for n in (7, 40)]
     with LLM(str(path), kv_cache_memory_bytes=8 << 20) as llm:
         assert llm.model_info.quantization.startswith("fp8")
-        outs = llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=1, return_generation_logits=True))
-        for prompt, out in zip(prompts, outs):
-            err = (torch.tensor(out.outputs[0].generation_logits[0]) - hf_last_logits(model, prompt)).abs().max().item()
-            assert err < 1e-4, f"prompt of {len(prompt)} tokens: max |logit diff| {err}"
-        got = [o.outputs[0].token_ids for o in llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=12,
-                                                                                    ignore_eos=True))]
-    assert got == [hf_greedy(model, p, 12) for p in prompts]
+        assert_matches_hf(llm, model, prompts, 12)
 
 
 def test_fp8_weights_take_a_byte_a_value(fp8_case):
     model, path = fp8_case
-    projections = [p for n, p in model.named_parameters() if n.endswith("_proj.weight")]
-    blocked = sum(p.numel() for p in projections if p.shape[1] % 128 == 0)  # others: held in float32
-    unblocked = sum(p.numel() for p in projections) - blocked
-    heads = sum(p.numel() for n, p in model.named_parameters() if "embed_tokens" in n or "lm_head" in n)
+    blocked, unblocked, heads = projection_values(model, 128)  # unblocked ones: held in float32
     expected = blocked + blocked // 128 * 4 + (unblocked + heads) * 4
     with LLM(str(path), kv_cache_memory_bytes=8 << 20) as llm:
         assert llm.model_info.weight_bytes == expected
@@ -117,15 +109,11 @@ def test_fp8_weights_take_a_byte_a_value(fp8_case):
 
 def test_other_compressed_tensors_formats_are_refused(fp8_case, tmp_path):
     _, path = fp8_case
-    for f in path.iterdir():
-        (tmp_path / f.name).symlink_to(f)
-    (tmp_path / "config.json").unlink()
-    cfg = json.loads((path / "config.json").read_text())
-    cfg["quantization_config"] = {"quant_method": "compressed-tensors", "config_groups": {
+    int4 = {"quant_method": "compressed-tensors", "config_groups": {
         "group_0": {"weights": {"num_bits": 4, "type": "int", "strategy": "group", "group_size": 128}}}}
-    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    bad = with_quantization_config(path, tmp_path / "int4", lambda _: int4)
     with pytest.raises(Exception, match="group_0' has weights of 4-bit type 'int'"):
-        LLM(str(tmp_path), kv_cache_memory_bytes=8 << 20)
+        LLM(str(bad), kv_cache_memory_bytes=8 << 20)
 
 
 @pytest.mark.parametrize("fmt, share", [("fp8", 0.6), ("nvfp4", 0.45)])

@@ -11,8 +11,9 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from conftest import hf_greedy, hf_last_logits, make_hf_model
-from revolta import LLM, SamplingParams
+from conftest import make_hf_model
+from quant_checks import assert_matches_hf, projection_values, with_quantization_config
+from revolta import LLM
 
 E2M1 = torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0])  # OCP MX: magnitudes of codes 0..7; bit 3 the sign
 
@@ -71,32 +72,18 @@ def test_nvfp4_checkpoint_matches_hf_on_its_dequantized_weights(nvfp4_case):
     prompts = [rng.integers(3, 256, size=n).tolist() for n in (5, 36)]
     with LLM(str(path), kv_cache_memory_bytes=8 << 20) as llm:
         assert llm.model_info.quantization.startswith("nvfp4")
-        outs = llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=1, return_generation_logits=True))
-        for prompt, out in zip(prompts, outs):
-            err = (torch.tensor(out.outputs[0].generation_logits[0]) - hf_last_logits(model, prompt)).abs().max().item()
-            assert err < 1e-4, f"prompt of {len(prompt)} tokens: max |logit diff| {err}"
-        got = [o.outputs[0].token_ids for o in llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=12,
-                                                                                    ignore_eos=True))]
-    assert got == [hf_greedy(model, p, 12) for p in prompts]
+        assert_matches_hf(llm, model, prompts, 12)
 
 
 def test_nvfp4_weights_take_five_eighths_of_a_byte_a_value(nvfp4_case):
     model, path = nvfp4_case
-    projections = [p for n, p in model.named_parameters() if n.endswith("_proj.weight")]
-    blocked = sum(p.numel() for p in projections if p.shape[1] % 64 == 0)  # others: held in float32
-    unblocked = sum(p.numel() for p in projections) - blocked
-    heads = sum(p.numel() for n, p in model.named_parameters() if "embed_tokens" in n or "lm_head" in n)
+    blocked, unblocked, heads = projection_values(model, 64)  # unblocked ones: held in float32
     with LLM(str(path), kv_cache_memory_bytes=8 << 20) as llm:
         assert llm.model_info.weight_bytes == blocked // 64 * 40 + (unblocked + heads) * 4
 
 
 def test_other_modelopt_algorithms_are_refused(nvfp4_case, tmp_path):
     _, path = nvfp4_case
-    for f in path.iterdir():
-        (tmp_path / f.name).symlink_to(f)
-    (tmp_path / "config.json").unlink()
-    cfg = json.loads((path / "config.json").read_text())
-    cfg["quantization_config"]["quant_algo"] = "W4A8_AWQ"
-    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    bad = with_quantization_config(path, tmp_path / "w4a8", lambda q: {**q, "quant_algo": "W4A8_AWQ"})
     with pytest.raises(Exception, match="modelopt quant_algo 'W4A8_AWQ'"):
-        LLM(str(tmp_path), kv_cache_memory_bytes=8 << 20)
+        LLM(str(bad), kv_cache_memory_bytes=8 << 20)

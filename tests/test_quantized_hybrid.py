@@ -12,10 +12,10 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from conftest import hf_greedy, hf_last_logits, make_hf_model
+from conftest import make_hf_model
+from quant_checks import assert_matches_hf
 from revolta import LLM, SamplingParams
 from revolta.cli import main as revolta_cli
-from test_awq import dequantized_hf_model
 from test_fp8 import dequantized, to_fp8
 
 CONFIG = dict(num_hidden_layers=4, hidden_size=128, num_attention_heads=4, num_key_value_heads=2, head_dim=32,
@@ -92,14 +92,8 @@ def test_quantized_qwen3_next_matches_hf_on_its_dequantized_weights(make, tmp_pa
     prompts = [rng.integers(3, 256, size=n).tolist() for n in (9, 70)]  # one longer than a DeltaNet chunk
     with LLM(str(path), kv_cache_memory_bytes=16 << 20) as llm:
         assert llm.model_info.quantization
-        outs = llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=1, return_generation_logits=True))
-        for prompt, out in zip(prompts, outs):
-            err = (torch.tensor(out.outputs[0].generation_logits[0]) - hf_last_logits(model, prompt)).abs().max().item()
-            assert err < 1e-4, f"prompt of {len(prompt)} tokens: max |logit diff| {err}"
-        got = [o.outputs[0].token_ids for o in llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=10,
-                                                                                    ignore_eos=True))]
+        assert_matches_hf(llm, model, prompts, 10)
         quantized_bytes = llm.model_info.weight_bytes
-    assert got == [hf_greedy(model, p, 10) for p in prompts]
     # The experts are held quantized: in float32 they alone would take 4 bytes a value.
     experts = sum(p.numel() for n, p in model.named_parameters() if "experts" in n)
     assert quantized_bytes < sum(p.numel() for p in model.parameters()) * 4 - experts * 2
