@@ -9,7 +9,7 @@
 //
 // qwen3-next-80b is Qwen3-Next-80B-A3B's shape (hidden 2048, 512 experts top-10, its attention and
 // Gated DeltaNet dimensions); its 48 layers in fp16 do not fit one 141 GB GPU, so it runs 32 unless
-// --layers says otherwise (printed). Bytes per decode step count what a token touches: the
+// --layers says otherwise (printed), or all 48 with 4-bit experts. Bytes per decode step count what a token touches: the
 // non-expert weights, the router, the top-k and shared experts, the head, the recurrent state
 // (read and written) and the KV of its context.
 // --probe FILE (a build with -DREVOLTA_PROBE=ON): after the decode runs, a few more decode steps of
@@ -19,7 +19,7 @@
 // plus 16). Decode graphs are recorded for it, so decode runs with and without long prefills
 // compare at the same limit only when it is given.
 // --quantization awq: the linear layers in 4-bit groups of 128 (made-up values), the byte counts
-// with them.
+// with them (the hybrid decoder's input projections stay 16-bit).
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -113,12 +113,14 @@ TokenBytes token_bytes(const Shape& s, double linear) {
   }
   const int attn_layers = s.layers / s.attn_every, lin_layers = s.layers - attn_layers;
   const double key_dim = double(s.lin_k_heads) * s.lin_k_dim, value_dim = double(s.lin_v_heads) * s.lin_v_dim;
+  // 16-bit: DeltaNet's projections and attention's input projection; at `linear`: attention's
+  // output projection and the experts (the hybrid decoder's quantized layers)
   const double gdn = (2 * key_dim + 2 * value_dim + 2.0 * s.lin_v_heads) * H + H * value_dim;
-  const double attn = (2.0 * s.heads * s.head_dim + 2.0 * s.kv_heads * s.head_dim) * H + H * s.heads * s.head_dim;
-  const double shared = 3.0 * s.shared_inter * H + H;
-  b.weights = (lin_layers * gdn + attn_layers * attn + s.layers * shared) * 2 + s.layers * double(s.experts) * H * 4 +
+  const double attn = (2.0 * s.heads * s.head_dim + 2.0 * s.kv_heads * s.head_dim) * H * 2 + H * s.heads * s.head_dim * linear;
+  const double shared = 3.0 * s.shared_inter * H * linear + H * 4;
+  b.weights = lin_layers * gdn * 2 + attn_layers * attn + s.layers * shared + s.layers * double(s.experts) * H * 4 +
               double(s.vocab) * H * 2;
-  b.per_expert = s.layers * 3.0 * s.moe_inter * H * 2;
+  b.per_expert = s.layers * 3.0 * s.moe_inter * H * linear;
   b.state = 2.0 * lin_layers * s.lin_v_heads * s.lin_k_dim * s.lin_v_dim * 4;
   b.kv_per_ctx = 2.0 * attn_layers * s.kv_heads * s.head_dim * 2;
   return b;
@@ -191,7 +193,7 @@ int main(int argc, char** argv) {
   }
   Shape s = kShapes.at(shape_name);
   if (layers > 0) s.layers = layers;
-  else if (s.hybrid()) s.layers = 32;  // 48 layers of fp16 experts exceed one 141 GB GPU
+  else if (s.hybrid()) s.layers = quantization == "awq" ? 48 : 32;  // 48 layers of fp16 experts exceed one 141 GB GPU
   double read_bw = 0;
 #if REVOLTA_WITH_CUDA
   if (device == "cuda") {

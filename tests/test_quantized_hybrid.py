@@ -98,5 +98,6 @@ def test_quantized_qwen3_next_matches_hf_on_its_dequantized_weights(make, tmp_pa
     experts = sum(p.numel() for n, p in model.named_parameters() if "experts" in n)
     assert quantized_bytes < sum(p.numel() for p in model.parameters()) * 4 - experts * 2
     with LLM(str(path), kv_cache_memory_bytes=16 << 20, load_format="dummy") as llm:  # made up in its own format
+        assert llm.model_info.weight_bytes < 1.05 * quantized_bytes  # the experts too, not a fused f32 tensor
         out = llm.generate([[5, 6, 7]], SamplingParams(temperature=0.0, max_tokens=3, ignore_eos=True))
         assert len(out[0].outputs[0].token_ids) == 3

@@ -1,13 +1,9 @@
-// Linear layers over 4-bit group weights (DType::kI4G32 / kI4G128, quant/int4_groups.h), for the
-// SM70 instruction set: nothing past fp16 arithmetic and 32-bit integer logic.
+// Linear layers over 4-bit group weights (DType::kI4G32 / kI4G128, gemm/int4_words.cuh says how a
+// word is read), for the SM70 instruction set: nothing past fp16 arithmetic and 32-bit integer logic.
 //  - up to kGemvRows activation rows: a GEMV per warp streaming R weight rows a word per lane, eight
 //    rows of x at a time (grid.y takes further chunks of eight, each reading the weights again: at
 //    0.53 bytes a value, eight re-reads move less than an f16 copy written and read);
 //  - more rows: the weights dequantized to f16 once, then the f16 tensor-core GEMM.
-// A word of 8 values becomes four half2 of (1024 + q) with one logic op each (the nibbles of
-// values 2i and 2i + 1 sit at bits 4i and 16 + 4i: OR-ing in the exponent of 1024 makes halves of
-// them); subtracting 1024 + zero is exact in fp16, and the products accumulate in fp32, so large
-// activations cannot overflow an fp16 sum.
 #include <cuda_fp16.h>
 
 #include "core/cuda_check.h"
@@ -15,6 +11,7 @@
 #include "core/launch.cuh"
 #include "core/warp_reduce.cuh"
 #include "cuda_ops.h"
+#include "gemm/int4_words.cuh"
 #include "quant/int4_groups.h"
 
 namespace revolta::cuda {
@@ -22,16 +19,6 @@ namespace {
 
 constexpr int kWarps = 4;
 constexpr int kGemvRows = 64;
-
-// The values 2i and 2i + 1 of a word, minus the zero point (zz = 1024 + zero in both halves).
-__device__ __forceinline__ float2 pair(uint32_t word, int i, __half2 zz) {
-  const uint32_t bits = ((word >> (4 * i)) & 0x000F000Fu) | 0x64006400u;
-  return __half22float2(__hsub2(*reinterpret_cast<const __half2*>(&bits), zz));
-}
-
-__device__ __forceinline__ uint32_t load_word(const uint8_t* p) {
-  return __ldg(reinterpret_cast<const unsigned int*>(p));
-}
 
 // out[m, n] = sum_k x[m, k] w[n, k] for M rows of x (grid.y: chunks of M rows) and R weight rows per
 // warp. A lane takes one word (8 values) of each row per step, so a warp's step covers 256
@@ -53,23 +40,21 @@ __global__ void __launch_bounds__(32 * kWarps)
     return;
   }
   constexpr int kStep = 32 * 8;
-  const int block_values = 4 * group;
-  const size_t row_bytes = size_t(K / block_values) * block_bytes;
-  const uint8_t* rows[R];
+  const size_t row_bytes = size_t(K / (4 * group)) * block_bytes;
+  Int4Row rows[R];
 #pragma unroll
-  for (int r = 0; r < R; ++r) rows[r] = w + size_t(min(n0 + r, N - 1)) * row_bytes;  // (rows past N: unused)
+  for (int r = 0; r < R; ++r)  // (rows past N: unused)
+    rows[r] = {w + size_t(min(n0 + r, N - 1)) * row_bytes, group, block_bytes};
   uint32_t head[U][R], word[U][R];
   auto load = [&](int k) {
 #pragma unroll
-    for (int u = 0; u < U; ++u) {
-      const int kk = k + u * kStep, at = kk % block_values;
+    for (int u = 0; u < U; ++u)
 #pragma unroll
       for (int r = 0; r < R; ++r) {
-        const uint8_t* block = rows[r] + size_t(kk / block_values) * block_bytes;
-        head[u][r] = kk < K ? load_word(block + 4 * (at / group)) : 0u;
-        word[u][r] = kk < K ? load_word(block + 16 + at / 2) : 0u;
+        const int kk = k + u * kStep;
+        head[u][r] = kk < K ? rows[r].head(kk) : 0u;
+        word[u][r] = kk < K ? rows[r].word(kk) : 0u;
       }
-    }
   };
   float acc[R][M];
 #pragma unroll
@@ -94,23 +79,9 @@ __global__ void __launch_bounds__(32 * kWarps)
 #pragma unroll
       for (int m = 0; m < M; ++m) load8_input(x + size_t(m) * K + kk, xv[m]);
 #pragma unroll
-      for (int r = 0; r < R; ++r) {
-        const __half2 zz = __half2half2(__hadd(__ushort_as_half(uint16_t(h[u][r] >> 16)), __float2half(1024.0f)));
-        const float scale = __half2float(__ushort_as_half(uint16_t(h[u][r] & 0xFFFFu)));
-        float d[8];
+      for (int r = 0; r < R; ++r)
 #pragma unroll
-        for (int j = 0; j < 4; ++j) {
-          const float2 v = pair(q[u][r], j, zz);
-          d[2 * j] = v.x, d[2 * j + 1] = v.y;
-        }
-#pragma unroll
-        for (int m = 0; m < M; ++m) {
-          float dot = 0.0f;
-#pragma unroll
-          for (int j = 0; j < 8; ++j) dot += d[j] * xv[m][j];
-          acc[r][m] += scale * dot;
-        }
-      }
+        for (int m = 0; m < M; ++m) acc[r][m] += int4_word_dot(q[u][r], h[u][r], xv[m]);
     }
   }
   let_successor_launch();
@@ -130,18 +101,8 @@ __global__ void int4_dequantize_kernel(const uint8_t* __restrict__ w, __half* __
   const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= words) return;
   const int64_t row = i / (K / 8), col = (i % (K / 8)) * 8;
-  const uint8_t* block = w + (row * (K / (4 * group)) + col / (4 * group)) * block_bytes;
-  const int in_block = int(col % (4 * group));
-  const uint32_t head = load_word(block + 4 * (in_block / group)), word = load_word(block + 16 + in_block / 2);
-  const __half scale = __ushort_as_half(uint16_t(head & 0xFFFFu));
-  const __half2 zz = __half2half2(__hadd(__ushort_as_half(uint16_t(head >> 16)), __float2half(1024.0f)));
-  __half2 v[4];
-#pragma unroll
-  for (int j = 0; j < 4; ++j) {
-    const uint32_t bits = ((word >> (4 * j)) & 0x000F000Fu) | 0x64006400u;
-    v[j] = __hmul2(__hsub2(*reinterpret_cast<const __half2*>(&bits), zz), __half2half2(scale));
-  }
-  *reinterpret_cast<uint4*>(out + row * K + col) = *reinterpret_cast<const uint4*>(v);
+  const Int4Row r{w + row * (K / (4 * group)) * block_bytes, group, block_bytes};
+  *reinterpret_cast<uint4*>(out + row * K + col) = int4_word_halves(r.word(int(col)), r.head(int(col)));
 }
 
 template <int M, int R, int U>

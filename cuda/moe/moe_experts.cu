@@ -33,6 +33,7 @@
 #include "gemm/gemm_tensor_core.cuh"
 #include "gemm/row_dots.cuh"
 #include "moe/expert_slice.cuh"
+#include "moe/moe_int4.h"
 
 namespace revolta::cuda {
 namespace {
@@ -114,9 +115,10 @@ __global__ void combine_kernel(const float* __restrict__ y, const int32_t* __res
   }
 }
 
-// The tokens of x (a slice of at most kGroupedSliceTokens) grouped by expert on the device.
-void grouped_experts(const Tensor& x, const Tensor& ids, const Tensor& weights, const ops::ExpertTable& ex, Tensor& out) {
-  const int64_t T = x.size(0), K = ids.size(1), H = ex.hidden, I = ex.inter, P = T * K, G = ex.gate_up.numel();
+// The tokens of x (a slice of at most kGroupedSliceTokens) grouped by expert on the device; 4-bit
+// experts are read from their f16 copies (dequantize_used_experts).
+void grouped_experts(const Tensor& x, const Tensor& ids, const Tensor& weights, const ops::ExpertTable& table, Tensor& out) {
+  const int64_t T = x.size(0), K = ids.size(1), H = table.hidden, I = table.inter, P = T * K, G = table.gate_up.numel();
   const Device dev = Device::kCUDA;
   Tensor counts = Tensor::empty({G}, DType::kI32, dev);  // zeroed
   Tensor row_first = Tensor::uninitialized({G + 1}, DType::kI32, dev), tile_first = Tensor::uninitialized({G + 1}, DType::kI32, dev);
@@ -129,6 +131,8 @@ void grouped_experts(const Tensor& x, const Tensor& ids, const Tensor& weights, 
   scatter_kernel<<<blocks, 256, 0, stream()>>>(ids.ptr<int32_t>(), int(P), int(K), row_first.ptr<int32_t>(),
                                                cursor.ptr<int32_t>(), rows.ptr<int32_t>(), pos_of.ptr<int32_t>());
   RV_CUDA_CHECK(cudaGetLastError());
+  Tensor scratch;
+  const ops::ExpertTable ex = is_int4_table(table) ? dequantize_used_experts(table, counts, scratch) : table;
   const int max_tiles = int((P + kGroupedTileRows - 1) / kGroupedTileRows + G);
   tc::Groups groups{row_first.ptr<int32_t>(), tile_first.ptr<int32_t>(), ex.gate_up.ptr<int64_t>(), rows.ptr<int32_t>(), int(G)};
   Tensor gu = Tensor::uninitialized({P, 2 * I}, DType::kF32, dev), act = Tensor::uninitialized({P, I}, DType::kF32, dev);
@@ -137,7 +141,7 @@ void grouped_experts(const Tensor& x, const Tensor& ids, const Tensor& weights, 
   groups.weights = ex.down.ptr<int64_t>();
   groups.rows = nullptr;  // act is already in grouped order
   Tensor y = Tensor::uninitialized({P, H}, DType::kF32, dev);
-  grouped_gemm(act.ptr<float>(), groups, max_tiles, y.ptr<float>(), int(H), int(I), /*weights_kn=*/true);
+  grouped_gemm(act.ptr<float>(), groups, max_tiles, y.ptr<float>(), int(H), int(I), /*weights_kn=*/ex.down_transposed);
   combine_kernel<<<unsigned(T), 256, 0, stream()>>>(y.ptr<float>(), pos_of.ptr<int32_t>(), weights.ptr<float>(), int(K),
                                                     int(H), out.ptr<float>());
   RV_CUDA_CHECK(cudaGetLastError());
@@ -148,10 +152,12 @@ void grouped_experts(const Tensor& x, const Tensor& ids, const Tensor& weights, 
 void moe_experts(const Tensor& x, const Tensor& ids, const Tensor& weights, const ops::ExpertTable& ex, Tensor& out,
                  const ops::ResidualNorm* then) {
   const int64_t T = x.size(0), K = ids.size(1), H = ex.hidden, I = ex.inter;
-  RV_CHECK(ex.dtype == DType::kF16 && H % 8 == 0 && I % 8 == 0 && x.size(1) == H,
-           "CUDA moe_experts: float16 experts with hidden and intermediate sizes divisible by 8 (got ",
+  if (T > 0 && T <= kFusedTokens && is_int4_table(ex)) return moe_experts_int4(x, ids, weights, ex, out, then);
+  RV_CHECK((ex.dtype == DType::kF16 || is_int4_table(ex)) && H % 8 == 0 && I % 8 == 0 && x.size(1) == H,
+           "CUDA moe_experts: float16 or 4-bit experts with hidden and intermediate sizes divisible by 8 (got ",
            dtype_name(ex.dtype), ", ", H, ", ", I, ")");
-  RV_CHECK(ex.down_transposed, "CUDA moe_experts: down matrices stored transposed, [inter, hidden]");
+  RV_CHECK(ex.down_transposed != is_int4_table(ex), "CUDA moe_experts: down matrices stored transposed, [inter, hidden] ",
+           "(4-bit experts: as [hidden, inter])");
   if (T == 0) return;
   if (T > kFusedTokens) {
     for (int64_t t0 = 0; t0 < T; t0 += kGroupedSliceTokens) {  // bounds the grouped buffers

@@ -843,18 +843,20 @@ void test_moe_route(int64_t T, int64_t E, int64_t K, int64_t H, bool shared, boo
   perf("moe_route " + tag, double((E + S) * H * 4), [&] { ops::moe_route(dx, dr, E, true, dids, dw, first ? &dev_first : nullptr); });
 }
 
-// Experts as separate f16 matrices (as the loader makes them), found through address tables on
-// each side; the device side holds down transposed, as the model places it for the CUDA kernels.
+// Experts as separate matrices (as the loader makes them), found through address tables on each
+// side; the device side holds f16 down transposed, as the model places it for the CUDA kernels
+// (4-bit blocks stay as stored).
 struct Experts {
   std::vector<Tensor> host_mats, device_mats;
   ops::ExpertTable host, device;
-  Experts(int64_t E, int64_t H, int64_t I) {
+  Experts(int64_t E, int64_t H, int64_t I, DType dt = DType::kF16) {
+    const bool transposed = !is_block_dtype(dt);
     Tensor gu_at = Tensor::empty({E}, DType::kI64), dn_at = Tensor::empty({E}, DType::kI64);
     Tensor dgu_at = Tensor::empty({E}, DType::kI64), ddn_at = Tensor::empty({E}, DType::kI64);
-    auto add = [&](Tensor m, Tensor& at, Tensor& dat, int64_t e, bool transposed = false) {
+    auto add = [&](Tensor m, Tensor& at, Tensor& dat, int64_t e, bool transpose = false) {
       host_mats.push_back(m);
       Tensor d = m;
-      if (transposed) {
+      if (transpose) {
         d = Tensor::empty({m.size(1), m.size(0)}, m.dtype());
         ops::cpu::transpose(m, d);
       }
@@ -863,16 +865,16 @@ struct Experts {
       dat.ptr<int64_t>()[e] = int64_t(reinterpret_cast<intptr_t>(device_mats.back().data()));
     };
     for (int64_t e = 0; e < E; ++e) {
-      add(random_tensor({2 * I, H}, DType::kF16, 1.0f / std::sqrt(float(H))), gu_at, dgu_at, e);
-      add(random_tensor({H, I}, DType::kF16, 1.0f / std::sqrt(float(I))), dn_at, ddn_at, e, /*transposed=*/true);
+      add(random_tensor({2 * I, H}, dt, 1.0f / std::sqrt(float(H))), gu_at, dgu_at, e);
+      add(random_tensor({H, I}, dt, 1.0f / std::sqrt(float(I))), dn_at, ddn_at, e, transposed);
     }
-    host = {gu_at, dn_at, DType::kF16, H, I};
-    device = {cuda::to_device(dgu_at), cuda::to_device(ddn_at), DType::kF16, H, I, /*down_transposed=*/true};
+    host = {gu_at, dn_at, dt, H, I};
+    device = {cuda::to_device(dgu_at), cuda::to_device(ddn_at), dt, H, I, transposed};
   }
 };
 
-void test_moe_experts(int64_t T, int64_t E, int64_t K, int64_t H, int64_t I) {
-  const Experts ex(E, H, I);
+void test_moe_experts(int64_t T, int64_t E, int64_t K, int64_t H, int64_t I, DType dt = DType::kF16) {
+  const Experts ex(E, H, I, dt);
   const ops::ExpertTable &host = ex.host, &dev = ex.device;
   Tensor ids = Tensor::empty({T, K}, DType::kI32), w = random_tensor({T, K}, DType::kF32, 0.3f);
   for (int64_t t = 0; t < T; ++t)  // K distinct experts per token
@@ -883,7 +885,7 @@ void test_moe_experts(int64_t T, int64_t E, int64_t K, int64_t H, int64_t I) {
   Tensor dout = Tensor::empty({T, H}, DType::kF32, Device::kCUDA);
   ops::moe_experts(dx, dids, dw, dev, dout);
   const std::string tag = std::to_string(T) + " tokens E" + std::to_string(E) + " top" + std::to_string(K) + " " +
-                          std::to_string(H) + "x" + std::to_string(I);
+                          std::to_string(H) + "x" + std::to_string(I) + (dt == DType::kF16 ? "" : std::string(" ") + dtype_name(dt));
   // Prefill batches run tensor-core tiles with x rounded to f16: checked relative to the outputs.
   const float tol = T > 64 ? 2e-3f * max_abs(ref) : 1e-3f;
   report("moe_experts " + tag, max_abs_diff(cuda::to_host(dout), ref), tol);
@@ -901,8 +903,8 @@ void test_moe_experts(int64_t T, int64_t E, int64_t K, int64_t H, int64_t I) {
   report("moe_experts " + tag + " + residual norm",
          std::max(max_abs_diff(cuda::to_host(dres), res_ref), max_abs_diff(cuda::to_host(dnormed), normed)),
          std::max(3e-3f, 4 * tol));
-  perf("moe_experts " + tag, double(T * K * 3 * H * I * 2), [&] { ops::moe_experts(dx, dids, dw, dev, dout); },
-       T > 64 ? double(T * K * 3 * H * I * 2) : 0.0);
+  perf("moe_experts " + tag, double(T * K) * double(dtype_bytes(dt, 3 * H * I)),
+       [&] { ops::moe_experts(dx, dids, dw, dev, dout); }, T > 64 ? double(T * K * 3 * H * I * 2) : 0.0);
 }
 
 // The MoE block from the previous block's output (moe_route_experts: routing inside the experts'
@@ -1136,6 +1138,14 @@ int main(int argc, char** argv) {
     test_moe_experts(64, 64, 10, 2048, 512);  // the largest decode batch: 128-intermediate slices
     test_moe_experts(2, 16, 4, 4104, 64);     // hidden past two passes of the down columns
     test_moe_experts(5, 16, 4, 200, 40);      // a slice past I, hidden rows past the last full pass
+    // 4-bit experts: the gate / up and down kernels up to 64 tokens (with and without the residual
+    // norm), the grouped GEMMs on their f16 copies past it; Qwen3-Next's shape at concurrency 1 and 8
+    test_moe_experts(1, 64, 10, 2048, 512, DType::kI4G128);
+    test_moe_experts(8, 64, 10, 2048, 512, DType::kI4G128);
+    test_moe_experts(64, 64, 10, 2048, 512, DType::kI4G32);
+    test_moe_experts(3, 16, 4, 256, 128, DType::kI4G32);
+    test_moe_experts(5, 16, 11, 384, 256, DType::kI4G32);  // slots past a whole number of down batches
+    test_moe_experts(300, 64, 10, 512, 512, DType::kI4G128);
     test_argmax(1, 128256);  // a Llama-3 decode step at concurrency 1
     test_argmax(3, 49152);
     test_argmax(32, 151936);

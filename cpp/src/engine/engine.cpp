@@ -39,11 +39,6 @@ Engine::Impl::Impl(const EngineConfig& c) : cfg(c), seed_source(c.seed) {
                  model_cfg.quantization.method, "': device '", cfg.device, "' has no linear kernel for ", dtype_name(blocks),
                  " weights");
   }
-  RV_CHECK_ARG(model_cfg.quantization.method.empty() || cfg.device == "cpu" ||
-                   (model_cfg.num_linear_layers() == 0 && model_cfg.num_experts == 0),
-               "quantization '", model_cfg.quantization.method, "': quantized ", model_cfg.architecture,
-               " (hybrid or MoE layers) runs on the CPU only so far; on cuda, dense decoders (Llama, Qwen3) do");
-
   if (cfg.max_model_len == 0) cfg.max_model_len = model_cfg.max_position_embeddings;
   RV_CHECK_ARG(cfg.max_model_len <= model_cfg.max_position_embeddings, "max_model_len (",
                cfg.max_model_len, ") exceeds the model's max_position_embeddings (",

@@ -346,7 +346,7 @@ class HybridDecoderLM final : public DecoderBase {
       return;
     }
     const int64_t E = cfg_.num_experts, I = cfg_.moe_intermediate_size;
-    if (w.has(p + "experts.gate_up_proj")) {  // transformers 5 fused layout
+    if (w.has(p + "experts.gate_up_proj") && !w.dummy_quantized()) {  // transformers 5 fused layout
       Tensor gu = w.get(p + "experts.gate_up_proj", {E, 2 * I, H}, dtype_);
       Tensor dn = w.get(p + "experts.down_proj", {E, H, I}, dtype_);
       for (int64_t e = 0; e < E; ++e)
@@ -385,14 +385,16 @@ class HybridDecoderLM final : public DecoderBase {
       if (!f.moe) continue;
       has_moe_ = true;
       const int64_t E = int64_t(f.experts.size()), n = E + (f.shared_routed ? 1 : 0);
-      if (f.down_transposed != device_kernels) {  // the device kernels stream down as [inter, hidden]
+      // The device kernels stream 16-bit down matrices as [inter, hidden]; blocks stay as stored.
+      const bool transposed = device_kernels && !is_block_dtype(experts);
+      if (f.down_transposed != transposed) {
         for (int64_t e = 0; e < n; ++e) {
           Tensor& d = e < E ? f.experts[size_t(e)].down : f.shared.down;
           Tensor t = Tensor::uninitialized({d.size(1), d.size(0)}, d.dtype(), d.device());
           ops::transpose(d, t);
           d = t;
         }
-        f.down_transposed = device_kernels;
+        f.down_transposed = transposed;
       }
       Tensor gu = Tensor::empty({n}, DType::kI64), dn = Tensor::empty({n}, DType::kI64);
       for (int64_t e = 0; e < n; ++e) {

@@ -18,7 +18,12 @@ int64_t estimate_weight_bytes(const ModelConfig& c, size_t bpe) {
   };
   // Qwen3-Next and Qwen3.5 attention projects a gate beside q.
   const bool gated = c.architecture.rfind("Qwen3Next", 0) == 0 || c.architecture.rfind("Qwen3_5", 0) == 0;
-  const int64_t attn = H * D * (int64_t(c.num_heads) * (gated ? 3 : 2) + 2 * int64_t(c.num_kv_heads));
+  // The hybrid decoder (MoE or DeltaNet layers) keeps its input projections, DeltaNet's output and
+  // the MTP fc in 16 bits (the fused decode kernels read them); the dense decoder quantizes them all.
+  const bool hybrid = c.num_experts > 0 || c.num_linear_layers() > 0;
+  const auto projection = [&](int64_t values) { return hybrid ? values * b : linear(values); };
+  const int64_t attn_in = H * D * (int64_t(c.num_heads) * (gated ? 2 : 1) + 2 * int64_t(c.num_kv_heads));
+  const int64_t attn = projection(attn_in) + linear(H * D * int64_t(c.num_heads));
   const int64_t key_dim = int64_t(c.linear_num_key_heads) * c.linear_key_head_dim;
   const int64_t value_dim = int64_t(c.linear_num_value_heads) * c.linear_value_head_dim;
   const int64_t gdn = (2 * key_dim + 2 * value_dim + 2 * int64_t(c.linear_num_value_heads)) * H + H * value_dim;
@@ -32,11 +37,11 @@ int64_t estimate_weight_bytes(const ModelConfig& c, size_t bpe) {
   int64_t total = 0;
   for (int32_t l = 0; l < c.num_layers; ++l) {
     const bool is_linear = !c.linear_layers.empty() && c.linear_layers[size_t(l)];
-    total += linear(is_linear ? gdn : attn) + 2 * H * 4 + ffn(c.num_experts > 0 && c.is_moe_layer(l));  // + the two norms (f32)
+    total += (is_linear ? projection(gdn) : attn) + 2 * H * 4 + ffn(c.num_experts > 0 && c.is_moe_layer(l));  // + the two norms (f32)
   }
   // An MTP layer: a full-attention decoder layer with the model's MoE, the fc joining embedding
   // and hidden state (2H -> H) and three norms.
-  total += c.num_mtp_layers * (linear(attn) + linear(2 * H * H) + 5 * H * 4 + ffn(c.num_experts > 0));
+  total += c.num_mtp_layers * (attn + projection(2 * H * H) + 5 * H * 4 + ffn(c.num_experts > 0));
   const int64_t embed = int64_t(c.vocab_size) * H * b;
   return total + embed * (c.tie_word_embeddings ? 1 : 2) + H * 4;
 }
@@ -46,10 +51,12 @@ int64_t estimate_activation_bytes(const ModelConfig& c, const EngineConfig& e) {
   const int64_t QO = int64_t(c.num_heads) * D, KVO = int64_t(c.num_kv_heads) * D;
   const int64_t per_token = 4 * H + 2 * (QO + 2 * KVO) + 2 * QO + 3 * int64_t(c.intermediate_size);
   const int64_t logits = int64_t(std::max(e.max_num_seqs, 32)) * c.vocab_size * 2;
-  // 4-bit linear layers of a prefill run on a float16 copy of the widest one.
-  const int64_t dequantized = c.quantization.group_size > 0
-                                  ? 2 * H * std::max({int64_t(2) * c.intermediate_size, QO + 2 * KVO, int64_t(H)})
-                                  : 0;
+  // 4-bit linear layers of a prefill run on a float16 copy of the widest one, 4-bit experts on float16
+  // copies of a layer's experts (and the shared one beside them).
+  const bool quantized = c.quantization.group_size > 0;
+  const int64_t widest = 2 * H * std::max({int64_t(2) * c.intermediate_size, QO + 2 * KVO, int64_t(H)});
+  const int64_t experts = (int64_t(c.num_experts) + 1) * 3 * c.moe_intermediate_size * H * 2;
+  const int64_t dequantized = quantized ? std::max(widest, c.num_experts > 0 ? experts : 0) : 0;
   return 2 * (T * per_token + logits) * 4 + dequantized + (int64_t(256) << 20);
 }
 

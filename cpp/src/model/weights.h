@@ -42,6 +42,9 @@ class WeightLoader {
   Tensor get_stacked_linear(const std::vector<std::string>& names, const std::vector<std::vector<int64_t>>& shapes,
                             DType dtype) const;
   void set_dummy_blocks(DType t) { dummy_blocks_ = t; }
+  // Made-up weights in a quantized format: a model reads its experts per expert, as quantized
+  // checkpoints hold them (a fused [E, ...] tensor is not a linear layer's).
+  bool dummy_quantized() const { return dummy_ && is_block_dtype(dummy_blocks_); }
   std::vector<std::string> names() const;
   std::vector<int64_t> shape(const std::string& name) const;
   const std::string& dir() const { return dir_; }
