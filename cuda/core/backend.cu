@@ -395,7 +395,8 @@ bool takes(ops::Op op, const ops::OpShape& s) {
     case ops::Op::kMoeExperts:
     case ops::Op::kMoeRouteExperts:  // 4-bit experts: rows of whole blocks (hidden for gate / up, inter for down)
       if (s.weight == DType::kI4G32 || s.weight == DType::kI4G128)
-        return s.rows % dtype_block_values(s.weight) == 0 && s.cols % dtype_block_values(s.weight) == 0;
+        return s.rows % dtype_block_values(s.weight) == 0 && s.cols % dtype_block_values(s.weight) == 0 &&
+               s.rows <= 12288;  // the gate / up kernel stages x in shared memory
       return s.weight == DType::kF16 && s.rows % 8 == 0 && s.cols % 8 == 0;
     default:
       return true;

@@ -53,7 +53,23 @@ __device__ __forceinline__ uint4 int4_word_halves(uint32_t word, uint32_t head) 
   return out;
 }
 
-// Where value k of a row lies: the word (8 values from k, k % 8 == 0) and its group's header.
+// Where value k of a row lies (k % 8 == 0): the word holding values k..k+7 and its group's header.
+// G, the group size, is a template argument so that the block arithmetic is shifts.
+template <int G>
+struct Int4Block {
+  static constexpr int kValues = 4 * G, kBytes = 16 + 2 * G;  // quant/int4_groups.h
+  static __device__ __forceinline__ const uint8_t* block(const uint8_t* row, int k) {
+    return row + size_t(k / kValues) * kBytes;
+  }
+  static __device__ __forceinline__ uint32_t head(const uint8_t* row, int k) {
+    return load_word(block(row, k) + 4 * ((k % kValues) / G));
+  }
+  static __device__ __forceinline__ uint32_t word(const uint8_t* row, int k) {
+    return load_word(block(row, k) + 16 + (k % kValues) / 2);
+  }
+};
+
+// Where value k of a row lies, for a group size known only at run time (the dequantizing kernels).
 struct Int4Row {
   const uint8_t* row;
   int group, block_bytes;
@@ -62,11 +78,14 @@ struct Int4Row {
   __device__ __forceinline__ uint32_t word(int k) const { return load_word(block(k) + 16 + (k % (4 * group)) / 2); }
 };
 
-// A warp's dots of R rows with R inputs (row r against x[r], K values each, K a multiple of 8),
-// summed over the warp into every lane: a lane takes one word of each row per 256 values, the words
-// and headers of U such steps loaded before any is used and the next U steps' while they are.
-template <int R, int U>
-__device__ __forceinline__ void int4_warp_dots(const Int4Row (&rows)[R], const float* const (&x)[R], int K, int lane,
+// A warp's dots of R rows (row r's blocks from rows[r]), K values each (K a multiple of 8), summed
+// over the warp into every lane: a lane takes one word of each row per 256 values, the words and
+// headers of U such steps loaded at once, then used. x8(r, k, xv) gives row r's 8 inputs at k
+// (from shared memory: a load from global memory per row and word would wait a round trip each);
+// ready() runs once, after the first words are on their way (a block stages its inputs there).
+// Small R x U: the loaded words stay in registers (the arrays of 12 rows spilled to the stack).
+template <int G, int R, int U, typename X8, typename Ready>
+__device__ __forceinline__ void int4_warp_dots(const uint8_t* const (&rows)[R], X8 x8, Ready ready, int K, int lane,
                                                float (&out)[R]) {
   constexpr int kStep = 32 * 8;
   uint32_t head[U][R], word[U][R];
@@ -76,21 +95,17 @@ __device__ __forceinline__ void int4_warp_dots(const Int4Row (&rows)[R], const f
 #pragma unroll
       for (int r = 0; r < R; ++r) {
         const int kk = k + u * kStep;
-        head[u][r] = kk < K ? rows[r].head(kk) : 0u;
-        word[u][r] = kk < K ? rows[r].word(kk) : 0u;
+        head[u][r] = kk < K ? Int4Block<G>::head(rows[r], kk) : 0u;
+        word[u][r] = kk < K ? Int4Block<G>::word(rows[r], kk) : 0u;
       }
   };
 #pragma unroll
   for (int r = 0; r < R; ++r) out[r] = 0.0f;
-  int k = lane * 8;
-  load(k);
-  for (; k < K; k += U * kStep) {
-    uint32_t h[U][R], q[U][R];
-#pragma unroll
-    for (int u = 0; u < U; ++u)
-#pragma unroll
-      for (int r = 0; r < R; ++r) h[u][r] = head[u][r], q[u][r] = word[u][r];
-    if (k + U * kStep < K) load(k + U * kStep);
+  const int k0 = lane * 8;
+  load(k0);
+  ready();
+  for (int k = k0; k < K; k += U * kStep) {
+    if (k != k0) load(k);
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       const int kk = k + u * kStep;
@@ -98,13 +113,25 @@ __device__ __forceinline__ void int4_warp_dots(const Int4Row (&rows)[R], const f
 #pragma unroll
       for (int r = 0; r < R; ++r) {
         float xv[8];
-        load8_input(x[r] + kk, xv);
-        out[r] += int4_word_dot(q[u][r], h[u][r], xv);
+        x8(r, kk, xv);
+        out[r] += int4_word_dot(word[u][r], head[u][r], xv);
       }
     }
   }
 #pragma unroll
   for (int r = 0; r < R; ++r) out[r] = warp_sum(out[r]);
+}
+
+// Eight floats of shared memory (p 16-byte aligned).
+__device__ __forceinline__ void shared8(const float* p, float (&v)[8]) {
+  split8(*reinterpret_cast<const float4*>(p), *reinterpret_cast<const float4*>(p + 4), v);
+}
+
+// n floats (a multiple of 4, 16-byte aligned) of what an earlier kernel wrote into shared memory, by
+// the whole block, which then synchronises.
+__device__ __forceinline__ void stage_inputs(const float* src, float* dst, int n) {
+  for (int c = threadIdx.x * 4; c < n; c += blockDim.x * 4) *reinterpret_cast<float4*>(dst + c) = load_input4(src + c);
+  __syncthreads();
 }
 
 }  // namespace revolta::cuda

@@ -27,10 +27,10 @@ constexpr int kGemvRows = 64;
 // while those are computed (the first before the predecessor's wait: weights do not depend on it).
 // (A lane taking 32 values, one 16-byte load, measured slower: 72 against 50 us for 28672 x 4096
 // at one row on the H200, its x loads no longer coalesced.)
-template <int M, int R, int U>
+template <int G, int M, int R, int U>
 __global__ void __launch_bounds__(32 * kWarps)
     int4_gemv_kernel(const float* __restrict__ x, const uint8_t* __restrict__ w, const float* __restrict__ bias,
-                     float* __restrict__ out, int N, int K, int group, int block_bytes) {
+                     float* __restrict__ out, int N, int K) {
   x += size_t(blockIdx.y) * M * K;
   out += size_t(blockIdx.y) * M * N;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -40,11 +40,11 @@ __global__ void __launch_bounds__(32 * kWarps)
     return;
   }
   constexpr int kStep = 32 * 8;
-  const size_t row_bytes = size_t(K / (4 * group)) * block_bytes;
-  Int4Row rows[R];
+  using B = Int4Block<G>;
+  const size_t row_bytes = size_t(K / B::kValues) * B::kBytes;
+  const uint8_t* rows[R];
 #pragma unroll
-  for (int r = 0; r < R; ++r)  // (rows past N: unused)
-    rows[r] = {w + size_t(min(n0 + r, N - 1)) * row_bytes, group, block_bytes};
+  for (int r = 0; r < R; ++r) rows[r] = w + size_t(min(n0 + r, N - 1)) * row_bytes;  // (rows past N: unused)
   uint32_t head[U][R], word[U][R];
   auto load = [&](int k) {
 #pragma unroll
@@ -52,8 +52,8 @@ __global__ void __launch_bounds__(32 * kWarps)
 #pragma unroll
       for (int r = 0; r < R; ++r) {
         const int kk = k + u * kStep;
-        head[u][r] = kk < K ? rows[r].head(kk) : 0u;
-        word[u][r] = kk < K ? rows[r].word(kk) : 0u;
+        head[u][r] = kk < K ? B::head(rows[r], kk) : 0u;
+        word[u][r] = kk < K ? B::word(rows[r], kk) : 0u;
       }
   };
   float acc[R][M];
@@ -105,27 +105,32 @@ __global__ void int4_dequantize_kernel(const uint8_t* __restrict__ w, __half* __
   *reinterpret_cast<uint4*>(out + row * K + col) = int4_word_halves(r.word(int(col)), r.head(int(col)));
 }
 
-template <int M, int R, int U>
-void gemv(const float* x, const uint8_t* w, const float* bias, float* out, int chunks, int N, int K, int group,
-          int block_bytes) {
+template <int G, int M, int R, int U>
+void gemv(const float* x, const uint8_t* w, const float* bias, float* out, int chunks, int N, int K) {
   const unsigned blocks = unsigned((N + kWarps * R - 1) / (kWarps * R));
-  launch_dependent(int4_gemv_kernel<M, R, U>, dim3(blocks, unsigned(chunks)), dim3(32 * kWarps), 0, x, w, bias, out, N, K,
-                   group, block_bytes);
+  launch_dependent(int4_gemv_kernel<G, M, R, U>, dim3(blocks, unsigned(chunks)), dim3(32 * kWarps), 0, x, w, bias, out,
+                   N, K);
 }
 
 // M rows of x (any M <= 8) in one launch.
-void gemv_rows(const float* x, const uint8_t* w, const float* bias, float* out, int M, int chunks, int N, int K,
-               int group, int bb) {
+template <int G>
+void gemv_rows(const float* x, const uint8_t* w, const float* bias, float* out, int M, int chunks, int N, int K) {
   switch (M) {
-    case 1: gemv<1, 2, 4>(x, w, bias, out, chunks, N, K, group, bb); break;
-    case 2: gemv<2, 2, 2>(x, w, bias, out, chunks, N, K, group, bb); break;
-    case 3: gemv<3, 2, 2>(x, w, bias, out, chunks, N, K, group, bb); break;
-    case 4: gemv<4, 2, 2>(x, w, bias, out, chunks, N, K, group, bb); break;
-    case 5: gemv<5, 2, 2>(x, w, bias, out, chunks, N, K, group, bb); break;
-    case 6: gemv<6, 2, 2>(x, w, bias, out, chunks, N, K, group, bb); break;
-    case 7: gemv<7, 2, 2>(x, w, bias, out, chunks, N, K, group, bb); break;
-    default: gemv<8, 2, 2>(x, w, bias, out, chunks, N, K, group, bb); break;
+    case 1: gemv<G, 1, 2, 4>(x, w, bias, out, chunks, N, K); break;
+    case 2: gemv<G, 2, 2, 2>(x, w, bias, out, chunks, N, K); break;
+    case 3: gemv<G, 3, 2, 2>(x, w, bias, out, chunks, N, K); break;
+    case 4: gemv<G, 4, 2, 2>(x, w, bias, out, chunks, N, K); break;
+    case 5: gemv<G, 5, 2, 2>(x, w, bias, out, chunks, N, K); break;
+    case 6: gemv<G, 6, 2, 2>(x, w, bias, out, chunks, N, K); break;
+    case 7: gemv<G, 7, 2, 2>(x, w, bias, out, chunks, N, K); break;
+    default: gemv<G, 8, 2, 2>(x, w, bias, out, chunks, N, K); break;
   }
+}
+
+void gemv_rows(const float* x, const uint8_t* w, const float* bias, float* out, int M, int chunks, int N, int K,
+               int group) {
+  if (group == 32) gemv_rows<32>(x, w, bias, out, M, chunks, N, K);
+  else gemv_rows<128>(x, w, bias, out, M, chunks, N, K);
 }
 
 }  // namespace
@@ -142,7 +147,7 @@ void dequantize_int4(const Tensor& weight, Tensor& out) {
 
 void linear_int4(const Tensor& x, const Tensor& weight, const Tensor* bias_tensor, Tensor& out) {
   const int64_t K = weight.size(1), N = weight.size(0), M = x.numel() / K;
-  const int group = int(int4_group_size(weight.dtype())), bb = int(dtype_bytes(weight.dtype(), 4 * group));
+  const int group = int(int4_group_size(weight.dtype()));
   const auto* w = static_cast<const uint8_t*>(weight.data());
   const float* xp = x.ptr<float>();
   float* op = out.ptr<float>();
@@ -154,8 +159,8 @@ void linear_int4(const Tensor& x, const Tensor& weight, const Tensor* bias_tenso
   }
   const float* bias = bias_tensor && bias_tensor->defined() ? bias_tensor->ptr<float>() : nullptr;
   const int full = int(M / 8), rest = int(M % 8);
-  if (full) gemv_rows(xp, w, bias, op, 8, full, int(N), int(K), group, bb);
-  if (rest) gemv_rows(xp + size_t(full) * 8 * K, w, bias, op + size_t(full) * 8 * N, rest, 1, int(N), int(K), group, bb);
+  if (full) gemv_rows(xp, w, bias, op, 8, full, int(N), int(K), group);
+  if (rest) gemv_rows(xp + size_t(full) * 8 * K, w, bias, op + size_t(full) * 8 * N, rest, 1, int(N), int(K), group);
   RV_CUDA_CHECK(cudaGetLastError());
 }
 

@@ -25,30 +25,33 @@
 namespace revolta::cuda {
 namespace {
 
-constexpr int kWarps = 4, kGateRows = 2;
+constexpr int kWarps = 8, kGateRows = 2;
+// The down kernel's inputs (every slot's act row of its token) in shared memory up to this size.
+constexpr int64_t kStagedBytes = 48 << 10;
 
-// U: words of a row a lane keeps in flight (a row of 2048 values is 8 a lane: the whole row at once)
-template <int U>
+// Block (16 intermediates, pair); x staged in shared memory while the first rows load. G: the group
+// size.
+template <int G>
 __global__ void __launch_bounds__(kWarps * 32)
     int4_gate_up_kernel(const float* __restrict__ x, const int32_t* __restrict__ ids, const int64_t* __restrict__ gu_at,
-                        float* __restrict__ act, int K, int H, int I, int group, int bb) {
+                        float* __restrict__ act, int K, int H, int I) {
+  extern __shared__ float4 staged[];
+  float* xs = reinterpret_cast<float*>(staged);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, pair = blockIdx.y;
   const int i0 = (blockIdx.x * kWarps + warp) * kGateRows;
   wait_for_predecessor();  // ids and x come from the kernels before
-  if (i0 >= I) return;
   const auto* w = reinterpret_cast<const uint8_t*>(gu_at[ids[pair]]);
-  const size_t rb = size_t(H / (4 * group)) * bb;
-  const float* xt = x + size_t(pair / K) * H;
-  Int4Row rows[2 * kGateRows];
-  const float* xs[2 * kGateRows];
+  const size_t rb = size_t(H / Int4Block<G>::kValues) * Int4Block<G>::kBytes;
+  const uint8_t* rows[2 * kGateRows];
 #pragma unroll
   for (int p = 0; p < kGateRows; ++p) {
     const int i = min(i0 + p, I - 1);  // rows past I recompute row I - 1, not stored
-    rows[2 * p] = {w + size_t(i) * rb, group, bb}, rows[2 * p + 1] = {w + size_t(I + i) * rb, group, bb};
-    xs[2 * p] = xs[2 * p + 1] = xt;
+    rows[2 * p] = w + size_t(i) * rb, rows[2 * p + 1] = w + size_t(I + i) * rb;
   }
   float d[2 * kGateRows];
-  int4_warp_dots<2 * kGateRows, U>(rows, xs, H, lane, d);
+  int4_warp_dots<G, 2 * kGateRows, 4>(
+      rows, [&](int, int k, float(&v)[8]) { shared8(xs + k, v); },
+      [&] { stage_inputs(x + size_t(pair / K) * H, xs, H); }, H, lane, d);
   let_successor_launch();
   if (lane == 0)
 #pragma unroll
@@ -56,35 +59,42 @@ __global__ void __launch_bounds__(kWarps * 32)
       if (i0 + p < I) act[size_t(pair) * I + i0 + p] = silu(d[2 * p]) * d[2 * p + 1];
 }
 
-// S: slots whose rows are in flight at once (all of a token's, up to 12)
-template <int S, bool kTail>
-__global__ void __launch_bounds__(kWarps * 32)
+// Block (8 hidden rows, token). S: slots whose rows are in flight at once; kStaged: the token's act
+// rows staged in shared memory while the first rows load.
+template <int G, int S, bool kStaged, bool kTail>
+__global__ void __launch_bounds__(kWarps * 32, 2)
     int4_down_kernel(const float* __restrict__ act, const int32_t* __restrict__ ids, const float* __restrict__ weights,
-                     const int64_t* __restrict__ down_at, float* __restrict__ out, int K, int H, int I, int group, int bb,
-                     Tail tail) {
+                     const int64_t* __restrict__ down_at, float* __restrict__ out, int K, int H, int I, Tail tail) {
+  extern __shared__ float4 staged[];
+  float* acts = reinterpret_cast<float*>(staged);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, t = blockIdx.y;
-  const int h = blockIdx.x * kWarps + warp;
+  const int h = min(int(blockIdx.x) * kWarps + warp, H - 1);  // rows past H recompute row H - 1, not stored
   wait_for_predecessor();
-  if (h < H) {
-    const size_t rb = size_t(I / (4 * group)) * bb;
-    float sum = 0.0f;
-    for (int k0 = 0; k0 < K; k0 += S) {
-      Int4Row rows[S];
-      const float* xs[S];
+  const size_t rb = size_t(I / Int4Block<G>::kValues) * Int4Block<G>::kBytes;
+  const float* token_act = act + size_t(t) * K * I;
+  float sum = 0.0f;
+  for (int k0 = 0; k0 < K; k0 += S) {
+    const uint8_t* rows[S];
+    int slot[S];
 #pragma unroll
-      for (int r = 0; r < S; ++r) {
-        const int pair = t * K + min(k0 + r, K - 1);  // slots past K recompute the last, not added
-        rows[r] = {reinterpret_cast<const uint8_t*>(down_at[ids[pair]]) + size_t(h) * rb, group, bb};
-        xs[r] = act + size_t(pair) * I;
-      }
-      float d[S];
-      int4_warp_dots<S, 2>(rows, xs, I, lane, d);
-#pragma unroll
-      for (int r = 0; r < S; ++r)
-        if (k0 + r < K) sum += weights[t * K + k0 + r] * d[r];
+    for (int r = 0; r < S; ++r) {
+      slot[r] = min(k0 + r, K - 1);  // slots past K recompute the last, not added
+      rows[r] = reinterpret_cast<const uint8_t*>(down_at[ids[t * K + slot[r]]]) + size_t(h) * rb;
     }
-    if (lane == 0) out[size_t(t) * H + h] = sum;
+    float d[S];
+    auto x8 = [&](int r, int k, float(&v)[8]) {
+      if constexpr (kStaged) shared8(acts + size_t(slot[r]) * I + k, v);
+      else load8_input(token_act + size_t(slot[r]) * I + k, v);
+    };
+    auto ready = [&] {
+      if (kStaged && k0 == 0) stage_inputs(token_act, acts, K * I);
+    };
+    int4_warp_dots<G, S, 2>(rows, x8, ready, I, lane, d);
+#pragma unroll
+    for (int r = 0; r < S; ++r)
+      if (k0 + r < K) sum += weights[t * K + k0 + r] * d[r];
   }
+  if (lane == 0 && int(blockIdx.x) * kWarps + warp < H) out[size_t(t) * H + h] = sum;
   let_successor_launch();
   if (kTail && last_to_arrive(tail.counters + t, int(gridDim.x)))
     residual_norm_row(tail.residual + size_t(t) * H, out + size_t(t) * H, tail.weight, tail.eps,
@@ -111,6 +121,35 @@ __global__ void int4_expert_dequantize_kernel(const int32_t* __restrict__ counts
   }
 }
 
+template <int G>
+void decode_experts(const Tensor& x, const Tensor& ids, const Tensor& weights, const ops::ExpertTable& ex, Tensor& act,
+                    Tensor& out, const ops::ResidualNorm* then) {
+  const int64_t T = x.size(0), K = ids.size(1), H = ex.hidden, I = ex.inter;
+  const dim3 gate_grid(unsigned((I + kWarps * kGateRows - 1) / (kWarps * kGateRows)), unsigned(T * K));
+  launch_dependent(int4_gate_up_kernel<G>, gate_grid, dim3(kWarps * 32), size_t(H) * sizeof(float), x.ptr<float>(),
+                   ids.ptr<int32_t>(), ex.gate_up.ptr<int64_t>(), act.ptr<float>(), int(K), int(H), int(I));
+  RV_CUDA_CHECK(cudaGetLastError());
+  const dim3 grid(unsigned((H + kWarps - 1) / kWarps), unsigned(T));
+  const size_t staged = size_t(K * I) * sizeof(float);
+  auto down = [&](auto kernel, size_t smem) {
+    launch_dependent(kernel, grid, dim3(kWarps * 32), smem, act.ptr<float>(), ids.ptr<int32_t>(), weights.ptr<float>(),
+                     ex.down.ptr<int64_t>(), out.ptr<float>(), int(K), int(H), int(I), tail_of(then));
+  };
+  auto slots = [&](auto plain, auto tail, auto plain_global, auto tail_global) {
+    if (int64_t(staged) <= kStagedBytes) then ? down(tail, staged) : down(plain, staged);
+    else then ? down(tail_global, 0) : down(plain_global, 0);
+  };
+#define RV_DOWN(s)                                                                                                 \
+  slots(int4_down_kernel<G, s, true, false>, int4_down_kernel<G, s, true, true>, int4_down_kernel<G, s, false, false>, \
+        int4_down_kernel<G, s, false, true>)
+  // Slots a warp's pass holds: the fewest passes, then the fewest rows recomputed past K.
+  if (K <= 4) RV_DOWN(4);
+  else if (K <= 8) RV_DOWN(8);
+  else RV_DOWN(6);
+#undef RV_DOWN
+  RV_CUDA_CHECK(cudaGetLastError());
+}
+
 }  // namespace
 
 bool is_int4_table(const ops::ExpertTable& ex) { return ex.dtype == DType::kI4G32 || ex.dtype == DType::kI4G128; }
@@ -118,29 +157,15 @@ bool is_int4_table(const ops::ExpertTable& ex) { return ex.dtype == DType::kI4G3
 void moe_experts_int4(const Tensor& x, const Tensor& ids, const Tensor& weights, const ops::ExpertTable& ex, Tensor& out,
                       const ops::ResidualNorm* then) {
   const int64_t T = x.size(0), K = ids.size(1), H = ex.hidden, I = ex.inter;
-  const int group = int(int4_group_size(ex.dtype)), bb = int(dtype_bytes(ex.dtype, 4 * group));
+  const int group = int(int4_group_size(ex.dtype));
   RV_CHECK(!ex.down_transposed && H % (4 * group) == 0 && I % (4 * group) == 0,
            "CUDA moe_experts: 4-bit experts need down as [hidden, inter] and whole blocks of ", 4 * group, " values");
+  RV_CHECK(H * int64_t(sizeof(float)) <= kStagedBytes, "CUDA moe_experts: 4-bit experts of hidden size up to ",
+           kStagedBytes / int64_t(sizeof(float)), " (got ", H, ")");
   RV_CHECK(!then || T <= kArrivalCounters, "CUDA moe_experts: at most ", kArrivalCounters, " tokens with a residual norm");
   Tensor act = Tensor::uninitialized({T * K, I}, DType::kF32, Device::kCUDA);
-  const dim3 gate_grid(unsigned((I + kWarps * kGateRows - 1) / (kWarps * kGateRows)), unsigned(T * K));
-  auto gate_up = [&](auto kernel) {
-    launch_dependent(kernel, gate_grid, dim3(kWarps * 32), 0, x.ptr<float>(), ids.ptr<int32_t>(), ex.gate_up.ptr<int64_t>(),
-                     act.ptr<float>(), int(K), int(H), int(I), group, bb);
-  };
-  if (H >= 2048) gate_up(int4_gate_up_kernel<8>);
-  else gate_up(int4_gate_up_kernel<2>);
-  RV_CUDA_CHECK(cudaGetLastError());
-  const dim3 grid(unsigned((H + kWarps - 1) / kWarps), unsigned(T));
-  auto down = [&](auto kernel) {
-    launch_dependent(kernel, grid, dim3(kWarps * 32), 0, act.ptr<float>(), ids.ptr<int32_t>(), weights.ptr<float>(),
-                     ex.down.ptr<int64_t>(), out.ptr<float>(), int(K), int(H), int(I), group, bb, tail_of(then));
-  };
-  auto down_slots = [&](auto plain, auto tail) { then ? down(tail) : down(plain); };
-  if (K <= 4) down_slots(int4_down_kernel<4, false>, int4_down_kernel<4, true>);
-  else if (K <= 8) down_slots(int4_down_kernel<8, false>, int4_down_kernel<8, true>);
-  else down_slots(int4_down_kernel<12, false>, int4_down_kernel<12, true>);
-  RV_CUDA_CHECK(cudaGetLastError());
+  if (group == 32) decode_experts<32>(x, ids, weights, ex, act, out, then);
+  else decode_experts<128>(x, ids, weights, ex, act, out, then);
 }
 
 ops::ExpertTable dequantize_used_experts(const ops::ExpertTable& ex, const Tensor& counts, Tensor& scratch) {

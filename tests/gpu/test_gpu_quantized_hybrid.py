@@ -1,8 +1,8 @@
-"""A quantized Qwen3-Next on the GPU against the CPU engine on the same checkpoint (a tiny model
+"""A quantized Qwen3-Next on the GPU against the CPU engine (float16) on the same checkpoint (a tiny model
 made by `revolta quantize --awq`, experts per expert as AWQ checkpoints hold them): 4-bit routed and
 shared experts through the decode kernels (one request, and eight at once in decode graphs) and
-through the f16 copies of the grouped prefill (prompts past 64 tokens); greedy tokens equal up to a
-CPU near-tie, first logits close."""
+through the f16 copies of the grouped prefill (prompts past 64 tokens); every step's logits close
+and greedy tokens equal up to a CPU near-tie."""
 
 from __future__ import annotations
 
@@ -18,7 +18,6 @@ from test_quantized_hybrid import CONFIG, per_expert
 
 pytestmark = pytest.mark.gpu
 
-NEAR_TIE = 0.02
 # g128 blocks hold 512 values: hidden and expert sizes of whole blocks
 SIZES = {32: {}, 128: dict(hidden_size=512, moe_intermediate_size=512, shared_expert_intermediate_size=512)}
 
@@ -33,7 +32,7 @@ def pair(request, tmp_path_factory):
     per_expert(src)
     assert revolta_cli(["quantize", "--model", str(src), "--awq", "--group-size", str(group), str(out)]) == 0
     assert json.loads((out / "config.json").read_text())["quantization_config"]["group_size"] == group
-    cpu = revolta.LLM(str(out), dtype="float32", max_model_len=1024, max_num_seqs=16)
+    cpu = revolta.LLM(str(out), dtype="float16", max_model_len=1024, max_num_seqs=16)
     gpu = revolta.LLM(str(out), device="cuda", max_model_len=1024, gpu_memory_utilization=0.0, max_num_seqs=16)
     assert gpu.model_info.quantization == f"awq int4 g{group}"
     yield cpu, gpu
@@ -55,15 +54,25 @@ def test_quantized_experts_match_cpu(pair):
     sp = revolta.SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True, return_generation_logits=True)
     ps = prompts(8)
     ref = cpu.generate(ps, sp)
+    # Every step's logits close up to where the tokens part, which must be a near-tie within twice
+    # that tolerance (both sides may move by it). The CPU holds the 16-bit weights as the GPU does;
+    # the GPU's f16 activations and KV still drift over the steps (CPU float16 against float32 on
+    # these models: up to 0.006 (1 + max |logit|)), a wrong expert or group moves logits by O(1).
+    ties = []
     for p, c in zip(ps[:4], ref):  # prompts of 5 and 17 tokens decode-sized, 130 and 300 grouped
         g = gpu.generate([p], sp)[0]
-        lc, lg = np.asarray(c.outputs[0].generation_logits[0]), np.asarray(g.outputs[0].generation_logits[0])
-        assert np.max(np.abs(lc - lg)) < 5e-3 * (1 + np.max(np.abs(lc))), np.max(np.abs(lc - lg))
-        if not first_divergence_on_near_tie(c.outputs[0].token_ids, g.outputs[0].token_ids, c.outputs[0].generation_logits, NEAR_TIE):
-            assert len(c.outputs[0].token_ids) == len(g.outputs[0].token_ids)
+        lcs, lgs = c.outputs[0].generation_logits, g.outputs[0].generation_logits
+        tol = 2e-2 * (1 + float(np.max(np.abs(np.asarray(lcs[0])))))
+        ties.append(2 * tol)
+        ids_c, ids_g = c.outputs[0].token_ids, g.outputs[0].token_ids
+        same = next((i for i, (a, b) in enumerate(zip(ids_c, ids_g)) if a != b), len(ids_c))
+        for lc, lg in zip(lcs[: same + 1], lgs[: same + 1]):
+            assert np.max(np.abs(np.asarray(lc) - np.asarray(lg))) < tol
+        if not first_divergence_on_near_tie(ids_c, ids_g, lcs, 2 * tol):
+            assert len(ids_c) == len(ids_g)
     before = gpu.engine.stats().graph_replays
     batch = gpu.generate(ps, revolta.SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True))
     assert gpu.engine.stats().graph_replays > before
     for c, g in zip(ref, batch):
-        if not first_divergence_on_near_tie(c.outputs[0].token_ids, g.outputs[0].token_ids, c.outputs[0].generation_logits, NEAR_TIE):
+        if not first_divergence_on_near_tie(c.outputs[0].token_ids, g.outputs[0].token_ids, c.outputs[0].generation_logits, max(ties)):
             assert c.outputs[0].token_ids == g.outputs[0].token_ids
