@@ -4,6 +4,9 @@ the real SmolLM2 demo file; a truncated file is an error naming it."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import gguf
@@ -149,3 +152,49 @@ def test_demo_read_in_place_with_blocks_kept():
     assert sizes["gguf"] < 0.2 * sizes["auto"]
     for a, b in zip(logits["auto"], logits["gguf"]):
         assert a.argmax() == b.argmax() and np.abs(a - b).max() < 3.0, np.abs(a - b).max()
+
+
+def cpu_flags() -> set[str]:
+    for line in open("/proc/cpuinfo"):
+        if line.startswith("flags"):
+            return set(line.split(":", 1)[1].split())
+    return set()
+
+
+def test_block_kernels_picked_at_run_time(tmp_path):
+    """The integer-dot kernels are chosen by what the processor reports (one build for every x86-64
+    machine): the best variant by default, each lower one on request through REVOLTA_CPU_ISA (run
+    here in subprocesses, each checked like the test above), and a variant the processor lacks
+    refused with a message naming the ones it runs."""
+    flags = cpu_flags()
+    avx2 = {"avx2", "fma", "f16c"} <= flags
+    runs = (["avx512-vnni"] if avx2 and {"avx512_vnni", "avx512vl", "avx512bw"} <= flags else []) + \
+           (["avx-vnni"] if avx2 and "avx_vnni" in flags else []) + (["avx2"] if avx2 else []) + ["none"]
+    assert _core.ops.block_kernels_isa() == runs[0]
+    script = tmp_path / "check.py"
+    script.write_text(
+        "import sys, numpy as np, gguf\n"
+        f"sys.path.insert(0, {str(Path(__file__).parent)!r})\n"
+        "from test_gguf_blocks import random_blocks, q8_activations\n"
+        "from revolta import _core\n"
+        "print(_core.ops.block_kernels_isa())\n"
+        "rng = np.random.default_rng(3)\n"
+        "for qtype in (gguf.GGMLQuantizationType.Q4_1, gguf.GGMLQuantizationType.Q4_K):\n"
+        "    raw = random_blocks(qtype, 37, 512, rng)\n"
+        "    w = gguf.quants.dequantize(raw, qtype).reshape(37, 512).astype(np.float64)\n"
+        "    x = rng.standard_normal((3, 512)).astype(np.float32)\n"
+        "    out = np.zeros((3, 37), np.float32)\n"
+        "    _core.ops.linear_quantized(x, raw, qtype.name, out)\n"
+        "    xs = x if _core.ops.block_kernels_isa() == 'none' else q8_activations(x)\n"
+        "    want = xs.astype(np.float64) @ w.T\n"
+        "    np.testing.assert_allclose(out, want, rtol=1e-4, atol=1e-4 * np.abs(want).max())\n")
+    for isa in runs:
+        done = subprocess.run([sys.executable, str(script)], env={**os.environ, "REVOLTA_CPU_ISA": isa},
+                              capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0, done.stderr[-2000:]
+        assert done.stdout.split()[0] == isa
+    missing = next(v for v in ("avx512-vnni", "avx-vnni", "avx2") if v not in runs) if len(runs) < 4 else None
+    if missing:
+        done = subprocess.run([sys.executable, str(script)], env={**os.environ, "REVOLTA_CPU_ISA": missing},
+                              capture_output=True, text=True, timeout=120)
+        assert done.returncode != 0 and f"REVOLTA_CPU_ISA '{missing}'" in done.stderr and runs[0] in done.stderr

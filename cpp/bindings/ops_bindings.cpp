@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "ops/cpu/blocks/block_dots.h"
 #include "ops/cpu/cpu_ops.h"
 #include "quant/int4_groups.h"
 
@@ -31,6 +32,8 @@ Tensor wrap(const F32Array& a) {
 
 void bind_ops(nb::module_& m) {
   auto ops = m.def_submodule("ops", "CPU ops on float32 numpy arrays (for tests)");
+  ops.def("block_kernels_isa", [] { return std::string(ops::cpu::block_kernels().isa); },
+          "The instruction set of the CPU block-dot kernels this process picked (REVOLTA_CPU_ISA may lower it).");
   // Quantized weights: raw blocks [N, bytes per row] of the named block type (q4_0, q4_k, ...).
   auto blocks = [](const U8Array& raw, const std::string& dtype, int64_t K) {
     const DType t = parse_dtype(dtype);
