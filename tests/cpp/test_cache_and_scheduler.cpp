@@ -23,6 +23,7 @@ void run_async_scheduling_tests();  // test_async_scheduling.cpp
 void run_cache_coordinator_tests();  // test_cache_coordinator.cpp
 void run_runner_rows_tests();  // test_runner_rows.cpp
 void run_speculative_tests();  // test_speculative.cpp
+void run_communicator_tests();  // test_communicator.cpp
 
 static std::unique_ptr<Request> make_request(uint64_t id, int n_tokens, int first = 100) {
   auto r = std::make_unique<Request>();
@@ -170,6 +171,7 @@ int main() {
   run_cache_coordinator_tests();
   run_runner_rows_tests();
   run_speculative_tests();
+  run_communicator_tests();
   std::printf("%d passed, %d failed\n", g_passed, g_failed);
   return g_failed == 0 ? 0 : 1;
 }
