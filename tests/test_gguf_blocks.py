@@ -97,7 +97,7 @@ def test_truncated_and_foreign_files_are_named(tmp_path):
         _core.gguf.tensors(str(other))
 
 
-INTEGER_DOT = {Q.Q4_0, Q.Q4_1, Q.Q8_0, Q.Q4_K}  # decode-sized inputs: 8-bit activations, integer dot products
+INTEGER_DOT = {Q.Q4_0, Q.Q4_1, Q.Q8_0, Q.Q4_K, Q.Q5_K, Q.Q6_K}  # decode-sized inputs: 8-bit activations, integer dot products
 
 
 def q8_activations(x: np.ndarray) -> np.ndarray:

@@ -1,4 +1,4 @@
-// The CPU linear layer over weights kept in 32-value blocks (Q4_0, Q4_1, Q8_0; Q4_K's sub-blocks) with integer dot
+// The CPU linear layer over weights kept in 32-value blocks (Q4_0, Q4_1, Q8_0; the K formats' sub-blocks) with integer dot
 // products: each input row is quantized once to 8-bit blocks (a scale per 32 values, plus the
 // block's sum for Q4_1's minimum), then every weight block meets its input block in
 // 32 int8 x int8 products summed in int32 (blocks/block_dots.inc: AVX2 maddubs / madd, or VNNI),
@@ -82,8 +82,9 @@ const BlockKernels& block_kernels() {
 bool linear_blocks_int8(const float* x, int64_t M, int64_t K, const Tensor& w, int64_t N, float* out) {
   const DType t = w.dtype();
   const BlockDots dots = block_kernels().dots;
-  if (!dots || (t != DType::kQ8_0 && t != DType::kQ4_0 && t != DType::kQ4_1 && t != DType::kQ4_K) ||
-      K % dtype_block_values(t))
+  const bool integer_dots = t == DType::kQ8_0 || t == DType::kQ4_0 || t == DType::kQ4_1 || t == DType::kQ4_K ||
+                            t == DType::kQ5_K || t == DType::kQ6_K;
+  if (!dots || !integer_dots || K % dtype_block_values(t))
     return false;
   // Reused by the calling thread (the workers see it through this reference, not their own copy).
   thread_local std::vector<QuantizedRow> buffers;

@@ -17,8 +17,8 @@ struct BlockRow {
   const float* sum;
 };
 
-// One weight row of `blocks` 32-value blocks of type t (Q8_0, Q4_0, Q4_1; Q4_K: blocks a multiple
-// of 8) against r input rows (1..4): out[i] = the row's dot with x[i].
+// One weight row of `blocks` 32-value blocks of type t (Q8_0, Q4_0, Q4_1; Q4_K, Q5_K, Q6_K: blocks a
+// multiple of 8) against r input rows (1..4): out[i] = the row's dot with x[i].
 using BlockDots = void (*)(DType t, const uint8_t* w, const BlockRow* x, int r, int64_t blocks, float* out);
 
 struct BlockKernels {
