@@ -1,6 +1,8 @@
 // Benchmark of the engine through its public API, with random weights of a real model shape
 // (load_format=dummy): decode tok/s at several concurrencies, prefill tok/s at long prompts, the
-// bytes one decode step must read and the fraction of the measured read bandwidth achieved.
+// bytes one decode step must read and the fraction of the measured read bandwidth achieved, and of
+// the SM70 roofline (the larger of bytes over that bandwidth and FLOPs over the measured
+// mma.sync.m8n8k4 peak, core/peaks.cu), with what a V100 would take at the same fraction of its own.
 //
 //   revolta_bench --shape llama-8b|llama-1b|qwen3-next-80b [--layers N] [--device cuda|cpu]
 //                 [--concurrency 1,2,4,8,16,32] [--prefill 2048,8192] [--prompt 128] [--decode 128]
@@ -20,6 +22,7 @@
 // compare at the same limit only when it is given.
 // --quantization awq: the linear layers in 4-bit groups of 128 (made-up values), the byte counts
 // with them (the hybrid decoder's input projections stay 16-bit).
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -126,6 +129,35 @@ TokenBytes token_bytes(const Shape& s, double linear) {
   return b;
 }
 
+// FLOPs of one decoded token over a context of ctx tokens: 2 per weight it multiplies (the
+// experts it picks, the head), attention's two products over the context, the delta rule's state
+// update and read-out.
+double token_flops(const Shape& s, double ctx) {
+  const double H = s.hidden;
+  if (!s.hybrid()) {
+    const double D = H / s.heads;
+    return 2.0 * (s.layers * (H * D * (2.0 * s.heads + 2.0 * s.kv_heads) + 3.0 * H * s.intermediate) + double(s.vocab) * H) +
+           4.0 * s.layers * s.heads * D * ctx;
+  }
+  const int attn_layers = s.layers / s.attn_every, lin_layers = s.layers - attn_layers;
+  const double key_dim = double(s.lin_k_heads) * s.lin_k_dim, value_dim = double(s.lin_v_heads) * s.lin_v_dim;
+  const double gdn = (2 * key_dim + 2 * value_dim + 2.0 * s.lin_v_heads) * H + H * value_dim;
+  const double attn = (3.0 * s.heads * s.head_dim + 2.0 * s.kv_heads * s.head_dim) * H;  // q + gate, k, v, o
+  const double ffn = 3.0 * s.shared_inter * H + (s.experts + 1.0) * H + s.top_k * 3.0 * s.moe_inter * H;
+  return 2.0 * (lin_layers * gdn + attn_layers * attn + s.layers * ffn + double(s.vocab) * H) +
+         4.0 * attn_layers * s.heads * s.head_dim * ctx + 4.0 * lin_layers * s.lin_v_heads * s.lin_k_dim * s.lin_v_dim;
+}
+
+// The SM70 roofline of a step: the larger of its bytes over the read bandwidth and its FLOPs over
+// the m8n8k4 peak; and the same model with a V100's numbers (900 GB/s, 125 TFLOP/s).
+struct Roofline {
+  double read_bw = 0, mma_flops = 0;
+  double seconds(double bytes, double flops) const {
+    return read_bw > 0 && mma_flops > 0 ? std::max(bytes / read_bw, flops / mma_flops) : 0.0;
+  }
+  static double v100_seconds(double bytes, double flops) { return std::max(bytes / 900e9, flops / 125e12); }
+};
+
 std::vector<int32_t> random_prompt(int n, int vocab, std::mt19937& rng) {
   std::uniform_int_distribution<int> d(1000, vocab - 1000);
   std::vector<int32_t> p(static_cast<size_t>(n));
@@ -195,13 +227,19 @@ int main(int argc, char** argv) {
   if (layers > 0) s.layers = layers;
   else if (s.hybrid()) s.layers = quantization == "awq" ? 48 : 32;  // 48 layers of fp16 experts exceed one 141 GB GPU
   double read_bw = 0;
+  Roofline roof;
 #if REVOLTA_WITH_CUDA
   if (device == "cuda") {
     cuda::set_dependent_launch(dependent_launch);
     if (!probe_path.empty()) cuda::probe_enable();  // before the first kernel
     read_bw = cuda::measure_read_bandwidth(size_t(4) << 30);
+    roof.read_bw = read_bw;
+    roof.mma_flops = cuda::measure_mma884_flops(true);
     std::printf("device: %s\nmeasured streaming-read bandwidth: %.0f GB/s\ndependent kernel launch: %s\n",
                 cuda::device_name().c_str(), read_bw / 1e9, cuda::dependent_launch_enabled() ? "on" : "off");
+    std::printf("SM70 tensor-core peak (mma.sync.m8n8k4 f16): %.1f TFLOP/s with f32 accumulators, %.1f with f16; "
+                "SM70 roofline = max(bytes / read bandwidth, FLOPs / the f32 figure)\n",
+                roof.mma_flops / 1e12, cuda::measure_mma884_flops(false) / 1e12);
   }
 #endif
   if (s.hybrid()) std::printf("%s with %d of its layers\n", shape_name.c_str(), s.layers);
@@ -244,8 +282,8 @@ int main(int argc, char** argv) {
   js << "{\"shape\": \"" << shape_name << "\", \"device\": \"" << info.device << "\", \"read_bw_gbs\": " << read_bw / 1e9
      << ", \"weight_bytes\": " << info.weight_bytes << ", \"max_model_len\": " << cfg.max_model_len << ", \"decode\": [";
   run_decode(engine, {random_prompt(prompt, s.vocab, rng)}, 8);  // warm-up: graphs, allocator
-  std::printf("%-12s %12s %12s %16s %10s %8s %8s\n", "concurrency", "tok/s", "ms/step", "GB read/step", "of read bw",
-              "graphs", "ahead");
+  std::printf("%-12s %12s %12s %16s %10s %10s %14s %8s %8s\n", "concurrency", "tok/s", "ms/step", "GB read/step",
+              "of read bw", "of SM70", "V100 est tok/s", "graphs", "ahead");
   for (size_t i = 0; i < conc.size(); ++i) {
     const int c = conc[i];
     std::vector<std::vector<int32_t>> ps;
@@ -263,10 +301,14 @@ int main(int argc, char** argv) {
     const double experts = s.hybrid() ? s.experts * (1.0 - std::pow(1.0 - double(s.top_k) / s.experts, c)) : 0.0;
     const double bytes = tb.weights + experts * tb.per_expert + c * tb.state + double(c) * (prompt + decode / 2.0) * tb.kv_per_ctx;
     const double frac = read_bw > 0 ? bytes / step_s / read_bw : 0.0;
-    std::printf("%-12d %12.1f %12.2f %16.3f %9.1f%% %7.0f%% %7.0f%%\n", c, tps, step_s * 1e3, bytes / 1e9, 100 * frac,
-                100 * std::min(1.0, graphs), 100 * std::min(1.0, ahead));
+    const double flops = c * token_flops(s, prompt + decode / 2.0), roof_s = roof.seconds(bytes, flops);
+    // A V100 at the same fraction of its own roofline.
+    const double v100_tps = roof_s > 0 ? c / (step_s * Roofline::v100_seconds(bytes, flops) / roof_s) : 0.0;
+    std::printf("%-12d %12.1f %12.2f %16.3f %9.1f%% %9.1f%% %14.1f %7.0f%% %7.0f%%\n", c, tps, step_s * 1e3, bytes / 1e9,
+                100 * frac, 100 * roof_s / step_s, v100_tps, 100 * std::min(1.0, graphs), 100 * std::min(1.0, ahead));
     js << (i ? ", " : "") << "{\"concurrency\": " << c << ", \"tok_s\": " << tps << ", \"step_ms\": " << step_s * 1e3
-       << ", \"bytes_per_step\": " << bytes << ", \"bw_fraction\": " << frac << ", \"graph_steps\": " << graphs
+       << ", \"bytes_per_step\": " << bytes << ", \"flops_per_step\": " << flops << ", \"bw_fraction\": " << frac
+       << ", \"sm70_roofline_fraction\": " << roof_s / step_s << ", \"v100_est_tok_s\": " << v100_tps << ", \"graph_steps\": " << graphs
        << ", \"steps_run_ahead\": " << ahead << "}";
   }
 #if REVOLTA_WITH_CUDA
@@ -288,8 +330,13 @@ int main(int argc, char** argv) {
     const auto t0 = Clock::now();
     run_decode(engine, {random_prompt(p, s.vocab, rng)}, 1);
     const double secs = std::chrono::duration<double>(Clock::now() - t0).count();
-    std::printf("prefill %6d tokens: %8.1f ms  %10.0f tok/s\n", p, secs * 1e3, p / secs);
-    js << (i ? ", " : "") << "{\"tokens\": " << p << ", \"tok_s\": " << p / secs << "}";
+    // A prefill reads every weight once (all the experts) and multiplies each token as decode does.
+    const double flops = p * token_flops(s, p / 2.0), bytes = double(info.weight_bytes), roof_s = roof.seconds(bytes, flops);
+    const double v100_s = roof_s > 0 ? secs * Roofline::v100_seconds(bytes, flops) / roof_s : 0.0;
+    std::printf("prefill %6d tokens: %8.1f ms  %10.0f tok/s  %.1f TFLOP/s, %.1f%% of the SM70 roofline; V100 est %.0f tok/s\n",
+                p, secs * 1e3, p / secs, flops / secs / 1e12, 100 * roof_s / secs, v100_s > 0 ? p / v100_s : 0.0);
+    js << (i ? ", " : "") << "{\"tokens\": " << p << ", \"tok_s\": " << p / secs << ", \"flops\": " << flops
+       << ", \"sm70_roofline_fraction\": " << roof_s / secs << "}";
   }
   js << "]}";
   std::printf("JSON %s\n", js.str().c_str());

@@ -29,6 +29,9 @@ void synchronize();
 double measure_copy_bandwidth(size_t bytes);
 // Streaming-read bandwidth (float4 loads over a buffer of `bytes`): the decode roofline's denominator.
 double measure_read_bandwidth(size_t bytes);
+// FLOP/s of mma.sync.m8n8k4 (f16 inputs; f32 or f16 accumulators) from registers (core/peaks.cu):
+// the tensor-core peak of SM70 code on this GPU.
+double measure_mma884_flops(bool f32_accumulate);
 std::string device_name();
 // Whether decode kernels are launched so that each may start while its predecessor drains
 // (core/launch.cuh; compute capability 9.0+ with a build for it). On by default; benchmarks turn

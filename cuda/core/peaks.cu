@@ -1,0 +1,84 @@
+// The SM70 tensor-core instruction's peak on the GPU at hand: mma.sync.m8n8k4 f16 x f16, with f32
+// or f16 accumulators, from registers only (no memory traffic). A later GPU runs the instruction
+// for compatibility, slower than its own tensor-core shapes: the fair compute limit of an SM70
+// build, which benchmarks set beside the read bandwidth (revolta_bench's SM70 roofline).
+#include <cuda_fp16.h>
+
+#include "core/cuda_check.h"
+#include "cuda_ops.h"
+
+namespace revolta::cuda {
+namespace {
+
+constexpr int kChains = 4;         // independent accumulators a warp keeps in flight
+constexpr int kIterations = 4096;  // mma rounds a warp runs
+
+// A warp's m8n8k4 is four 8x8x4 products (its four quad pairs): 2 * 8 * 8 * 4 * 4 FLOPs.
+constexpr double kFlopsPerMma = 2.0 * 8 * 8 * 4 * 4;
+
+template <bool kF32>
+__global__ void mma884_kernel(float* sink, unsigned seed) {
+  const unsigned a0 = seed ^ threadIdx.x, a1 = a0 * 3u, b0 = a0 * 5u, b1 = a0 * 7u;
+  if constexpr (kF32) {
+    float c[kChains][8] = {};
+    for (int i = 0; i < kIterations; ++i)
+#pragma unroll
+      for (int j = 0; j < kChains; ++j)
+        asm volatile(
+            "mma.sync.aligned.m8n8k4.row.col.f32.f16.f16.f32 {%0,%1,%2,%3,%4,%5,%6,%7}, {%8,%9}, {%10,%11}, "
+            "{%0,%1,%2,%3,%4,%5,%6,%7};"
+            : "+f"(c[j][0]), "+f"(c[j][1]), "+f"(c[j][2]), "+f"(c[j][3]), "+f"(c[j][4]), "+f"(c[j][5]), "+f"(c[j][6]),
+              "+f"(c[j][7])
+            : "r"(a0), "r"(a1), "r"(b0), "r"(b1));
+    float s = 0.0f;
+#pragma unroll
+    for (int j = 0; j < kChains; ++j)
+#pragma unroll
+      for (int e = 0; e < 8; ++e) s += c[j][e];
+    if (s == 1234.5f) *sink = s;  // keeps the products; (almost) never true
+  } else {
+    unsigned c[kChains][4] = {};
+    for (int i = 0; i < kIterations; ++i)
+#pragma unroll
+      for (int j = 0; j < kChains; ++j)
+        asm volatile(
+            "mma.sync.aligned.m8n8k4.row.col.f16.f16.f16.f16 {%0,%1,%2,%3}, {%4,%5}, {%6,%7}, {%0,%1,%2,%3};"
+            : "+r"(c[j][0]), "+r"(c[j][1]), "+r"(c[j][2]), "+r"(c[j][3])
+            : "r"(a0), "r"(a1), "r"(b0), "r"(b1));
+    unsigned s = 0;
+#pragma unroll
+    for (int j = 0; j < kChains; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) s ^= c[j][e];
+    if (s == 0x12345678u) *sink = float(s);
+  }
+}
+
+}  // namespace
+
+double measure_mma884_flops(bool f32_accumulate) {
+  Tensor sink = Tensor::empty({1}, DType::kF32, Device::kCUDA);
+  const unsigned blocks = unsigned(sm_count() * 4), threads = 256;
+  auto run = [&] {
+    if (f32_accumulate) mma884_kernel<true><<<blocks, threads, 0, stream()>>>(sink.ptr<float>(), 17u);
+    else mma884_kernel<false><<<blocks, threads, 0, stream()>>>(sink.ptr<float>(), 17u);
+  };
+  run();
+  RV_CUDA_CHECK(cudaGetLastError());
+  cudaEvent_t start, stop;
+  cudaEventCreate(&start);
+  cudaEventCreate(&stop);
+  const int reps = 5;
+  cudaEventRecord(start, stream());
+  for (int i = 0; i < reps; ++i) run();
+  cudaEventRecord(stop, stream());
+  cudaEventSynchronize(stop);
+  float ms = 0.0f;
+  cudaEventElapsedTime(&ms, start, stop);
+  cudaEventDestroy(start);
+  cudaEventDestroy(stop);
+  const double warps = double(blocks) * threads / 32;
+  return warps * kIterations * kChains * kFlopsPerMma * reps / (double(ms) / 1e3);
+}
+
+}  // namespace revolta::cuda
