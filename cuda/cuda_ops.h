@@ -4,6 +4,7 @@
 
 #include <cuda_runtime.h>
 
+#include <functional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -25,6 +26,8 @@ int blocks_per_sm(const void* kernel, int threads, size_t smem);
 Tensor to_device(const Tensor& host);
 Tensor to_host(const Tensor& device);
 void synchronize();
+// Milliseconds of `reps` calls of run() on the stream, between two events (the measurements below).
+float stream_ms(const std::function<void()>& run, int reps);
 // Device-to-device copy bandwidth (read + write bytes per second) over a buffer of `bytes`.
 double measure_copy_bandwidth(size_t bytes);
 // Streaming-read bandwidth (float4 loads over a buffer of `bytes`): the decode roofline's denominator.

@@ -43,3 +43,31 @@ def projection_values(model, block: int) -> tuple[int, int, int]:
     blocked = sum(p.numel() for p in projections if p.shape[1] % block == 0)
     heads = sum(p.numel() for n, p in model.named_parameters() if "embed_tokens" in n or "lm_head" in n)
     return blocked, sum(p.numel() for p in projections) - blocked, heads
+
+
+def awq_cpu_and_gpu(src: Path, out: Path, group: int, cpu_dtype: str):
+    """A module fixture's body: `revolta quantize --awq` of src into out, then the CPU engine (at
+    cpu_dtype) and the GPU engine on it, yielded as a pair and shut down after."""
+    import gc
+
+    import revolta
+    from revolta.cli import main as revolta_cli
+
+    assert revolta_cli(["quantize", "--model", str(src), "--awq", "--group-size", str(group), str(out)]) == 0
+    assert json.loads((out / "config.json").read_text())["quantization_config"]["group_size"] == group
+    cpu = revolta.LLM(str(out), dtype=cpu_dtype, max_model_len=1024, max_num_seqs=16)
+    gpu = revolta.LLM(str(out), device="cuda", max_model_len=1024, gpu_memory_utilization=0.0, max_num_seqs=16)
+    assert gpu.model_info.quantization == f"awq int4 g{group}"
+    yield cpu, gpu
+    cpu.engine.shutdown()
+    gpu.engine.shutdown()
+    del cpu, gpu
+    gc.collect()
+
+
+def token_prompts(n: int, seed: int, lengths=(5, 17, 130, 300, 9, 33, 2, 70)) -> list[dict]:
+    """n prompts of random token ids cycling through `lengths` (decode-sized and past 64 tokens)."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    return [{"prompt_token_ids": rng.integers(3, 256, size=lengths[i % len(lengths)]).tolist()} for i in range(n)]

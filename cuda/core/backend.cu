@@ -9,6 +9,7 @@
 #include <atomic>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <string>
@@ -279,23 +280,29 @@ Tensor to_host(const Tensor& dev) { return dev.to(Device::kCPU); }
 
 void synchronize() { RV_CUDA_CHECK(cudaStreamSynchronize(stream())); }
 
-double measure_copy_bandwidth(size_t bytes) {
-  void *a = nullptr, *b = nullptr;
-  RV_CUDA_CHECK(cudaMalloc(&a, bytes));
-  RV_CUDA_CHECK(cudaMalloc(&b, bytes));
-  RV_CUDA_CHECK(cudaMemcpyAsync(b, a, bytes, cudaMemcpyDeviceToDevice, stream()));
+float stream_ms(const std::function<void()>& run, int reps) {
   cudaEvent_t start, stop;
   cudaEventCreate(&start);
   cudaEventCreate(&stop);
-  const int reps = 10;
   cudaEventRecord(start, stream());
-  for (int i = 0; i < reps; ++i) cudaMemcpyAsync(b, a, bytes, cudaMemcpyDeviceToDevice, stream());
+  for (int i = 0; i < reps; ++i) run();
   cudaEventRecord(stop, stream());
   cudaEventSynchronize(stop);
   float ms = 0.0f;
   cudaEventElapsedTime(&ms, start, stop);
   cudaEventDestroy(start);
   cudaEventDestroy(stop);
+  return ms;
+}
+
+double measure_copy_bandwidth(size_t bytes) {
+  void *a = nullptr, *b = nullptr;
+  RV_CUDA_CHECK(cudaMalloc(&a, bytes));
+  RV_CUDA_CHECK(cudaMalloc(&b, bytes));
+  auto run = [&] { cudaMemcpyAsync(b, a, bytes, cudaMemcpyDeviceToDevice, stream()); };
+  run();
+  const int reps = 10;
+  const float ms = stream_ms(run, reps);
   cudaFree(a);
   cudaFree(b);
   return 2.0 * double(bytes) * reps / (double(ms) / 1e3);
@@ -318,18 +325,8 @@ double measure_read_bandwidth(size_t bytes) {
   const size_t n = bytes / 16;
   auto run = [&] { read_kernel<<<unsigned(sm_count() * 8), 512, 0, stream()>>>(buf.ptr<float4>(), n, sink.ptr<float>()); };
   run();
-  cudaEvent_t start, stop;
-  cudaEventCreate(&start);
-  cudaEventCreate(&stop);
   const int reps = 10;
-  cudaEventRecord(start, stream());
-  for (int i = 0; i < reps; ++i) run();
-  cudaEventRecord(stop, stream());
-  cudaEventSynchronize(stop);
-  float ms = 0.0f;
-  cudaEventElapsedTime(&ms, start, stop);
-  cudaEventDestroy(start);
-  cudaEventDestroy(stop);
+  const float ms = stream_ms(run, reps);
   return double(n * 16) * reps / (double(ms) / 1e3);
 }
 

@@ -65,18 +65,8 @@ double measure_mma884_flops(bool f32_accumulate) {
   };
   run();
   RV_CUDA_CHECK(cudaGetLastError());
-  cudaEvent_t start, stop;
-  cudaEventCreate(&start);
-  cudaEventCreate(&stop);
   const int reps = 5;
-  cudaEventRecord(start, stream());
-  for (int i = 0; i < reps; ++i) run();
-  cudaEventRecord(stop, stream());
-  cudaEventSynchronize(stop);
-  float ms = 0.0f;
-  cudaEventElapsedTime(&ms, start, stop);
-  cudaEventDestroy(start);
-  cudaEventDestroy(stop);
+  const float ms = stream_ms(run, reps);
   const double warps = double(blocks) * threads / 32;
   return warps * kIterations * kChains * kFlopsPerMma * reps / (double(ms) / 1e3);
 }

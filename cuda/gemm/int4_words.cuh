@@ -78,6 +78,21 @@ struct Int4Row {
   __device__ __forceinline__ uint32_t word(int k) const { return load_word(block(k) + 16 + (k % (4 * group)) / 2); }
 };
 
+// The words and headers of R rows for U steps of 256 values from k (a lane's word of each), zeros
+// past K: what a lane loads at once.
+template <int G, int R, int U>
+__device__ __forceinline__ void int4_load_steps(const uint8_t* const (&rows)[R], int k, int K, uint32_t (&head)[U][R],
+                                                uint32_t (&word)[U][R]) {
+#pragma unroll
+  for (int u = 0; u < U; ++u)
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      const int kk = k + u * 32 * 8;
+      head[u][r] = kk < K ? Int4Block<G>::head(rows[r], kk) : 0u;
+      word[u][r] = kk < K ? Int4Block<G>::word(rows[r], kk) : 0u;
+    }
+}
+
 // A warp's dots of R rows (row r's blocks from rows[r]), K values each (K a multiple of 8), summed
 // over the warp into every lane: a lane takes one word of each row per 256 values, the words and
 // headers of U such steps loaded at once, then used. x8(r, k, xv) gives row r's 8 inputs at k
@@ -89,16 +104,7 @@ __device__ __forceinline__ void int4_warp_dots(const uint8_t* const (&rows)[R], 
                                                float (&out)[R]) {
   constexpr int kStep = 32 * 8;
   uint32_t head[U][R], word[U][R];
-  auto load = [&](int k) {
-#pragma unroll
-    for (int u = 0; u < U; ++u)
-#pragma unroll
-      for (int r = 0; r < R; ++r) {
-        const int kk = k + u * kStep;
-        head[u][r] = kk < K ? Int4Block<G>::head(rows[r], kk) : 0u;
-        word[u][r] = kk < K ? Int4Block<G>::word(rows[r], kk) : 0u;
-      }
-  };
+  auto load = [&](int k) { int4_load_steps<G, R, U>(rows, k, K, head, word); };
 #pragma unroll
   for (int r = 0; r < R; ++r) out[r] = 0.0f;
   const int k0 = lane * 8;

@@ -46,16 +46,7 @@ __global__ void __launch_bounds__(32 * kWarps)
 #pragma unroll
   for (int r = 0; r < R; ++r) rows[r] = w + size_t(min(n0 + r, N - 1)) * row_bytes;  // (rows past N: unused)
   uint32_t head[U][R], word[U][R];
-  auto load = [&](int k) {
-#pragma unroll
-    for (int u = 0; u < U; ++u)
-#pragma unroll
-      for (int r = 0; r < R; ++r) {
-        const int kk = k + u * kStep;
-        head[u][r] = kk < K ? B::head(rows[r], kk) : 0u;
-        word[u][r] = kk < K ? B::word(rows[r], kk) : 0u;
-      }
-  };
+  auto load = [&](int k) { int4_load_steps<G, R, U>(rows, k, K, head, word); };
   float acc[R][M];
 #pragma unroll
   for (int r = 0; r < R; ++r)

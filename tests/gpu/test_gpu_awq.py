@@ -5,13 +5,11 @@ request and eight at once (decode GEMVs of 1..8 rows in graphs), and a prefill p
 
 from __future__ import annotations
 
-import gc
-
 import numpy as np
 import pytest
 
 from conftest import first_divergence_on_near_tie, make_hf_model
-from revolta.cli import main as revolta_cli
+from quant_checks import awq_cpu_and_gpu, token_prompts
 
 pytestmark = pytest.mark.gpu
 
@@ -20,24 +18,13 @@ NEAR_TIE = 0.02
 
 @pytest.fixture(scope="module", params=[32, 128], ids=["g32", "g128"])
 def pair(request, tmp_path_factory):
-    import revolta
-
     src, out = tmp_path_factory.mktemp("llama-f32"), tmp_path_factory.mktemp(f"llama-awq-g{request.param}")
     make_hf_model("llama", src, seed=5, hidden_size=512, intermediate_size=1024, max_position_embeddings=1024)
-    assert revolta_cli(["quantize", "--model", str(src), "--awq", "--group-size", str(request.param), str(out)]) == 0
-    cpu = revolta.LLM(str(out), dtype="float32", max_model_len=1024, max_num_seqs=16)
-    gpu = revolta.LLM(str(out), device="cuda", max_model_len=1024, gpu_memory_utilization=0.0, max_num_seqs=16)
-    assert gpu.model_info.quantization == f"awq int4 g{request.param}"
-    yield cpu, gpu
-    cpu.engine.shutdown()
-    gpu.engine.shutdown()
-    del cpu, gpu
-    gc.collect()
+    yield from awq_cpu_and_gpu(src, out, request.param, "float32")
 
 
-def prompts(n, lengths=(5, 17, 130, 300, 9, 33, 2, 70)):
-    rng = np.random.default_rng(11)
-    return [{"prompt_token_ids": rng.integers(3, 256, size=lengths[i % len(lengths)]).tolist()} for i in range(n)]
+def prompts(n):
+    return token_prompts(n, 11)
 
 
 def test_awq_greedy_matches_cpu(pair):

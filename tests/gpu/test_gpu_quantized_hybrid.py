@@ -6,14 +6,11 @@ and greedy tokens equal up to a CPU near-tie."""
 
 from __future__ import annotations
 
-import gc
-import json
-
 import numpy as np
 import pytest
 
 from conftest import first_divergence_on_near_tie, make_hf_model
-from revolta.cli import main as revolta_cli
+from quant_checks import awq_cpu_and_gpu, token_prompts
 from test_quantized_hybrid import CONFIG, per_expert
 
 pytestmark = pytest.mark.gpu
@@ -24,27 +21,15 @@ SIZES = {32: {}, 128: dict(hidden_size=512, moe_intermediate_size=512, shared_ex
 
 @pytest.fixture(scope="module", params=[32, 128], ids=["g32", "g128"])
 def pair(request, tmp_path_factory):
-    import revolta
-
     group = request.param
     src, out = tmp_path_factory.mktemp("next-f32"), tmp_path_factory.mktemp(f"next-awq-g{group}")
     make_hf_model("qwen3_next", src, seed=8, max_position_embeddings=1024, **{**CONFIG, **SIZES[group]})
     per_expert(src)
-    assert revolta_cli(["quantize", "--model", str(src), "--awq", "--group-size", str(group), str(out)]) == 0
-    assert json.loads((out / "config.json").read_text())["quantization_config"]["group_size"] == group
-    cpu = revolta.LLM(str(out), dtype="float16", max_model_len=1024, max_num_seqs=16)
-    gpu = revolta.LLM(str(out), device="cuda", max_model_len=1024, gpu_memory_utilization=0.0, max_num_seqs=16)
-    assert gpu.model_info.quantization == f"awq int4 g{group}"
-    yield cpu, gpu
-    cpu.engine.shutdown()
-    gpu.engine.shutdown()
-    del cpu, gpu
-    gc.collect()
+    yield from awq_cpu_and_gpu(src, out, group, "float16")
 
 
-def prompts(n, lengths=(5, 17, 130, 300, 9, 33, 2, 70)):
-    rng = np.random.default_rng(12)
-    return [{"prompt_token_ids": rng.integers(3, 256, size=lengths[i % len(lengths)]).tolist()} for i in range(n)]
+def prompts(n):
+    return token_prompts(n, 12)
 
 
 def test_quantized_experts_match_cpu(pair):
