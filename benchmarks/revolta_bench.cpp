@@ -277,6 +277,11 @@ int main(int argc, char** argv) {
               shape_name.c_str(), info.weight_bytes / 1e9, (tb.weights + s.top_k * tb.per_expert) / 1e9, tb.state / 1e6,
               info.kv_cache_bytes / 1e9, eager || device != "cuda" ? "eager" : "decode graphs allowed",
               async_scheduling.c_str(), cfg.max_model_len);
+  if (!info.cuda_graph_batch_sizes.empty()) {
+    std::printf("decode graphs recorded for batch sizes");
+    for (int32_t b : info.cuda_graph_batch_sizes) std::printf(" %d", b);
+    std::printf(" in %.0f MiB\n", info.cuda_graph_bytes / 1048576.0);
+  }
   std::mt19937 rng(1);
   std::ostringstream js;
   js << "{\"shape\": \"" << shape_name << "\", \"device\": \"" << info.device << "\", \"read_bw_gbs\": " << read_bw / 1e9

@@ -143,7 +143,9 @@ NB_MODULE(_core, m) {
       .def_ro("weight_bytes", &ModelInfo::weight_bytes)
       .def_ro("kv_cache_bytes", &ModelInfo::kv_cache_bytes)
       .def_ro("device", &ModelInfo::device)
-      .def_ro("kv_cache_dtype", &ModelInfo::kv_cache_dtype);
+      .def_ro("kv_cache_dtype", &ModelInfo::kv_cache_dtype)
+      .def_ro("cuda_graph_batch_sizes", &ModelInfo::cuda_graph_batch_sizes)
+      .def_ro("cuda_graph_bytes", &ModelInfo::cuda_graph_bytes);
 
   nb::class_<Engine>(m, "Engine")
       .def(nb::init<const EngineConfig&>(), "config"_a, nb::call_guard<nb::gil_scoped_release>())

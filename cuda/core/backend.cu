@@ -25,17 +25,34 @@
 namespace revolta::cuda {
 namespace {
 
+struct GraphArena;
+
 struct Pool {
   std::mutex mu;
   std::multimap<size_t, void*> free_blocks;
   size_t cached_bytes = 0;
+  // A recording's pool: blocks come from the arena, the smallest free one that fits, and stay
+  // the arena's (never freed here).
+  std::shared_ptr<GraphArena> arena;
   void release() {
     std::lock_guard<std::mutex> lk(mu);
-    for (auto& [bytes, p] : free_blocks) cudaFree(p);
+    if (!arena)
+      for (auto& [bytes, p] : free_blocks) cudaFree(p);
     free_blocks.clear();
     cached_bytes = 0;
   }
   ~Pool() { release(); }
+};
+
+// Device memory that a runner's graphs share (DeviceRuntime::graph_memory).
+struct GraphArena final : GraphMemory {
+  std::mutex mu;
+  std::vector<std::pair<size_t, void*>> blocks;
+  size_t total = 0;
+  size_t bytes() const override { return total; }
+  ~GraphArena() override {
+    for (auto& [n, p] : blocks) cudaFree(p);
+  }
 };
 
 std::shared_ptr<Pool>& global_pool() {
@@ -66,8 +83,10 @@ std::shared_ptr<Buffer> allocate(size_t bytes, bool zero, void** data) {
   buf->bytes = round_size(bytes);
   {
     std::lock_guard<std::mutex> lk(buf->pool->mu);
-    auto it = buf->pool->free_blocks.find(buf->bytes);
-    if (it != buf->pool->free_blocks.end()) {
+    auto& free = buf->pool->free_blocks;
+    auto it = buf->pool->arena ? free.lower_bound(buf->bytes) : free.find(buf->bytes);
+    if (it != free.end()) {
+      buf->bytes = it->first;
       buf->ptr = it->second;
       buf->pool->free_blocks.erase(it);
       buf->pool->cached_bytes -= buf->bytes;
@@ -81,6 +100,11 @@ std::shared_ptr<Buffer> allocate(size_t bytes, bool zero, void** data) {
       err = cudaMalloc(&buf->ptr, buf->bytes);
     }
     RV_CHECK(err == cudaSuccess, "CUDA out of memory allocating ", buf->bytes, " bytes: ", cudaGetErrorString(err));
+    if (GraphArena* a = buf->pool->arena.get()) {
+      std::lock_guard<std::mutex> lk(a->mu);
+      a->blocks.emplace_back(buf->bytes, buf->ptr);
+      a->total += buf->bytes;
+    }
   }
   if (zero) RV_CUDA_CHECK(cudaMemsetAsync(buf->ptr, 0, bytes, stream()));
   *data = buf->ptr;
@@ -212,8 +236,15 @@ class Runtime final : public DeviceRuntime {
     std::lock_guard<std::mutex> lk(global_pool()->mu);
     *free_bytes += global_pool()->cached_bytes;
   }
-  std::unique_ptr<DeviceGraph> capture(const std::function<void()>& work) override {
+  std::shared_ptr<GraphMemory> graph_memory() override { return std::make_shared<GraphArena>(); }
+  std::unique_ptr<DeviceGraph> capture(const std::function<void()>& work,
+                                       const std::shared_ptr<GraphMemory>& shared) override {
     auto pool = std::make_shared<Pool>();
+    if (shared) {  // every block of the arena is free to this recording
+      pool->arena = std::static_pointer_cast<GraphArena>(shared);
+      std::lock_guard<std::mutex> lk(pool->arena->mu);
+      for (auto& [n, p] : pool->arena->blocks) pool->free_blocks.emplace(n, p);
+    }
     struct Scope {  // routes allocations of this thread to the graph's pool
       explicit Scope(std::shared_ptr<Pool> p) { t_capture_pool = std::move(p); }
       ~Scope() { t_capture_pool.reset(); }

@@ -27,6 +27,9 @@ class EngineOptions(BaseModel):
     gpu_memory_utilization: float = Field(0.9, ge=0, le=0.99, description="cuda: share of device memory to use "
                                           "(0: size the KV pool by kv_cache_memory_bytes)")
     enforce_eager: bool = Field(False, description="cuda: no decode graphs")
+    cuda_graph_sizes: list[int] = Field(
+        default_factory=list, description="cuda: decode batch sizes recorded as graphs at startup (JSON list or "
+        "comma-separated); none: 1, 2, 4, multiples of 8 up to 256, of 16 up to 512, and max_num_seqs")
     async_scheduling: Literal["auto", "on", "off"] = Field(
         "auto", description="queue a greedy decode step before the host reads the previous one's tokens (auto: on with cuda)")
     max_model_len: int = Field(0, ge=0, description="0: the model's max_position_embeddings")
@@ -40,6 +43,14 @@ class EngineOptions(BaseModel):
     speculative_config: dict[str, Any] | None = Field(
         None, description='speculative decoding, as JSON: {"method": "ngram", "num_speculative_tokens": 4, '
                           '"prompt_lookup_max": 4, "prompt_lookup_min": 1}')
+
+    @field_validator("cuda_graph_sizes", mode="before")
+    @classmethod
+    def _sizes_from_text(cls, v: object) -> object:
+        if isinstance(v, str):
+            text = v.strip()
+            return json.loads(text) if text.startswith("[") else [x.strip() for x in text.split(",") if x.strip()]
+        return v
 
     @field_validator("speculative_config", mode="before")
     @classmethod

@@ -88,6 +88,7 @@ class LLM:
         quantization: str = "auto",
         gpu_memory_utilization: float = 0.9,
         enforce_eager: bool = False,
+        cuda_graph_sizes: list[int] | None = None,
         async_scheduling: str = "auto",
         speculative_config: dict[str, Any] | None = None,
     ):
@@ -109,6 +110,7 @@ class LLM:
         cfg.quantization = quantization
         cfg.gpu_memory_utilization = gpu_memory_utilization
         cfg.enforce_eager = enforce_eager
+        cfg.cuda_graph_batch_sizes = list(cuda_graph_sizes or [])
         cfg.async_scheduling = async_scheduling
         apply_speculative_config(cfg, speculative_config)
         self.engine = _core.Engine(cfg)

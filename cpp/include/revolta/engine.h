@@ -58,7 +58,9 @@ struct EngineConfig {
   // has read the previous step's tokens (the device feeds them to it), so the device does not idle
   // while the host checks stops and schedules. A request that stops costs one discarded step.
   std::string async_scheduling = "auto";
-  std::vector<int32_t> cuda_graph_batch_sizes = {1, 2, 4, 8, 16, 32};  // capped by max_num_seqs
+  // Decode batch sizes recorded as graphs at startup; empty: 1, 2, 4, then every multiple of 8
+  // up to 256 and of 16 up to 512, and max_num_seqs itself (as vLLM). Capped by max_num_seqs.
+  std::vector<int32_t> cuda_graph_batch_sizes;
   int32_t max_model_len = 0;         // 0: the model's max_position_embeddings
   int32_t max_num_seqs = 64;
   int32_t max_num_batched_tokens = 2048;
@@ -148,6 +150,8 @@ struct ModelInfo {
   int64_t kv_cache_bytes = 0;
   std::string device;                // "cpu" or the GPU's name
   std::string kv_cache_dtype;
+  std::vector<int32_t> cuda_graph_batch_sizes;  // decode graphs recorded at startup
+  int64_t cuda_graph_bytes = 0;                 // the device memory they share
 };
 
 using OutputCallback = std::function<void(const RequestOutput&)>;

@@ -19,6 +19,14 @@ struct DeviceGraph {
   virtual void replay() = 0;
 };
 
+// Device memory that several graphs share. They replay one at a time in the device's work order
+// and what one graph's outputs hold is read before the next replays, so a recording may reuse any
+// block of it, including those another graph's outputs keep.
+struct GraphMemory {
+  virtual ~GraphMemory() = default;
+  virtual size_t bytes() const = 0;
+};
+
 // A device -> host copy queued in the device's work order while the host goes on (async
 // scheduling reads a step's tokens while the next step is already queued). Dropping it unwaited
 // is allowed: the copy then lands nowhere the caller can see.
@@ -42,8 +50,11 @@ struct DeviceRuntime {
   virtual void synchronize() = 0;
   // Free and total device memory; cached (freed, reusable) blocks count as free.
   virtual void memory_info(size_t* free_bytes, size_t* total_bytes) = 0;
-  // Runs `work` once to size its buffers, then records it into a graph.
-  virtual std::unique_ptr<DeviceGraph> capture(const std::function<void()>& work) = 0;
+  // Runs `work` once to size its buffers, then records it into a graph. Its buffers come from
+  // `shared` when given (graph_memory()), else they are the graph's own.
+  virtual std::shared_ptr<GraphMemory> graph_memory() = 0;
+  virtual std::unique_ptr<DeviceGraph> capture(const std::function<void()>& work,
+                                               const std::shared_ptr<GraphMemory>& shared = nullptr) = 0;
 };
 
 void register_device_runtime(Device device, DeviceRuntime* runtime);

@@ -16,6 +16,24 @@
 namespace revolta {
 namespace fs = std::filesystem;
 
+namespace {
+
+std::vector<int32_t> graph_batch_sizes(const EngineConfig& cfg) {
+  std::vector<int32_t> sizes;
+  if (cfg.cuda_graph_batch_sizes.empty()) {
+    for (int32_t b = 1; b <= 512; b = b < 8 ? (b == 4 ? 8 : 2 * b) : b + (b < 256 ? 8 : 16)) sizes.push_back(b);
+    if (cfg.max_num_seqs <= 1024) sizes.push_back(cfg.max_num_seqs);
+  } else {
+    sizes = cfg.cuda_graph_batch_sizes;
+  }
+  std::vector<int32_t> kept;
+  for (int32_t b : sizes)
+    if (b <= cfg.max_num_seqs && std::find(kept.begin(), kept.end(), b) == kept.end()) kept.push_back(b);
+  return kept;
+}
+
+}  // namespace
+
 Engine::Impl::Impl(const EngineConfig& c) : cfg(c), seed_source(c.seed) {
   cfg.validate();
   RV_CHECK_ARG(fs::is_directory(cfg.model), "model: '", cfg.model, "' is not a directory");
@@ -112,10 +130,11 @@ Engine::Impl::Impl(const EngineConfig& c) : cfg(c), seed_source(c.seed) {
   ropts.max_model_len = cfg.max_model_len;
   if (mtp) ropts.hidden = HiddenRows::kEvery;  // the MTP layer reads the hidden state of every computed position
   ropts.keep_verify_rows = speculative && caches->states();  // rollback by replaying the recurrences
-  if (device == Device::kCUDA && !cfg.enforce_eager)
-    for (int32_t b : cfg.cuda_graph_batch_sizes)
-      if (b <= cfg.max_num_seqs) ropts.graph_batch_sizes.push_back(b);
+  if (device == Device::kCUDA && !cfg.enforce_eager) ropts.graph_batch_sizes = graph_batch_sizes(cfg);
   runner = std::make_unique<ModelRunner>(*model, caches->kv(), caches->states(), ropts);
+  // Recorded now rather than when a size first comes: no step waits for a recording, and their
+  // memory is taken before serving starts (the plan counted it in the activations).
+  runner->capture_graphs();
   // A step queued ahead is one token of each request: it cannot carry drafts.
   async_scheduling = !speculative && (cfg.async_scheduling == "on" || (cfg.async_scheduling == "auto" && device != Device::kCPU));
   live.spec_accepted_per_position.assign(size_t(speculative ? cfg.num_speculative_tokens : 0), 0);
@@ -133,6 +152,8 @@ Engine::Impl::Impl(const EngineConfig& c) : cfg(c), seed_source(c.seed) {
   info.kv_cache_bytes = caches->nbytes();
   info.device = device == Device::kCPU ? "cpu" : device_runtime(device).name();
   info.kv_cache_dtype = dtype_name(plan.kv.dtype);
+  info.cuda_graph_batch_sizes = runner->recorded_batch_sizes();
+  info.cuda_graph_bytes = runner->graph_memory_bytes();
   live.num_blocks_total = plan.num_blocks;
   live.num_blocks_free = plan.num_blocks;
   publish_stats();

@@ -13,7 +13,8 @@ namespace revolta {
 // dense, MoE and hybrid (Gated DeltaNet) layers.
 int64_t estimate_weight_bytes(const ModelConfig& c, size_t bytes_per_element);
 // Peak bytes of one forward's activations (max_num_batched_tokens rows, logits of max_num_seqs
-// rows), doubled for the decode graphs' private buffers and allocator rounding.
+// rows), doubled: the decode graphs share one such forward's memory (their largest batch is at most
+// max_num_seqs rows), and the allocator rounds.
 int64_t estimate_activation_bytes(const ModelConfig& c, const EngineConfig& e);
 
 }  // namespace revolta

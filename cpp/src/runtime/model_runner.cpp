@@ -140,14 +140,13 @@ ModelRunner::Metadata ModelRunner::build(const SchedulerOutput& step, StepLogits
     }
     m.query_start[size_t(s) + 1] = t;
     m.seq_lens[size_t(s)] = pad_tokens;
+    m.max_seq_len = std::max(m.max_seq_len, pad_tokens);
   }
   return m;
 }
 
 ModelRunner::DecodeGraph* ModelRunner::graph_for(const SchedulerOutput& step) {
-  if (model_.device() == Device::kCPU || opts_.graph_batch_sizes.empty() || opts_.hidden == HiddenRows::kSampled ||
-      step.scheduled.empty())
-    return nullptr;
+  if (!graphs_enabled() || step.scheduled.empty()) return nullptr;
   const int32_t S = int32_t(step.scheduled.size()), q = step.scheduled[0].num_new_tokens;
   for (const auto& s : step.scheduled)  // every sequence computes its last q tokens and samples them all
     if (s.num_new_tokens != q || s.request->sample_rows != q || s.request->num_computed_tokens + q != s.request->num_tokens())
@@ -155,11 +154,51 @@ ModelRunner::DecodeGraph* ModelRunner::graph_for(const SchedulerOutput& step) {
   int32_t size = 0;
   for (int32_t b : opts_.graph_batch_sizes)
     if (b >= S && (size == 0 || b < size)) size = b;
-  if (size == 0 || q > kMaxGraphTokensPerSequence || size * q > model_.max_captured_batch()) return nullptr;
+  if (size == 0 || !capturable(size, q)) return nullptr;
   if (auto it = graphs_.find({size, q}); it != graphs_.end()) return it->second.get();
+  return record(size, q);
+}
 
-  // Record it: static inputs sized for the padded batch and the longest block table. It joins
-  // the map only once recorded, so a failed recording is retried rather than replayed.
+bool ModelRunner::graphs_enabled() const {
+  return model_.device() != Device::kCPU && !opts_.graph_batch_sizes.empty() && opts_.hidden != HiddenRows::kSampled;
+}
+
+bool ModelRunner::capturable(int32_t size, int32_t q) const {
+  return q <= kMaxGraphTokensPerSequence && size * q <= model_.max_captured_batch();
+}
+
+int32_t ModelRunner::capture_graphs(int32_t tokens_per_sequence) {
+  if (!graphs_enabled()) return 0;
+  std::vector<int32_t> sizes;
+  for (int32_t b : opts_.graph_batch_sizes)
+    if (capturable(b, tokens_per_sequence)) sizes.push_back(b);
+  std::sort(sizes.rbegin(), sizes.rend());  // the largest first: the smaller ones fit in its blocks
+  if (sizes.empty()) return 0;
+  {  // An eager run first: whatever the model keeps from its first forward is not graph memory.
+    StepLogits unused;
+    Metadata m = build(SchedulerOutput{}, unused, sizes[0], 1, false, tokens_per_sequence);
+    m.hidden = opts_.hidden;
+    run_metadata(m, nullptr);
+  }
+  int32_t n = 0;
+  for (int32_t b : sizes)
+    if (!graphs_.count({b, tokens_per_sequence})) n += record(b, tokens_per_sequence) != nullptr;
+  return n;
+}
+
+std::vector<int32_t> ModelRunner::recorded_batch_sizes() const {
+  std::vector<int32_t> sizes;
+  for (const auto& [key, g] : graphs_)
+    if (key.second == 1) sizes.push_back(key.first);
+  return sizes;
+}
+
+int64_t ModelRunner::graph_memory_bytes() const { return graph_memory_ ? int64_t(graph_memory_->bytes()) : 0; }
+
+// Records the step of `size` padded sequences of q tokens: static inputs sized for the padded
+// batch and the longest block table. It joins the map only once recorded, so a failed recording
+// is retried rather than replayed.
+ModelRunner::DecodeGraph* ModelRunner::record(int32_t size, int32_t q) {
   auto g = std::make_unique<DecodeGraph>();
   g->batch = size;
   g->tokens = q;
@@ -185,14 +224,18 @@ ModelRunner::DecodeGraph* ModelRunner::graph_for(const SchedulerOutput& step) {
   b.attention.tokens_per_seq = q;
   ModelCaches caches{&cache_, states_};
   DecodeGraph* raw = g.get();
-  raw->graph = device_runtime(model_.device()).capture([&] {
-    // The sizing run's outputs go back to the pool before the recorded run.
-    raw->logits = raw->hidden = Tensor();
-    if (kept) kept->clear();
-    ForwardOutput f = model_.forward(raw->batch_desc, caches);
-    raw->logits = f.logits;
-    raw->hidden = f.hidden;
-  });
+  DeviceRuntime& rt = device_runtime(model_.device());
+  if (!graph_memory_) graph_memory_ = rt.graph_memory();
+  raw->graph = rt.capture(
+      [&] {
+        // The sizing run's outputs go back to the pool before the recorded run.
+        raw->logits = raw->hidden = Tensor();
+        if (kept) kept->clear();
+        ForwardOutput f = model_.forward(raw->batch_desc, caches);
+        raw->logits = f.logits;
+        raw->hidden = f.hidden;
+      },
+      graph_memory_);
   if (raw->batch_desc.kept_rows.defined()) raw->kept = *kept;
   graphs_[{size, q}] = std::move(g);
   return raw;
@@ -233,7 +276,14 @@ StepLogits ModelRunner::execute(const SchedulerOutput& step, const std::vector<S
   StepLogits out;
   Metadata m = build(step, out, 0, 1, fed_ids != nullptr);
   m.hidden = opts_.hidden;
-  const int32_t T = int32_t(m.ids.size()), S = int32_t(step.scheduled.size());
+  ForwardOutput f = run_metadata(m, fed_ids);
+  out.logits = f.logits;
+  out.hidden = f.hidden;
+  return out;
+}
+
+ForwardOutput ModelRunner::run_metadata(const Metadata& m, const Tensor* fed_ids) {
+  const int32_t T = int32_t(m.ids.size()), S = int32_t(m.seq_lens.size());
   const Device dev = model_.device();
   const Packed p = pack(m);
   Tensor meta = Tensor::uninitialized({int64_t(std::max<size_t>(1, p.host.size()))}, DType::kI32, dev);
@@ -244,10 +294,7 @@ StepLogits ModelRunner::execute(const SchedulerOutput& step, const std::vector<S
   bind(b, meta, p, m, T, S, cache_.block_size);
   if (opts_.keep_verify_rows && !m.kept.empty()) b.kept_rows = device_ints(m.kept);
   ModelCaches caches{&cache_, states_};
-  ForwardOutput f = model_.forward(b, caches);
-  out.logits = f.logits;
-  out.hidden = f.hidden;
-  return out;
+  return model_.forward(b, caches);
 }
 
 Tensor ModelRunner::device_ints(const std::vector<int32_t>& v) const {

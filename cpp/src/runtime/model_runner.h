@@ -73,6 +73,11 @@ class ModelRunner {
   // Rolls recurrent states forward over rows the last step kept (RunnerOptions::keep_verify_rows).
   void replay_states(const std::vector<StateReplay>& replays);
   int64_t graph_replays() const { return graph_replays_; }
+  // Records the graphs of every captured batch size for steps of `tokens_per_sequence` tokens per
+  // sequence, the largest first (they share one memory); returns how many it recorded.
+  int32_t capture_graphs(int32_t tokens_per_sequence = 1);
+  int64_t graph_memory_bytes() const;  // device memory the recorded graphs share
+  std::vector<int32_t> recorded_batch_sizes() const;  // of the one-token-per-sequence graphs
 
  private:
   struct DecodeGraph;
@@ -89,6 +94,10 @@ class ModelRunner {
   // Overwrites the token ids of the packed metadata on the device with fed_ids.
   void feed(Tensor& meta, size_t ids_at, const Tensor& fed_ids);
   DecodeGraph* graph_for(const SchedulerOutput& step);
+  bool graphs_enabled() const;
+  bool capturable(int32_t size, int32_t tokens_per_sequence) const;
+  DecodeGraph* record(int32_t size, int32_t tokens_per_sequence);
+  ForwardOutput run_metadata(const Metadata& m, const Tensor* fed_ids);  // an eager forward
   Tensor device_ints(const std::vector<int32_t>& v) const;  // int32 on the model's device
 
   CausalLM& model_;
@@ -97,6 +106,7 @@ class ModelRunner {
   RunnerOptions opts_;
   std::map<std::pair<int32_t, int32_t>, std::unique_ptr<DecodeGraph>> graphs_;  // by (padded batch, tokens per sequence)
   int64_t graph_replays_ = 0;
+  std::shared_ptr<GraphMemory> graph_memory_;
 };
 
 }  // namespace revolta

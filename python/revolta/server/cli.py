@@ -160,8 +160,16 @@ def build(settings):
                  "quantization", "gpu_memory_utilization", "enforce_eager", "async_scheduling"):
         setattr(cfg, name, getattr(e, name))
     cfg.model = path
+    cfg.cuda_graph_batch_sizes = e.cuda_graph_sizes
     apply_speculative_config(cfg, e.speculative_config)
-    engine = AsyncEngine(_core.Engine(cfg), e.max_num_seqs)
+    core = _core.Engine(cfg)
+    info = core.model_info
+    log.info("model %s on %s: %.2f GB of %s weights%s, KV cache %.2f GB (%s)%s", info.architecture, info.device,
+             info.weight_bytes / 1e9, info.weight_dtype, f" ({info.quantization})" if info.quantization else "",
+             info.kv_cache_bytes / 1e9, info.kv_cache_dtype,
+             f", decode graphs for batch sizes {list(info.cuda_graph_batch_sizes)} in {info.cuda_graph_bytes / 2**20:.0f} MiB"
+             if info.cuda_graph_batch_sizes else "")
+    engine = AsyncEngine(core, e.max_num_seqs)
     tokenizer = Tokenizer(e.tokenizer or path)
     served = [e.served_model_name or (Path(e.model).name if e.model else "SmolLM2-135M-Instruct")]
     if e.model and e.model not in served:
