@@ -84,3 +84,21 @@ def test_probe_summary_names_the_late_blocks(tmp_path):
     line = next(l for l in proc.stdout.splitlines() if l.startswith("moe_route_experts / wait returned"))
     assert "latest most often 2 (3x);" in line
     assert line.split("furthest behind the median ")[1].startswith("2 (+0.55), 5 (+0.15)")
+
+
+def test_serving_benchmark_runs_against_a_real_server(tmp_path):
+    """benchmarks/bench_serving.py starts a server, streams a small load through it and reports
+    every request: completed, with a first token before its end and as many tokens as asked."""
+    import sys
+
+    script = Path(__file__).parents[1] / "benchmarks" / "bench_serving.py"
+    out = tmp_path / "serving.json"
+    proc = subprocess.run([sys.executable, str(script), "--shape", "demo", "--engine", '{"max_num_seqs": 4}',
+                           "--num-prompts", "6", "--request-rate", "20", "--input-len", "24", "--output-len", "6",
+                           "--no-offline-peer", "--json", str(out)], capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    fig = json.loads(out.read_text())
+    assert fig["completed"] == 6 and fig["failed"] == 0
+    assert fig["output_tokens"] == fig["requested_output_tokens"]  # ignore_eos: each request its max_tokens
+    assert 0 < fig["ttft"]["p50_ms"] <= fig["e2e"]["p50_ms"]
+    assert fig["output_tok_s"] > 0 and fig["input_tok_s"] > fig["output_tok_s"]
