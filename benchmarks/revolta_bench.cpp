@@ -2,7 +2,8 @@
 // (load_format=dummy): decode tok/s at several concurrencies, prefill tok/s at long prompts, the
 // bytes one decode step must read and the fraction of the measured read bandwidth achieved, and of
 // the SM70 roofline (the larger of bytes over that bandwidth and FLOPs over the measured
-// mma.sync.m8n8k4 peak, core/peaks.cu), with what a V100 would take at the same fraction of its own.
+// mma.sync.m8n8k4 peak, core/peaks.cu), with what a V100 would take at the fraction this run reached
+// of the roofline of the wmma shape the GEMMs use (a later GPU runs it faster than m8n8k4).
 //
 //   revolta_bench --shape llama-8b|llama-1b|qwen3-next-80b [--layers N] [--device cuda|cpu]
 //                 [--concurrency 1,2,4,8,16,32] [--prefill 2048,8192] [--prompt 128] [--decode 128]
@@ -148,14 +149,23 @@ double token_flops(const Shape& s, double ctx) {
          4.0 * attn_layers * s.heads * s.head_dim * ctx + 4.0 * lin_layers * s.lin_v_heads * s.lin_k_dim * s.lin_v_dim;
 }
 
-// The SM70 roofline of a step: the larger of its bytes over the read bandwidth and its FLOPs over
-// the m8n8k4 peak; and the same model with a V100's numbers (900 GB/s, 125 TFLOP/s).
+// seconds(): the SM70 roofline (m8n8k4 peak). native_seconds(): the same with the peak of the wmma
+// shape the GEMMs are written in, which a later GPU runs on its own tensor cores. A V100 is
+// estimated at the fraction of the native roofline this run reached (at most all of it: on a
+// V100 both are the m8n8k4 peak).
 struct Roofline {
-  double read_bw = 0, mma_flops = 0;
+  double read_bw = 0, mma_flops = 0, wmma_flops = 0;
   double seconds(double bytes, double flops) const {
     return read_bw > 0 && mma_flops > 0 ? std::max(bytes / read_bw, flops / mma_flops) : 0.0;
   }
-  static double v100_seconds(double bytes, double flops) { return std::max(bytes / 900e9, flops / 125e12); }
+  double native_seconds(double bytes, double flops) const {
+    return read_bw > 0 && wmma_flops > 0 ? std::max(bytes / read_bw, flops / wmma_flops) : 0.0;
+  }
+  double v100_seconds(double bytes, double flops, double run_s) const {
+    const double native = native_seconds(bytes, flops);
+    if (native <= 0) return 0.0;
+    return std::max(bytes / 900e9, flops / 125e12) / std::min(1.0, native / run_s);
+  }
 };
 
 std::vector<int32_t> random_prompt(int n, int vocab, std::mt19937& rng) {
@@ -235,11 +245,14 @@ int main(int argc, char** argv) {
     read_bw = cuda::measure_read_bandwidth(size_t(4) << 30);
     roof.read_bw = read_bw;
     roof.mma_flops = cuda::measure_mma884_flops(true);
+    roof.wmma_flops = cuda::measure_wmma_flops();
     std::printf("device: %s\nmeasured streaming-read bandwidth: %.0f GB/s\ndependent kernel launch: %s\n",
                 cuda::device_name().c_str(), read_bw / 1e9, cuda::dependent_launch_enabled() ? "on" : "off");
     std::printf("SM70 tensor-core peak (mma.sync.m8n8k4 f16): %.1f TFLOP/s with f32 accumulators, %.1f with f16; "
                 "SM70 roofline = max(bytes / read bandwidth, FLOPs / the f32 figure)\n",
                 roof.mma_flops / 1e12, cuda::measure_mma884_flops(false) / 1e12);
+    std::printf("wmma m16n16k16 f16 (the GEMMs' shape; this GPU's own tensor cores): %.1f TFLOP/s; the V100 "
+                "estimate (900 GB/s, 125 TFLOP/s) keeps the fraction of that roofline\n", roof.wmma_flops / 1e12);
   }
 #endif
   if (s.hybrid()) std::printf("%s with %d of its layers\n", shape_name.c_str(), s.layers);
@@ -307,8 +320,7 @@ int main(int argc, char** argv) {
     const double bytes = tb.weights + experts * tb.per_expert + c * tb.state + double(c) * (prompt + decode / 2.0) * tb.kv_per_ctx;
     const double frac = read_bw > 0 ? bytes / step_s / read_bw : 0.0;
     const double flops = c * token_flops(s, prompt + decode / 2.0), roof_s = roof.seconds(bytes, flops);
-    // A V100 at the same fraction of its own roofline.
-    const double v100_tps = roof_s > 0 ? c / (step_s * Roofline::v100_seconds(bytes, flops) / roof_s) : 0.0;
+    const double v100_s = roof.v100_seconds(bytes, flops, step_s), v100_tps = v100_s > 0 ? c / v100_s : 0.0;
     std::printf("%-12d %12.1f %12.2f %16.3f %9.1f%% %9.1f%% %14.1f %7.0f%% %7.0f%%\n", c, tps, step_s * 1e3, bytes / 1e9,
                 100 * frac, 100 * roof_s / step_s, v100_tps, 100 * std::min(1.0, graphs), 100 * std::min(1.0, ahead));
     js << (i ? ", " : "") << "{\"concurrency\": " << c << ", \"tok_s\": " << tps << ", \"step_ms\": " << step_s * 1e3
@@ -337,7 +349,7 @@ int main(int argc, char** argv) {
     const double secs = std::chrono::duration<double>(Clock::now() - t0).count();
     // A prefill reads every weight once (all the experts) and multiplies each token as decode does.
     const double flops = p * token_flops(s, p / 2.0), bytes = double(info.weight_bytes), roof_s = roof.seconds(bytes, flops);
-    const double v100_s = roof_s > 0 ? secs * Roofline::v100_seconds(bytes, flops) / roof_s : 0.0;
+    const double v100_s = roof.v100_seconds(bytes, flops, secs);
     std::printf("prefill %6d tokens: %8.1f ms  %10.0f tok/s  %.1f TFLOP/s, %.1f%% of the SM70 roofline; V100 est %.0f tok/s\n",
                 p, secs * 1e3, p / secs, flops / secs / 1e12, 100 * roof_s / secs, v100_s > 0 ? p / v100_s : 0.0);
     js << (i ? ", " : "") << "{\"tokens\": " << p << ", \"tok_s\": " << p / secs << ", \"flops\": " << flops

@@ -35,6 +35,8 @@ double measure_read_bandwidth(size_t bytes);
 // FLOP/s of mma.sync.m8n8k4 (f16 inputs; f32 or f16 accumulators) from registers (core/peaks.cu):
 // the tensor-core peak of SM70 code on this GPU.
 double measure_mma884_flops(bool f32_accumulate);
+// Peak of wmma m16n16k16 f16 (f32 accumulators), the shape the engine's GEMMs use.
+double measure_wmma_flops();
 std::string device_name();
 // Whether decode kernels are launched so that each may start while its predecessor drains
 // (core/launch.cuh; compute capability 9.0+ with a build for it). On by default; benchmarks turn
