@@ -5,7 +5,7 @@ benchmark_serving does, and the ratio of the served output throughput to the eng
 throughput on the same requests (revolta.LLM in this process, after the server stopped).
 
     python benchmarks/bench_serving.py --engine '{"device": "cuda", "max_num_seqs": 64}' \\
-        [--shape llama-8b] [--num-prompts 200] [--request-rate 8] [--input-len 512] [--output-len 128] \\
+        [--shape llama-8b] [--tokenizer DIR] [--num-prompts 200] [--request-rate 8] [--input-len 512] [--output-len 128] \\
         [--range-ratio 0.5] [--max-concurrency 0] [--no-offline-peer] [--json FILE]
 
 --engine: engine options as JSON (the server's option names); without "model", --shape writes a
@@ -38,17 +38,22 @@ SHAPES = {
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "generation_config.json")
 
 
-def shaped_model(shape: str, out: Path) -> tuple[str, int]:
-    """A model directory of `shape` with the demo tokenizer; returns (path, vocab size)."""
-    from revolta.models.resolve import resolve_model
+def shaped_model(shape: str, out: Path, tokenizer: str | None) -> tuple[str, int]:
+    """A model directory of `shape` with the demo's tokenizer (or the one in `tokenizer`, a
+    directory with tokenizer.json); returns (path, vocab size)."""
+    if shape == "demo" or tokenizer is None:
+        from revolta.models.resolve import resolve_model
 
-    demo = Path(resolve_model(None))
-    demo_cfg = json.loads((demo / "config.json").read_text())
+        demo = Path(resolve_model(None))
+    else:
+        demo = Path(tokenizer)
     if shape == "demo":
-        return str(demo), demo_cfg["vocab_size"]
-    cfg = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": demo_cfg["vocab_size"],
-           "max_position_embeddings": 16384, "rope_theta": 500000.0, "rms_norm_eps": 1e-5, "torch_dtype": "float16",
-           "bos_token_id": demo_cfg.get("bos_token_id"), "eos_token_id": demo_cfg.get("eos_token_id"), **SHAPES[shape]}
+        return str(demo), json.loads((demo / "config.json").read_text())["vocab_size"]
+    vocab = json.loads((demo / "tokenizer.json").read_text())["model"]["vocab"]
+    added = json.loads((demo / "tokenizer.json").read_text()).get("added_tokens", [])
+    cfg = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": max(len(vocab), 1 + max(
+           [t["id"] for t in added] or [0])), "max_position_embeddings": 16384, "rope_theta": 500000.0,
+           "rms_norm_eps": 1e-5, "torch_dtype": "float16", **SHAPES[shape]}
     out.mkdir(parents=True, exist_ok=True)
     (out / "config.json").write_text(json.dumps(cfg))
     for name in TOKENIZER_FILES:
@@ -164,6 +169,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--engine", default="{}", help="engine options as JSON")
     ap.add_argument("--shape", default="llama-8b", choices=[*SHAPES, "demo"])
+    ap.add_argument("--tokenizer", default=None, help="a directory with tokenizer.json for --shape (default: the demo's)")
     ap.add_argument("--num-prompts", type=int, default=200)
     ap.add_argument("--request-rate", type=float, default=float("inf"), help="requests per second (Poisson); inf: all at once")
     ap.add_argument("--input-len", type=int, default=512)
@@ -178,7 +184,7 @@ def main() -> None:
     engine = json.loads(a.engine)
     tmp = Path(tempfile.mkdtemp(prefix="bench_serving_"))
     if "model" not in engine:
-        engine["model"], vocab = shaped_model(a.shape, tmp / a.shape)
+        engine["model"], vocab = shaped_model(a.shape, tmp / a.shape, a.tokenizer)
         if a.shape != "demo":
             engine["load_format"] = "dummy"
     else:
