@@ -6,7 +6,7 @@
 //    projections), or of 2048 columns and up to four waves (its attention QKV, Llama-1B): each
 //    warp's whole rows from before the predecessor's end, x staged in shared memory (gemv_row_kernel);
 //    its scaled form takes a norm of x's column groups left to it (linear_scaled: gdn_decode's);
-//  - decode batches of 9..64 rows with f16 weights: split-K tensor-core fragments (gemm_skinny.cuh);
+//  - decode batches of 6..64 rows with f16 weights: split-K tensor-core fragments (gemm_skinny.cuh);
 //  - larger M with f16 weights: tensor-core tiles (gemm_tensor_core.cuh);
 //  - larger M with f32 weights: a shared-memory tiled SIMT GEMM (64 x 64 tiles).
 #include <cuda_fp16.h>
@@ -380,10 +380,10 @@ template <typename W>
 void run(const Tensor& x, const W* w, const float* bias, Tensor& out, int M, int N, int K) {
   const float* xp = x.ptr<float>();
   float* op = out.ptr<float>();
-  if (M <= 8) {
+  if (skinny_gemm(xp, w, bias, op, M, N, K)) {
+  } else if (M <= 8) {
     gemv(xp, w, bias, op, M, N, K);
-  } else if (!skinny_gemm(xp, w, bias, op, M, N, K) && !tensor_core_gemm(xp, w, bias, op, M, N, K) &&
-             !gemv_chunks(xp, w, bias, op, M, N, K)) {
+  } else if (!tensor_core_gemm(xp, w, bias, op, M, N, K) && !gemv_chunks(xp, w, bias, op, M, N, K)) {
     dim3 grid(unsigned((N + kTile - 1) / kTile), unsigned((M + kTile - 1) / kTile));
     gemm_kernel<W><<<grid, 256, 0, stream()>>>(xp, w, bias, op, M, N, K);
   }
@@ -427,7 +427,7 @@ void linear_scaled(const Tensor& x, const ops::GroupScale& scale, const Tensor& 
 void linear_swiglu(const Tensor& x, const Tensor& gate_up_weight, Tensor& act) {
   const int64_t K = gate_up_weight.size(1), I = gate_up_weight.size(0) / 2, M = x.numel() / K;
   if (M == 0) return;
-  const bool fused = M <= 8 && K % 8 == 0 && gate_up_weight.dtype() == DType::kF16 &&
+  const bool fused = M <= 8 && (M < kSkinnyMinRows || K % skinny::kTileK != 0 || I % 8 != 0) && K % 8 == 0 && gate_up_weight.dtype() == DType::kF16 &&
                      reinterpret_cast<uintptr_t>(x.data()) % 16 == 0 && reinterpret_cast<uintptr_t>(gate_up_weight.data()) % 16 == 0;
   if (!fused) {
     Tensor gu = Tensor::uninitialized({M, 2 * I}, DType::kF32, Device::kCUDA);

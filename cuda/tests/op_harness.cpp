@@ -194,9 +194,10 @@ void test_linear(int64_t M, int64_t N, int64_t K, DType dt, bool with_bias) {
   ops::linear(dx, dw, with_bias ? &db : nullptr, dout);
   const std::string tag = std::string(dtype_name(dt)) + " " + std::to_string(M) + "x" + std::to_string(N) + "x" +
                           std::to_string(K) + (with_bias ? " +bias" : "");
-  // Tensor-core tiles (f16 weights, M > 8; 4-bit weights past 64 rows, dequantized to f16) round x
-  // to f16 as they stage it: a wider tolerance.
-  const bool tensor_cores = (dt == DType::kF16 && M > 8 && K % 8 == 0) || (is_block_dtype(dt) && M > 64);
+  // Tensor-core tiles (f16 weights, M > 8, or from 6 rows with N % 16 == 0 and K % 128 == 0; 4-bit
+  // weights past 64 rows, dequantized to f16) round x to f16 as they stage it: a wider tolerance.
+  const bool tensor_cores = (dt == DType::kF16 && ((M > 8 && K % 8 == 0) || (M >= 6 && N % 16 == 0 && K % 128 == 0))) ||
+                            (is_block_dtype(dt) && M > 64);
   const float tol = tensor_cores ? 4e-4f * std::sqrt(float(K)) : 2e-4f * std::sqrt(float(K)) / 8.0f + 1e-4f;
   report("linear " + tag, max_abs_diff(cuda::to_host(dout), ref), tol);
   // As in a decode step: x written by the kernel right before (an RMSNorm), nothing between them,
@@ -529,7 +530,8 @@ void test_linear_swiglu(int64_t M, int64_t I, int64_t K) {
   Tensor dx = cuda::to_device(x), dw = cuda::to_device(w), dout = Tensor::empty({M, I}, DType::kF32, Device::kCUDA);
   ops::linear_swiglu(dx, dw, dout);
   const std::string tag = std::to_string(M) + "x" + std::to_string(I) + "x" + std::to_string(K);
-  const float tol = M > 8 ? 4e-4f * std::sqrt(float(K)) : 4e-4f * std::sqrt(float(K)) / 8.0f + 1e-4f;
+  const bool tensor_cores = M > 8 || (M >= 6 && K % 128 == 0 && I % 8 == 0);  // the split-K fragments from 6 rows
+  const float tol = tensor_cores ? 4e-4f * std::sqrt(float(K)) : 4e-4f * std::sqrt(float(K)) / 8.0f + 1e-4f;
   report("linear_swiglu " + tag, max_abs_diff(cuda::to_host(dout), ref), tol);
   perf("linear_swiglu " + tag, double(2 * I * K * 2 + M * K * 4 + M * I * 4), [&] { ops::linear_swiglu(dx, dw, dout); });
 }
@@ -1011,6 +1013,15 @@ int main(int argc, char** argv) {
         test_linear(m, 1003, 1032, dt, m == 3);
     }
     test_linear(2048, 4096, 4096, DType::kF16, false);  // prefill-sized (TFLOP/s in --perf)
+    // Split-K tensor-core decode batches: a last 64-row block with one live warp, with bias; three
+    // fragments; Llama-8B's shapes at the GEMV / fragments threshold (every batch size with --perf).
+    test_linear(20, 1040, 4096, DType::kF16, true);
+    test_linear(45, 2064, 2048, DType::kF16, false);
+    for (int64_t m : g_perf ? std::vector<int64_t>{2, 4, 5, 6, 8, 16, 32, 64} : std::vector<int64_t>{5, 6}) {
+      test_linear(m, 6144, 4096, DType::kF16, false);
+      test_linear(m, 28672, 4096, DType::kF16, false);
+      test_linear(m, 4096, 14336, DType::kF16, false);
+    }
     // Decode GEMVs of f16 weights: a ragged last row block with bias, fewer rows than warps on the
     // device, 2..4 rows, and an lm_head-sized N.
     test_linear(1, 1003, 1024, DType::kF16, true);
@@ -1073,6 +1084,7 @@ int main(int argc, char** argv) {
       test_sample(128256, all, "top-k + top-p + min-p");
     }
     test_linear_swiglu(1, 14336, 4096);   // Llama-8B decode
+    test_linear_swiglu(8, 14336, 4096);   // its batch of 8: the split-K fragments, then silu_mul
     test_linear_swiglu(8, 1537, 1024);    // a ragged last pair
     test_linear_swiglu(3, 300, 203);      // K % 8 != 0: GEMV + silu_mul
     test_linear_swiglu(40, 1536, 576);    // prefill-sized: GEMM + silu_mul
