@@ -1,4 +1,4 @@
-// Weight layouts made at load: ops::transpose (the experts' down matrices for the CUDA kernels)
+// Weight layouts made at load: a tensor-parallel rank's slices read from a safetensors file; ops::transpose (the experts' down matrices for the CUDA kernels)
 // against its definition, and the expert path of a backend refusing a layout it does not read;
 // gdn_decode given the block's input, which makes its projection part of the op.
 #include <cmath>
@@ -8,7 +8,11 @@
 #include <stdexcept>
 #include <string>
 
+#include <filesystem>
+#include <fstream>
+
 #include "expect.h"
+#include "model/weights.h"
 #include "ops/ops.h"
 
 using namespace revolta;
@@ -148,7 +152,56 @@ void test_moe_route_after_add_norm() {
 
 }  // namespace
 
+
+// A safetensors file of a float32 [6, 8] "a" (value 100 r + c) and a float16 [4, 8] "b" (r + c / 8):
+// rows and columns cut from either, stacked parts cut differently, converted on the way, and the
+// made-up weights of load_format dummy cut as the whole tensor would be.
+void test_sliced_loads() {
+  namespace fs = std::filesystem;
+  const fs::path dir = fs::temp_directory_path() / "revolta-slices";
+  fs::create_directories(dir);
+  std::vector<float> a(48);
+  std::vector<uint16_t> b(32);
+  for (int r = 0; r < 6; ++r)
+    for (int c = 0; c < 8; ++c) a[size_t(r * 8 + c)] = float(100 * r + c);
+  for (int r = 0; r < 4; ++r)
+    for (int c = 0; c < 8; ++c) {
+      const float v = float(r) + float(c) / 8.0f;
+      convert_from_f32(&v, &b[size_t(r * 8 + c)], DType::kF16, 1);
+    }
+  const std::string header = R"({"a":{"dtype":"F32","shape":[6,8],"data_offsets":[0,192]},)"
+                             R"("b":{"dtype":"F16","shape":[4,8],"data_offsets":[192,256]}})";
+  {
+    std::ofstream f(dir / "model.safetensors", std::ios::binary);
+    const uint64_t n = header.size();
+    f.write(reinterpret_cast<const char*>(&n), 8).write(header.data(), std::streamsize(n));
+    f.write(reinterpret_cast<const char*>(a.data()), 192).write(reinterpret_cast<const char*>(b.data()), 64);
+  }
+  WeightLoader w(dir.string());
+  auto at = [](const Tensor& t, int64_t r, int64_t c) { return t.ptr<float>()[r * t.size(1) + c]; };
+  Tensor rows = w.get_sliced({"a"}, {{6, 8}}, {Slice::rows(2, 5)}, DType::kF32, true);
+  EXPECT(rows.size(0) == 3 && rows.size(1) == 8 && at(rows, 0, 0) == 200.0f && at(rows, 2, 7) == 407.0f);
+  Tensor cols = w.get_sliced({"a"}, {{6, 8}}, {Slice::cols(4, 8)}, DType::kF32, true);
+  EXPECT(cols.size(0) == 6 && cols.size(1) == 4 && at(cols, 0, 0) == 4.0f && at(cols, 5, 3) == 507.0f);
+  Tensor stacked = w.get_sliced({"a", "b"}, {{6, 8}, {4, 8}}, {Slice::rows(1, 3), Slice::rows(2, 4)}, DType::kF32, true);
+  EXPECT(stacked.size(0) == 4 && at(stacked, 1, 1) == 201.0f && at(stacked, 2, 0) == 2.0f && at(stacked, 3, 4) == 3.5f);
+  Tensor both = w.get_sliced({"a", "b"}, {{6, 8}, {4, 8}}, {Slice::cols(2, 4), Slice::cols(2, 4)}, DType::kF32, true);
+  EXPECT(both.size(0) == 10 && both.size(1) == 2 && at(both, 5, 1) == 503.0f && at(both, 9, 0) == 3.25f);
+  EXPECT(throws_naming([&] { w.get_sliced({"a"}, {{6, 8}}, {Slice::rows(4, 7)}, DType::kF32, true); }, "'a'"));
+  EXPECT(throws_naming([&] { w.get_sliced({"a", "b"}, {{6, 8}, {4, 8}}, {Slice::cols(0, 4), Slice::cols(0, 2)}, DType::kF32, true); },
+                       "row width"));
+  WeightLoader dummy(dir.string(), Device::kCPU, /*dummy=*/true);
+  Tensor whole = dummy.get_linear("m", {16, 12}, DType::kF32);
+  Tensor part = dummy.get_sliced({"m"}, {{16, 12}}, {Slice::cols(3, 9)}, DType::kF32, true);
+  bool same = part.size(0) == 16 && part.size(1) == 6;
+  for (int64_t r = 0; same && r < 16; ++r)
+    for (int64_t c = 0; c < 6; ++c) same = same && at(part, r, c) == at(whole, r, c + 3);
+  EXPECT(same);
+  fs::remove_all(dir);
+}
+
 void run_weight_layout_tests() {
+  test_sliced_loads();
   test_transpose_definition();
   test_transpose_rejects_mismatched_shapes();
   test_cpu_experts_refuse_transposed_down();

@@ -136,9 +136,58 @@ Tensor WeightLoader::get_stacked_linear(const std::vector<std::string>& names,
   return load(names, shapes, dtype, device_, true);
 }
 
+Tensor WeightLoader::get_sliced(const std::vector<std::string>& names, const std::vector<std::vector<int64_t>>& shapes,
+                                const std::vector<Slice>& slices, DType dtype, bool linear) const {
+  RV_CHECK(slices.size() == names.size(), "get_sliced: a slice per tensor");
+  return load(names, shapes, dtype, device_, linear, slices);
+}
+
+namespace {
+
+// The part of a [rows, cols] tensor a slice keeps: its first row and column and its extent.
+struct Cut {
+  int64_t row0, rows, col0, cols;
+};
+
+Cut cut_of(const Slice& s, int64_t rows, int64_t cols, const std::string& name) {
+  if (s.dim < 0) return {0, rows, 0, cols};
+  const int64_t extent = s.dim == 0 ? rows : cols;
+  RV_CHECK(s.dim <= 1 && 0 <= s.begin && s.begin < s.end && s.end <= extent, "tensor '", name, "': slice [", s.begin,
+           ", ", s.end, ") of dim ", s.dim, " is outside its ", extent);
+  return s.dim == 0 ? Cut{s.begin, s.end - s.begin, 0, cols} : Cut{0, rows, s.begin, s.end - s.begin};
+}
+
+}  // namespace
+
 Tensor WeightLoader::load(const std::vector<std::string>& names, const std::vector<std::vector<int64_t>>& shapes,
-                          DType dtype, Device on, bool linear) const {
-  if (dummy_) {
+                          DType dtype, Device on, bool linear, const std::vector<Slice>& slices) const {
+  auto slice_of = [&](size_t i) { return slices.empty() ? Slice{} : slices[i]; };
+  auto cols_of = [](const std::vector<int64_t>& shape) {
+    int64_t c = 1;
+    for (size_t d = 1; d < shape.size(); ++d) c *= shape[d];
+    return c;
+  };
+  if (dummy_) {  // made up whole, then cut, so that a rank's slice is the slice of the whole
+    if (!slices.empty()) {
+      std::vector<Tensor> parts;
+      int64_t rows = 0;
+      for (size_t i = 0; i < names.size(); ++i) {
+        Tensor whole = load({names[i]}, {shapes[i]}, dtype, Device::kCPU, linear).view({shapes[i][0], cols_of(shapes[i])});
+        const Cut c = cut_of(slice_of(i), whole.size(0), whole.size(1), names[i]);
+        Tensor part = Tensor::empty({c.rows, c.cols}, whole.dtype());
+        const int64_t src_row = dtype_bytes(whole.dtype(), whole.size(1)), bytes = dtype_bytes(whole.dtype(), c.cols);
+        for (int64_t r = 0; r < c.rows; ++r)
+          std::memcpy(static_cast<char*>(part.data()) + r * bytes,
+                      static_cast<const char*>(whole.data()) + (c.row0 + r) * src_row + dtype_bytes(whole.dtype(), c.col0),
+                      size_t(bytes));
+        rows += c.rows;
+        parts.push_back(std::move(part));
+      }
+      Tensor out = Tensor::empty({rows, parts[0].size(1)}, parts[0].dtype());
+      char* dst = static_cast<char*>(out.data());
+      for (const Tensor& p : parts) std::memcpy(dst, p.data(), p.nbytes()), dst += p.nbytes();
+      return out.to(on);
+    }
     std::vector<int64_t> shape = shapes[0];
     std::string key;
     for (size_t i = 0; i < names.size(); ++i) {
@@ -168,15 +217,19 @@ Tensor WeightLoader::load(const std::vector<std::string>& names, const std::vect
     else entries.push_back(entry(names[i]));
   }
   int64_t rows = 0, cols = -1;
+  std::vector<Cut> cuts;
   for (size_t i = 0; i < names.size(); ++i) {
     const auto& e = entries[i];
     RV_CHECK(e.shape == shapes[i], "model ", dir_, ": tensor '", names[i], "' has shape ",
              shape_text(e.shape), ", expected ", shape_text(shapes[i]));
-    int64_t c = 1;
-    for (size_t d = 1; d < e.shape.size(); ++d) c *= e.shape[d];
-    RV_CHECK(cols < 0 || c == cols, "cannot stack '", names[i], "': row width differs");
-    cols = c;
-    rows += e.shape.empty() ? 1 : e.shape[0];
+    cuts.push_back(cut_of(slice_of(i), e.shape.empty() ? 1 : e.shape[0], cols_of(e.shape), names[i]));
+    const Cut& c = cuts.back();
+    RV_CHECK(cols < 0 || c.cols == cols, "cannot stack '", names[i], "': row width differs");
+    RV_CHECK(c.col0 % dtype_block_values(e.dtype) == 0 && (c.col0 + c.cols) % dtype_block_values(e.dtype) == 0,
+             "tensor '", names[i], "': columns [", c.col0, ", ", c.col0 + c.cols, ") cut its blocks of ",
+             dtype_block_values(e.dtype), " values");
+    cols = c.cols;
+    rows += c.rows;
   }
   // Matrices in quantized blocks stay in them when every stacked part shares the block type: GGUF's
   // wherever asked for (CPU), AWQ's, FP8's and NVFP4's where the model takes a linear layer's weights.
@@ -186,37 +239,36 @@ Tensor WeightLoader::load(const std::vector<std::string>& names, const std::vect
   const DType out_dtype = keep ? first : dtype;
   Tensor out = Tensor::empty({rows, cols}, out_dtype);
   char* dst = static_cast<char*>(out.data());
-  std::vector<float> tmp, ordered;
+  const int64_t dst_row = dtype_bytes(out_dtype, cols);
+  std::vector<float> row;
   for (size_t i = 0; i < names.size(); ++i) {
     const std::string& name = names[i];
     const auto& e = entries[i];
-    const int64_t r = e.shape.empty() ? 1 : e.shape[0], n = r * cols;
-    const int64_t src_row = dtype_bytes(e.dtype, cols), dst_row = dtype_bytes(out_dtype, cols);
-    // Row o of the result is stored row src(o): llama.cpp interleaves each head's two rotary halves.
+    const Cut& c = cuts[i];
+    const int64_t r = e.shape.empty() ? 1 : e.shape[0], src_row = dtype_bytes(e.dtype, cols_of(e.shape));
+    // Row o of the tensor is stored row src(o): llama.cpp interleaves each head's two rotary halves.
     const int32_t heads = rope_heads(name);
     auto src = [&](int64_t o) {
       if (heads <= 0) return o;
       const int64_t per = r / heads, half = per / 2, h = o / per, i = (o % per) / half, k = o % half;
       return h * per + k * 2 + i;
     };
-    if (keep) {
-      for (int64_t o = 0; o < r; ++o) std::memcpy(dst + o * dst_row, static_cast<const char*>(e.data) + src(o) * src_row, size_t(src_row));
-    } else if (e.dtype == out_dtype && heads <= 0) {
-      std::memcpy(dst, e.data, e.nbytes);
-    } else {
-      tmp.resize(size_t(n));
-      if (is_block_dtype(e.dtype)) dequantize(e.dtype, e.data, tmp.data(), n);
-      else convert_to_f32(e.data, e.dtype, tmp.data(), size_t(n));
-      ordered.resize(size_t(n));
-      for (int64_t o = 0; o < r; ++o) std::copy_n(tmp.data() + src(o) * cols, cols, ordered.data() + o * cols);
-      if (out_dtype == DType::kF16) {  // bf16/f32 checkpoints on a device without bf16: values must fit
-        for (int64_t i = 0; i < n; ++i)
-          RV_CHECK(!(std::fabs(ordered[size_t(i)]) > 65504.0f), "model ", dir_, ": tensor '", name, "' holds ",
-                   ordered[size_t(i)], ", outside the float16 range (|x| <= 65504); run it in float32 or bfloat16 on the CPU");
+    for (int64_t o = 0; o < c.rows; ++o, dst += dst_row) {
+      const char* from = static_cast<const char*>(e.data) + src(c.row0 + o) * src_row + dtype_bytes(e.dtype, c.col0);
+      if (keep || e.dtype == out_dtype) {
+        std::memcpy(dst, from, size_t(dst_row));
+        continue;
       }
-      convert_from_f32(ordered.data(), dst, out_dtype, size_t(n));
+      row.resize(size_t(cols));
+      if (is_block_dtype(e.dtype)) dequantize(e.dtype, from, row.data(), cols);
+      else convert_to_f32(from, e.dtype, row.data(), size_t(cols));
+      if (out_dtype == DType::kF16) {  // bf16/f32 checkpoints on a device without bf16: values must fit
+        for (float v : row)
+          RV_CHECK(!(std::fabs(v) > 65504.0f), "model ", dir_, ": tensor '", name, "' holds ", v,
+                   ", outside the float16 range (|x| <= 65504); run it in float32 or bfloat16 on the CPU");
+      }
+      convert_from_f32(row.data(), dst, out_dtype, size_t(cols));
     }
-    dst += r * dst_row;
   }
   return out.to(on);
 }

@@ -21,6 +21,16 @@
 
 namespace revolta {
 
+// A tensor-parallel rank's part of a 2-D tensor: rows [begin, end) (dim 0, a column-parallel
+// linear's output rows) or columns [begin, end) (dim 1, a row-parallel linear's inputs); dim -1:
+// the whole tensor. Columns of a matrix in quantized blocks must cut at whole blocks.
+struct Slice {
+  int dim = -1;
+  int64_t begin = 0, end = 0;
+  static Slice rows(int64_t b, int64_t e) { return {0, b, e}; }
+  static Slice cols(int64_t b, int64_t e) { return {1, b, e}; }
+};
+
 class WeightLoader {
  public:
   // Opens model.safetensors.index.json when present, otherwise every *.safetensors in dir.
@@ -41,6 +51,10 @@ class WeightLoader {
   Tensor get_linear(const std::string& name, const std::vector<int64_t>& shape, DType dtype) const;
   Tensor get_stacked_linear(const std::vector<std::string>& names, const std::vector<std::vector<int64_t>>& shapes,
                             DType dtype) const;
+  // The same with each part (`shapes` are the whole tensors', as stored) cut to its slice: only the
+  // slice's bytes are read; stacked parts must all cut rows, or all the same columns.
+  Tensor get_sliced(const std::vector<std::string>& names, const std::vector<std::vector<int64_t>>& shapes,
+                    const std::vector<Slice>& slices, DType dtype, bool linear) const;
   void set_dummy_blocks(DType t) { dummy_blocks_ = t; }
   // Made-up weights in a quantized format: a model reads its experts per expert, as quantized
   // checkpoints hold them (a fused [E, ...] tensor is not a linear layer's).
@@ -69,7 +83,7 @@ class WeightLoader {
   // GGUF mode: rows of a Q / K matrix regrouped from llama.cpp's rotary order (0: as stored).
   int32_t rope_heads(const std::string& name) const;
   Tensor load(const std::vector<std::string>& names, const std::vector<std::vector<int64_t>>& shapes, DType dtype,
-             Device on, bool linear) const;
+             Device on, bool linear, const std::vector<Slice>& slices = {}) const;
   Tensor make_dummy(const std::string& name, std::vector<int64_t> shape, DType dtype, Device on) const;
   std::string dir_;
   Device device_ = Device::kCPU;
