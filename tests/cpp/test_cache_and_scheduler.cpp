@@ -22,6 +22,7 @@ void run_weight_layout_tests();  // test_weight_layout.cpp
 void run_async_scheduling_tests();  // test_async_scheduling.cpp
 void run_cache_coordinator_tests();  // test_cache_coordinator.cpp
 void run_runner_rows_tests();  // test_runner_rows.cpp
+void run_tensor_parallel_tests();  // test_tensor_parallel.cpp
 void run_speculative_tests();  // test_speculative.cpp
 void run_communicator_tests();  // test_communicator.cpp
 
@@ -170,6 +171,7 @@ int main() {
   run_async_scheduling_tests();
   run_cache_coordinator_tests();
   run_runner_rows_tests();
+  run_tensor_parallel_tests();
   run_speculative_tests();
   run_communicator_tests();
   std::printf("%d passed, %d failed\n", g_passed, g_failed);

@@ -19,9 +19,17 @@ struct DenseLayer {
 class DenseDecoderLM final : public DecoderBase {
  public:
   DenseDecoderLM(const WeightLoader& w, const ModelConfig& c, DType dt, DenseDecoderOptions opts)
-      : DecoderBase(c, dt, w.device()), opts_(opts) {
+      : DecoderBase(c, dt, w.device()), opts_(opts), tp_(w.tensor_parallel()) {
     const int64_t H = c.hidden_size, I = c.intermediate_size, D = c.head_dim;
     const int64_t QO = int64_t(c.num_heads) * D, KVO = int64_t(c.num_kv_heads) * D;
+    const Shard s = shard_of(c);
+    cfg_.num_heads = int32_t(s.heads), cfg_.num_kv_heads = int32_t(s.kv_heads), cfg_.intermediate_size = int32_t(s.inter);
+    // Column-parallel q / k / v and gate / up (the rank's heads and intermediates), row-parallel o
+    // and down (the matching input columns); the whole tensors when there is one rank.
+    const Slice q_rows = Slice::rows(s.first_head * D, (s.first_head + s.heads) * D);
+    const Slice kv_rows = Slice::rows(s.first_kv_head * D, (s.first_kv_head + s.kv_heads) * D);
+    const Slice o_cols = Slice::cols(q_rows.begin, q_rows.end);
+    const Slice i_rows = Slice::rows(s.first_inter, s.first_inter + s.inter), i_cols = Slice::cols(i_rows.begin, i_rows.end);
     head_ = load_embedding_and_head(w, "model.", c, dt);
     final_norm_ = w.get("model.norm.weight", {H}, DType::kF32);
     for (int32_t l = 0; l < c.num_layers; ++l) {
@@ -30,21 +38,22 @@ class DenseDecoderLM final : public DecoderBase {
       L.input_norm = w.get(p + "input_layernorm.weight", {H}, DType::kF32);
       L.post_attn_norm = w.get(p + "post_attention_layernorm.weight", {H}, DType::kF32);
       const std::string a = p + "self_attn.";
-      L.qkv = w.get_stacked_linear({a + "q_proj.weight", a + "k_proj.weight", a + "v_proj.weight"},
-                                   {{QO, H}, {KVO, H}, {KVO, H}}, dt);
+      L.qkv = w.get_sliced({a + "q_proj.weight", a + "k_proj.weight", a + "v_proj.weight"}, {{QO, H}, {KVO, H}, {KVO, H}},
+                           {q_rows, kv_rows, kv_rows}, dt, true);
       if (c.attention_bias) {
-        L.qkv_bias = w.get_stacked({a + "q_proj.bias", a + "k_proj.bias", a + "v_proj.bias"},
-                                   {{QO}, {KVO}, {KVO}}, DType::kF32);
-        L.o_bias = w.get(a + "o_proj.bias", {H}, DType::kF32);
+        L.qkv_bias = w.get_sliced({a + "q_proj.bias", a + "k_proj.bias", a + "v_proj.bias"}, {{QO}, {KVO}, {KVO}},
+                                  {q_rows, kv_rows, kv_rows}, DType::kF32, false);
+        L.qkv_bias = L.qkv_bias.view({L.qkv_bias.numel()});
+        if (s.rank == 0) L.o_bias = w.get(a + "o_proj.bias", {H}, DType::kF32);  // added once, before the sum
       }
-      L.o = w.get_linear(a + "o_proj.weight", {H, QO}, dt);
+      L.o = w.get_sliced({a + "o_proj.weight"}, {{H, QO}}, {o_cols}, dt, true);
       if (opts.qk_norm) {
         L.q_norm = w.get(a + "q_norm.weight", {D}, DType::kF32);
         L.k_norm = w.get(a + "k_norm.weight", {D}, DType::kF32);
       }
       const std::string m = p + "mlp.";
-      L.gate_up = w.get_stacked_linear({m + "gate_proj.weight", m + "up_proj.weight"}, {{I, H}, {I, H}}, dt);
-      L.down = w.get_linear(m + "down_proj.weight", {H, I}, dt);
+      L.gate_up = w.get_sliced({m + "gate_proj.weight", m + "up_proj.weight"}, {{I, H}, {I, H}}, {i_rows, i_rows}, dt, true);
+      L.down = w.get_sliced({m + "down_proj.weight"}, {{H, I}}, {i_cols}, dt, true);
       layers_.push_back(std::move(L));
     }
     rope_ = build_rope_tables(c.rope, int32_t(D), c.max_positions);
@@ -79,9 +88,11 @@ class DenseDecoderLM final : public DecoderBase {
       ops::qkv_rope_attention(qkv, norm, b.positions, rope_, b.slot_mapping, q, cache.k[l], cache.v[l], b.attention,
                               scale, attn);
       ops::linear(attn.view({T, QO}), L.o, L.o_bias.defined() ? &L.o_bias : nullptr, proj);
+      if (tp_) tp_->all_reduce_sum(proj);  // the ranks' heads' shares of the output projection
       ops::add_rms_norm(residual, proj, L.post_attn_norm, eps, x);
       ops::linear_swiglu(x, L.gate_up, act);
       ops::linear(act, L.down, nullptr, proj);
+      if (tp_) tp_->all_reduce_sum(proj);
       const Tensor& next_norm = l + 1 < layers_.size() ? layers_[l + 1].input_norm : final_norm_;
       ops::add_rms_norm(residual, proj, next_norm, eps, x);
     }
@@ -89,7 +100,28 @@ class DenseDecoderLM final : public DecoderBase {
   }
 
  private:
+  // A rank's heads, KV heads and MLP intermediates (all of them with one rank). With fewer KV heads
+  // than ranks each KV head is replicated on world / KV heads ranks, the ones its query heads are on.
+  struct Shard {
+    int rank = 0;
+    int64_t heads, first_head, kv_heads, first_kv_head, inter, first_inter;
+  };
+  Shard shard_of(const ModelConfig& c) const {
+    const int W = tp_ ? tp_->world_size() : 1, r = tp_ ? tp_->rank() : 0;
+    const int64_t NH = c.num_heads, KVH = c.num_kv_heads, I = c.intermediate_size;
+    RV_CHECK_ARG(NH % W == 0 && I % W == 0 && (KVH % W == 0 || W % KVH == 0), "tensor_parallel_size ", W,
+                 ": the model's ", NH, " attention heads, ", KVH, " KV heads and ", I,
+                 " MLP intermediates must split evenly (KV heads may also divide it)");
+    Shard s;
+    s.rank = r;
+    s.heads = NH / W, s.first_head = r * s.heads;
+    s.kv_heads = KVH >= W ? KVH / W : 1, s.first_kv_head = KVH >= W ? r * s.kv_heads : r * KVH / W;
+    s.inter = I / W, s.first_inter = r * s.inter;
+    return s;
+  }
+
   DenseDecoderOptions opts_;
+  Communicator* tp_ = nullptr;
   EmbeddingAndHead head_;
   Tensor final_norm_;
   std::vector<DenseLayer> layers_;

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "cache/cache_spec.h"
+#include "dist/communicator.h"
 #include "model/model_config.h"
 #include "ops/ops.h"
 
@@ -77,8 +78,11 @@ class CausalLM {
 // the device (made-up values when dummy; from the GGUF file gguf_weights.json names, quantized
 // matrices kept in their blocks, when gguf). Throws naming the unsupported architecture or the
 // missing tensor.
+// With tp (a tensor-parallel group of more than one rank) the model is rank tp->rank()'s shard:
+// architectures that are not sharded yet are refused, naming tensor_parallel_size.
 std::unique_ptr<CausalLM> load_model(const std::string& dir, const ModelConfig& config, DType weight_dtype,
-                                     Device device = Device::kCPU, bool dummy = false, bool gguf = false);
+                                     Device device = Device::kCPU, bool dummy = false, bool gguf = false,
+                                     Communicator* tp = nullptr);
 // Throws std::invalid_argument naming the config field when a shape is beyond the device's kernels.
 void check_device_limits(const ModelConfig& config, Device device);
 std::vector<std::string> supported_architectures();

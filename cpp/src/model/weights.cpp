@@ -139,7 +139,15 @@ Tensor WeightLoader::get_stacked_linear(const std::vector<std::string>& names,
 Tensor WeightLoader::get_sliced(const std::vector<std::string>& names, const std::vector<std::vector<int64_t>>& shapes,
                                 const std::vector<Slice>& slices, DType dtype, bool linear) const {
   RV_CHECK(slices.size() == names.size(), "get_sliced: a slice per tensor");
-  return load(names, shapes, dtype, device_, linear, slices);
+  bool whole = true;  // slices of everything (one rank) load as the plain tensors do
+  for (size_t i = 0; i < slices.size(); ++i) {
+    const Slice& s = slices[i];
+    int64_t extent = 1;
+    if (s.dim == 0 && !shapes[i].empty()) extent = shapes[i][0];
+    for (size_t d = 1; s.dim == 1 && d < shapes[i].size(); ++d) extent *= shapes[i][d];
+    whole = whole && (s.dim < 0 || (s.begin == 0 && s.end == extent));
+  }
+  return load(names, shapes, dtype, device_, linear, whole ? std::vector<Slice>{} : slices);
 }
 
 namespace {
@@ -167,19 +175,25 @@ Tensor WeightLoader::load(const std::vector<std::string>& names, const std::vect
     for (size_t d = 1; d < shape.size(); ++d) c *= shape[d];
     return c;
   };
-  if (dummy_) {  // made up whole, then cut, so that a rank's slice is the slice of the whole
+  if (dummy_) {  // made up whole (stacked as unsliced), then cut: a rank's slice is the slice of the whole
     if (!slices.empty()) {
+      const Tensor stacked = load(names, shapes, dtype, Device::kCPU, linear);
+      int64_t total = 0;
+      for (const auto& shape : shapes) total += shape.empty() ? 1 : shape[0];
+      const Tensor whole = stacked.view({total, cols_of(shapes[0])});
       std::vector<Tensor> parts;
-      int64_t rows = 0;
+      int64_t rows = 0, first = 0;
       for (size_t i = 0; i < names.size(); ++i) {
-        Tensor whole = load({names[i]}, {shapes[i]}, dtype, Device::kCPU, linear).view({shapes[i][0], cols_of(shapes[i])});
-        const Cut c = cut_of(slice_of(i), whole.size(0), whole.size(1), names[i]);
+        const int64_t part_rows = shapes[i].empty() ? 1 : shapes[i][0];
+        const Cut c = cut_of(slice_of(i), part_rows, whole.size(1), names[i]);
         Tensor part = Tensor::empty({c.rows, c.cols}, whole.dtype());
         const int64_t src_row = dtype_bytes(whole.dtype(), whole.size(1)), bytes = dtype_bytes(whole.dtype(), c.cols);
         for (int64_t r = 0; r < c.rows; ++r)
           std::memcpy(static_cast<char*>(part.data()) + r * bytes,
-                      static_cast<const char*>(whole.data()) + (c.row0 + r) * src_row + dtype_bytes(whole.dtype(), c.col0),
+                      static_cast<const char*>(whole.data()) + (first + c.row0 + r) * src_row +
+                          dtype_bytes(whole.dtype(), c.col0),
                       size_t(bytes));
+        first += part_rows;
         rows += c.rows;
         parts.push_back(std::move(part));
       }

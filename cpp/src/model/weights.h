@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "core/safetensors.h"
+#include "dist/communicator.h"
 #include "quant/gguf_file.h"
 
 namespace revolta {
@@ -56,6 +57,10 @@ class WeightLoader {
   Tensor get_sliced(const std::vector<std::string>& names, const std::vector<std::vector<int64_t>>& shapes,
                     const std::vector<Slice>& slices, DType dtype, bool linear) const;
   void set_dummy_blocks(DType t) { dummy_blocks_ = t; }
+  // The tensor-parallel group the loading rank belongs to (null: none); sharded models take their
+  // slices by its rank and sum their partial outputs through it.
+  void set_tensor_parallel(Communicator* tp) { tp_ = tp; }
+  Communicator* tensor_parallel() const { return tp_; }
   // Made-up weights in a quantized format: a model reads its experts per expert, as quantized
   // checkpoints hold them (a fused [E, ...] tensor is not a linear layer's).
   bool dummy_quantized() const { return dummy_ && is_block_dtype(dummy_blocks_); }
@@ -89,6 +94,7 @@ class WeightLoader {
   Device device_ = Device::kCPU;
   bool dummy_ = false;
   DType dummy_blocks_ = DType::kF32;  // kF32: dummy linear weights in the model's dtype
+  Communicator* tp_ = nullptr;
   std::vector<std::unique_ptr<SafetensorsFile>> files_;
   std::map<std::string, const SafetensorsFile*> where_;
   std::unique_ptr<GgufFile> gguf_;
