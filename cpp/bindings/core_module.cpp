@@ -81,6 +81,7 @@ NB_MODULE(_core, m) {
       .def_rw("kv_cache_memory_bytes", &EngineConfig::kv_cache_memory_bytes)
       .def_rw("enable_prefix_caching", &EngineConfig::enable_prefix_caching)
       .def_rw("num_threads", &EngineConfig::num_threads)
+      .def_rw("tensor_parallel_size", &EngineConfig::tensor_parallel_size)
       .def_rw("seed", &EngineConfig::seed)
       .def_rw("speculative_method", &EngineConfig::speculative_method)
       .def_rw("num_speculative_tokens", &EngineConfig::num_speculative_tokens)
@@ -145,7 +146,8 @@ NB_MODULE(_core, m) {
       .def_ro("device", &ModelInfo::device)
       .def_ro("kv_cache_dtype", &ModelInfo::kv_cache_dtype)
       .def_ro("cuda_graph_batch_sizes", &ModelInfo::cuda_graph_batch_sizes)
-      .def_ro("cuda_graph_bytes", &ModelInfo::cuda_graph_bytes);
+      .def_ro("cuda_graph_bytes", &ModelInfo::cuda_graph_bytes)
+      .def_ro("tensor_parallel_size", &ModelInfo::tensor_parallel_size);
 
   nb::class_<Engine>(m, "Engine")
       .def(nb::init<const EngineConfig&>(), "config"_a, nb::call_guard<nb::gil_scoped_release>())

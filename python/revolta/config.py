@@ -38,7 +38,9 @@ class EngineOptions(BaseModel):
     block_size: int = Field(16, ge=1, le=1024)
     kv_cache_memory_bytes: int = Field(1 << 30, gt=0)
     enable_prefix_caching: bool = True
-    num_threads: int = Field(0, ge=0, le=1024, description="0: all cores")
+    num_threads: int = Field(0, ge=0, le=1024, description="0: all cores (shared by the tensor-parallel ranks)")
+    tensor_parallel_size: int = Field(1, ge=1, le=64, description="ranks the model is sharded over (heads and MLP "
+                                      "intermediates split); the CPU runs them as threads; Llama and Qwen3 for now")
     seed: int = Field(0, ge=0)
     speculative_config: dict[str, Any] | None = Field(
         None, description='speculative decoding, as JSON: {"method": "ngram", "num_speculative_tokens": 4, '

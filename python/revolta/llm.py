@@ -80,6 +80,7 @@ class LLM:
         kv_cache_memory_bytes: int = 1 << 30,
         enable_prefix_caching: bool = True,
         num_threads: int = 0,
+        tensor_parallel_size: int = 1,
         seed: int = 0,
         tokenizer: str | None = None,
         device: str = "cpu",
@@ -103,6 +104,7 @@ class LLM:
         cfg.kv_cache_memory_bytes = kv_cache_memory_bytes
         cfg.enable_prefix_caching = enable_prefix_caching
         cfg.num_threads = num_threads
+        cfg.tensor_parallel_size = tensor_parallel_size
         cfg.seed = seed
         cfg.device = device
         cfg.kv_cache_dtype = kv_cache_dtype

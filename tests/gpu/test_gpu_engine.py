@@ -222,7 +222,7 @@ def test_dummy_weights(tmp_path):
 
 
 def test_startup_errors_name_the_option(tmp_path):
-    """Startup errors of a CUDA engine: the memory budget, bf16, a shape beyond the kernels.
+    """Startup errors of a CUDA engine: the memory budget, bf16, tensor parallelism, a shape beyond the kernels.
     (Formatting the first message once crashed a build that had a second, static libstdc++
     linked in through nvcc's host compiler, and later one built by a GCC without a shared
     libstdc++; CMakeLists.txt keeps the first out and refuses such a compiler.)"""
@@ -234,6 +234,8 @@ def test_startup_errors_name_the_option(tmp_path):
         revolta.LLM(str(d), device="cuda", max_model_len=1024, gpu_memory_utilization=0.0001)
     with pytest.raises(ValueError, match="bfloat16"):
         revolta.LLM(str(d), device="cuda", dtype="bfloat16")
+    with pytest.raises(ValueError, match="tensor_parallel_size 2: device 'cuda'"):  # no NCCL communicator yet
+        revolta.LLM(str(d), device="cuda", tensor_parallel_size=2)
     wide = tmp_path / "wide"
     make_hf_model("qwen3_next", wide, linear_key_head_dim=48)
     with pytest.raises(ValueError, match="linear_key_head_dim"):

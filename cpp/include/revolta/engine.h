@@ -67,7 +67,10 @@ struct EngineConfig {
   int32_t block_size = 16;
   int64_t kv_cache_memory_bytes = int64_t(1) << 30;
   bool enable_prefix_caching = true;
-  int32_t num_threads = 0;           // 0: hardware concurrency
+  int32_t num_threads = 0;           // 0: hardware concurrency (shared by the ranks)
+  // Ranks the model is sharded over (Megatron layout: heads and MLP intermediates split, partial
+  // outputs summed). The CPU runs them as threads of this process; dense models for now.
+  int32_t tensor_parallel_size = 1;
   uint64_t seed = 0;                 // seeds requests that bring no seed of their own
   // Speculative decoding (vLLM's speculative_config): "" (off) | "ngram" (prompt lookup: drafts
   // copied from where the request's last n tokens, prompt_lookup_max >= n >= prompt_lookup_min,
@@ -146,8 +149,9 @@ struct ModelInfo {
   std::vector<int32_t> eos_token_ids;
   std::string weight_dtype;
   std::string quantization;  // "" or the quantized linear layers' format ("awq int4 g128")
-  int64_t weight_bytes = 0;
-  int64_t kv_cache_bytes = 0;
+  int64_t weight_bytes = 0;    // of every tensor-parallel rank together
+  int64_t kv_cache_bytes = 0;  // of every rank together
+  int32_t tensor_parallel_size = 1;
   std::string device;                // "cpu" or the GPU's name
   std::string kv_cache_dtype;
   std::vector<int32_t> cuda_graph_batch_sizes;  // decode graphs recorded at startup

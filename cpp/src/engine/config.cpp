@@ -77,6 +77,14 @@ void EngineConfig::validate() const {
                kv_cache_memory_bytes);
   RV_CHECK_ARG(num_threads >= 0 && num_threads <= 1024, "num_threads must be in [0, 1024], got ",
                num_threads);
+  RV_CHECK_ARG(tensor_parallel_size >= 1 && tensor_parallel_size <= 64, "tensor_parallel_size must be in [1, 64], got ",
+               tensor_parallel_size);
+  RV_CHECK_ARG(tensor_parallel_size == 1 || device == "cpu", "tensor_parallel_size ", tensor_parallel_size,
+               ": device '", device, "' has no communicator across GPUs yet (NCCL); ranks run on the CPU only");
+  RV_CHECK_ARG(tensor_parallel_size == 1 || speculative_method.empty(), "tensor_parallel_size ", tensor_parallel_size,
+               " and speculative_config exclude each other for now (the drafters are not sharded)");
+  RV_CHECK_ARG(tensor_parallel_size == 1 || async_scheduling != "on", "tensor_parallel_size ", tensor_parallel_size,
+               " and async_scheduling 'on' exclude each other for now");
   RV_CHECK_ARG(speculative_method.empty() || speculative_method == "ngram" || speculative_method == "mtp",
                "speculative_config: method must be 'ngram' or 'mtp', got '", speculative_method, "'");
   RV_CHECK_ARG(draft_sample_method == "greedy" || draft_sample_method == "probabilistic",

@@ -79,6 +79,10 @@ Engine::Impl::Impl(const EngineConfig& c) : cfg(c), seed_source(c.seed) {
     if (g.kind == CacheGroupSpec::Kind::kPagedKv &&
         (cfg.kv_cache_dtype == "float16" || (cfg.kv_cache_dtype == "auto" && device == Device::kCUDA)))
       g.kv.dtype = DType::kF16;
+  // Each rank caches its own KV heads in blocks of the same numbering; the budget is a rank's.
+  const int world = cfg.tensor_parallel_size;
+  for (CacheGroupSpec& g : groups)
+    if (world > 1 && g.kind == CacheGroupSpec::Kind::kPagedKv) g.kv.num_kv_heads = kv_heads_per_rank(model_cfg, world);
   const CacheLimits limits{cfg.block_size, cfg.max_num_seqs, cfg.max_model_len, cfg.enable_prefix_caching};
   speculative = !cfg.speculative_method.empty();
   mtp = cfg.speculative_method == "mtp";
@@ -109,7 +113,15 @@ Engine::Impl::Impl(const EngineConfig& c) : cfg(c), seed_source(c.seed) {
   }
   CachePlan plan = plan_caches(groups, limits, budget, by_utilization ? "gpu_memory_utilization" : "kv_cache_memory_bytes");
 
-  model = load_model(cfg.model, model_cfg, parse_dtype(dt), device, cfg.load_format == "dummy", cfg.load_format == "gguf");
+  int threads = cfg.num_threads > 0 ? cfg.num_threads : int(std::thread::hardware_concurrency());
+  auto load = [&](Communicator* comm) {
+    return load_model(cfg.model, model_cfg, parse_dtype(dt), device, cfg.load_format == "dummy",
+                      cfg.load_format == "gguf", comm);
+  };
+  RunnerOptions ropts;
+  ropts.max_model_len = cfg.max_model_len;
+  if (world > 1) tp = std::make_unique<TensorParallelRanks>(world, load, plan, limits, ropts, threads / world);
+  model = load(tp ? tp->rank0() : nullptr);
   info.quantization = model_cfg.quantization.method.empty() ? std::string()
                        : model_cfg.quantization.method == "fp8"   ? std::string("fp8 e4m3, a scale per 128")
                        : model_cfg.quantization.method == "nvfp4" ? std::string("nvfp4 e2m1, an e4m3 scale per 16")
@@ -126,8 +138,6 @@ Engine::Impl::Impl(const EngineConfig& c) : cfg(c), seed_source(c.seed) {
   caches = std::make_unique<CacheCoordinator>(plan, limits, device);
   scheduler = std::make_unique<Scheduler>(
       SchedulerConfig{cfg.max_num_seqs, cfg.max_num_batched_tokens, cfg.max_model_len}, caches->manager());
-  RunnerOptions ropts;
-  ropts.max_model_len = cfg.max_model_len;
   if (mtp) ropts.hidden = HiddenRows::kEvery;  // the MTP layer reads the hidden state of every computed position
   ropts.keep_verify_rows = speculative && caches->states();  // rollback by replaying the recurrences
   if (device == Device::kCUDA && !cfg.enforce_eager) ropts.graph_batch_sizes = graph_batch_sizes(cfg);
@@ -138,8 +148,7 @@ Engine::Impl::Impl(const EngineConfig& c) : cfg(c), seed_source(c.seed) {
   // A step queued ahead is one token of each request: it cannot carry drafts.
   async_scheduling = !speculative && (cfg.async_scheduling == "on" || (cfg.async_scheduling == "auto" && device != Device::kCPU));
   live.spec_accepted_per_position.assign(size_t(speculative ? cfg.num_speculative_tokens : 0), 0);
-  int threads = cfg.num_threads > 0 ? cfg.num_threads : int(std::thread::hardware_concurrency());
-  pool = std::make_unique<ThreadPool>(std::max(1, threads));
+  pool = std::make_unique<ThreadPool>(std::max(1, threads / world));
 
   info.architecture = model_cfg.architecture;
   info.vocab_size = model_cfg.vocab_size;
@@ -148,8 +157,9 @@ Engine::Impl::Impl(const EngineConfig& c) : cfg(c), seed_source(c.seed) {
   info.hidden_size = model_cfg.hidden_size;
   info.eos_token_ids = model_cfg.eos_token_ids;
   info.weight_dtype = dtype_name(model->weight_dtype());
-  info.weight_bytes = model->weight_bytes();
-  info.kv_cache_bytes = caches->nbytes();
+  info.weight_bytes = model->weight_bytes() + (tp ? tp->worker_weight_bytes() : 0);  // every rank's
+  info.kv_cache_bytes = caches->nbytes() * world;  // every rank holds the same blocks
+  info.tensor_parallel_size = world;
   info.device = device == Device::kCPU ? "cpu" : device_runtime(device).name();
   info.kv_cache_dtype = dtype_name(plan.kv.dtype);
   info.cuda_graph_batch_sizes = runner->recorded_batch_sizes();

@@ -19,6 +19,7 @@
 #include "core/device_runtime.h"
 #include "core/thread_pool.h"
 #include "engine/fault_injection.h"
+#include "engine/tensor_parallel.h"
 #include "model/model.h"
 #include "revolta/engine.h"
 #include "runtime/model_runner.h"
@@ -44,6 +45,7 @@ struct Engine::Impl {
   std::unique_ptr<Scheduler> scheduler;
   std::unique_ptr<ModelRunner> runner;
   std::unique_ptr<ThreadPool> pool;
+  std::unique_ptr<TensorParallelRanks> tp;  // ranks 1.. of tensor_parallel_size > 1 (rank 0 is this thread)
   Rng seed_source;
 
   std::mutex in_mu;
@@ -93,6 +95,7 @@ struct Engine::Impl {
   void step(bool may_run_ahead);
   void run_step(bool may_run_ahead);  // step() with its failure confined to its requests
   void begin_step(const std::vector<ScheduledRequest>& scheduled);
+  StepLogits forward(const SchedulerOutput& plan);  // the cache actions, then every rank's forward
   void fail_step(const std::string& what);
   void commit(const std::vector<ScheduledRequest>& scheduled);
   Queued queue_greedy(const std::vector<ScheduledRequest>& scheduled, StepLogits& result);

@@ -112,6 +112,12 @@ void Engine::Impl::begin_step(const std::vector<ScheduledRequest>& scheduled) {
   fault.check(scheduled);
 }
 
+StepLogits Engine::Impl::forward(const SchedulerOutput& plan) {
+  const std::vector<StateAction> actions = caches->prepare(plan.scheduled);
+  if (!tp) return runner->execute(plan, actions);
+  return tp->execute(plan, actions, [&] { return runner->execute(plan, actions); });
+}
+
 void Engine::Impl::step(bool may_run_ahead) {
   std::optional<Queued> cur = std::move(ahead);
   ahead.reset();
@@ -124,7 +130,7 @@ void Engine::Impl::step(bool may_run_ahead) {
     SchedulerOutput plan = scheduler->schedule();
     if (plan.empty()) return;
     begin_step(plan.scheduled);
-    StepLogits result = runner->execute(plan, caches->prepare(plan.scheduled));
+    StepLogits result = forward(plan);
     ++live.num_steps;
     commit(plan.scheduled);
     const bool queueable = !result.samplers.empty() &&

@@ -115,7 +115,7 @@ class DenseDecoderLM final : public DecoderBase {
     Shard s;
     s.rank = r;
     s.heads = NH / W, s.first_head = r * s.heads;
-    s.kv_heads = KVH >= W ? KVH / W : 1, s.first_kv_head = KVH >= W ? r * s.kv_heads : r * KVH / W;
+    s.kv_heads = kv_heads_per_rank(c, W), s.first_kv_head = KVH >= W ? r * s.kv_heads : r * KVH / W;
     s.inter = I / W, s.first_inter = r * s.inter;
     return s;
   }
@@ -129,6 +129,10 @@ class DenseDecoderLM final : public DecoderBase {
 };
 
 }  // namespace
+
+int32_t kv_heads_per_rank(const ModelConfig& c, int world) {
+  return c.num_kv_heads >= world ? c.num_kv_heads / world : 1;
+}
 
 std::unique_ptr<CausalLM> make_dense_decoder(const WeightLoader& weights, const ModelConfig& config,
                                              DType weight_dtype, const DenseDecoderOptions& opts) {

@@ -83,6 +83,9 @@ class CausalLM {
 std::unique_ptr<CausalLM> load_model(const std::string& dir, const ModelConfig& config, DType weight_dtype,
                                      Device device = Device::kCPU, bool dummy = false, bool gguf = false,
                                      Communicator* tp = nullptr);
+// The KV heads each of `world` tensor-parallel ranks caches (a KV head is replicated on several
+// ranks when there are fewer than ranks).
+int32_t kv_heads_per_rank(const ModelConfig& config, int world);
 // Throws std::invalid_argument naming the config field when a shape is beyond the device's kernels.
 void check_device_limits(const ModelConfig& config, Device device);
 std::vector<std::string> supported_architectures();

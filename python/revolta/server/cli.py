@@ -156,15 +156,16 @@ def build(settings):
     path = resolve_model(e.model, e.load_format)
     cfg = _core.EngineConfig()
     for name in ("dtype", "kv_cache_dtype", "device", "max_model_len", "max_num_seqs", "max_num_batched_tokens",
-                 "block_size", "kv_cache_memory_bytes", "enable_prefix_caching", "num_threads", "seed", "load_format",
-                 "quantization", "gpu_memory_utilization", "enforce_eager", "async_scheduling"):
+                 "block_size", "kv_cache_memory_bytes", "enable_prefix_caching", "num_threads", "tensor_parallel_size",
+                 "seed", "load_format", "quantization", "gpu_memory_utilization", "enforce_eager", "async_scheduling"):
         setattr(cfg, name, getattr(e, name))
     cfg.model = path
     cfg.cuda_graph_batch_sizes = e.cuda_graph_sizes
     apply_speculative_config(cfg, e.speculative_config)
     core = _core.Engine(cfg)
     info = core.model_info
-    log.info("model %s on %s: %.2f GB of %s weights%s, KV cache %.2f GB (%s)%s", info.architecture, info.device,
+    log.info("model %s on %s%s: %.2f GB of %s weights%s, KV cache %.2f GB (%s)%s", info.architecture, info.device,
+             f" x {info.tensor_parallel_size} tensor-parallel ranks" if info.tensor_parallel_size > 1 else "",
              info.weight_bytes / 1e9, info.weight_dtype, f" ({info.quantization})" if info.quantization else "",
              info.kv_cache_bytes / 1e9, info.kv_cache_dtype,
              f", decode graphs for batch sizes {list(info.cuda_graph_batch_sizes)} in {info.cuda_graph_bytes / 2**20:.0f} MiB"
