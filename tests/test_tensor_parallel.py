@@ -102,3 +102,24 @@ def test_options_it_cannot_serve_are_refused(tiny, tmp_path):
     make_hf_model("qwen3_moe", tmp_path, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32)
     with pytest.raises(ValueError, match="not sharded yet"):
         LLM(str(tmp_path), tensor_parallel_size=2)
+
+
+def test_server_over_three_ranks_answers_the_openai_sdk_as_one_rank(demo_model_dir):
+    """`revolta-server --tensor-parallel-size 3` (a real server process, the demo model) gives the
+    official SDK the completion of the unsharded engine, and says the ranks in its startup log."""
+    openai = pytest.importorskip("openai")
+    from server_fixture import ServerProcess
+
+    prompt = "The capital of France is"
+    with LLM(demo_model_dir, num_threads=2) as llm:
+        want = llm.generate(prompt, SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True))[0].outputs[0].text
+    server = ServerProcess("--tensor-parallel-size", "3", "--num-threads", "2")
+    try:
+        client = openai.OpenAI(base_url=server.url + "/v1", api_key="none")
+        name = client.models.list().data[0].id
+        out = client.completions.create(model=name, prompt=prompt, max_tokens=12, temperature=0.0,
+                                        extra_body={"ignore_eos": True})
+    finally:
+        log = server.stop()
+    assert out.choices[0].text == want and len(want) > 0
+    assert "x 3 tensor-parallel ranks" in log
