@@ -61,7 +61,32 @@ void launch(const Tensor& ids, const T* table, Tensor& out, int64_t H, const ops
                      static_cast<const float*>(nullptr), 0.0f, static_cast<float*>(nullptr));
 }
 
+// A block per token: its row of the rank's vocabulary slice, or zeros (ops::embedding_shard).
+template <typename T>
+__global__ void embedding_shard_kernel(const int32_t* __restrict__ ids, const T* __restrict__ table, int64_t first_id,
+                                       int64_t rows, int64_t hidden, float* __restrict__ out) {
+  enter_dependent();
+  const int64_t t = blockIdx.x, local = int64_t(ids[t]) - first_id;
+  const bool in = local >= 0 && local < rows;
+  for (int64_t i = threadIdx.x; i < hidden; i += blockDim.x)
+    out[t * hidden + i] = in ? to_float(table[local * hidden + i]) : 0.0f;
+}
+
 }  // namespace
+
+void embedding_shard(const Tensor& ids, const Tensor& table, int64_t first_id, Tensor& out) {
+  const int64_t T = ids.numel(), V = table.size(0), H = table.size(1);
+  if (T == 0) return;
+  const dim3 grid{unsigned(T)}, block{256};
+  if (table.dtype() == DType::kF32)
+    launch_dependent(embedding_shard_kernel<float>, grid, block, 0, ids.ptr<int32_t>(), table.ptr<float>(), first_id, V, H,
+                     out.ptr<float>());
+  else if (table.dtype() == DType::kF16)
+    launch_dependent(embedding_shard_kernel<__half>, grid, block, 0, ids.ptr<int32_t>(), table.ptr<__half>(), first_id, V,
+                     H, out.ptr<float>());
+  else throw std::invalid_argument("CUDA embedding_shard: table must be float32 or float16");
+  RV_CUDA_CHECK(cudaGetLastError());
+}
 
 void embedding(const Tensor& ids, const Tensor& table, Tensor& out, const ops::NormInto* norm) {
   const int64_t T = ids.numel(), H = table.size(1);

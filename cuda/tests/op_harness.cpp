@@ -145,6 +145,13 @@ void test_embedding(int64_t vocab, int64_t hidden, int64_t T, DType dt) {
   ops::embedding(dids, dtab, dout, &dn);
   report("embedding + norm " + tag,
          std::max(max_abs_diff(cuda::to_host(dout), ref), max_abs_diff(cuda::to_host(dnormed), normed)), 1e-4f);
+  // A vocabulary-parallel rank's slice (the middle third): its rows, zeros for the other ids.
+  const int64_t first = vocab / 3, rows = vocab / 3;
+  Tensor part = table.slice_rows(first, first + rows);  // a view of whole rows: contiguous
+  Tensor ref_shard = Tensor::empty({T, hidden}, DType::kF32);
+  ops::cpu::embedding_shard(ids, part, first, ref_shard);
+  ops::embedding_shard(dids, cuda::to_device(part), first, dout);
+  report("embedding_shard " + tag, max_abs_diff(cuda::to_host(dout), ref_shard), 0.0f);
 }
 
 // RoPE tables of `positions` rows on the host and their copy on the device (rc: the type and its

@@ -1,7 +1,8 @@
 // Tensor parallelism on the CPU: a dense model sharded over 2 and 4 ranks (threads of a LocalGroup,
 // each rank with its own slices of the weights, caches, scheduler and runner) gives the logits of
 // the unsharded model over a prefill of two requests in one step and the decode steps after it,
-// with q / k / v / o biases and with KV heads replicated (2 KV heads on 4 ranks); a model that does
+// with q / k / v / o biases, with KV heads replicated (2 KV heads on 4 ranks), and with the
+// vocabulary split across ranks or (when it does not divide) whole on each; a model that does
 // not split evenly, and an architecture not sharded yet, are refused naming tensor_parallel_size.
 #include <algorithm>
 #include <cmath>
@@ -131,6 +132,10 @@ void run_tensor_parallel_tests() {
       "num_hidden_layers": 2)";
   check("llama", R"({"architectures": ["LlamaForCausalLM"], "attention_bias": true, )" + common + "}", {2, 4});
   check("qwen3", R"({"architectures": ["Qwen3ForCausalLM"], "head_dim": 16, )" + common + "}", {2, 4});
+  // A vocabulary of 66 splits over 2 ranks but not 4 (each of those holds all of it) or 3 heads-wise.
+  std::string v66 = common;
+  v66.replace(v66.find("\"vocab_size\": 64"), 16, "\"vocab_size\": 66");
+  check("llama-v66", R"({"architectures": ["LlamaForCausalLM"], "tie_word_embeddings": true, )" + v66 + "}", {2, 4});
   const auto dir = std::filesystem::temp_directory_path() / "revolta-tp-llama";
   ModelConfig c = ModelConfig::from_file((dir / "config.json").string());
   c.max_positions = c.max_position_embeddings;

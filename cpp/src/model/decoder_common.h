@@ -13,10 +13,16 @@ namespace revolta {
 
 struct EmbeddingAndHead {
   Tensor embed, lm_head;  // lm_head shares embed's memory when the embeddings are tied
+  // Vocabulary-parallel: a tensor-parallel rank's rows [first_id, first_id + rows) of both, and the
+  // group whose ranks hold the others; null: the whole vocabulary.
+  Communicator* tp = nullptr;
+  int64_t first_id = 0;
   int64_t nbytes() const;
 };
 
 // Loads `<prefix>embed_tokens.weight` and `lm_head.weight` (or ties them); names the missing one.
+// Under tensor parallelism (the loader's group) each rank loads its part of the vocabulary when the
+// vocabulary splits evenly, else the whole.
 EmbeddingAndHead load_embedding_and_head(const WeightLoader& w, const std::string& prefix, const ModelConfig& c,
                                          DType dt);
 
@@ -42,5 +48,11 @@ class DecoderBase : public CausalLM {
 // rows (when they are every row in order, as in decode steps and so every decode graph, x goes to
 // the LM head as it is) and the hidden states of its hidden rows.
 ForwardOutput final_outputs(const Tensor& x, const ForwardBatch& batch, const Tensor& lm_head);
+// The same through a vocabulary-parallel head: each rank's logits columns, gathered in vocabulary order.
+ForwardOutput final_outputs(const Tensor& x, const ForwardBatch& batch, const EmbeddingAndHead& head);
+
+// The token lookup into out (f32 [T, hidden]) and its first input norm into norm.normed (fused
+// where the head is whole; a sharded one sums the ranks' lookups first).
+void embed_tokens(const EmbeddingAndHead& head, const Tensor& ids, Tensor& out, const ops::NormInto& norm);
 
 }  // namespace revolta

@@ -79,7 +79,7 @@ class DenseDecoderLM final : public DecoderBase {
     Tensor act = Tensor::uninitialized({T, I}, DType::kF32, device_);
 
     const ops::NormInto first_norm{&layers_[0].input_norm, eps, &x};
-    ops::embedding(b.token_ids, head_.embed, residual, &first_norm);
+    embed_tokens(head_, b.token_ids, residual, first_norm);
     for (size_t l = 0; l < layers_.size(); ++l) {
       const DenseLayer& L = layers_[l];
       ops::linear(x, L.qkv, L.qkv_bias.defined() ? &L.qkv_bias : nullptr, qkv);
@@ -96,7 +96,7 @@ class DenseDecoderLM final : public DecoderBase {
       const Tensor& next_norm = l + 1 < layers_.size() ? layers_[l + 1].input_norm : final_norm_;
       ops::add_rms_norm(residual, proj, next_norm, eps, x);
     }
-    return final_outputs(x, b, head_.lm_head);
+    return final_outputs(x, b, head_);
   }
 
  private:

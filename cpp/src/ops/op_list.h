@@ -8,6 +8,7 @@
 
 #define REVOLTA_OPS(X)                                                                                               \
   X(Embedding, embedding, void(const Tensor& ids, const Tensor& table, Tensor& out, const ops::NormInto* norm))     \
+  X(EmbeddingShard, embedding_shard, void(const Tensor& ids, const Tensor& table, int64_t first_id, Tensor& out))    \
   X(RmsNorm, rms_norm, void(const Tensor& x, const Tensor& weight, float eps, Tensor& out))                          \
   X(AddRmsNorm, add_rms_norm, void(Tensor& residual, const Tensor& x, const Tensor& weight, float eps, Tensor& out)) \
   X(Linear, linear, void(const Tensor& x, const Tensor& weight, const Tensor* bias, Tensor& out))                    \

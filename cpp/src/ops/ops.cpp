@@ -74,6 +74,12 @@ void embedding(const Tensor& ids, const Tensor& table, Tensor& out, const NormIn
            "embedding: a norm weight f32 [", table.size(1), "] and a normed tensor like out ", out.shape_str());
   table_for(out.device(), Op::kEmbedding).embedding(ids, table, out, norm);
 }
+void embedding_shard(const Tensor& ids, const Tensor& table, int64_t first_id, Tensor& out) {
+  RV_CHECK(first_id >= 0 && out.numel() == ids.numel() * table.size(1) && out.dtype() == DType::kF32,
+           "embedding_shard: out f32 [", ids.numel(), ", ", table.size(1), "], got ", out.shape_str());
+  table_for(out.device(), Op::kEmbeddingShard).embedding_shard(ids, table, first_id, out);
+}
+
 void rms_norm(const Tensor& x, const Tensor& weight, float eps, Tensor& out) {
   table_for(x.device(), Op::kRmsNorm).rms_norm(x, weight, eps, out);
 }

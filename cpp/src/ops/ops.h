@@ -175,6 +175,10 @@ ThreadPool* cpu_thread_pool();
 // ids: int32 [T]; table: [vocab, hidden] any float dtype; out: f32 [T, hidden]. With norm, also
 // norm->normed = rms_norm(out) * norm->weight (the first block's input norm, fused where a backend can).
 void embedding(const Tensor& ids, const Tensor& table, Tensor& out, const NormInto* norm = nullptr);
+// A vocabulary-parallel rank's part of the lookup: table holds rows [first_id, first_id + rows) of
+// the vocabulary; out[t] = table[ids[t] - first_id] for ids in that range, zeros elsewhere (the
+// ranks' outputs sum to the whole lookup).
+void embedding_shard(const Tensor& ids, const Tensor& table, int64_t first_id, Tensor& out);
 // Row-wise RMSNorm over the last dimension: out = x / rms(x) * weight. x and out may alias.
 void rms_norm(const Tensor& x, const Tensor& weight, float eps, Tensor& out);
 // residual += x; out = rms_norm(residual).

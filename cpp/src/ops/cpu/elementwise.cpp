@@ -42,6 +42,23 @@ void embedding(const Tensor& ids, const Tensor& table, Tensor& out, const NormIn
   if (norm) rms_norm(out, *norm->weight, norm->eps, *norm->normed);
 }
 
+void embedding_shard(const Tensor& ids, const Tensor& table, int64_t first_id, Tensor& out) {
+  const int64_t T = ids.numel(), H = table.size(1), V = table.size(0);
+  const int32_t* id = ids.ptr<int32_t>();
+  const size_t row_bytes = size_t(dtype_bytes(table.dtype(), H));
+  for (int64_t t = 0; t < T; ++t) {
+    float* o = out.ptr<float>() + t * H;
+    const int64_t local = int64_t(id[t]) - first_id;
+    if (local < 0 || local >= V) {
+      std::fill(o, o + H, 0.0f);
+      continue;
+    }
+    const char* row = static_cast<const char*>(table.data()) + size_t(local) * row_bytes;
+    if (is_block_dtype(table.dtype())) dequantize(table.dtype(), row, o, H);
+    else convert_to_f32(row, table.dtype(), o, size_t(H));
+  }
+}
+
 void rms_norm(const Tensor& x, const Tensor& weight, float eps, Tensor& out) {
   const int64_t n = weight.numel(), rows = x.numel() / n;
   auto w = weight_f32(weight);
