@@ -3,6 +3,7 @@ cut to one layer), so it cannot rot where no GPU runs it."""
 
 import json
 import subprocess
+import sys
 from pathlib import Path
 
 import revolta
@@ -102,3 +103,14 @@ def test_serving_benchmark_runs_against_a_real_server(tmp_path):
     assert fig["output_tokens"] == fig["requested_output_tokens"]  # ignore_eos: each request its max_tokens
     assert 0 < fig["ttft"]["p50_ms"] <= fig["e2e"]["p50_ms"]
     assert fig["output_tok_s"] > 0 and fig["input_tok_s"] > fig["output_tok_s"]
+
+
+def test_tensor_parallel_benchmark_checks_tokens_and_reports_ratios():
+    script = Path(__file__).parent.parent / "benchmarks" / "bench_tensor_parallel.py"
+    proc = subprocess.run([sys.executable, str(script), "--tp", "1,3", "--concurrency", "2", "--prompt", "16", "--tokens", "6",
+                           "--threads", "2"], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    rows = [line.split() for line in proc.stdout.splitlines() if line.strip() and line.split()[0].isdigit()]
+    assert [(r[0], r[1]) for r in rows] == [("1", "2"), ("3", "2")]
+    assert all(float(r[2]) > 0 for r in rows) and rows[0][3] == "1.00"
+    assert all("equal to tp 1" in " ".join(r) for r in rows)
