@@ -11,31 +11,15 @@
 #include "expect.h"
 #include "model/model.h"
 #include "runtime/model_runner.h"
+#include "runner_rig.h"
 
 using namespace revolta;
 
 namespace {
 
-struct Rig {
-  std::unique_ptr<CausalLM> model;
-  std::unique_ptr<CacheCoordinator> caches;
-  std::unique_ptr<Scheduler> scheduler;
-  std::unique_ptr<ModelRunner> runner;
-};
+using Rig = RunnerRig;
 
-Rig make_rig(const std::string& dir, const ModelConfig& c) {
-  Rig g;
-  g.model = load_model(dir, c, DType::kF32, Device::kCPU, /*dummy=*/true);
-  const CacheLimits limits{4, 4, 64, false};
-  g.caches = std::make_unique<CacheCoordinator>(plan_caches(g.model->cache_specs(), limits, 4 << 20, "budget"), limits,
-                                                Device::kCPU);
-  g.scheduler = std::make_unique<Scheduler>(SchedulerConfig{4, 256, 64}, g.caches->manager());
-  RunnerOptions o;
-  o.max_model_len = 64;
-  o.hidden = HiddenRows::kSampled;
-  g.runner = std::make_unique<ModelRunner>(*g.model, g.caches->kv(), g.caches->states(), o);
-  return g;
-}
+Rig make_rig(const std::string& dir, const ModelConfig& c) { return make_runner_rig(dir, c, HiddenRows::kSampled); }
 
 // Runs one request's prompt in one step; returns that step's output.
 StepLogits run_prompt(Rig& g, uint64_t id, const std::vector<int32_t>& prompt, int32_t sample_rows) {

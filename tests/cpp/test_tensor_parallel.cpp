@@ -20,30 +20,16 @@
 #include "expect.h"
 #include "model/model.h"
 #include "runtime/model_runner.h"
+#include "runner_rig.h"
 
 using namespace revolta;
 
 namespace {
 
-struct Rank {
-  std::unique_ptr<CausalLM> model;
-  std::unique_ptr<CacheCoordinator> caches;
-  std::unique_ptr<Scheduler> scheduler;
-  std::unique_ptr<ModelRunner> runner;
-};
-
 // The logits of every step, [rows, vocab] each: two prompts prefilled in one step, then `steps`
 // decode steps feeding each request a fixed token sequence (the same on every rank).
 std::vector<Tensor> run(const std::string& dir, const ModelConfig& c, Communicator* tp, int steps) {
-  Rank g;
-  g.model = load_model(dir, c, DType::kF32, Device::kCPU, /*dummy=*/true, /*gguf=*/false, tp);
-  const CacheLimits limits{4, 4, 64, false};
-  g.caches = std::make_unique<CacheCoordinator>(plan_caches(g.model->cache_specs(), limits, 4 << 20, "budget"), limits,
-                                                Device::kCPU);
-  g.scheduler = std::make_unique<Scheduler>(SchedulerConfig{4, 256, 64}, g.caches->manager());
-  RunnerOptions o;
-  o.max_model_len = 64;
-  g.runner = std::make_unique<ModelRunner>(*g.model, g.caches->kv(), g.caches->states(), o);
+  RunnerRig g = make_runner_rig(dir, c, HiddenRows::kNone, tp);
   const std::vector<std::vector<int32_t>> prompts = {{5, 9, 2, 41, 7, 33, 18, 3, 11}, {8, 1, 60, 22, 4}};
   for (size_t i = 0; i < prompts.size(); ++i) {
     auto r = std::make_unique<Request>();
@@ -115,15 +101,6 @@ void check(const std::string& name, const std::string& json, const std::vector<i
   }
 }
 
-bool refused(const std::function<void()>& f, const std::string& words) {
-  try {
-    f();
-  } catch (const std::exception& e) {
-    return std::string(e.what()).find(words) != std::string::npos;
-  }
-  return false;
-}
-
 }  // namespace
 
 void run_tensor_parallel_tests() {
@@ -139,10 +116,10 @@ void run_tensor_parallel_tests() {
   const auto dir = std::filesystem::temp_directory_path() / "revolta-tp-llama";
   ModelConfig c = ModelConfig::from_file((dir / "config.json").string());
   c.max_positions = c.max_position_embeddings;
-  EXPECT(refused([&] { run_sharded(dir.string(), c, 3, 1); }, "tensor_parallel_size 3"));
+  EXPECT(throws_naming([&] { run_sharded(dir.string(), c, 3, 1); }, "tensor_parallel_size 3"));
   c.architecture = "Qwen3NextForCausalLM";
   LocalGroup two(2);
   auto comm = two.communicator(0);
-  EXPECT(refused([&] { load_model(dir.string(), c, DType::kF32, Device::kCPU, true, false, comm.get()); },
+  EXPECT(throws_naming([&] { load_model(dir.string(), c, DType::kF32, Device::kCPU, true, false, comm.get()); },
                  "not sharded yet"));
 }

@@ -39,15 +39,6 @@ void test_transpose_definition() {
   }
 }
 
-bool throws_naming(const std::function<void()>& f, const std::string& words) {
-  try {
-    f();
-  } catch (const std::exception& e) {
-    return std::string(e.what()).find(words) != std::string::npos;
-  }
-  return false;
-}
-
 void test_transpose_rejects_mismatched_shapes() {
   Tensor x = Tensor::empty({4, 6}, DType::kF32);
   Tensor same = Tensor::empty({4, 6}, DType::kF32), half = Tensor::empty({6, 4}, DType::kF16);

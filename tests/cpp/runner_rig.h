@@ -1,0 +1,37 @@
+// A model (made-up weights, CPU) with its caches, scheduler and runner, as the engine wires them,
+// for the tests that drive steps by hand: 4 sequences, blocks of 4, a 64-token context.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "cache/cache_coordinator.h"
+#include "model/model.h"
+#include "runtime/model_runner.h"
+
+namespace revolta {
+
+struct RunnerRig {
+  std::unique_ptr<CausalLM> model;
+  std::unique_ptr<CacheCoordinator> caches;
+  std::unique_ptr<Scheduler> scheduler;
+  std::unique_ptr<ModelRunner> runner;
+};
+
+// tp: the rank's tensor-parallel group (null: unsharded).
+inline RunnerRig make_runner_rig(const std::string& dir, const ModelConfig& c, HiddenRows hidden,
+                                 Communicator* tp = nullptr) {
+  RunnerRig g;
+  g.model = load_model(dir, c, DType::kF32, Device::kCPU, /*dummy=*/true, /*gguf=*/false, tp);
+  const CacheLimits limits{4, 4, 64, false};
+  g.caches = std::make_unique<CacheCoordinator>(plan_caches(g.model->cache_specs(), limits, 4 << 20, "budget"), limits,
+                                                Device::kCPU);
+  g.scheduler = std::make_unique<Scheduler>(SchedulerConfig{4, 256, 64}, g.caches->manager());
+  RunnerOptions o;
+  o.max_model_len = 64;
+  o.hidden = hidden;
+  g.runner = std::make_unique<ModelRunner>(*g.model, g.caches->kv(), g.caches->states(), o);
+  return g;
+}
+
+}  // namespace revolta
