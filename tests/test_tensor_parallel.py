@@ -1,26 +1,34 @@
 """Tensor parallelism on the CPU (ranks as threads of the engine's process): the sharded model gives
 the greedy tokens of the unsharded one, which HF transformers confirms, with its logits within a
-float32 rounding tolerance, under concurrency, prefix-cache hits and preemption; on the real demo
-model over 3 ranks (its 9 heads, 3 KV heads), also with its GGUF blocks cut along K; and options it
-cannot serve are refused naming tensor_parallel_size."""
+float32 rounding tolerance, under concurrency, prefix-cache hits and preemption, for every
+architecture (dense, MoE, and the hybrid DeltaNet families with their experts split); on the real
+demo model over 3 ranks (its 9 heads, 3 KV heads), also with its GGUF blocks cut along K; and
+options it cannot serve are refused naming tensor_parallel_size."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from conftest import hf_greedy, make_hf_model
+from conftest import hf_greedy, make_hf_model, state_bytes_per_slot
 from revolta import LLM, SamplingParams
 
 PROMPTS = [[1, 17, 93, 4, 250, 61, 8, 140], [1, 5, 5, 200, 31], [1, 77] * 9, [1, 17, 93, 4, 250, 61, 8, 140, 3, 9]]
 LOGIT_TOL = 2e-4  # partial sums added in another order: float32 rounding only
 
 
-@pytest.fixture(scope="module", params=["llama", "qwen3"])
+MOE = dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32)
+# 4 DeltaNet key heads (8 value heads) split over 4 ranks; a shared expert of its own size.
+HYBRID = dict(MOE, shared_expert_intermediate_size=48, linear_num_key_heads=4, linear_num_value_heads=8,
+              linear_key_head_dim=16, linear_value_head_dim=16, head_dim=16, num_hidden_layers=4)
+OVERRIDES = {"llama": dict(attention_bias=True), "qwen3": {}, "qwen3_moe": dict(MOE, mlp_only_layers=[1]),
+             "qwen3_next": HYBRID, "qwen3_5_moe": HYBRID}
+
+
+@pytest.fixture(scope="module", params=list(OVERRIDES))
 def tiny(request, tmp_path_factory):
     d = tmp_path_factory.mktemp(f"tp-{request.param}")
-    overrides = {"attention_bias": True} if request.param == "llama" else {}
-    model = make_hf_model(request.param, d, seed=3, **overrides)
+    model = make_hf_model(request.param, d, seed=3, **OVERRIDES[request.param])
     return str(d), model
 
 
@@ -45,10 +53,12 @@ def test_sharded_tokens_and_logits_equal_the_unsharded_model(tiny):
         for a, b in zip(want_logits, logits):
             assert np.abs(a - b).max() < LOGIT_TOL, np.abs(a - b).max()
         assert info.tensor_parallel_size == tp and info.kv_cache_bytes == tp * one.kv_cache_bytes
+        # split, not copied: norms and routers are, and on 4 ranks each k / v head is held twice
+        assert info.weight_bytes < (1.02 if tp == 2 else 1.15) * one.weight_bytes, (tp, info.weight_bytes)
 
 
 def test_prefix_hits_and_preemption_under_tensor_parallelism(tiny):
-    path, _ = tiny
+    path, hf = tiny
     params = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
     # The first and last prompts share 8 tokens (two blocks of 4): asked after the first, the last hits.
     tokens, cached = {}, {}
@@ -58,13 +68,21 @@ def test_prefix_hits_and_preemption_under_tensor_parallelism(tiny):
             later = llm.generate([{"prompt_token_ids": p} for p in PROMPTS[1:]], params)
         tokens[tp] = [o.outputs[0].token_ids for o in first + later]
         cached[tp] = later[-1].num_cached_tokens
-    assert tokens[2] == tokens[1] and cached[2] == cached[1] == 8
+    # (dense models hit both blocks; hybrid ones resume from the state snapshot a block before)
+    assert tokens[2] == tokens[1] and cached[2] == cached[1] >= 4, cached
     # A KV budget too small for all four at once: requests are preempted and recomputed.
-    per_token = 2 * 2 * 1 * 16 * 4  # layers, K and V, a rank's KV head (TP 2: one), head_dim, float32
-    small = dict(block_size=4, max_model_len=40)
-    want, _, _, _, _ = run(path, 1, n=20, kv_cache_memory_bytes=2 * per_token * 64, **small)
-    got, _, _, stats, _ = run(path, 2, n=20, kv_cache_memory_bytes=per_token * 64, **small)
+    small = dict(block_size=4, max_model_len=40, max_num_seqs=4)
+    want, _, _, _, _ = run(path, 1, n=20, kv_cache_memory_bytes=cache_bytes(hf, 1, 128, 4), **small)
+    got, _, _, stats, _ = run(path, 2, n=20, kv_cache_memory_bytes=cache_bytes(hf, 2, 64, 4), **small)
     assert stats.num_preemptions > 0 and got == want
+
+
+def cache_bytes(hf, tp: int, tokens: int, seqs: int) -> int:
+    """A rank's float32 cache for `tokens` of KV and the recurrent states (with prefix snapshots) of `seqs`."""
+    c = hf.config
+    linear = sum(t == "linear_attention" for t in (getattr(c, "layer_types", None) or []))
+    per_token = (c.num_hidden_layers - linear) * 2 * max(1, c.num_key_value_heads // tp) * c.head_dim * 4
+    return per_token * tokens + seqs * 2 * state_bytes_per_slot(hf) // tp
 
 
 def test_demo_model_over_three_ranks(demo_model_dir):
@@ -102,9 +120,9 @@ def test_options_it_cannot_serve_are_refused(tiny, tmp_path):
         LLM(path, tensor_parallel_size=3)
     with pytest.raises(ValueError, match="tensor_parallel_size 2 and speculative_config"):
         LLM(path, tensor_parallel_size=2, speculative_config={"method": "ngram", "num_speculative_tokens": 2})
-    make_hf_model("qwen3_moe", tmp_path, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32)
-    with pytest.raises(ValueError, match="not sharded yet"):
-        LLM(str(tmp_path), tensor_parallel_size=2)
+    make_hf_model("qwen3_next", tmp_path, **dict(HYBRID, linear_num_key_heads=2, linear_num_value_heads=4))
+    with pytest.raises(ValueError, match="tensor_parallel_size 4: the model's 2 DeltaNet key heads do not split"):
+        LLM(str(tmp_path), tensor_parallel_size=4)
 
 
 def test_server_over_three_ranks_answers_the_openai_sdk_as_one_rank(demo_model_dir):

@@ -24,8 +24,10 @@ inline RunnerRig make_runner_rig(const std::string& dir, const ModelConfig& c, H
   RunnerRig g;
   g.model = load_model(dir, c, DType::kF32, Device::kCPU, /*dummy=*/true, /*gguf=*/false, tp);
   const CacheLimits limits{4, 4, 64, false};
-  g.caches = std::make_unique<CacheCoordinator>(plan_caches(g.model->cache_specs(), limits, 4 << 20, "budget"), limits,
-                                                Device::kCPU);
+  CacheSpecs specs = g.model->cache_specs();  // MTP layers keep K/V after the model's, as the engine plans them
+  for (CacheGroupSpec& s : specs)
+    if (s.kind == CacheGroupSpec::Kind::kPagedKv) s.kv.num_layers += g.model->num_mtp_layers();
+  g.caches = std::make_unique<CacheCoordinator>(plan_caches(specs, limits, 4 << 20, "budget"), limits, Device::kCPU);
   g.scheduler = std::make_unique<Scheduler>(SchedulerConfig{4, 256, 64}, g.caches->manager());
   RunnerOptions o;
   o.max_model_len = 64;

@@ -1,9 +1,11 @@
-// Tensor parallelism on the CPU: a dense model sharded over 2 and 4 ranks (threads of a LocalGroup,
-// each rank with its own slices of the weights, caches, scheduler and runner) gives the logits of
-// the unsharded model over a prefill of two requests in one step and the decode steps after it,
-// with q / k / v / o biases, with KV heads replicated (2 KV heads on 4 ranks), and with the
-// vocabulary split across ranks or (when it does not divide) whole on each; a model that does
-// not split evenly, and an architecture not sharded yet, are refused naming tensor_parallel_size.
+// Tensor parallelism on the CPU: every architecture sharded over 2 and 4 ranks (threads of a
+// LocalGroup, each rank with its own slices of the weights, caches, scheduler and runner) gives the
+// logits of the unsharded model over a prefill of two requests in one step and the decode steps
+// after it, and the same draft logits from its multi-token-prediction layer: dense models with
+// q / k / v / o biases, KV heads replicated (2 KV heads on 4 ranks), the vocabulary split across
+// ranks or (when it does not divide) whole on each; MoE and hybrid models with their DeltaNet heads,
+// experts, shared experts (routed with the experts or gated on their own) and dense MLP layers
+// split. A model that does not split evenly is refused naming tensor_parallel_size and the count.
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
@@ -28,8 +30,9 @@ namespace {
 
 // The logits of every step, [rows, vocab] each: two prompts prefilled in one step, then `steps`
 // decode steps feeding each request a fixed token sequence (the same on every rank).
+// With MTP layers, a last entry: the draft logits of each request's next token after its last step.
 std::vector<Tensor> run(const std::string& dir, const ModelConfig& c, Communicator* tp, int steps) {
-  RunnerRig g = make_runner_rig(dir, c, HiddenRows::kNone, tp);
+  RunnerRig g = make_runner_rig(dir, c, HiddenRows::kSampled, tp);
   const std::vector<std::vector<int32_t>> prompts = {{5, 9, 2, 41, 7, 33, 18, 3, 11}, {8, 1, 60, 22, 4}};
   for (size_t i = 0; i < prompts.size(); ++i) {
     auto r = std::make_unique<Request>();
@@ -39,16 +42,21 @@ std::vector<Tensor> run(const std::string& dir, const ModelConfig& c, Communicat
     g.scheduler->add(std::move(r));
   }
   std::vector<Tensor> logits;
+  std::vector<DraftSpan> spans;
+  Tensor hidden;
   for (int s = 0; s <= steps; ++s) {
     SchedulerOutput plan = g.scheduler->schedule();
     StepLogits out = g.runner->execute(plan, g.caches->prepare(plan.scheduled));
     logits.push_back(out.logits);
+    hidden = out.hidden, spans.clear();
     for (const auto& sr : plan.scheduled) {
       sr.request->num_computed_tokens += sr.num_new_tokens;
       g.caches->commit(*sr.request);
       sr.request->tokens.push_back(int32_t(7 * s + 3 * sr.request->id) % 64);
+      spans.push_back({sr.request, sr.request->num_computed_tokens - 1, {sr.request->tokens.back()}, true});
     }
   }
+  if (g.model->num_mtp_layers() > 0) logits.push_back(g.runner->draft_forward(spans, hidden, 0).logits);
   return logits;
 }
 
@@ -91,7 +99,7 @@ void check(const std::string& name, const std::string& json, const std::vector<i
   c.max_positions = c.max_position_embeddings;
   const int steps = 4;
   const std::vector<Tensor> want = run(dir.string(), c, nullptr, steps);
-  EXPECT(want.size() == size_t(steps + 1) && want[0].size(0) == 2);
+  EXPECT(want.size() == size_t(steps + 1 + (c.num_mtp_layers > 0)) && want[0].size(0) == 2 && want.back().size(0) == 2);
   for (int world : worlds) {
     const std::vector<Tensor> got = run_sharded(dir.string(), c, world, steps);
     float worst = 0.0f;
@@ -113,13 +121,32 @@ void run_tensor_parallel_tests() {
   std::string v66 = common;
   v66.replace(v66.find("\"vocab_size\": 64"), 16, "\"vocab_size\": 66");
   check("llama-v66", R"({"architectures": ["LlamaForCausalLM"], "tie_word_embeddings": true, )" + v66 + "}", {2, 4});
+  // MoE and hybrid: Qwen3-MoE (a dense MLP layer among the expert ones); Qwen3-Next (DeltaNet,
+  // gated attention, a shared expert routed with the experts, an MTP layer); Qwen3.5 (separate
+  // DeltaNet projections, a shared expert of its own size behind its gate).
+  const std::string moe = R"("vocab_size": 64, "hidden_size": 32, "num_attention_heads": 4, "num_key_value_heads": 2,
+      "head_dim": 8, "max_position_embeddings": 64, "rms_norm_eps": 1e-6, "intermediate_size": 48, "torch_dtype": "float32",
+      "num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 16)";
+  const std::string hybrid = moe + R"(, "num_hidden_layers": 4, "linear_num_key_heads": 4, "linear_num_value_heads": 8,
+      "linear_key_head_dim": 8, "linear_value_head_dim": 8, "linear_conv_kernel_dim": 4, "full_attention_interval": 2,
+      "partial_rotary_factor": 0.5, "mtp_num_hidden_layers": 1)";
+  check("qwen3-moe", R"({"architectures": ["Qwen3MoeForCausalLM"], "num_hidden_layers": 2, "mlp_only_layers": [1], )" + moe + "}",
+        {2, 4});
+  check("qwen3-next", R"({"architectures": ["Qwen3NextForCausalLM"], "shared_expert_intermediate_size": 16, )" + hybrid + "}",
+        {2, 4});
+  check("qwen3.5", R"({"architectures": ["Qwen3_5MoeForCausalLM"], "shared_expert_intermediate_size": 32, )" + hybrid + "}",
+        {2, 4});
+
   const auto dir = std::filesystem::temp_directory_path() / "revolta-tp-llama";
   ModelConfig c = ModelConfig::from_file((dir / "config.json").string());
   c.max_positions = c.max_position_embeddings;
   EXPECT(throws_naming([&] { run_sharded(dir.string(), c, 3, 1); }, "tensor_parallel_size 3"));
-  c.architecture = "Qwen3NextForCausalLM";
-  LocalGroup two(2);
-  auto comm = two.communicator(0);
-  EXPECT(throws_naming([&] { load_model(dir.string(), c, DType::kF32, Device::kCPU, true, false, comm.get()); },
-                 "not sharded yet"));
+  const auto next = std::filesystem::temp_directory_path() / "revolta-tp-qwen3-next";
+  c = ModelConfig::from_file((next / "config.json").string());
+  c.max_positions = c.max_position_embeddings;
+  c.linear_num_key_heads = 2, c.linear_num_value_heads = 4;
+  EXPECT(throws_naming([&] { run_sharded(next.string(), c, 4, 1); }, "2 DeltaNet key heads do not split over 4"));
+  c.linear_num_key_heads = 4, c.linear_num_value_heads = 8;
+  c.moe_intermediate_size = 18;
+  EXPECT(throws_naming([&] { run_sharded(next.string(), c, 4, 1); }, "18 expert intermediates"));
 }

@@ -75,10 +75,12 @@ std::vector<StateAction> CacheCoordinator::prepare(const std::vector<ScheduledRe
   return actions;
 }
 
-void CacheCoordinator::commit(Request& r) {
+StateAction CacheCoordinator::commit(Request& r) {
   manager_->cache_full_blocks(r);
   const int32_t snapshot = manager_->snapshot_target(r);
-  if (snapshot >= 0) states_->copy(r.state_slot, snapshot);
+  if (snapshot < 0) return {};
+  states_->copy(r.state_slot, snapshot);
+  return {r.state_slot, snapshot};
 }
 
 }  // namespace revolta

@@ -59,8 +59,9 @@ class CacheCoordinator {
   // and saved (a request verifying drafts: its scratch slot, for a rollback after rejections).
   std::vector<StateAction> prepare(const std::vector<ScheduledRequest>& scheduled);
   // After a forward computed the request's scheduled tokens: registers its full blocks for
-  // prefix hits and, on a block boundary of its prompt, snapshots its state.
-  void commit(Request& r);
+  // prefix hits and, on a block boundary of its prompt, snapshots its state; returns that copy
+  // (to < 0: none), which other tensor-parallel ranks' states repeat.
+  StateAction commit(Request& r);
 
  private:
   CachePlan plan_;

@@ -74,15 +74,14 @@ Engine::Impl::Impl(const EngineConfig& c) : cfg(c), seed_source(c.seed) {
   // The model declares its cache groups; the engine picks the KV element type and the budget
   // (cache/ splits it). On CUDA with gpu_memory_utilization the budget is what the weights and
   // activations leave under it, checked from the config before any weight is read.
-  CacheSpecs groups = cache_specs_for(model_cfg);
+  // Each rank caches its own KV heads and DeltaNet states in blocks of the same numbering; the
+  // budget is a rank's.
+  const int world = cfg.tensor_parallel_size;
+  CacheSpecs groups = cache_specs_for(rank_config(model_cfg, world));
   for (CacheGroupSpec& g : groups)
     if (g.kind == CacheGroupSpec::Kind::kPagedKv &&
         (cfg.kv_cache_dtype == "float16" || (cfg.kv_cache_dtype == "auto" && device == Device::kCUDA)))
       g.kv.dtype = DType::kF16;
-  // Each rank caches its own KV heads in blocks of the same numbering; the budget is a rank's.
-  const int world = cfg.tensor_parallel_size;
-  for (CacheGroupSpec& g : groups)
-    if (world > 1 && g.kind == CacheGroupSpec::Kind::kPagedKv) g.kv.num_kv_heads = kv_heads_per_rank(model_cfg, world);
   const CacheLimits limits{cfg.block_size, cfg.max_num_seqs, cfg.max_model_len, cfg.enable_prefix_caching};
   speculative = !cfg.speculative_method.empty();
   mtp = cfg.speculative_method == "mtp";

@@ -83,6 +83,7 @@ struct Engine::Impl {
     const std::vector<int32_t>& tokens();  // waits for the copy
     void drop(Request* r);
   };
+  std::vector<StateAction> rank_snapshots;  // made by rank 0's commits, not yet repeated by the other ranks
   std::optional<Queued> ahead;  // async scheduling: queued before the previous step's tokens were read
   bool async_scheduling = false;
 

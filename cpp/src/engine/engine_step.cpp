@@ -18,7 +18,8 @@ void Engine::Impl::commit_one(Request& r, int32_t num_new_tokens) {
   const int32_t before = r.num_computed_tokens;
   r.num_computed_tokens += num_new_tokens;
   live.prompt_tokens_computed += std::max(0, std::min(r.num_computed_tokens, r.num_prompt_tokens) - before);
-  caches->commit(r);
+  const StateAction snapshot = caches->commit(r);
+  if (tp && snapshot.to >= 0) rank_snapshots.push_back(snapshot);
 }
 
 bool Engine::Impl::accept(Request& r, TokenOutput tok) {
@@ -115,7 +116,11 @@ void Engine::Impl::begin_step(const std::vector<ScheduledRequest>& scheduled) {
 StepLogits Engine::Impl::forward(const SchedulerOutput& plan) {
   const std::vector<StateAction> actions = caches->prepare(plan.scheduled);
   if (!tp) return runner->execute(plan, actions);
-  return tp->execute(plan, actions, [&] { return runner->execute(plan, actions); });
+  // The other ranks take the state snapshots rank 0 made after the last step, then this step's actions.
+  std::vector<StateAction> rank_actions = std::move(rank_snapshots);
+  rank_snapshots.clear();
+  rank_actions.insert(rank_actions.end(), actions.begin(), actions.end());
+  return tp->execute(plan, rank_actions, [&] { return runner->execute(plan, actions); });
 }
 
 void Engine::Impl::step(bool may_run_ahead) {

@@ -31,7 +31,8 @@ class TensorParallelRanks {
   ~TensorParallelRanks();
   Communicator* rank0() { return rank0_.get(); }
   int64_t worker_weight_bytes() const;
-  // Rank 0's forward (`run`) with every worker's forward of the same step beside it. A failing rank
+  // Rank 0's forward (`run`) with every worker's forward of the same step beside it (its state
+  // `actions` first: the step's and the snapshots rank 0 took since the last one). A failing rank
   // aborts the group, so the others' collectives throw instead of waiting; the first error is
   // rethrown here, and the group stays unusable (the engine treats it as fatal).
   StepLogits execute(const SchedulerOutput& step, const std::vector<StateAction>& actions,

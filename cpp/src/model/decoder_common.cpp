@@ -10,6 +10,40 @@ int64_t EmbeddingAndHead::nbytes() const {
   return int64_t(embed.nbytes()) + (lm_head.data() == embed.data() ? 0 : int64_t(lm_head.nbytes()));
 }
 
+Share share_of(int64_t whole, int64_t count, const Communicator* tp) {
+  // whole * rank / world: count units each, or with fewer units than ranks the unit of a rank's group
+  return tp ? Share{whole * tp->rank() / tp->world_size(), count} : Share{0, whole};
+}
+
+ModelConfig rank_config(const ModelConfig& c, int world) {
+  ModelConfig r = c;
+  if (world == 1) return r;
+  auto need = [&](bool ok, int64_t n, const char* what) {
+    RV_CHECK_ARG(ok, "tensor_parallel_size ", world, ": the model's ", n, " ", what, " do not split over ", world,
+                 " ranks");
+  };
+  bool dense = c.num_experts == 0;
+  for (int32_t l = 0; l < c.num_layers; ++l) dense = dense || !c.is_moe_layer(l);
+  need(c.num_heads % world == 0, c.num_heads, "attention heads");
+  need(c.num_kv_heads % world == 0 || world % c.num_kv_heads == 0, c.num_kv_heads, "KV heads (nor divide them)");
+  r.num_heads = c.num_heads / world;
+  r.num_kv_heads = c.num_kv_heads >= world ? c.num_kv_heads / world : 1;
+  if (dense) need(c.intermediate_size % world == 0, c.intermediate_size, "MLP intermediates");
+  r.intermediate_size = c.intermediate_size / world;
+  if (c.num_linear_layers() > 0) {
+    need(c.linear_num_key_heads % world == 0, c.linear_num_key_heads, "DeltaNet key heads");
+    r.linear_num_key_heads = c.linear_num_key_heads / world;
+    r.linear_num_value_heads = c.linear_num_value_heads / world;
+  }
+  if (c.num_experts > 0) {
+    need(c.moe_intermediate_size % world == 0, c.moe_intermediate_size, "expert intermediates");
+    need(c.shared_expert_intermediate_size % world == 0, c.shared_expert_intermediate_size, "shared-expert intermediates");
+    r.moe_intermediate_size = c.moe_intermediate_size / world;
+    r.shared_expert_intermediate_size = c.shared_expert_intermediate_size / world;
+  }
+  return r;
+}
+
 EmbeddingAndHead load_embedding_and_head(const WeightLoader& w, const std::string& prefix, const ModelConfig& c,
                                          DType dt) {
   EmbeddingAndHead e;

@@ -20,6 +20,15 @@ struct EmbeddingAndHead {
   int64_t nbytes() const;
 };
 
+// A tensor-parallel rank's part of `whole` units (heads, channels, intermediates): [first, first +
+// count), count being rank_config's; the rows or columns of a tensor holding `unit` of them each.
+struct Share {
+  int64_t first = 0, count = 0;
+  Slice rows(int64_t unit) const { return Slice::rows(first * unit, (first + count) * unit); }
+  Slice cols(int64_t unit) const { return Slice::cols(first * unit, (first + count) * unit); }
+};
+Share share_of(int64_t whole, int64_t count, const Communicator* tp);
+
 // Loads `<prefix>embed_tokens.weight` and `lm_head.weight` (or ties them); names the missing one.
 // Under tensor parallelism (the loader's group) each rank loads its part of the vocabulary when the
 // vocabulary splits evenly, else the whole.

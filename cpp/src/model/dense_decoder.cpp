@@ -19,17 +19,16 @@ struct DenseLayer {
 class DenseDecoderLM final : public DecoderBase {
  public:
   DenseDecoderLM(const WeightLoader& w, const ModelConfig& c, DType dt, DenseDecoderOptions opts)
-      : DecoderBase(c, dt, w.device()), opts_(opts), tp_(w.tensor_parallel()) {
+      : DecoderBase(rank_config(c, w.tensor_parallel() ? w.tensor_parallel()->world_size() : 1), dt, w.device()),
+        opts_(opts), tp_(w.tensor_parallel()) {
     const int64_t H = c.hidden_size, I = c.intermediate_size, D = c.head_dim;
     const int64_t QO = int64_t(c.num_heads) * D, KVO = int64_t(c.num_kv_heads) * D;
-    const Shard s = shard_of(c);
-    cfg_.num_heads = int32_t(s.heads), cfg_.num_kv_heads = int32_t(s.kv_heads), cfg_.intermediate_size = int32_t(s.inter);
     // Column-parallel q / k / v and gate / up (the rank's heads and intermediates), row-parallel o
     // and down (the matching input columns); the whole tensors when there is one rank.
-    const Slice q_rows = Slice::rows(s.first_head * D, (s.first_head + s.heads) * D);
-    const Slice kv_rows = Slice::rows(s.first_kv_head * D, (s.first_kv_head + s.kv_heads) * D);
-    const Slice o_cols = Slice::cols(q_rows.begin, q_rows.end);
-    const Slice i_rows = Slice::rows(s.first_inter, s.first_inter + s.inter), i_cols = Slice::cols(i_rows.begin, i_rows.end);
+    const Share heads = share_of(c.num_heads, cfg_.num_heads, tp_), kv = share_of(c.num_kv_heads, cfg_.num_kv_heads, tp_);
+    const Share inter = share_of(I, cfg_.intermediate_size, tp_);
+    const Slice q_rows = heads.rows(D), kv_rows = kv.rows(D), o_cols = heads.cols(D);
+    const Slice i_rows = inter.rows(1), i_cols = inter.cols(1);
     head_ = load_embedding_and_head(w, "model.", c, dt);
     final_norm_ = w.get("model.norm.weight", {H}, DType::kF32);
     for (int32_t l = 0; l < c.num_layers; ++l) {
@@ -44,7 +43,7 @@ class DenseDecoderLM final : public DecoderBase {
         L.qkv_bias = w.get_sliced({a + "q_proj.bias", a + "k_proj.bias", a + "v_proj.bias"}, {{QO}, {KVO}, {KVO}},
                                   {q_rows, kv_rows, kv_rows}, DType::kF32, false);
         L.qkv_bias = L.qkv_bias.view({L.qkv_bias.numel()});
-        if (s.rank == 0) L.o_bias = w.get(a + "o_proj.bias", {H}, DType::kF32);  // added once, before the sum
+        if (!tp_ || tp_->rank() == 0) L.o_bias = w.get(a + "o_proj.bias", {H}, DType::kF32);  // added once, before the sum
       }
       L.o = w.get_sliced({a + "o_proj.weight"}, {{H, QO}}, {o_cols}, dt, true);
       if (opts.qk_norm) {
@@ -100,26 +99,6 @@ class DenseDecoderLM final : public DecoderBase {
   }
 
  private:
-  // A rank's heads, KV heads and MLP intermediates (all of them with one rank). With fewer KV heads
-  // than ranks each KV head is replicated on world / KV heads ranks, the ones its query heads are on.
-  struct Shard {
-    int rank = 0;
-    int64_t heads, first_head, kv_heads, first_kv_head, inter, first_inter;
-  };
-  Shard shard_of(const ModelConfig& c) const {
-    const int W = tp_ ? tp_->world_size() : 1, r = tp_ ? tp_->rank() : 0;
-    const int64_t NH = c.num_heads, KVH = c.num_kv_heads, I = c.intermediate_size;
-    RV_CHECK_ARG(NH % W == 0 && I % W == 0 && (KVH % W == 0 || W % KVH == 0), "tensor_parallel_size ", W,
-                 ": the model's ", NH, " attention heads, ", KVH, " KV heads and ", I,
-                 " MLP intermediates must split evenly (KV heads may also divide it)");
-    Shard s;
-    s.rank = r;
-    s.heads = NH / W, s.first_head = r * s.heads;
-    s.kv_heads = kv_heads_per_rank(c, W), s.first_kv_head = KVH >= W ? r * s.kv_heads : r * KVH / W;
-    s.inter = I / W, s.first_inter = r * s.inter;
-    return s;
-  }
-
   DenseDecoderOptions opts_;
   Communicator* tp_ = nullptr;
   EmbeddingAndHead head_;
@@ -129,10 +108,6 @@ class DenseDecoderLM final : public DecoderBase {
 };
 
 }  // namespace
-
-int32_t kv_heads_per_rank(const ModelConfig& c, int world) {
-  return c.num_kv_heads >= world ? c.num_kv_heads / world : 1;
-}
 
 std::unique_ptr<CausalLM> make_dense_decoder(const WeightLoader& weights, const ModelConfig& config,
                                              DType weight_dtype, const DenseDecoderOptions& opts) {

@@ -9,6 +9,10 @@
 //              in_proj_qkvz / in_proj_ba are reordered; Qwen3.5's split projections are stacked)
 //   experts:   per expert [gate; up] and down, from per-expert tensors or fused 3-D tensors
 //   (1 + w) RMSNorm weights are stored as 1 + w.
+// Under tensor parallelism a rank holds its share of the attention heads (KV heads replicated when
+// fewer than ranks), of the DeltaNet key heads with their value heads and conv channels, and of
+// every MLP's and expert's intermediates (router and shared-expert gate whole); block outputs are
+// partial sums, all-reduced before they join the residual stream.
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -107,10 +111,24 @@ Tensor stack(const std::vector<Tensor>& parts, DType dt) {
   return out;
 }
 
+// Columns [first, first + n) of a 2-D tensor on the host.
+Tensor columns(const Tensor& t, int64_t first, int64_t n) {
+  Tensor out = Tensor::empty({t.size(0), n}, t.dtype());
+  const size_t row = dtype_size(t.dtype()) * size_t(n), src = dtype_size(t.dtype()) * size_t(t.size(1));
+  for (int64_t r = 0; r < t.size(0); ++r)
+    std::memcpy(static_cast<char*>(out.data()) + size_t(r) * row,
+                static_cast<const char*>(t.data()) + size_t(r) * src + dtype_size(t.dtype()) * size_t(first), row);
+  return out;
+}
+
 class HybridDecoderLM final : public DecoderBase {
  public:
   HybridDecoderLM(const WeightLoader& w, const ModelConfig& c, DType dt, const HybridOptions& o)
-      : DecoderBase(c, dt), opts_(o) {
+      : DecoderBase(rank_config(c, w.tensor_parallel() ? w.tensor_parallel()->world_size() : 1), dt),
+        whole_(c), opts_(o), tp_(w.tensor_parallel()) {
+    heads_ = share_of(c.num_heads, cfg_.num_heads, tp_), kv_heads_ = share_of(c.num_kv_heads, cfg_.num_kv_heads, tp_);
+    key_heads_ = share_of(c.linear_num_key_heads, cfg_.linear_num_key_heads, tp_);
+    value_heads_ = share_of(c.linear_num_value_heads, cfg_.linear_num_value_heads, tp_);
     prefix_ = w.has("model.language_model.embed_tokens.weight") ? "model.language_model." : "model.";
     const int64_t H = c.hidden_size;
     head_ = load_embedding_and_head(w, prefix_, c, dt);
@@ -144,21 +162,22 @@ class HybridDecoderLM final : public DecoderBase {
     Tensor residual = Tensor::uninitialized({T, H}, DType::kF32, device_);
     Tensor x = Tensor::uninitialized({T, H}, DType::kF32, device_);
     const ops::NormInto first_norm{&layers_[0].input_norm, eps, &x};
-    ops::embedding(b.token_ids, head_.embed, residual, &first_norm);
+    embed_tokens(head_, b.token_ids, residual, first_norm);
     // Each block's output is added to the residual stream and normalised for the next block
     // (ops::ResidualNorm, which the routing and the expert kernels fuse): x is the normalised input
     // of every block.
     for (size_t l = 0; l < layers_.size(); ++l) {
       const Layer& L = layers_[l];
       const ops::ResidualNorm post{&residual, &L.post_norm, eps, &x};
-      const Tensor y = L.linear ? deltanet(L, b, *caches.state, x) : attention(L, b, *caches.kv, x);
+      Tensor y = L.linear ? deltanet(L, b, *caches.state, x) : attention(L, b, *caches.kv, x);
+      reduce(y);
       const bool last = l + 1 == layers_.size();
       const Tensor& next = last ? final_norm_ : layers_[l + 1].input_norm;
       // what the step reads after this block: the next block's input projection, or the LM head
       const Tensor& ahead = last ? head_.lm_head : layers_[l + 1].linear ? layers_[l + 1].gdn.proj : layers_[l + 1].attn.proj;
       feed_forward(L.ffn, y, post, ops::ResidualNorm{&residual, &next, eps, &x}, ahead);
     }
-    return final_outputs(x, b, head_.lm_head);
+    return final_outputs(x, b, head_);
   }
 
   int32_t num_mtp_layers() const override { return int32_t(mtp_.layers.size()); }
@@ -173,16 +192,17 @@ class HybridDecoderLM final : public DecoderBase {
     const Layer& L = mtp_.layers[size_t(layer)];
     Tensor embedded = Tensor::uninitialized({T, H}, DType::kF32, dev), e = Tensor::uninitialized({T, H}, DType::kF32, dev);
     const ops::NormInto embed_norm{&mtp_.norm_embed, eps, &e};
-    ops::embedding(b.token_ids, head_.embed, embedded, &embed_norm);
+    embed_tokens(head_, b.token_ids, embedded, embed_norm);
     Tensor h = Tensor::uninitialized({T, H}, DType::kF32, dev);
     ops::rms_norm(hidden, mtp_.norm_hidden, eps, h);
     // fc over [e | h] as two projections; their sum is the layer's residual stream.
     Tensor residual = project(e, mtp_.fc_embed), x = Tensor::uninitialized({T, H}, DType::kF32, dev);
     ops::add_rms_norm(residual, project(h, mtp_.fc_hidden), L.input_norm, eps, x);
-    const Tensor y = attention(L, b, *caches.kv, x);
+    Tensor y = attention(L, b, *caches.kv, x);
+    reduce(y);
     feed_forward(L.ffn, y, ops::ResidualNorm{&residual, &L.post_norm, eps, &x},
                  ops::ResidualNorm{&residual, &mtp_.norm, eps, &x}, head_.lm_head);
-    return final_outputs(x, b, head_.lm_head);
+    return final_outputs(x, b, head_);
   }
 
   std::vector<Tensor>* kept_inputs() override { return &kept_; }
@@ -274,38 +294,50 @@ class HybridDecoderLM final : public DecoderBase {
   }
 
   void load_attention(const WeightLoader& w, const std::string& p, AttentionWeights& a) {
-    const int64_t H = cfg_.hidden_size, D = cfg_.head_dim, NH = cfg_.num_heads, KVH = cfg_.num_kv_heads;
-    Tensor q = w.get(p + "q_proj.weight", {NH * D * (opts_.gated_attention ? 2 : 1), H}, DType::kF32, kHost);
-    Tensor k = w.get(p + "k_proj.weight", {KVH * D, H}, DType::kF32, kHost);
-    Tensor v = w.get(p + "v_proj.weight", {KVH * D, H}, DType::kF32, kHost);
+    const int64_t H = whole_.hidden_size, D = whole_.head_dim, NH = whole_.num_heads, KVH = whole_.num_kv_heads;
+    const int64_t per_head = opts_.gated_attention ? 2 * D : D, nh = heads_.count;  // q_proj rows of a head
+    auto rows = [&](const std::string& name, int64_t n, const Share& s, int64_t unit) {
+      return w.get_sliced({p + name}, {{n * unit, H}}, {s.rows(unit)}, DType::kF32, false, kHost);
+    };
+    Tensor q = rows("q_proj.weight", NH, heads_, per_head);
+    Tensor k = rows("k_proj.weight", KVH, kv_heads_, D), v = rows("v_proj.weight", KVH, kv_heads_, D);
     std::vector<Tensor> parts;
     if (opts_.gated_attention) {  // q_proj rows per head are [query (D) | gate (D)]
       std::vector<int64_t> qrows, grows;
-      for (int64_t h = 0; h < NH; ++h)
+      for (int64_t h = 0; h < nh; ++h)
         for (int64_t d = 0; d < D; ++d) qrows.push_back(h * 2 * D + d), grows.push_back(h * 2 * D + D + d);
       parts = {gather_rows(q, qrows, dtype_), to_dtype(k, dtype_), to_dtype(v, dtype_), gather_rows(q, grows, dtype_)};
     } else {
       parts = {to_dtype(q, dtype_), to_dtype(k, dtype_), to_dtype(v, dtype_)};
     }
     a.proj = stack(parts, dtype_);
-    a.o = w.get_linear(p + "o_proj.weight", {H, NH * D}, dtype_);
+    a.o = w.get_sliced({p + "o_proj.weight"}, {{H, NH * D}}, {heads_.cols(D)}, dtype_, true);
     a.q_norm = norm_weight(w, p + "q_norm.weight", D);
     a.k_norm = norm_weight(w, p + "k_norm.weight", D);
   }
 
+  // A rank's key heads come with their value heads (value head j belongs to key head j / r) and
+  // the conv channels of both.
   void load_deltanet(const WeightLoader& w, const std::string& p, DeltaNetWeights& g) {
-    const ModelConfig& c = cfg_;
+    const ModelConfig& c = whole_;
     const int64_t H = c.hidden_size, Hk = c.linear_num_key_heads, Hv = c.linear_num_value_heads;
     const int64_t Dk = c.linear_key_head_dim, Dv = c.linear_value_head_dim, r = Hv / Hk;
     const int64_t key_dim = Hk * Dk, value_dim = Hv * Dv, conv_dim = 2 * key_dim + value_dim;
+    const int64_t nk = key_heads_.count, nv = value_heads_.count, K = c.linear_conv_kernel_dim;
     RV_CHECK(Hk > 0 && Hv % Hk == 0, "linear_num_value_heads must be a multiple of linear_num_key_heads");
+    // The rank's q, k and v channels of the [q | k | v] conv input.
+    const Slice q_rows = key_heads_.rows(Dk), v_rows = value_heads_.rows(Dv);
+    const Slice k_rows = Slice::rows(key_dim + q_rows.begin, key_dim + q_rows.end);
+    const Slice qkv_v_rows = Slice::rows(2 * key_dim + v_rows.begin, 2 * key_dim + v_rows.end);
     if (w.has(p + "in_proj_qkvz.weight")) {  // Qwen3-Next: grouped per key head
-      Tensor qkvz = w.get(p + "in_proj_qkvz.weight", {2 * key_dim + 2 * value_dim, H}, DType::kF32, kHost);
-      Tensor ba = w.get(p + "in_proj_ba.weight", {2 * Hv, H}, DType::kF32, kHost);
       const int64_t group = 2 * Dk + 2 * r * Dv;
+      Tensor qkvz = w.get_sliced({p + "in_proj_qkvz.weight"}, {{Hk * group, H}}, {key_heads_.rows(group)}, DType::kF32,
+                                 false, kHost);
+      Tensor ba = w.get_sliced({p + "in_proj_ba.weight"}, {{2 * Hv, H}}, {key_heads_.rows(2 * r)}, DType::kF32, false,
+                               kHost);
       std::vector<int64_t> order;
       auto add = [&](int64_t offset, int64_t len) {
-        for (int64_t gk = 0; gk < Hk; ++gk)
+        for (int64_t gk = 0; gk < nk; ++gk)
           for (int64_t i = 0; i < len; ++i) order.push_back(gk * group + offset + i);
       };
       add(0, Dk);                   // q
@@ -314,49 +346,68 @@ class HybridDecoderLM final : public DecoderBase {
       add(2 * Dk + r * Dv, r * Dv); // z
       std::vector<int64_t> ba_order;
       for (int64_t which = 0; which < 2; ++which)  // b then a
-        for (int64_t gk = 0; gk < Hk; ++gk)
+        for (int64_t gk = 0; gk < nk; ++gk)
           for (int64_t i = 0; i < r; ++i) ba_order.push_back(gk * 2 * r + which * r + i);
       g.proj = stack({gather_rows(qkvz, order, dtype_), gather_rows(ba, ba_order, dtype_)}, dtype_);
     } else {  // Qwen3.5: separate projections, already in order
-      g.proj = w.get_stacked({p + "in_proj_qkv.weight", p + "in_proj_z.weight", p + "in_proj_b.weight",
-                              p + "in_proj_a.weight"},
-                             {{conv_dim, H}, {value_dim, H}, {Hv, H}, {Hv, H}}, dtype_);
+      const std::string qkv = p + "in_proj_qkv.weight";
+      g.proj = w.get_sliced({qkv, qkv, qkv, p + "in_proj_z.weight", p + "in_proj_b.weight", p + "in_proj_a.weight"},
+                            {{conv_dim, H}, {conv_dim, H}, {conv_dim, H}, {value_dim, H}, {Hv, H}, {Hv, H}},
+                            {q_rows, k_rows, qkv_v_rows, v_rows, value_heads_.rows(1), value_heads_.rows(1)}, dtype_, false);
     }
-    g.conv = w.get(p + "conv1d.weight", {conv_dim, 1, c.linear_conv_kernel_dim}, DType::kF32)
-                 .view({conv_dim, c.linear_conv_kernel_dim});
-    Tensor a_log = w.get(p + "A_log", {Hv}, DType::kF32, kHost);
-    g.neg_a = Tensor::empty({Hv}, DType::kF32);
-    for (int64_t i = 0; i < Hv; ++i) g.neg_a.ptr<float>()[i] = -std::exp(a_log.ptr<float>()[i]);
-    g.dt_bias = w.get(p + "dt_bias", {Hv}, DType::kF32);
+    const std::string conv = p + "conv1d.weight";
+    const std::vector<int64_t> conv_shape{conv_dim, 1, K};
+    g.conv = w.get_sliced({conv, conv, conv}, {conv_shape, conv_shape, conv_shape}, {q_rows, k_rows, qkv_v_rows},
+                          DType::kF32, false)
+                 .view({2 * nk * Dk + nv * Dv, K});
+    Tensor a_log = w.get_sliced({p + "A_log"}, {{Hv}}, {value_heads_.rows(1)}, DType::kF32, false, kHost);
+    g.neg_a = Tensor::empty({nv}, DType::kF32);
+    for (int64_t i = 0; i < nv; ++i) g.neg_a.ptr<float>()[i] = -std::exp(a_log.ptr<float>()[i]);
+    g.dt_bias = w.get_sliced({p + "dt_bias"}, {{Hv}}, {value_heads_.rows(1)}, DType::kF32, false).view({nv});
     g.norm = w.get(p + "norm.weight", {Dv}, DType::kF32);
-    g.out = w.get(p + "out_proj.weight", {H, value_dim}, dtype_);
+    g.out = w.get_sliced({p + "out_proj.weight"}, {{H, value_dim}}, {value_heads_.cols(Dv)}, dtype_, false);
   }
 
   void load_ffn(const WeightLoader& w, const std::string& p, bool moe, FeedForwardWeights& f) {
-    const int64_t H = cfg_.hidden_size;
+    const int64_t H = whole_.hidden_size;
     f.moe = moe;
-    auto mlp = [&](const std::string& q, int64_t I, ExpertWeights& e) {
-      e.gate_up = w.get_stacked_linear({q + "gate_proj.weight", q + "up_proj.weight"}, {{I, H}, {I, H}}, dtype_);
-      e.down = w.get_linear(q + "down_proj.weight", {H, I}, dtype_);
+    // Column-parallel gate / up (the rank's intermediates), row-parallel down (their columns).
+    auto mlp = [&](const std::string& q, int64_t I, int64_t count, ExpertWeights& e) {
+      const Share s = share_of(I, count, tp_);
+      e.gate_up = w.get_sliced({q + "gate_proj.weight", q + "up_proj.weight"}, {{I, H}, {I, H}}, {s.rows(1), s.rows(1)},
+                               dtype_, true);
+      e.down = w.get_sliced({q + "down_proj.weight"}, {{H, I}}, {s.cols(1)}, dtype_, true);
     };
     if (!f.moe) {
       ExpertWeights e;
-      mlp(p, cfg_.intermediate_size, e);
+      mlp(p, whole_.intermediate_size, cfg_.intermediate_size, e);
       f.gate_up = e.gate_up, f.down = e.down;
       return;
     }
-    const int64_t E = cfg_.num_experts, I = cfg_.moe_intermediate_size;
-    if (w.has(p + "experts.gate_up_proj") && !w.dummy_quantized()) {  // transformers 5 fused layout
-      Tensor gu = w.get(p + "experts.gate_up_proj", {E, 2 * I, H}, dtype_);
-      Tensor dn = w.get(p + "experts.down_proj", {E, H, I}, dtype_);
-      for (int64_t e = 0; e < E; ++e)
-        f.experts.push_back({gu.slice_rows(e, e + 1).view({2 * I, H}), dn.slice_rows(e, e + 1).view({H, I})});
+    const int64_t E = whole_.num_experts, I = whole_.moe_intermediate_size;
+    // transformers 5's fused layout (made-up weights take the per-expert one, which ranks read in parts)
+    if (w.has(p + "experts.gate_up_proj") && !w.dummy()) {
+      const Share s = share_of(I, cfg_.moe_intermediate_size, tp_);
+      // A rank reads the whole tensors and keeps its rows / columns of each expert.
+      const Device on = tp_ ? kHost : w.device();
+      Tensor gu = w.get(p + "experts.gate_up_proj", {E, 2 * I, H}, dtype_, on);
+      Tensor dn = w.get(p + "experts.down_proj", {E, H, I}, dtype_, on);
+      for (int64_t e = 0; e < E; ++e) {
+        Tensor gate_up = gu.slice_rows(e, e + 1).view({2 * I, H}), down = dn.slice_rows(e, e + 1).view({H, I});
+        if (tp_) {
+          gate_up = stack({gate_up.slice_rows(s.first, s.first + s.count),
+                           gate_up.slice_rows(I + s.first, I + s.first + s.count)}, dtype_);
+          down = columns(down, s.first, s.count);
+        }
+        f.experts.push_back({gate_up, down});
+      }
     } else {
       f.experts.resize(size_t(E));
-      for (int64_t e = 0; e < E; ++e) mlp(p + "experts." + std::to_string(e) + ".", I, f.experts[size_t(e)]);
+      for (int64_t e = 0; e < E; ++e)
+        mlp(p + "experts." + std::to_string(e) + ".", I, cfg_.moe_intermediate_size, f.experts[size_t(e)]);
     }
-    const int64_t SI = cfg_.shared_expert_intermediate_size;
-    if (SI > 0) mlp(p + "shared_expert.", SI, f.shared);
+    const int64_t SI = whole_.shared_expert_intermediate_size;
+    if (SI > 0) mlp(p + "shared_expert.", SI, cfg_.shared_expert_intermediate_size, f.shared);
     // A shared expert of the routed experts' size and format joins them: its gate logit comes out
     // of the router's GEMV as one more column and its rows out of the same expert kernels.
     const DType routed = f.experts[0].gate_up.dtype();
@@ -514,7 +565,9 @@ class HybridDecoderLM final : public DecoderBase {
     const bool gated_shared = f.shared_gate.defined();  // added after the routed experts
     if ((T <= fused_expert_tokens_ || device_experts) && !gated_shared) {  // the add + norm, routing, experts
       Tensor out = Tensor::uninitialized({T, H}, DType::kF32, dev);
-      ops::moe_route_experts(y, f.router, E, cfg_.norm_topk_prob, post, ids, weights, f.table, out, &then, &ahead);
+      ops::moe_route_experts(y, f.router, E, cfg_.norm_topk_prob, post, ids, weights, f.table, out, tp_ ? nullptr : &then,
+                             &ahead);
+      if (tp_) reduce_into(out, then);  // a rank's part of each expert's output
       return;
     }
     ops::moe_route(y, f.router, E, cfg_.norm_topk_prob, ids, weights, &post);  // the add + norm first
@@ -522,7 +575,7 @@ class HybridDecoderLM final : public DecoderBase {
       Tensor out = Tensor::uninitialized({T, H}, DType::kF32, dev);
       ops::moe_experts(x, ids, weights, f.table, out, nullptr);
       add_shared_expert(f, x, out);
-      ops::add_rms_norm(*then.residual, out, *then.weight, then.eps, *then.normed);
+      reduce_into(out, then);
       return;
     }
     const Tensor hids = ids.to(Device::kCPU), hw = weights.to(Device::kCPU);
@@ -542,7 +595,7 @@ class HybridDecoderLM final : public DecoderBase {
       ops::scatter_add_rows(acc, drows, dwgt, ye);
     }
     add_shared_expert(f, x, acc);
-    ops::add_rms_norm(*then.residual, acc, *then.weight, then.eps, *then.normed);
+    reduce_into(acc, then);
   }
 
   void add_shared_expert(const FeedForwardWeights& f, const Tensor& x, Tensor& acc) {
@@ -556,8 +609,20 @@ class HybridDecoderLM final : public DecoderBase {
 
   // A block's output projection, added to the residual stream and normalised for the next block.
   // (A GEMV whose last block did the add + norm measured slower on the H200 than these two launches.)
-  static void residual_out(const Tensor& x, const Tensor& weight, const ops::ResidualNorm& then) {
-    ops::add_rms_norm(*then.residual, project(x, weight), *then.weight, then.eps, *then.normed);
+  void residual_out(const Tensor& x, const Tensor& weight, const ops::ResidualNorm& then) {
+    Tensor y = project(x, weight);
+    reduce_into(y, then);
+  }
+
+  // Under tensor parallelism a block's output is each rank's partial sum: summed over the ranks here.
+  void reduce(Tensor& y) {
+    if (tp_) tp_->all_reduce_sum(y);
+  }
+
+  // y (reduced) added to the residual stream and normalised.
+  void reduce_into(Tensor& y, const ops::ResidualNorm& then) {
+    reduce(y);
+    ops::add_rms_norm(*then.residual, y, *then.weight, then.eps, *then.normed);
   }
 
   static Tensor project(const Tensor& x, const Tensor& weight) {
@@ -579,7 +644,10 @@ class HybridDecoderLM final : public DecoderBase {
   static constexpr int32_t kFusedExpertTokensOnDevice = 64;
   int32_t fused_expert_tokens_ = 1;
   bool has_moe_ = false;
+  ModelConfig whole_;  // the unsharded model's (cfg_ is the rank's)
   HybridOptions opts_;
+  Communicator* tp_ = nullptr;
+  Share heads_, kv_heads_, key_heads_, value_heads_;
   std::string prefix_;
   EmbeddingAndHead head_;
   Tensor final_norm_;

@@ -78,14 +78,16 @@ class CausalLM {
 // the device (made-up values when dummy; from the GGUF file gguf_weights.json names, quantized
 // matrices kept in their blocks, when gguf). Throws naming the unsupported architecture or the
 // missing tensor.
-// With tp (a tensor-parallel group of more than one rank) the model is rank tp->rank()'s shard:
-// architectures that are not sharded yet are refused, naming tensor_parallel_size.
+// With tp (a tensor-parallel group of more than one rank) the model is rank tp->rank()'s shard
+// (its config() is rank_config's).
 std::unique_ptr<CausalLM> load_model(const std::string& dir, const ModelConfig& config, DType weight_dtype,
                                      Device device = Device::kCPU, bool dummy = false, bool gguf = false,
                                      Communicator* tp = nullptr);
-// The KV heads each of `world` tensor-parallel ranks caches (a KV head is replicated on several
-// ranks when there are fewer than ranks).
-int32_t kv_heads_per_rank(const ModelConfig& config, int world);
+// A tensor-parallel rank's config: its share of the attention, KV and DeltaNet heads and of every
+// MLP's and expert's intermediates (a KV head is replicated on world / KV heads ranks when there are
+// fewer than ranks). Throws std::invalid_argument naming tensor_parallel_size when a count does not
+// split over `world` ranks.
+ModelConfig rank_config(const ModelConfig& config, int world);
 // Throws std::invalid_argument naming the config field when a shape is beyond the device's kernels.
 void check_device_limits(const ModelConfig& config, Device device);
 std::vector<std::string> supported_architectures();

@@ -73,9 +73,6 @@ void check_device_limits(const ModelConfig& c, Device device) {
 std::unique_ptr<CausalLM> load_model(const std::string& dir, const ModelConfig& config, DType weight_dtype,
                                      Device device, bool dummy, bool gguf, Communicator* tp) {
   check_architecture(config, dir);
-  const bool sharded = config.architecture == "LlamaForCausalLM" || config.architecture == "Qwen3ForCausalLM";
-  RV_CHECK_ARG(!tp || tp->world_size() == 1 || sharded, "tensor_parallel_size ", tp ? tp->world_size() : 1, ": ",
-               config.architecture, " is not sharded yet (LlamaForCausalLM and Qwen3ForCausalLM are)");
   // Weights load onto the device; those a model rearranges first come through the host and are
   // placed by place().
   WeightLoader weights(dir, device, dummy, gguf);

@@ -138,6 +138,11 @@ Tensor WeightLoader::get_stacked_linear(const std::vector<std::string>& names,
 
 Tensor WeightLoader::get_sliced(const std::vector<std::string>& names, const std::vector<std::vector<int64_t>>& shapes,
                                 const std::vector<Slice>& slices, DType dtype, bool linear) const {
+  return get_sliced(names, shapes, slices, dtype, linear, device_);
+}
+
+Tensor WeightLoader::get_sliced(const std::vector<std::string>& names, const std::vector<std::vector<int64_t>>& shapes,
+                                const std::vector<Slice>& slices, DType dtype, bool linear, Device on) const {
   RV_CHECK(slices.size() == names.size(), "get_sliced: a slice per tensor");
   bool whole = true;  // slices of everything (one rank) load as the plain tensors do
   for (size_t i = 0; i < slices.size(); ++i) {
@@ -147,7 +152,7 @@ Tensor WeightLoader::get_sliced(const std::vector<std::string>& names, const std
     for (size_t d = 1; s.dim == 1 && d < shapes[i].size(); ++d) extent *= shapes[i][d];
     whole = whole && (s.dim < 0 || (s.begin == 0 && s.end == extent));
   }
-  return load(names, shapes, dtype, device_, linear, whole ? std::vector<Slice>{} : slices);
+  return load(names, shapes, dtype, on, linear, whole ? std::vector<Slice>{} : slices);
 }
 
 namespace {

@@ -56,6 +56,8 @@ class WeightLoader {
   // slice's bytes are read; stacked parts must all cut rows, or all the same columns.
   Tensor get_sliced(const std::vector<std::string>& names, const std::vector<std::vector<int64_t>>& shapes,
                     const std::vector<Slice>& slices, DType dtype, bool linear) const;
+  Tensor get_sliced(const std::vector<std::string>& names, const std::vector<std::vector<int64_t>>& shapes,
+                    const std::vector<Slice>& slices, DType dtype, bool linear, Device on) const;
   void set_dummy_blocks(DType t) { dummy_blocks_ = t; }
   // The tensor-parallel group the loading rank belongs to (null: none); sharded models take their
   // slices by its rank and sum their partial outputs through it.
