@@ -4,7 +4,8 @@
 #
 #   tools/build_sm70.sh [BUILD_DIR]      (default build-sm70)
 #
-# Builds the op harness revolta_op_tests; the ptxas resource report (registers, spills, shared
+# Builds the op harness revolta_op_tests, revolta_bench and revolta_gpu_tp_tests (NCCL from its CUDA
+# 12 wheel); the ptxas resource report (registers, spills, shared
 # memory per kernel) goes to BUILD_DIR/ptxas-report.txt. The binaries run on any GPU of compute
 # capability >= 7.0 (newer ones JIT-compile the PTX) with BUILD_DIR/cuda-12.9/lib64 beside them.
 set -euo pipefail
@@ -57,20 +58,29 @@ WRAP
   echo "CUDA Version 12.9.86" > "$TK/version.txt"
 fi
 
-cmake -S "$ROOT" -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=Release \
+# NCCL for tensor parallelism (headers and library from the CUDA 12 wheel).
+if [ ! -f "$TK/nccl/include/nccl.h" ]; then
+  python3 -m pip download --no-deps -q -d "$BUILD_DIR/wheels" nvidia-nccl-cu12==2.27.7
+  tmp=$(mktemp -d)
+  python3 -m zipfile -e "$BUILD_DIR"/wheels/nvidia_nccl_cu12-*.whl "$tmp"
+  mkdir -p "$TK/nccl" && cp -r "$tmp/nvidia/nccl/include" "$tmp/nvidia/nccl/lib" "$TK/nccl/"
+  rm -rf "$tmp"
+fi
+cmake -S "$ROOT" -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=Release -DNCCL_ROOT="$TK/nccl" \
   -DREVOLTA_CUDA=ON -DREVOLTA_PYTHON=OFF -DREVOLTA_NATIVE=OFF -DREVOLTA_TESTS=OFF -DREVOLTA_EXAMPLES=OFF \
   -DCMAKE_CXX_FLAGS="-mavx2 -mfma -mf16c" -DCMAKE_EXE_LINKER_FLAGS="-L$TK/lib64" -DCMAKE_SHARED_LINKER_FLAGS="-L$TK/lib64" \
   -DCMAKE_CUDA_COMPILER=clang++-19 -DCMAKE_CUDA_ARCHITECTURES=70 -DCUDAToolkit_ROOT="$TK" \
   -DCMAKE_CUDA_FLAGS="-Wno-unknown-cuda-version --cuda-include-ptx=sm_70" -DCMAKE_CUDA_RUNTIME_LIBRARY=None \
   -DCMAKE_CUDA_FLAGS_RELEASE="-O3 -DNDEBUG"  # CMake 3.25 leaves these empty for clang: device code would be -O0
-cmake --build "$BUILD_DIR" --target revolta_op_tests revolta_bench
+cmake --build "$BUILD_DIR" --target revolta_op_tests revolta_bench revolta_gpu_tp_tests
 cp -a "$TK/lib64/libcudart.so"* "$BUILD_DIR/"
 
 # Resource report: registers, spills and shared memory of every kernel, from the PTX.
 : > "$BUILD_DIR/ptxas-report.txt"
 for cu in $(find "$ROOT/cuda" -name '*.cu'); do
   clang++-19 -x cuda --cuda-path="$TK" --cuda-gpu-arch=sm_70 --cuda-device-only -S -O3 -std=c++20 \
-    -Wno-unknown-cuda-version -I"$ROOT/cpp/src" -I"$ROOT/cuda" -I"$ROOT/cpp/include" "$cu" -o "$BUILD_DIR/kernel.ptx"
+    -Wno-unknown-cuda-version -I"$ROOT/cpp/src" -I"$ROOT/cuda" -I"$ROOT/cpp/include" -I"$TK/nccl/include" "$cu" \
+    -o "$BUILD_DIR/kernel.ptx"
   "$TK/bin/ptxas" -arch=sm_70 -v "$BUILD_DIR/kernel.ptx" -o /dev/null 2>> "$BUILD_DIR/ptxas-report.txt"
 done
 rm -f "$BUILD_DIR/kernel.ptx"

@@ -684,7 +684,8 @@ void test_gdn_decode(std::vector<int32_t> lens, int64_t Hk, int64_t Hv, int64_t 
   }
   report("gdn_decode " + tag, std::max({max_abs_diff(cuda::to_host(dout), ref), max_abs_diff(cuda::to_host(dss), ss),
                                         max_abs_diff(cuda::to_host(dcs), cs), max_abs_diff(cuda::to_host(dfused), fused)}), 1e-4f);
-  report("linear after gdn_decode " + tag, max_abs_diff(cuda::to_host(dy), y_ref), 2e-3f);
+  // From 6 rows the projection runs on tensor-core tiles, which round x to float16 (K = 4096 here).
+  report("linear after gdn_decode " + tag, max_abs_diff(cuda::to_host(dy), y_ref), T >= 6 ? 5e-3f : 2e-3f);
   perf("gdn_decode " + tag, double(S * Hv * Dk * Dv * 8) + (pad ? 0.0 : double(proj.nbytes())),
        [&] { ops::gdn_decode(dxp, dfused, dw, dcs, dss, dst, dsl, dout); });
 }

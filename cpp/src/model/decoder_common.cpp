@@ -50,7 +50,7 @@ EmbeddingAndHead load_embedding_and_head(const WeightLoader& w, const std::strin
   const int64_t V = c.vocab_size, H = c.hidden_size;
   Communicator* tp = w.tensor_parallel();
   Slice rows;
-  if (tp && tp->world_size() > 1 && V % tp->world_size() == 0) {
+  if (tp && V % tp->world_size() == 0) {
     const int64_t part = V / tp->world_size();
     e.tp = tp, e.first_id = tp->rank() * part;
     rows = Slice::rows(e.first_id, e.first_id + part);
@@ -111,16 +111,15 @@ ForwardOutput final_outputs(const Tensor& x, const ForwardBatch& batch, const Em
   if (!head.tp) return final_outputs(x, batch, head.lm_head);
   ForwardOutput local = final_outputs(x, batch, head.lm_head);  // [R, the rank's vocabulary]
   const int64_t W = head.tp->world_size(), R = local.logits.size(0), part = local.logits.size(1);
-  Tensor gathered = Tensor::uninitialized({W * R, part}, DType::kF32, x.device());
-  head.tp->all_gather(local.logits, gathered);
-  // gathered is [rank, row, part]; the logits are [row, rank, part]
-  Tensor order = Tensor::empty({W * R}, DType::kI32);
-  for (int64_t r = 0; r < R; ++r)
-    for (int64_t w = 0; w < W; ++w) order.ptr<int32_t>()[r * W + w] = int32_t(w * R + r);
+  // Gathered as columns ([rank's part, R] each, stacked) so that no index tensor is needed, which
+  // a decode graph would have to keep: transposed there and back.
+  Tensor columns = Tensor::uninitialized({part, R}, DType::kF32, x.device());
+  ops::transpose(local.logits, columns);
+  Tensor gathered = Tensor::uninitialized({W * part, R}, DType::kF32, x.device());
+  head.tp->all_gather(columns, gathered);
   ForwardOutput out;
   out.logits = Tensor::uninitialized({R, W * part}, DType::kF32, x.device());
-  Tensor rows = out.logits.view({R * W, part});
-  ops::gather_rows(gathered, order.to(x.device()), rows);
+  ops::transpose(gathered, out.logits);
   out.hidden = local.hidden;
   return out;
 }

@@ -76,7 +76,7 @@ std::unique_ptr<CausalLM> load_model(const std::string& dir, const ModelConfig& 
   // Weights load onto the device; those a model rearranges first come through the host and are
   // placed by place().
   WeightLoader weights(dir, device, dummy, gguf);
-  if (tp && tp->world_size() > 1) weights.set_tensor_parallel(tp);
+  if (tp) weights.set_tensor_parallel(tp);
   if (dummy && config.quantization.method == "awq")
     weights.set_dummy_blocks(int4_group_dtype(config.quantization.group_size, "quantization awq"));
   if (dummy && config.quantization.method == "fp8") weights.set_dummy_blocks(DType::kF8G128);
