@@ -4,7 +4,10 @@
 
 #include <cuda_runtime.h>
 
+#include <atomic>
+#include <cstdint>
 #include <functional>
+#include <mutex>
 #include <string>
 #include <utility>
 #include <vector>
@@ -15,8 +18,31 @@
 namespace revolta::cuda {
 
 const ops::OpTable* table();
-// The stream every kernel and copy of the backend runs on (graphs are recorded from it).
+// The calling thread's device (0 unless use_device chose another: a tensor-parallel rank's thread
+// works on GPU `rank`). Streams, memory pools and staging buffers are the device's own.
+int current_device();
+void use_device(int device);
+// The stream every kernel and copy of the backend runs on, the calling thread's device's (graphs
+// are recorded from it).
 cudaStream_t stream();
+// Per-device setup a call site does once per device (a kernel's shared-memory opt-in is a device's
+// attribute): `static PerDevice once; once([] { cudaFuncSetAttribute(...); });`.
+class PerDevice {
+ public:
+  template <typename F>
+  void operator()(F&& setup) {
+    const uint64_t bit = uint64_t(1) << current_device();
+    if (done_.load(std::memory_order_acquire) & bit) return;
+    std::lock_guard<std::mutex> lk(mu_);
+    if (done_.load() & bit) return;
+    setup();
+    done_.fetch_or(bit);
+  }
+
+ private:
+  std::mutex mu_;
+  std::atomic<uint64_t> done_{0};
+};
 int sm_count();
 // Blocks of `kernel` resident at once per multiprocessor with `threads` per block and `smem` bytes
 // of dynamic shared memory, asked of the runtime once per triple (decode steps ask it per layer).

@@ -144,11 +144,10 @@ template <typename C, int D>
 void launch(const float* q, const C* kc, const C* vc, const int32_t* qs, const int32_t* lens, const int32_t* tables,
             const int32_t* tiles, int n_tiles, int max_blocks, int block_size, int H, int KVH, float scale, float* out) {
   constexpr size_t bytes = Smem<D>::bytes;
-  static const bool configured = [] {
+  static PerDevice configure;
+  configure([] {
     RV_CUDA_CHECK(cudaFuncSetAttribute(prefill_kernel<C, D>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes)));
-    return true;
-  }();
-  (void)configured;
+  });
   prefill_kernel<C, D><<<dim3(unsigned(n_tiles), unsigned(H)), 128, bytes, stream()>>>(
       q, kc, vc, qs, lens, tables, tiles, max_blocks, block_size, H, KVH, scale, out);
   RV_CUDA_CHECK(cudaGetLastError());

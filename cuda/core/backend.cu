@@ -1,11 +1,13 @@
 // Device memory, the work stream, transfers, graphs and the registration of the CUDA op table.
 //
-// All work goes to one stream (the engine thread is the only producer), so a block freed on the
-// host may be handed to the next allocation at once: later kernels are ordered after earlier ones.
+// All work of a device goes to its one stream (one thread produces it: the engine thread, or a
+// tensor-parallel rank's for its GPU), so a block freed on the host may be handed to the next
+// allocation at once: later kernels are ordered after earlier ones.
 // Freed blocks are cached by size (a forward pass allocates the same shapes every step); a graph
 // records from a private pool whose blocks no one else receives while the graph lives.
 #include <cuda_runtime.h>
 
+#include <array>
 #include <atomic>
 #include <cstdlib>
 #include <cstring>
@@ -55,10 +57,9 @@ struct GraphArena final : GraphMemory {
   }
 };
 
-std::shared_ptr<Pool>& global_pool() {
-  static auto p = std::make_shared<Pool>();
-  return p;
-}
+struct DeviceState;
+DeviceState& device_state();
+std::shared_ptr<Pool>& device_pool();
 thread_local std::shared_ptr<Pool> t_capture_pool;  // set while a graph is being sized/recorded
 
 struct PooledBuffer : Buffer {
@@ -79,7 +80,7 @@ size_t round_size(size_t bytes) {
 
 std::shared_ptr<Buffer> allocate(size_t bytes, bool zero, void** data) {
   auto buf = std::make_shared<PooledBuffer>();
-  buf->pool = t_capture_pool ? t_capture_pool : global_pool();
+  buf->pool = t_capture_pool ? t_capture_pool : device_pool();
   buf->bytes = round_size(bytes);
   {
     std::lock_guard<std::mutex> lk(buf->pool->mu);
@@ -96,7 +97,7 @@ std::shared_ptr<Buffer> allocate(size_t bytes, bool zero, void** data) {
     cudaError_t err = cudaMalloc(&buf->ptr, buf->bytes);
     if (err != cudaSuccess) {  // give the cached blocks back and try once more
       cudaGetLastError();
-      global_pool()->release();
+      device_pool()->release();
       err = cudaMalloc(&buf->ptr, buf->bytes);
     }
     RV_CHECK(err == cudaSuccess, "CUDA out of memory allocating ", buf->bytes, " bytes: ", cudaGetErrorString(err));
@@ -190,6 +191,8 @@ class StagedCopy final : public PendingCopy {
   size_t bytes_;
 };
 
+Staging& device_staging();
+
 constexpr size_t kStagedUploadBytes = size_t(1) << 20;
 
 class Runtime final : public DeviceRuntime {
@@ -208,16 +211,17 @@ class Runtime final : public DeviceRuntime {
       RV_CUDA_CHECK(cudaMemcpyAsync(dst, src, n, cudaMemcpyHostToDevice, stream()));
       return;
     }
-    const Staging::Slot slot = staging_.take(n);
+    Staging& staging = device_staging();
+    const Staging::Slot slot = staging.take(n);
     try {
       std::memcpy(slot.pinned, src, n);
       RV_CUDA_CHECK(cudaMemcpyAsync(dst, slot.pinned, n, cudaMemcpyHostToDevice, stream()));
       RV_CUDA_CHECK(cudaEventRecord(slot.done, stream()));
     } catch (...) {
-      staging_.give_back(slot);
+      staging.give_back(slot);
       throw;
     }
-    staging_.give_back(slot);
+    staging.give_back(slot);
   }
   void copy_to_host(void* dst, const void* src, size_t n) override {
     RV_CUDA_CHECK(cudaMemcpyAsync(dst, src, n, cudaMemcpyDeviceToHost, stream()));
@@ -227,14 +231,15 @@ class Runtime final : public DeviceRuntime {
     RV_CUDA_CHECK(cudaMemcpyAsync(dst, src, n, cudaMemcpyDeviceToDevice, stream()));
   }
   std::unique_ptr<PendingCopy> copy_to_host_later(void* dst, const void* src, size_t n) override {
-    return std::make_unique<StagedCopy>(staging_, dst, src, n);
+    return std::make_unique<StagedCopy>(device_staging(), dst, src, n);
   }
   void fill_zero(void* dst, size_t n) override { RV_CUDA_CHECK(cudaMemsetAsync(dst, 0, n, stream())); }
   void synchronize() override { cuda::synchronize(); }
   void memory_info(size_t* free_bytes, size_t* total_bytes) override {
     RV_CUDA_CHECK(cudaMemGetInfo(free_bytes, total_bytes));
-    std::lock_guard<std::mutex> lk(global_pool()->mu);
-    *free_bytes += global_pool()->cached_bytes;
+    std::shared_ptr<Pool>& pool = device_pool();
+    std::lock_guard<std::mutex> lk(pool->mu);
+    *free_bytes += pool->cached_bytes;
   }
   std::shared_ptr<GraphMemory> graph_memory() override { return std::make_shared<GraphArena>(); }
   std::unique_ptr<DeviceGraph> capture(const std::function<void()>& work,
@@ -267,9 +272,12 @@ class Runtime final : public DeviceRuntime {
     RV_CUDA_CHECK(err);
     return std::make_unique<Graph>(exec, pool);
   }
-
- private:
-  Staging staging_;
+  int device_count() override {
+    int n = 0;
+    RV_CUDA_CHECK(cudaGetDeviceCount(&n));
+    return n;
+  }
+  void use_device(int index) override { cuda::use_device(index); }
 };
 
 struct Registration {
@@ -283,28 +291,56 @@ struct Registration {
 
 }  // namespace
 
-cudaStream_t stream() {
-  static cudaStream_t s = [] {
-    cudaStream_t st = nullptr;
-    RV_CUDA_CHECK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
-    return st;
-  }();
-  return s;
+namespace {
+
+constexpr int kMaxDevices = 64;
+thread_local int t_device = -1;
+
+// What the backend keeps per device, made on the device's first use and kept for the process.
+struct DeviceState {
+  cudaStream_t stream = nullptr;
+  std::shared_ptr<Pool> pool = std::make_shared<Pool>();
+  Staging staging;
+  int* arrivals = nullptr;
+};
+
+DeviceState& device_state() {
+  static std::array<std::atomic<DeviceState*>, kMaxDevices> states{};
+  static std::mutex mu;
+  const int d = current_device();
+  if (DeviceState* s = states[size_t(d)].load(std::memory_order_acquire)) return *s;
+  std::lock_guard<std::mutex> lk(mu);
+  if (DeviceState* s = states[size_t(d)].load()) return *s;
+  auto* s = new DeviceState;
+  RV_CUDA_CHECK(cudaStreamCreateWithFlags(&s->stream, cudaStreamNonBlocking));
+  // Arrival counters are allocated outside the memory pools (a graph's private pool would take them
+  // away with it) and zeroed on the work stream, ahead of every kernel that counts on them (a
+  // cudaMemset goes on the legacy stream, which the non-blocking work stream does not wait for).
+  RV_CUDA_CHECK(cudaMalloc(&s->arrivals, kArrivalCounters * sizeof(int)));
+  RV_CUDA_CHECK(cudaMemsetAsync(s->arrivals, 0, kArrivalCounters * sizeof(int), s->stream));
+  states[size_t(d)].store(s, std::memory_order_release);
+  return *s;
 }
 
-// Allocated outside the memory pools (a graph's private pool would take them away with it); the
-// first call always comes before any recording (the sizing run of a capture), so no allocation
-// happens during one. Zeroed on the work stream, ahead of every kernel that counts on them (a
-// cudaMemset goes on the legacy stream, which the non-blocking work stream does not wait for).
-int* arrival_counters() {
-  static int* buf = [] {
-    int* p = nullptr;
-    RV_CUDA_CHECK(cudaMalloc(&p, kArrivalCounters * sizeof(int)));
-    RV_CUDA_CHECK(cudaMemsetAsync(p, 0, kArrivalCounters * sizeof(int), stream()));
-    return p;
-  }();
-  return buf;
+std::shared_ptr<Pool>& device_pool() { return device_state().pool; }
+Staging& device_staging() { return device_state().staging; }
+
+}  // namespace
+
+int current_device() {
+  if (t_device < 0) RV_CUDA_CHECK(cudaGetDevice(&t_device));
+  return t_device;
 }
+
+void use_device(int device) {
+  RV_CHECK(device >= 0 && device < kMaxDevices, "CUDA device ", device, " is beyond the backend's ", kMaxDevices);
+  RV_CUDA_CHECK(cudaSetDevice(device));
+  t_device = device;
+}
+
+cudaStream_t stream() { return device_state().stream; }
+
+int* arrival_counters() { return device_state().arrivals; }
 
 Tensor to_device(const Tensor& host) { return host.to(Device::kCUDA); }
 Tensor to_host(const Tensor& dev) { return dev.to(Device::kCPU); }

@@ -3,6 +3,7 @@
 // with the kernels around them and recorded into decode graphs. Built when CMake found NCCL.
 #include <nccl.h>
 
+#include <atomic>
 #include <stdexcept>
 
 #include "core/cuda_check.h"
@@ -25,7 +26,9 @@ void check_device(const Tensor& t, const char* what) {
 class NcclRank final : public Communicator {
  public:
   NcclRank(ncclComm_t comm, int rank, int world) : comm_(comm), rank_(rank), world_(world) {}
-  ~NcclRank() override { ncclCommDestroy(comm_); }
+  ~NcclRank() override {
+    if (!aborted_.exchange(true)) ncclCommDestroy(comm_);
+  }
   int rank() const override { return rank_; }
   int world_size() const override { return world_; }
   std::string kind() const override { return "nccl"; }
@@ -47,9 +50,15 @@ class NcclRank final : public Communicator {
     check(ncclBroadcast(x.data(), x.data(), x.nbytes(), ncclChar, root, comm_, stream()), "broadcast");
   }
 
+  // Ends this rank's queued and running collectives (the others' are aborted by their own calls).
+  void abort(const std::string&) override {
+    if (!aborted_.exchange(true)) ncclCommAbort(comm_);
+  }
+
  private:
   ncclComm_t comm_;
   int rank_, world_;
+  std::atomic<bool> aborted_{false};
 };
 
 GpuCommunicators make(int world) {

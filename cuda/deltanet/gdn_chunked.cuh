@@ -266,12 +266,11 @@ template <int D>
 void launch(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& g, const Tensor& beta, Tensor& states,
             const Tensor& seq_starts, const Tensor& seq_slots, Tensor& out) {
   const int64_t T = q.size(0), Hk = q.size(1), Hv = v.size(1), S = seq_slots.numel();
-  static const bool configured = [] {  // the shared-memory opt-in above 48 KB
+  static PerDevice configure;
+  configure([] {  // the shared-memory opt-in above 48 KB
     RV_CUDA_CHECK(cudaFuncSetAttribute(prepare_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(prepare_smem<D>())));
     RV_CUDA_CHECK(cudaFuncSetAttribute(scan_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(scan_smem<D>())));
-    return true;
-  }();
-  (void)configured;
+  });
   const int64_t chunks = (T + C - 1) / C + S;  // an upper bound on the chunks of S sequences
   const int64_t rows = chunks * Hv * C;
   const Device dev = Device::kCUDA;

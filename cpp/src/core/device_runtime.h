@@ -55,6 +55,10 @@ struct DeviceRuntime {
   virtual std::shared_ptr<GraphMemory> graph_memory() = 0;
   virtual std::unique_ptr<DeviceGraph> capture(const std::function<void()>& work,
                                                const std::shared_ptr<GraphMemory>& shared = nullptr) = 0;
+  // Devices of this kind on the machine, and the one the calling thread's work, memory and graphs
+  // go to from now on (0 until a thread chooses: a tensor-parallel rank's thread takes its rank's).
+  virtual int device_count() = 0;
+  virtual void use_device(int index) = 0;
 };
 
 void register_device_runtime(Device device, DeviceRuntime* runtime);

@@ -28,6 +28,7 @@ class SingleRank final : public Communicator {
     if (out.data() != x.data()) std::memcpy(out.data(), x.data(), x.nbytes());
   }
   void broadcast(Tensor&, int root) override { RV_CHECK(root == 0, "broadcast: root ", root, " of a group of one"); }
+  void abort(const std::string&) override {}
 };
 
 }  // namespace
@@ -135,6 +136,13 @@ class LocalRank final : public Communicator {
     s_->barrier();
   }
 
+  void abort(const std::string& reason) override {
+    std::lock_guard<std::mutex> lock(s_->mu);
+    s_->aborted = true;
+    s_->reason = reason;
+    s_->cv.notify_all();
+  }
+
  private:
   std::shared_ptr<LocalGroup::State> s_;
   int rank_;
@@ -156,11 +164,6 @@ std::unique_ptr<Communicator> LocalGroup::communicator(int rank) {
   return std::make_unique<LocalRank>(state_, rank);
 }
 
-void LocalGroup::abort(const std::string& reason) {
-  std::lock_guard<std::mutex> lock(state_->mu);
-  state_->aborted = true;
-  state_->reason = reason;
-  state_->cv.notify_all();
-}
+void LocalGroup::abort(const std::string& reason) { LocalRank(state_, 0).abort(reason); }
 
 }  // namespace revolta

@@ -25,6 +25,9 @@ class Communicator {
   virtual void all_gather(const Tensor& x, Tensor& out) = 0;
   // x becomes root's x on every rank.
   virtual void broadcast(Tensor& x, int root) = 0;
+  // One rank failed: collectives waiting on any rank of the group, and later ones, fail instead of
+  // waiting for it (callable from any thread; the group stays unusable).
+  virtual void abort(const std::string& reason) = 0;
 };
 
 // A group of one: the collectives leave x as it is (all_gather copies).

@@ -79,9 +79,6 @@ void EngineConfig::validate() const {
                num_threads);
   RV_CHECK_ARG(tensor_parallel_size >= 1 && tensor_parallel_size <= 64, "tensor_parallel_size must be in [1, 64], got ",
                tensor_parallel_size);
-  RV_CHECK_ARG(tensor_parallel_size == 1 || device == "cpu", "tensor_parallel_size ", tensor_parallel_size,
-               ": device '", device, "' serves from one GPU so far (a rank per GPU needs each device's own stream ",
-               "and memory pool, not built yet); sharded ranks run on the CPU");
   RV_CHECK_ARG(tensor_parallel_size == 1 || speculative_method.empty(), "tensor_parallel_size ", tensor_parallel_size,
                " and speculative_config exclude each other for now (the drafters are not sharded)");
   RV_CHECK_ARG(tensor_parallel_size == 1 || async_scheduling != "on", "tensor_parallel_size ", tensor_parallel_size,

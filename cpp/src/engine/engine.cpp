@@ -101,7 +101,8 @@ Engine::Impl::Impl(const EngineConfig& c) : cfg(c), seed_source(c.seed) {
     size_t free_b = 0, total_b = 0;
     device_runtime(device).memory_info(&free_b, &total_b);
     activation_bytes = estimate_activation_bytes(model_cfg, cfg);
-    const int64_t weights = estimate_weight_bytes(model_cfg, dtype_size(parse_dtype(dt)));
+    // a rank's share (its GPU is measured as rank 0's: the ranks' GPUs are taken to be alike)
+    const int64_t weights = estimate_weight_bytes(rank_config(model_cfg, world), dtype_size(parse_dtype(dt)));
     budget = int64_t(double(total_b) * cfg.gpu_memory_utilization) - int64_t(total_b - free_b) - weights - activation_bytes;
     const int64_t need = plan_shape(groups, limits).min_bytes();
     RV_CHECK_ARG(budget >= need, "gpu_memory_utilization (", cfg.gpu_memory_utilization, ") of ", total_b >> 20, " MiB (",
@@ -119,7 +120,10 @@ Engine::Impl::Impl(const EngineConfig& c) : cfg(c), seed_source(c.seed) {
   };
   RunnerOptions ropts;
   ropts.max_model_len = cfg.max_model_len;
-  if (world > 1) tp = std::make_unique<TensorParallelRanks>(world, load, plan, limits, ropts, threads / world);
+  RV_CHECK_ARG(world == 1 || device == Device::kCPU || has_gpu_communicators(), "tensor_parallel_size ", world,
+               " on device 'cuda' needs NCCL, which this build did not find (install nvidia-nccl-cu12 or -cu13, or ",
+               "set NCCL_ROOT, and rebuild)");
+  if (world > 1) tp = std::make_unique<TensorParallelRanks>(world, device, load, threads / world);
   model = load(tp ? tp->rank0() : nullptr);
   info.quantization = model_cfg.quantization.method.empty() ? std::string()
                        : model_cfg.quantization.method == "fp8"   ? std::string("fp8 e4m3, a scale per 128")
@@ -140,10 +144,12 @@ Engine::Impl::Impl(const EngineConfig& c) : cfg(c), seed_source(c.seed) {
   if (mtp) ropts.hidden = HiddenRows::kEvery;  // the MTP layer reads the hidden state of every computed position
   ropts.keep_verify_rows = speculative && caches->states();  // rollback by replaying the recurrences
   if (device == Device::kCUDA && !cfg.enforce_eager) ropts.graph_batch_sizes = graph_batch_sizes(cfg);
+  if (tp) tp->make_runners(plan, limits, ropts);
   runner = std::make_unique<ModelRunner>(*model, caches->kv(), caches->states(), ropts);
   // Recorded now rather than when a size first comes: no step waits for a recording, and their
   // memory is taken before serving starts (the plan counted it in the activations).
-  runner->capture_graphs();
+  if (tp) tp->capture_graphs([&] { runner->capture_graphs(); });
+  else runner->capture_graphs();
   // A step queued ahead is one token of each request: it cannot carry drafts.
   async_scheduling = !speculative && (cfg.async_scheduling == "on" || (cfg.async_scheduling == "auto" && device != Device::kCPU));
   live.spec_accepted_per_position.assign(size_t(speculative ? cfg.num_speculative_tokens : 0), 0);

@@ -1,12 +1,14 @@
 #include "engine/tensor_parallel.h"
 
+#include "core/device_runtime.h"
 #include "core/error.h"
 #include "ops/ops.h"
 
 namespace revolta {
 
 struct TensorParallelRanks::Worker {
-  std::unique_ptr<Communicator> comm;
+  int rank = 0;
+  Communicator* comm = nullptr;
   std::unique_ptr<CausalLM> model;
   std::unique_ptr<CacheCoordinator> caches;  // only its storage is used: the blocks are rank 0's
   std::unique_ptr<ModelRunner> runner;
@@ -15,19 +17,24 @@ struct TensorParallelRanks::Worker {
   std::thread thread;
 };
 
-TensorParallelRanks::TensorParallelRanks(int world, const Loader& load, const CachePlan& plan,
-                                         const CacheLimits& limits, const RunnerOptions& ropts, int threads_per_rank)
-    : group_(world), rank0_(group_.communicator(0)) {
+TensorParallelRanks::TensorParallelRanks(int world, Device device, const Loader& load, int threads_per_rank)
+    : device_(device) {
+  if (device == Device::kCPU) {
+    local_ = std::make_unique<LocalGroup>(world);
+    for (int r = 0; r < world; ++r) comms_.push_back(local_->communicator(r));
+  } else {
+    comms_ = make_gpu_communicators(world);  // rank r on GPU r
+  }
   for (int r = 1; r < world; ++r) {
     auto w = std::make_unique<Worker>();
-    w->comm = group_.communicator(r);
-    w->model = load(w->comm.get());
-    w->caches = std::make_unique<CacheCoordinator>(plan, limits, w->model->device());
-    w->runner = std::make_unique<ModelRunner>(*w->model, w->caches->kv(), w->caches->states(), ropts);
+    w->rank = r;
+    w->comm = comms_[size_t(r)].get();
     w->pool = std::make_unique<ThreadPool>(std::max(1, threads_per_rank));
     workers_.push_back(std::move(w));
   }
   for (auto& w : workers_) w->thread = std::thread([this, p = w.get()] { work(*p); });
+  // The shards load on their ranks' threads (their devices), rank 0's later on the engine thread.
+  run_all([&](Worker& w) { w.model = load(w.comm); }, [] {});
 }
 
 TensorParallelRanks::~TensorParallelRanks() {
@@ -45,52 +52,87 @@ int64_t TensorParallelRanks::worker_weight_bytes() const {
   return n;
 }
 
+void TensorParallelRanks::make_runners(const CachePlan& plan, const CacheLimits& limits, const RunnerOptions& ropts) {
+  run_all(
+      [&](Worker& w) {
+        w.caches = std::make_unique<CacheCoordinator>(plan, limits, w.model->device());
+        w.runner = std::make_unique<ModelRunner>(*w.model, w.caches->kv(), w.caches->states(), ropts);
+      },
+      [] {});
+}
+
+void TensorParallelRanks::capture_graphs(const std::function<void()>& rank0) {
+  run_all([](Worker& w) { w.runner->capture_graphs(); }, rank0);
+}
+
+StepLogits TensorParallelRanks::execute(const SchedulerOutput& step, const std::vector<StateAction>& actions,
+                                        const std::function<StepLogits()>& run) {
+  StepLogits out;
+  run_all([&](Worker& w) { w.runner->execute(step, actions); }, [&] { out = run(); }, true);
+  return out;
+}
+
 void TensorParallelRanks::work(Worker& w) {
   ops::set_cpu_thread_pool(w.pool.get());
+  std::string failed;
+  try {
+    if (device_ != Device::kCPU) device_runtime(device_).use_device(w.rank);
+  } catch (const std::exception& e) {
+    failed = str_cat("tensor-parallel rank ", w.rank, ": ", e.what());
+  }
   for (;;) {
     std::unique_lock<std::mutex> lk(mu_);
     cv_.wait(lk, [&] { return stopping_ || generation_ != w.seen; });
     if (stopping_) return;
     w.seen = generation_;
-    const SchedulerOutput& step = *step_;
-    const std::vector<StateAction>& actions = *actions_;
+    const std::function<void(Worker&)>& job = *job_;
     lk.unlock();
-    std::string failed;
-    try {
-      w.runner->execute(step, actions);
-    } catch (const std::exception& e) {
-      failed = str_cat("tensor-parallel rank ", w.comm->rank(), ": ", e.what());
-      group_.abort(failed);
+    std::exception_ptr thrown;
+    if (failed.empty()) {
+      try {
+        job(w);
+      } catch (const std::exception& e) {
+        failed = str_cat("tensor-parallel rank ", w.rank, ": ", e.what());
+        thrown = std::current_exception();
+      }
     }
+    if (!failed.empty()) abort_all(failed);  // no rank stays waiting in a collective for this one
     lk.lock();
-    if (!failed.empty() && error_.empty()) error_ = failed;
+    if (!failed.empty() && error_.empty()) error_ = failed, first_ = thrown;
     if (--pending_ == 0) cv_.notify_all();
   }
 }
 
-StepLogits TensorParallelRanks::execute(const SchedulerOutput& step, const std::vector<StateAction>& actions,
-                                        const std::function<StepLogits()>& run) {
+void TensorParallelRanks::abort_all(const std::string& reason) {
+  for (auto& c : comms_) c->abort(reason);
+}
+
+void TensorParallelRanks::run_all(const std::function<void(Worker&)>& job, const std::function<void()>& rank0, bool fatal) {
   {
     std::lock_guard<std::mutex> lk(mu_);
     RV_CHECK(error_.empty(), "tensor-parallel group failed earlier: ", error_);
-    step_ = &step, actions_ = &actions;
+    job_ = &job;
     pending_ = int(workers_.size());
     ++generation_;
   }
   cv_.notify_all();
-  StepLogits out;
   std::string failed;
+  std::exception_ptr thrown;
   try {
-    out = run();
+    rank0();
   } catch (const std::exception& e) {
     failed = str_cat("tensor-parallel rank 0: ", e.what());
-    group_.abort(failed);
+    thrown = std::current_exception();
+    abort_all(failed);
   }
   std::unique_lock<std::mutex> lk(mu_);
   cv_.wait(lk, [&] { return pending_ == 0; });
-  if (!failed.empty() && error_.empty()) error_ = failed;
-  if (!error_.empty()) throw DeviceError(error_);  // the group is unusable: fatal, as a device fault
-  return out;
+  if (!failed.empty() && error_.empty()) error_ = failed, first_ = thrown;
+  if (error_.empty()) return;
+  // The group is unusable: a failed step is fatal, as a device fault; at startup the error is the
+  // failing rank's own (a bad option, a missing tensor).
+  if (!fatal && first_) std::rethrow_exception(first_);
+  throw DeviceError(error_);
 }
 
 }  // namespace revolta

@@ -1,12 +1,14 @@
-// Ranks 1..N-1 of a tensor-parallel engine: threads of this process, each with its shard of the
-// model, a KV cache of the same blocks holding its own KV heads, a runner and a share of the CPU
-// threads; the engine thread is rank 0 and the one scheduler's block tables serve every rank.
-// A step hands the scheduler's output to every worker and runs rank 0's forward beside them; the
-// collectives inside the forward keep the ranks in step. Only rank 0's logits are sampled (the
-// LM head is replicated, so every rank computes the same ones).
+// Ranks 1..N-1 of a tensor-parallel engine: threads of this process, each bound to its device (GPU
+// r for CUDA ranks, whose collectives go over NCCL; host memory for CPU ranks, over a LocalGroup)
+// with its shard of the model, a KV cache of the same blocks holding its own KV heads, a runner
+// and a share of the CPU threads; the engine thread is rank 0 and the one scheduler's block tables
+// serve every rank. A step hands the scheduler's output to every worker and runs rank 0's forward
+// beside them; the collectives inside the forward keep the ranks in step. Only rank 0's logits are
+// sampled (every rank computes the same ones).
 #pragma once
 
 #include <condition_variable>
+#include <exception>
 #include <functional>
 #include <memory>
 #include <mutex>
@@ -25,33 +27,42 @@ namespace revolta {
 class TensorParallelRanks {
  public:
   using Loader = std::function<std::unique_ptr<CausalLM>(Communicator*)>;
-  // Loads ranks 1..world-1 (load(their communicator)) with caches of `plan`.
-  TensorParallelRanks(int world, const Loader& load, const CachePlan& plan, const CacheLimits& limits,
-                      const RunnerOptions& ropts, int threads_per_rank);
+  // Starts ranks 1..world-1 on `device`, each loading its shard (load(its communicator)) on its own
+  // thread; rank 0 loads its own with rank0().
+  TensorParallelRanks(int world, Device device, const Loader& load, int threads_per_rank);
   ~TensorParallelRanks();
-  Communicator* rank0() { return rank0_.get(); }
+  Communicator* rank0() { return comms_[0].get(); }
   int64_t worker_weight_bytes() const;
+  // Each worker's caches of `plan` (rank 0's, once final) and runner.
+  void make_runners(const CachePlan& plan, const CacheLimits& limits, const RunnerOptions& ropts);
   // Rank 0's forward (`run`) with every worker's forward of the same step beside it (its state
   // `actions` first: the step's and the snapshots rank 0 took since the last one). A failing rank
-  // aborts the group, so the others' collectives throw instead of waiting; the first error is
+  // aborts the group, so the others' collectives fail instead of waiting; the first error is
   // rethrown here, and the group stays unusable (the engine treats it as fatal).
   StepLogits execute(const SchedulerOutput& step, const std::vector<StateAction>& actions,
                      const std::function<StepLogits()>& run);
+  // Every rank records its decode graphs at once (their sizing runs execute the collectives).
+  void capture_graphs(const std::function<void()>& rank0);
 
  private:
   struct Worker;
+  // `job` on every worker's thread and `rank0` on this one, together. A failure aborts the group;
+  // fatal: thrown as a DeviceError (execute's), else as the failing rank threw it (startup).
+  void run_all(const std::function<void(Worker&)>& job, const std::function<void()>& rank0, bool fatal = false);
+  void abort_all(const std::string& reason);
   void work(Worker& w);
-  LocalGroup group_;
-  std::unique_ptr<Communicator> rank0_;
+  Device device_;
+  std::unique_ptr<LocalGroup> local_;  // CPU ranks' transport
+  std::vector<std::unique_ptr<Communicator>> comms_;  // by rank
   std::vector<std::unique_ptr<Worker>> workers_;
   std::mutex mu_;
   std::condition_variable cv_;
-  const SchedulerOutput* step_ = nullptr;
-  const std::vector<StateAction>* actions_ = nullptr;
+  const std::function<void(Worker&)>* job_ = nullptr;
   uint64_t generation_ = 0;
   int pending_ = 0;
   bool stopping_ = false;
   std::string error_;
+  std::exception_ptr first_;  // the first failure as thrown
 };
 
 }  // namespace revolta
