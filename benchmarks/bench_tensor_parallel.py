@@ -3,9 +3,13 @@ the greedy tokens checked against TP 1, and the ratio to TP 1 (the peer of the s
 
     python benchmarks/bench_tensor_parallel.py [--model DIR] [--tp 1,3] [--concurrency 1,8]
                                                [--prompt 128] [--tokens 64] [--device cpu]
+    python benchmarks/bench_tensor_parallel.py --device cuda [--tp 1,2,4] [--layers 32]
 
 On the CPU the ranks are threads sharing --threads cores (default all), so the figure is the cost
 or gain of splitting the same cores; the demo model (9 heads, 3 KV heads) splits over 1 and 3.
+On GPUs (a rank per GPU, NCCL) it runs revolta_bench on the Qwen3-Next-80B-A3B shape with made-up
+weights at each tensor_parallel_size (greedy tokens compared by digest, per-token latency against
+TP 1), then revolta_allreduce_bench: all-reduce latency by message size over 1, 2, 4 GPUs.
 """
 
 from __future__ import annotations
@@ -35,6 +39,37 @@ def decode(model: str | None, tp: int, conc: int, prompt: int, tokens: int, devi
     return conc * (tokens - 1) / max(1e-9, seconds - prefill), ids
 
 
+def gpu_runs(args) -> None:
+    import re
+    import subprocess
+    from pathlib import Path
+
+    import revolta
+
+    bin_dir = Path(revolta.__file__).parent / "bin"
+    rows = {}
+    for tp in (int(x) for x in args.tp.split(",")):
+        cmd = [str(bin_dir / "revolta_bench"), "--shape", "qwen3-next-80b", "--layers", str(args.layers),
+               "--concurrency", args.concurrency, "--prefill", ",", "--prompt", str(args.prompt),
+               "--decode", str(args.tokens), "--tensor-parallel-size", str(tp)]
+        out = subprocess.run(cmd, capture_output=True, text=True)
+        if out.returncode != 0:
+            print(f"tp {tp}: {out.stderr.strip().splitlines()[-1] if out.stderr.strip() else out.returncode}")
+            continue
+        for line in out.stdout.splitlines():  # concurrency, tok/s, ms/step, ..., greedy digest (last)
+            m = re.match(r"^(\d+)\s+([\d.]+)\s+([\d.]+)\s.*\s([0-9a-f]{18})$", line)
+            if m:
+                rows[(tp, int(m[1]))] = (float(m[2]), float(m[3]), m[4])
+    print(f"Qwen3-Next-80B-A3B shape, {args.layers} layers, made-up weights")
+    print(f"{'tp':>3} {'concurrency':>11} {'decode tok/s':>13} {'ms/token step':>14} {'latency vs tp 1':>16}  tokens")
+    for (tp, conc), (tok_s, ms, digest) in sorted(rows.items(), key=lambda kv: (kv[0][1], kv[0][0])):
+        base = rows.get((1, conc))
+        ratio = f"{ms / base[1]:.2f}" if base else "-"
+        same = "-" if not base else "equal to tp 1" if digest == base[2] else "DIFFER from tp 1"
+        print(f"{tp:>3} {conc:>11} {tok_s:>13.1f} {ms:>14.2f} {ratio:>16}  {same}", flush=True)
+    subprocess.run([str(bin_dir / "revolta_allreduce_bench"), "--ranks", args.tp])
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", default=None, help="model directory (default: the demo model)")
@@ -44,7 +79,11 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=64)
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 1)
+    ap.add_argument("--layers", type=int, default=32, help="GPU runs: layers of the Qwen3-Next shape")
     args = ap.parse_args()
+    if args.device == "cuda":
+        gpu_runs(args)
+        return
     tps = [int(x) for x in args.tp.split(",")]
     print(f"{'tp':>3} {'concurrency':>11} {'decode tok/s':>13} {'vs tp 1':>8}  tokens")
     for conc in (int(x) for x in args.concurrency.split(",")):

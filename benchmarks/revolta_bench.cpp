@@ -8,7 +8,7 @@
 //   revolta_bench --shape llama-8b|llama-1b|qwen3-next-80b [--layers N] [--device cuda|cpu]
 //                 [--concurrency 1,2,4,8,16,32] [--prefill 2048,8192] [--prompt 128] [--decode 128]
 //                 [--eager] [--no-dependent-launch] [--async-scheduling auto|on|off] [--json FILE]
-//                 [--probe FILE] [--max-model-len N] [--quantization awq]
+//                 [--probe FILE] [--max-model-len N] [--quantization awq] [--tensor-parallel-size N]
 //
 // qwen3-next-80b is Qwen3-Next-80B-A3B's shape (hidden 2048, 512 experts top-10, its attention and
 // Gated DeltaNet dimensions); its 48 layers in fp16 do not fit one 141 GB GPU, so it runs 32 unless
@@ -179,14 +179,17 @@ std::vector<int32_t> random_prompt(int n, int vocab, std::mt19937& rng) {
 }
 
 // Runs `prompts` to completion; returns (seconds after every request had its first token,
-// tokens generated in that time).
-std::pair<double, int64_t> run_decode(Engine& e, const std::vector<std::vector<int32_t>>& prompts, int max_tokens) {
+// tokens generated in that time). digest: an FNV-1a hash of every request's tokens in order (runs
+// of one shape compare their greedy output by it, e.g. across tensor_parallel_size).
+std::pair<double, int64_t> run_decode(Engine& e, const std::vector<std::vector<int32_t>>& prompts, int max_tokens,
+                                      uint64_t* digest = nullptr) {
   SamplingParams sp;
   sp.temperature = 0.0f;
   sp.max_tokens = max_tokens;
   sp.ignore_eos = true;
   auto ids = e.add_requests(prompts, std::vector<SamplingParams>(prompts.size(), sp));
   std::map<uint64_t, int> got;
+  std::map<uint64_t, std::vector<int32_t>> tokens;
   size_t finished = 0;
   bool timing = false;
   Clock::time_point t0;
@@ -195,9 +198,16 @@ std::pair<double, int64_t> run_decode(Engine& e, const std::vector<std::vector<i
     for (const auto& o : e.await_outputs(std::chrono::milliseconds(100))) {
       got[o.request_id] += int(o.tokens.size());
       total += int64_t(o.tokens.size());
+      for (const auto& t : o.tokens) tokens[o.request_id].push_back(t.token);
       finished += o.finished;
     }
     if (!timing && got.size() == ids.size()) timing = true, t0 = Clock::now(), at_t0 = total;
+  }
+  if (digest) {
+    uint64_t h = 1469598103934665603ull;
+    for (const auto& [id, ts] : tokens)
+      for (int32_t t : ts) h = (h ^ uint64_t(uint32_t(t))) * 1099511628211ull;
+    *digest = h;
   }
   return {std::chrono::duration<double>(Clock::now() - t0).count(), total - at_t0};
 }
@@ -208,7 +218,7 @@ int main(int argc, char** argv) {
   std::string shape_name = "llama-8b", json_path, probe_path, device = "cuda", async_scheduling = "auto", quantization = "auto";
   int layers = 0;
   std::vector<int> conc = {1, 2, 4, 8, 16, 32}, prefill = {2048, 8192};
-  int prompt = 128, decode = 128, max_model_len = 0;
+  int prompt = 128, decode = 128, max_model_len = 0, tensor_parallel = 1;
   bool eager = false, dependent_launch = true;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
@@ -227,6 +237,7 @@ int main(int argc, char** argv) {
     else if (a == "--probe") probe_path = next();
     else if (a == "--max-model-len") max_model_len = std::stoi(next());
     else if (a == "--quantization") quantization = next();
+    else if (a == "--tensor-parallel-size") tensor_parallel = std::stoi(next());
     else {
       std::fprintf(stderr, "unknown argument %s\n", a.c_str());
       return 2;
@@ -284,6 +295,7 @@ int main(int argc, char** argv) {
   cfg.enforce_eager = eager;
   cfg.async_scheduling = async_scheduling;
   cfg.enable_prefix_caching = false;  // every prefill is measured in full
+  cfg.tensor_parallel_size = tensor_parallel;
   Engine engine(cfg);
   const ModelInfo& info = engine.model_info();
   const TokenBytes tb = token_bytes(s, quantization == "awq" ? 68.0 / 128.0 : 2.0);  // int4 g128: 68-byte blocks
@@ -303,14 +315,15 @@ int main(int argc, char** argv) {
   js << "{\"shape\": \"" << shape_name << "\", \"device\": \"" << info.device << "\", \"read_bw_gbs\": " << read_bw / 1e9
      << ", \"weight_bytes\": " << info.weight_bytes << ", \"max_model_len\": " << cfg.max_model_len << ", \"decode\": [";
   run_decode(engine, {random_prompt(prompt, s.vocab, rng)}, 8);  // warm-up: graphs, allocator
-  std::printf("%-12s %12s %12s %16s %10s %10s %17s %8s %8s\n", "concurrency", "tok/s", "ms/step", "GB read/step",
-              "of read bw", "of SM70", "V100 est tok/s", "graphs", "ahead");
+  std::printf("%-12s %12s %12s %16s %10s %10s %17s %8s %8s %18s\n", "concurrency", "tok/s", "ms/step", "GB read/step",
+              "of read bw", "of SM70", "V100 est tok/s", "graphs", "ahead", "greedy tokens");
   for (size_t i = 0; i < conc.size(); ++i) {
     const int c = conc[i];
     std::vector<std::vector<int32_t>> ps;
     for (int j = 0; j < c; ++j) ps.push_back(random_prompt(prompt, s.vocab, rng));
     const EngineStats before = engine.stats();
-    auto [secs, toks] = run_decode(engine, ps, decode);
+    uint64_t digest = 0;
+    auto [secs, toks] = run_decode(engine, ps, decode, &digest);
     // Decode steps that replayed a captured graph (the timed steps exclude the prefill), and those
     // queued before the host had read the previous step's tokens.
     const EngineStats after = engine.stats();
@@ -325,13 +338,13 @@ int main(int argc, char** argv) {
     const double flops = c * token_flops(s, prompt + decode / 2.0), roof_s = roof.seconds(bytes, flops);
     const auto [v100_slow, v100_fast] = roof.v100_seconds(bytes, flops, step_s);
     const double v100_lo = v100_slow > 0 ? c / v100_slow : 0.0, v100_hi = v100_fast > 0 ? c / v100_fast : 0.0;
-    std::printf("%-12d %12.1f %12.2f %16.3f %9.1f%% %9.1f%% %8.0f-%-8.0f %7.0f%% %7.0f%%\n", c, tps, step_s * 1e3,
-                bytes / 1e9, 100 * frac, 100 * roof_s / step_s, v100_lo, v100_hi, 100 * std::min(1.0, graphs),
-                100 * std::min(1.0, ahead));
+    std::printf("%-12d %12.1f %12.2f %16.3f %9.1f%% %9.1f%% %8.0f-%-8.0f %7.0f%% %7.0f%% %018llx\n", c, tps,
+                step_s * 1e3, bytes / 1e9, 100 * frac, 100 * roof_s / step_s, v100_lo, v100_hi, 100 * std::min(1.0, graphs),
+                100 * std::min(1.0, ahead), (unsigned long long)digest);
     js << (i ? ", " : "") << "{\"concurrency\": " << c << ", \"tok_s\": " << tps << ", \"step_ms\": " << step_s * 1e3
        << ", \"bytes_per_step\": " << bytes << ", \"flops_per_step\": " << flops << ", \"bw_fraction\": " << frac
        << ", \"sm70_roofline_fraction\": " << roof_s / step_s << ", \"v100_est_tok_s\": [" << v100_lo << ", " << v100_hi << "], \"graph_steps\": " << graphs
-       << ", \"steps_run_ahead\": " << ahead << "}";
+       << ", \"steps_run_ahead\": " << ahead << ", \"greedy_digest\": \"" << std::hex << digest << std::dec << "\"}";
   }
 #if REVOLTA_WITH_CUDA
   if (!probe_path.empty() && device == "cuda") {

@@ -72,7 +72,7 @@ cmake -S "$ROOT" -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=Release -DNCCL_ROOT
   -DCMAKE_CUDA_COMPILER=clang++-19 -DCMAKE_CUDA_ARCHITECTURES=70 -DCUDAToolkit_ROOT="$TK" \
   -DCMAKE_CUDA_FLAGS="-Wno-unknown-cuda-version --cuda-include-ptx=sm_70" -DCMAKE_CUDA_RUNTIME_LIBRARY=None \
   -DCMAKE_CUDA_FLAGS_RELEASE="-O3 -DNDEBUG"  # CMake 3.25 leaves these empty for clang: device code would be -O0
-cmake --build "$BUILD_DIR" --target revolta_op_tests revolta_bench revolta_gpu_tp_tests
+cmake --build "$BUILD_DIR" --target revolta_op_tests revolta_bench revolta_gpu_tp_tests revolta_allreduce_bench
 cp -a "$TK/lib64/libcudart.so"* "$BUILD_DIR/"
 
 # Resource report: registers, spills and shared memory of every kernel, from the PTX.

@@ -30,9 +30,10 @@ __device__ __forceinline__ void put(uint16_t* p, float v) {  // bfloat16, round 
 }
 
 template <typename T>
-__global__ void fill_kernel(T* __restrict__ p, int64_t n, uint64_t seed, float lo, float hi) {
+__global__ void fill_kernel(T* __restrict__ p, int64_t n, int64_t cols, ops::FillWindow at, uint64_t seed, float lo,
+                            float hi) {
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
-    put(p + i, lo + (hi - lo) * ops::uniform_at(seed, uint64_t(i)));
+    put(p + i, lo + (hi - lo) * ops::uniform_at(seed, uint64_t(at.index(i, cols))));
 }
 
 // A 32 x 32 tile per block through shared memory (a padded row: no bank conflicts on the column
@@ -79,14 +80,14 @@ void copy_columns(const Tensor& src, int64_t first, Tensor& dst) {
   RV_CUDA_CHECK(cudaGetLastError());
 }
 
-void fill_uniform(Tensor& t, uint64_t seed, float lo, float hi) {
-  const int64_t n = t.numel();
+void fill_uniform(Tensor& t, uint64_t seed, float lo, float hi, const ops::FillWindow& at) {
+  const int64_t n = t.numel(), cols = t.dim() >= 2 ? n / t.size(0) : n;
   if (n == 0) return;
   const unsigned blocks = unsigned(std::min<int64_t>((n + 255) / 256, 65535));
   switch (t.dtype()) {
-    case DType::kF32: fill_kernel<<<blocks, 256, 0, stream()>>>(t.ptr<float>(), n, seed, lo, hi); break;
-    case DType::kF16: fill_kernel<<<blocks, 256, 0, stream()>>>(t.ptr<__half>(), n, seed, lo, hi); break;
-    case DType::kBF16: fill_kernel<<<blocks, 256, 0, stream()>>>(t.ptr<uint16_t>(), n, seed, lo, hi); break;
+    case DType::kF32: fill_kernel<<<blocks, 256, 0, stream()>>>(t.ptr<float>(), n, cols, at, seed, lo, hi); break;
+    case DType::kF16: fill_kernel<<<blocks, 256, 0, stream()>>>(t.ptr<__half>(), n, cols, at, seed, lo, hi); break;
+    case DType::kBF16: fill_kernel<<<blocks, 256, 0, stream()>>>(t.ptr<uint16_t>(), n, cols, at, seed, lo, hi); break;
     default: throw std::invalid_argument("CUDA fill_uniform: float tensors only");
   }
   RV_CUDA_CHECK(cudaGetLastError());

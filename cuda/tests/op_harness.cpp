@@ -440,7 +440,7 @@ void test_data_movement() {
 
   for (DType dt : {DType::kF32, DType::kF16}) {
     Tensor h = Tensor::empty({1000, 77}, dt), d = Tensor::empty({1000, 77}, dt, Device::kCUDA);
-    ops::cpu::fill_uniform(h, 42, -0.5f, 0.25f);
+    ops::cpu::fill_uniform(h, 42, -0.5f, 0.25f, {});
     ops::fill_uniform(d, 42, -0.5f, 0.25f);
     Tensor a = Tensor::empty(h.shape(), DType::kF32), c = Tensor::empty(h.shape(), DType::kF32);
     convert_to_f32(h.data(), dt, a.ptr<float>(), size_t(h.numel()));
@@ -450,6 +450,16 @@ void test_data_movement() {
     const bool in_range = lo >= -0.5f && hi <= 0.25f && hi - lo > 0.7f;  // spans the interval
     report(std::string("fill_uniform ") + dtype_name(dt) + " (same values as the CPU)",
            in_range ? max_abs_diff(a, c) : 1.0f, 0.0f);
+    // A window (a tensor-parallel rank's slice of a made-up weight): rows 100..399, columns 10..49.
+    Tensor w = Tensor::empty({300, 40}, dt, Device::kCUDA);
+    ops::fill_uniform(w, 42, -0.5f, 0.25f, ops::FillWindow{100, 10, 77});
+    const Tensor hw = cuda::to_host(w);
+    int64_t wrong = 0;
+    const size_t es = dtype_size(dt);
+    for (int64_t r = 0; r < 300; ++r)
+      wrong += std::memcmp(static_cast<const char*>(hw.data()) + size_t(r * 40) * es,
+                           static_cast<const char*>(h.data()) + size_t((100 + r) * 77 + 10) * es, 40 * es) != 0;
+    report(std::string("fill_uniform window ") + dtype_name(dt) + " (the whole's values there)", float(wrong), 0.0f);
   }
 }
 

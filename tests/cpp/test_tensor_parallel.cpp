@@ -21,6 +21,7 @@
 #include "dist/communicator.h"
 #include "expect.h"
 #include "model/model.h"
+#include "model/weights.h"
 #include "runtime/model_runner.h"
 #include "runner_rig.h"
 
@@ -109,6 +110,23 @@ void check(const std::string& name, const std::string& json, const std::vector<i
   }
 }
 
+// A rank's made-up slice holds the values of that slice of the whole: stacked row slices and a
+// column slice.
+void check_dummy_slices(const std::string& dir) {
+  WeightLoader w(dir, Device::kCPU, /*dummy=*/true);
+  const Tensor whole = w.get_stacked({"a", "b"}, {{6, 8}, {4, 8}}, DType::kF32);
+  const Tensor rows = w.get_sliced({"a", "b"}, {{6, 8}, {4, 8}}, {Slice::rows(2, 5), Slice::rows(1, 3)}, DType::kF32, false);
+  const Tensor a = w.get("a", {6, 8}, DType::kF32);
+  const Tensor cols = w.get_sliced({"a"}, {{6, 8}}, {Slice::cols(3, 7)}, DType::kF32, false);
+  bool same = rows.size(0) == 5 && rows.size(1) == 8 && cols.size(0) == 6 && cols.size(1) == 4;
+  const int64_t from[5] = {2, 3, 4, 7, 8};  // rows of the stacked whole
+  for (int64_t r = 0; same && r < 5; ++r)
+    for (int64_t c = 0; c < 8; ++c) same = same && rows.ptr<float>()[r * 8 + c] == whole.ptr<float>()[from[r] * 8 + c];
+  for (int64_t r = 0; same && r < 6; ++r)
+    for (int64_t c = 0; c < 4; ++c) same = same && cols.ptr<float>()[r * 4 + c] == a.ptr<float>()[r * 8 + 3 + c];
+  EXPECT(same);
+}
+
 }  // namespace
 
 void run_tensor_parallel_tests() {
@@ -138,6 +156,7 @@ void run_tensor_parallel_tests() {
         {1, 2, 4});
 
   const auto dir = std::filesystem::temp_directory_path() / "revolta-tp-llama";
+  check_dummy_slices(dir.string());
   ModelConfig c = ModelConfig::from_file((dir / "config.json").string());
   c.max_positions = c.max_position_embeddings;
   EXPECT(throws_naming([&] { run_sharded(dir.string(), c, 3, 1); }, "tensor_parallel_size 3"));

@@ -106,14 +106,19 @@ Tensor WeightLoader::get(const std::string& name, const std::vector<int64_t>& sh
 
 Tensor WeightLoader::make_dummy(const std::string& name, std::vector<int64_t> shape, DType dtype, Device on) const {
   Tensor t = Tensor::uninitialized(shape, dtype, on);
-  const uint64_t seed = std::hash<std::string>{}(name);
-  if (shape.size() == 1) {
-    ops::fill_uniform(t, seed, 0.9f, 1.1f);  // norm weights
-  } else {
-    const float a = 1.0f / std::sqrt(float(shape.back()));  // keeps activations O(1) through the layers
-    ops::fill_uniform(t, seed, -a, a);
-  }
+  fill_dummy(t, name, shape, {});
   return t;
+}
+
+void WeightLoader::fill_dummy(Tensor& t, const std::string& name, const std::vector<int64_t>& whole,
+                              const ops::FillWindow& at) const {
+  const uint64_t seed = std::hash<std::string>{}(name);
+  if (whole.size() == 1) {
+    ops::fill_uniform(t, seed, 0.9f, 1.1f, at);  // norm weights
+  } else {
+    const float a = 1.0f / std::sqrt(float(whole.back()));  // keeps activations O(1) through the layers
+    ops::fill_uniform(t, seed, -a, a, at);
+  }
 }
 
 Tensor WeightLoader::get_stacked(const std::vector<std::string>& names,
@@ -180,8 +185,34 @@ Tensor WeightLoader::load(const std::vector<std::string>& names, const std::vect
     for (size_t d = 1; d < shape.size(); ++d) c *= shape[d];
     return c;
   };
-  if (dummy_) {  // made up whole (stacked as unsliced), then cut: a rank's slice is the slice of the whole
-    if (!slices.empty()) {
+  if (dummy_) {
+    std::vector<int64_t> shape = shapes[0];  // of the stacked whole, and its values' key
+    std::string key;
+    for (size_t i = 0; i < names.size(); ++i) {
+      key += names[i] + ";";
+      if (i > 0 && !shape.empty()) shape[0] += shapes[i].empty() ? 1 : shapes[i][0];
+    }
+    const bool blocks = linear && is_block_dtype(dummy_blocks_) && shape.size() == 2 &&
+                        shape[1] % dtype_block_values(dummy_blocks_) == 0;
+    if (!slices.empty() && !blocks) {  // each part drawn where it sits in the stacked whole, on `on`
+      const int64_t cols = cols_of(shapes[0]);
+      std::vector<Cut> cuts;
+      int64_t rows = 0;
+      for (size_t i = 0; i < names.size(); ++i) {
+        cuts.push_back(cut_of(slice_of(i), shapes[i].empty() ? 1 : shapes[i][0], cols, names[i]));
+        rows += cuts.back().rows;
+      }
+      Tensor out = Tensor::uninitialized({rows, cuts[0].cols}, dtype, on);
+      int64_t first = 0, at = 0;
+      for (size_t i = 0; i < names.size(); ++i) {
+        Tensor part = out.slice_rows(at, at + cuts[i].rows);
+        fill_dummy(part, key, shape, ops::FillWindow{first + cuts[i].row0, cuts[i].col0, cols});
+        first += shapes[i].empty() ? 1 : shapes[i][0];
+        at += cuts[i].rows;
+      }
+      return out;
+    }
+    if (!slices.empty()) {  // blocks: made up whole (stacked as unsliced), then cut
       const Tensor stacked = load(names, shapes, dtype, Device::kCPU, linear);
       int64_t total = 0;
       for (const auto& shape : shapes) total += shape.empty() ? 1 : shape[0];
@@ -207,13 +238,7 @@ Tensor WeightLoader::load(const std::vector<std::string>& names, const std::vect
       for (const Tensor& p : parts) std::memcpy(dst, p.data(), p.nbytes()), dst += p.nbytes();
       return out.to(on);
     }
-    std::vector<int64_t> shape = shapes[0];
-    std::string key;
-    for (size_t i = 0; i < names.size(); ++i) {
-      key += names[i] + ";";
-      if (i > 0 && !shape.empty()) shape[0] += shapes[i].empty() ? 1 : shapes[i][0];
-    }
-    if (linear && is_block_dtype(dummy_blocks_) && shape.size() == 2 && shape[1] % dtype_block_values(dummy_blocks_) == 0) {
+    if (blocks) {
       Tensor t = Tensor::empty(shape, dummy_blocks_);
       const float bound = 1.0f / std::sqrt(float(shape[1]));
       const uint64_t seed = std::hash<std::string>{}(key);

@@ -18,6 +18,7 @@
 
 #include "core/safetensors.h"
 #include "dist/communicator.h"
+#include "ops/ops.h"
 #include "quant/gguf_file.h"
 
 namespace revolta {
@@ -92,6 +93,8 @@ class WeightLoader {
   Tensor load(const std::vector<std::string>& names, const std::vector<std::vector<int64_t>>& shapes, DType dtype,
              Device on, bool linear, const std::vector<Slice>& slices = {}) const;
   Tensor make_dummy(const std::string& name, std::vector<int64_t> shape, DType dtype, Device on) const;
+  // t: the made-up values of `name` (a tensor of shape `whole`), or of its part at `at`.
+  void fill_dummy(Tensor& t, const std::string& name, const std::vector<int64_t>& whole, const ops::FillWindow& at) const;
   std::string dir_;
   Device device_ = Device::kCPU;
   bool dummy_ = false;

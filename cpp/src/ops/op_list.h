@@ -32,7 +32,7 @@
   X(GatherRows, gather_rows, void(const Tensor& x, const Tensor& rows, Tensor& out))                                 \
   X(CopyColumns, copy_columns, void(const Tensor& src, int64_t first_column, Tensor& dst))                           \
   X(Transpose, transpose, void(const Tensor& x, Tensor& out))                                                        \
-  X(FillUniform, fill_uniform, void(Tensor& t, uint64_t seed, float lo, float hi))                                   \
+  X(FillUniform, fill_uniform, void(Tensor& t, uint64_t seed, float lo, float hi, const ops::FillWindow& at))       \
   X(Argmax, argmax, void(const Tensor& x, Tensor& out))                                                              \
   X(Sample, sample,                                                                                                  \
     void(const Tensor& logits, const std::vector<ops::SampleRow>& rows, const std::vector<ops::SampleAdjust>& adjust, \

@@ -129,8 +129,8 @@ void transpose(const Tensor& x, Tensor& out) {
            dtype_name(x.dtype()), " x of ", x.dim(), " dims and ", dtype_name(out.dtype()), " out of ", out.dim(), ")");
   table_for(x.device(), Op::kTranspose).transpose(x, out);
 }
-void fill_uniform(Tensor& t, uint64_t seed, float lo, float hi) {
-  table_for(t.device(), Op::kFillUniform).fill_uniform(t, seed, lo, hi);
+void fill_uniform(Tensor& t, uint64_t seed, float lo, float hi, const FillWindow& at) {
+  table_for(t.device(), Op::kFillUniform).fill_uniform(t, seed, lo, hi, at);
 }
 void argmax(const Tensor& x, Tensor& out) { table_for(x.device(), Op::kArgmax).argmax(x, out); }
 void qkv_rope_cache(const Tensor& qkv, const QkNorm& norm, const Tensor& positions, const RopeTables& rope,

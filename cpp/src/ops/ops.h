@@ -69,6 +69,21 @@ struct ExpertTable {
   bool down_transposed = false;
 };
 
+#if defined(__CUDACC__)
+#define RV_HOST_DEVICE __host__ __device__
+#else
+#define RV_HOST_DEVICE
+#endif
+
+// Where fill_uniform's tensor sits in a larger one (whole_cols 0: it is the whole).
+struct FillWindow {
+  int64_t row0 = 0, col0 = 0, whole_cols = 0;
+  // The index in the whole of element i of a tensor `cols` wide.
+  RV_HOST_DEVICE int64_t index(int64_t i, int64_t cols) const {
+    return whole_cols == 0 ? i : (row0 + i / cols) * whole_cols + col0 + i % cols;
+  }
+};
+
 // An RMSNorm of an op's output rows into another tensor: normed = rms_norm(out) * weight (f32 [n]).
 struct NormInto {
   const Tensor* weight = nullptr;
@@ -208,8 +223,10 @@ void copy_columns(const Tensor& src, int64_t first_column, Tensor& dst);
 // backend's kernels prefer, made once at load).
 void transpose(const Tensor& x, Tensor& out);
 // Fills t (f32/f16/bf16) with values uniform in [lo, hi) drawn from a counter-based hash of
-// (seed, index): the same values on every device (random weights for benchmarks).
-void fill_uniform(Tensor& t, uint64_t seed, float lo, float hi);
+// (seed, index): the same values on every device (random weights for benchmarks). With a window,
+// t [rows, cols] is that part of a larger tensor of at.whole_cols columns and gets its values
+// there (index (at.row0 + r) * at.whole_cols + at.col0 + c): a rank's slice of a made-up weight.
+void fill_uniform(Tensor& t, uint64_t seed, float lo, float hi, const FillWindow& at = {});
 // out[r] = index of the largest x[r, :] (f32), lowest index on ties; out int32 [R].
 void argmax(const Tensor& x, Tensor& out);
 // Attention inputs from the fused projection qkv [T, >= (heads + 2 * kv_heads) * head_dim] (columns
@@ -305,11 +322,6 @@ void moe_route_experts(const Tensor& x, const Tensor& router, int64_t num_expert
 void sample(const Tensor& logits, const std::vector<SampleRow>& rows, const std::vector<SampleAdjust>& adjust,
             std::vector<SampleResult>& out);
 
-#if defined(__CUDACC__)
-#define RV_HOST_DEVICE __host__ __device__
-#else
-#define RV_HOST_DEVICE
-#endif
 
 // The value fill_uniform puts at index i: a splitmix64-style hash mapped to [0, 1).
 RV_HOST_DEVICE inline float uniform_at(uint64_t seed, uint64_t i) {

@@ -35,14 +35,14 @@ void transpose(const Tensor& x, Tensor& out) {
           std::memcpy(dst + (c * R + r) * es, src + (r * C + c) * es, size_t(es));
 }
 
-void fill_uniform(Tensor& t, uint64_t seed, float lo, float hi) {
-  const int64_t n = t.numel();
+void fill_uniform(Tensor& t, uint64_t seed, float lo, float hi, const FillWindow& at) {
+  const int64_t n = t.numel(), cols = t.dim() >= 2 ? n / t.size(0) : n;
   const DType dt = t.dtype();
   parallel_range(n, 1 << 16, [&](int64_t b, int64_t e) {
     float buf[256];
     for (int64_t i = b; i < e; i += 256) {
       const int64_t m = std::min<int64_t>(256, e - i);
-      for (int64_t j = 0; j < m; ++j) buf[j] = lo + (hi - lo) * uniform_at(seed, uint64_t(i + j));
+      for (int64_t j = 0; j < m; ++j) buf[j] = lo + (hi - lo) * uniform_at(seed, uint64_t(at.index(i + j, cols)));
       convert_from_f32(buf, static_cast<char*>(t.data()) + i * int64_t(dtype_size(dt)), dt, size_t(m));
     }
   });
