@@ -18,7 +18,9 @@
 #include <vector>
 
 #include "cache/cache_coordinator.h"
+#include "core/error.h"
 #include "dist/communicator.h"
+#include "engine/tensor_parallel.h"
 #include "expect.h"
 #include "model/model.h"
 #include "model/weights.h"
@@ -127,6 +129,39 @@ void check_dummy_slices(const std::string& dir) {
   EXPECT(same);
 }
 
+// The engine's ranks (TensorParallelRanks) when one fails: a shard that cannot load fails the
+// startup with that rank's own error; a step whose rank 0 fails while rank 1 waits in a collective
+// ends on both (a DeviceError, nothing left waiting), and the group refuses later steps.
+void check_failing_ranks(const std::string& dir, const ModelConfig& c) {
+  auto load = [&](Communicator* comm) {
+    RV_CHECK_ARG(comm->rank() != 1, "rank 1's shard is missing");
+    return load_model(dir, c, DType::kF32, Device::kCPU, true, false, comm);
+  };
+  EXPECT(throws_naming([&] { TensorParallelRanks(2, Device::kCPU, load, 1); }, "rank 1's shard is missing"));
+  TensorParallelRanks ranks(2, Device::kCPU, [&](Communicator* comm) {
+    return load_model(dir, c, DType::kF32, Device::kCPU, true, false, comm);
+  }, 1);
+  auto model = load_model(dir, c, DType::kF32, Device::kCPU, true, false, ranks.rank0());
+  const CacheLimits limits{4, 4, 64, false};
+  const CachePlan plan = plan_caches(model->cache_specs(), limits, 4 << 20, "budget");
+  ranks.make_runners(plan, limits, RunnerOptions{64});
+  CacheCoordinator caches(plan, limits, Device::kCPU);
+  Scheduler scheduler(SchedulerConfig{4, 256, 64}, caches.manager());
+  auto r = std::make_unique<Request>();
+  r->id = 1, r->tokens = {5, 9, 2, 41}, r->num_prompt_tokens = 4;
+  scheduler.add(std::move(r));
+  const SchedulerOutput step = scheduler.schedule();
+  const std::vector<StateAction> actions = caches.prepare(step.scheduled);
+  bool device_error = false;
+  try {
+    ranks.execute(step, actions, []() -> StepLogits { throw std::runtime_error("rank 0 broke"); });
+  } catch (const DeviceError& e) {
+    device_error = std::string(e.what()).find("rank 0 broke") != std::string::npos;
+  }
+  EXPECT(device_error);
+  EXPECT(throws_naming([&] { ranks.execute(step, actions, [] { return StepLogits{}; }); }, "failed earlier"));
+}
+
 }  // namespace
 
 void run_tensor_parallel_tests() {
@@ -159,6 +194,7 @@ void run_tensor_parallel_tests() {
   check_dummy_slices(dir.string());
   ModelConfig c = ModelConfig::from_file((dir / "config.json").string());
   c.max_positions = c.max_position_embeddings;
+  check_failing_ranks(dir.string(), c);
   EXPECT(throws_naming([&] { run_sharded(dir.string(), c, 3, 1); }, "tensor_parallel_size 3"));
   const auto next = std::filesystem::temp_directory_path() / "revolta-tp-qwen3-next";
   c = ModelConfig::from_file((next / "config.json").string());

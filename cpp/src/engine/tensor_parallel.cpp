@@ -34,16 +34,24 @@ TensorParallelRanks::TensorParallelRanks(int world, Device device, const Loader&
   }
   for (auto& w : workers_) w->thread = std::thread([this, p = w.get()] { work(*p); });
   // The shards load on their ranks' threads (their devices), rank 0's later on the engine thread.
-  run_all([&](Worker& w) { w.model = load(w.comm); }, [] {});
+  try {
+    run_all([&](Worker& w) { w.model = load(w.comm); }, [] {});
+  } catch (...) {
+    stop();  // no destructor runs for a constructor that throws
+    throw;
+  }
 }
 
-TensorParallelRanks::~TensorParallelRanks() {
+TensorParallelRanks::~TensorParallelRanks() { stop(); }
+
+void TensorParallelRanks::stop() {
   {
     std::lock_guard<std::mutex> lk(mu_);
     stopping_ = true;
   }
   cv_.notify_all();
-  for (auto& w : workers_) w->thread.join();
+  for (auto& w : workers_)
+    if (w->thread.joinable()) w->thread.join();
 }
 
 int64_t TensorParallelRanks::worker_weight_bytes() const {
@@ -123,11 +131,14 @@ void TensorParallelRanks::run_all(const std::function<void(Worker&)>& job, const
   } catch (const std::exception& e) {
     failed = str_cat("tensor-parallel rank 0: ", e.what());
     thrown = std::current_exception();
+    {
+      std::lock_guard<std::mutex> lk(mu_);  // the cause, before the aborts it makes the others report
+      if (error_.empty()) error_ = failed, first_ = thrown;
+    }
     abort_all(failed);
   }
   std::unique_lock<std::mutex> lk(mu_);
   cv_.wait(lk, [&] { return pending_ == 0; });
-  if (!failed.empty() && error_.empty()) error_ = failed, first_ = thrown;
   if (error_.empty()) return;
   // The group is unusable: a failed step is fatal, as a device fault; at startup the error is the
   // failing rank's own (a bad option, a missing tensor).

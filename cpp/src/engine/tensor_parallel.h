@@ -51,6 +51,7 @@ class TensorParallelRanks {
   void run_all(const std::function<void(Worker&)>& job, const std::function<void()>& rank0, bool fatal = false);
   void abort_all(const std::string& reason);
   void work(Worker& w);
+  void stop();  // ends and joins the workers' threads
   Device device_;
   std::unique_ptr<LocalGroup> local_;  // CPU ranks' transport
   std::vector<std::unique_ptr<Communicator>> comms_;  // by rank
