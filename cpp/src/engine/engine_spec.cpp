@@ -58,7 +58,7 @@ void Engine::Impl::speculative_step() {
     row += s.num_new_tokens;
     drafted |= s.request->num_draft_tokens > 0;
   }
-  StepLogits result = runner->execute(plan, caches->prepare(plan.scheduled));
+  StepLogits result = forward(plan);
   ++live.num_steps;
   finish_speculative_step(plan.scheduled, result);
   const auto t2 = Clock::now();
@@ -100,7 +100,9 @@ void Engine::Impl::draft_with_mtp(const std::unordered_map<const Request*, StepR
   };
   Tensor h = Tensor::uninitialized({int64_t(hidden_rows.size()), hidden.size(1)}, DType::kF32, dev);
   ops::gather_rows(hidden, device_rows(hidden_rows), h);
-  ForwardOutput out = runner->draft_forward(spans, h, 0);
+  // Under tensor parallelism every rank drafts from its own hidden states (the same values).
+  ForwardOutput out = tp ? tp->draft_forward(spans, hidden_rows, true, 0, [&] { return runner->draft_forward(spans, h, 0); })
+                         : runner->draft_forward(spans, h, 0);
   const int32_t L = model->num_mtp_layers(), V = model_cfg.vocab_size;
   // Probabilistic drafts of sampled requests: drawn on the host from the MTP layer's distribution
   // under the request's temperature, top-k, top-p and min-p (kept for verification).
@@ -143,7 +145,8 @@ void Engine::Impl::draft_with_mtp(const std::unordered_map<const Request*, StepR
     if (next.empty()) break;
     Tensor fed = Tensor::uninitialized({int64_t(keep.size()), out.hidden.size(1)}, DType::kF32, dev);
     ops::gather_rows(out.hidden, device_rows(keep), fed);
-    out = runner->draft_forward(next, fed, j % L);
+    out = tp ? tp->draft_forward(next, keep, false, j % L, [&] { return runner->draft_forward(next, fed, j % L); })
+             : runner->draft_forward(next, fed, j % L);
     drafting = std::move(still);
   }
 }
@@ -332,8 +335,12 @@ void Engine::Impl::finish_speculative_step(const std::vector<ScheduledRequest>& 
   }
   // A finished request's slots are free but unused until the next schedule: rolling them too is harmless.
   if (!restores.empty()) {
-    caches->states()->apply(restores);
-    runner->replay_states(replays);
+    auto roll_back = [&] {
+      caches->states()->apply(restores);
+      runner->replay_states(replays);
+    };
+    if (tp) tp->roll_back(restores, replays, roll_back);
+    else roll_back();
   }
 }
 

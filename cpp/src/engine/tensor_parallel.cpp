@@ -1,5 +1,7 @@
 #include "engine/tensor_parallel.h"
 
+#include <algorithm>
+
 #include "core/device_runtime.h"
 #include "core/error.h"
 #include "ops/ops.h"
@@ -13,6 +15,8 @@ struct TensorParallelRanks::Worker {
   std::unique_ptr<CacheCoordinator> caches;  // only its storage is used: the blocks are rank 0's
   std::unique_ptr<ModelRunner> runner;
   std::unique_ptr<ThreadPool> pool;
+  Tensor step_hidden;  // of its last forward, and its last draft_forward's output (MTP drafting)
+  ForwardOutput draft;
   uint64_t seen = 0;
   std::thread thread;
 };
@@ -76,8 +80,34 @@ void TensorParallelRanks::capture_graphs(const std::function<void()>& rank0) {
 StepLogits TensorParallelRanks::execute(const SchedulerOutput& step, const std::vector<StateAction>& actions,
                                         const std::function<StepLogits()>& run) {
   StepLogits out;
-  run_all([&](Worker& w) { w.runner->execute(step, actions); }, [&] { out = run(); }, true);
+  run_all([&](Worker& w) { w.step_hidden = w.runner->execute(step, actions).hidden; }, [&] { out = run(); }, true);
   return out;
+}
+
+ForwardOutput TensorParallelRanks::draft_forward(const std::vector<DraftSpan>& spans, const std::vector<int32_t>& rows,
+                                                 bool from_step, int32_t layer, const std::function<ForwardOutput()>& rank0) {
+  ForwardOutput out;
+  run_all(
+      [&](Worker& w) {
+        const Tensor& src = from_step ? w.step_hidden : w.draft.hidden;
+        Tensor ids = Tensor::empty({int64_t(rows.size())}, DType::kI32);
+        std::copy(rows.begin(), rows.end(), ids.ptr<int32_t>());
+        Tensor h = Tensor::uninitialized({int64_t(rows.size()), src.size(1)}, DType::kF32, src.device());
+        ops::gather_rows(src, ids.to(src.device()), h);
+        w.draft = w.runner->draft_forward(spans, h, layer);
+      },
+      [&] { out = rank0(); }, true);
+  return out;
+}
+
+void TensorParallelRanks::roll_back(const std::vector<StateAction>& restores, const std::vector<StateReplay>& replays,
+                                    const std::function<void()>& rank0) {
+  run_all(
+      [&](Worker& w) {
+        w.caches->states()->apply(restores);
+        w.runner->replay_states(replays);
+      },
+      rank0, true);
 }
 
 void TensorParallelRanks::work(Worker& w) {

@@ -43,6 +43,13 @@ class TensorParallelRanks {
                      const std::function<StepLogits()>& run);
   // Every rank records its decode graphs at once (their sizing runs execute the collectives).
   void capture_graphs(const std::function<void()>& rank0);
+  // A speculative step's parts on every worker beside rank 0's (engine_spec.cpp). draft_forward:
+  // each worker runs the MTP layer on the rows `rows` of its own hidden states, those of its last
+  // forward (from_step) or of its last draft_forward. roll_back: state restores, then replays.
+  ForwardOutput draft_forward(const std::vector<DraftSpan>& spans, const std::vector<int32_t>& rows, bool from_step,
+                              int32_t layer, const std::function<ForwardOutput()>& rank0);
+  void roll_back(const std::vector<StateAction>& restores, const std::vector<StateReplay>& replays,
+                 const std::function<void()>& rank0);
 
  private:
   struct Worker;
