@@ -4,12 +4,15 @@
 #include <nccl.h>
 
 #include <atomic>
+#include <cstdlib>
+#include <string>
 #include <stdexcept>
 
 #include "core/cuda_check.h"
 #include "core/error.h"
 #include "cuda_ops.h"
 #include "dist/communicator.h"
+#include "dist/custom_all_reduce.h"
 
 namespace revolta::cuda {
 namespace {
@@ -25,7 +28,8 @@ void check_device(const Tensor& t, const char* what) {
 
 class NcclRank final : public Communicator {
  public:
-  NcclRank(ncclComm_t comm, int rank, int world) : comm_(comm), rank_(rank), world_(world) {}
+  NcclRank(ncclComm_t comm, int rank, int world, std::shared_ptr<CustomAllReduce> custom)
+      : comm_(comm), rank_(rank), world_(world), custom_(std::move(custom)) {}
   ~NcclRank() override {
     if (!aborted_.exchange(true)) ncclCommDestroy(comm_);
   }
@@ -35,6 +39,8 @@ class NcclRank final : public Communicator {
   void all_reduce_sum(Tensor& x) override {
     check_device(x, "all_reduce_sum");
     RV_CHECK(x.dtype() == DType::kF32, "all_reduce_sum: float32, got ", dtype_name(x.dtype()));
+    if (custom_ && x.nbytes() <= custom_->capacity_bytes())
+      return launch_custom_all_reduce(custom_->peers(), rank_, x.ptr<float>(), x.numel(), stream());
     check(ncclAllReduce(x.data(), x.data(), size_t(x.numel()), ncclFloat32, ncclSum, comm_, stream()), "all-reduce");
   }
   void all_gather(const Tensor& x, Tensor& out) override {
@@ -58,10 +64,15 @@ class NcclRank final : public Communicator {
  private:
   ncclComm_t comm_;
   int rank_, world_;
+  std::shared_ptr<CustomAllReduce> custom_;  // small messages, where the GPUs reach each other
   std::atomic<bool> aborted_{false};
 };
 
-GpuCommunicators make(int world) {
+// Up to this size the one-shot kernel's two flag round trips beat NCCL's ring / tree (a decode
+// step's all-reduces are hidden x batch x 4 bytes: 16 KB on Qwen3-Next at one sequence).
+constexpr size_t kCustomAllReduceBytes = size_t(512) << 10;
+
+GpuCommunicators make(int world, bool custom_all_reduce) {
   int devices = 0;
   RV_CUDA_CHECK(cudaGetDeviceCount(&devices));
   RV_CHECK_ARG(world >= 1 && world <= devices, "tensor_parallel_size ", world, ": this machine has ", devices,
@@ -70,8 +81,13 @@ GpuCommunicators make(int world) {
   std::vector<int> ids(static_cast<size_t>(world));
   for (int r = 0; r < world; ++r) ids[size_t(r)] = r;
   check(ncclCommInitAll(comms.data(), world, ids.data()), "init");
+  // REVOLTA_CUSTOM_ALL_REDUCE=0 leaves every all-reduce to NCCL (a process-wide off switch).
+  const char* env = std::getenv("REVOLTA_CUSTOM_ALL_REDUCE");
+  std::shared_ptr<CustomAllReduce> custom;
+  if (world > 1 && custom_all_reduce && !(env && std::string(env) == "0"))
+    custom = CustomAllReduce::create(ids, kCustomAllReduceBytes);
   GpuCommunicators out;
-  for (int r = 0; r < world; ++r) out.push_back(std::make_unique<NcclRank>(comms[size_t(r)], r, world));
+  for (int r = 0; r < world; ++r) out.push_back(std::make_unique<NcclRank>(comms[size_t(r)], r, world, custom));
   return out;
 }
 

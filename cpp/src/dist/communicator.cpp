@@ -36,17 +36,17 @@ class SingleRank final : public Communicator {
 std::unique_ptr<Communicator> make_single_rank_communicator() { return std::make_unique<SingleRank>(); }
 
 namespace {
-GpuCommunicators (*g_gpu_factory)(int) = nullptr;
+GpuCommunicators (*g_gpu_factory)(int, bool) = nullptr;
 }  // namespace
 
-void register_gpu_communicators(GpuCommunicators (*factory)(int)) { g_gpu_factory = factory; }
+void register_gpu_communicators(GpuCommunicators (*factory)(int, bool)) { g_gpu_factory = factory; }
 bool has_gpu_communicators() { return g_gpu_factory != nullptr; }
 
-GpuCommunicators make_gpu_communicators(int world) {
+GpuCommunicators make_gpu_communicators(int world, bool custom_all_reduce) {
   if (!g_gpu_factory)
     throw std::invalid_argument(str_cat("tensor parallelism on GPUs needs NCCL, which this build did not find (install ",
                                         "nvidia-nccl-cu12 or -cu13, or set NCCL_ROOT, and rebuild)"));
-  return g_gpu_factory(world);
+  return g_gpu_factory(world, custom_all_reduce);
 }
 
 // What the ranks share: one slot per rank for the address of its tensor, a scratch row for the

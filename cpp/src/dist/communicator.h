@@ -35,12 +35,14 @@ std::unique_ptr<Communicator> make_single_rank_communicator();
 
 // Communicators of `world` GPU ranks of this process, rank r on CUDA device r, over NCCL, in rank
 // order; their collectives take device tensors and queue on the device's work stream (so decode
-// graphs record them). The CUDA backend registers the factory when the build found NCCL; without
-// it this throws std::invalid_argument naming NCCL.
+// graphs record them). custom_all_reduce: all-reduces of small messages take the one-shot kernel
+// over peer-mapped buffers (cuda/dist/custom_all_reduce.h) where every pair of GPUs has peer
+// access. The CUDA backend registers the factory when the build found NCCL; without it this throws
+// std::invalid_argument naming NCCL.
 using GpuCommunicators = std::vector<std::unique_ptr<Communicator>>;
-GpuCommunicators make_gpu_communicators(int world);
+GpuCommunicators make_gpu_communicators(int world, bool custom_all_reduce = true);
 bool has_gpu_communicators();
-void register_gpu_communicators(GpuCommunicators (*factory)(int world));
+void register_gpu_communicators(GpuCommunicators (*factory)(int world, bool custom_all_reduce));
 
 // `world` ranks inside one process, each on a thread of its own, over host memory (CPU serving and
 // the tests of sharded models). communicator(r) is rank r's; a collective returns on a rank once

@@ -15,6 +15,8 @@
 #include "cache/cache_coordinator.h"
 #include "core/device_runtime.h"
 #include "dist/communicator.h"
+#include "dist/custom_all_reduce.h"
+#include "cuda_ops.h"
 #include "model/model.h"
 #include "runtime/model_runner.h"
 
@@ -109,6 +111,45 @@ void test_model(const std::string& name, const std::string& json, Communicator& 
   }
 }
 
+// The one-shot custom all-reduce's kernel with `world` ranks on this one GPU: their buffers are all
+// local, each rank's kernel runs on a stream of its own (the ranks' blocks meet at flags, so they
+// must run at once: world x kCustomBlocks blocks fit the GPU). Three calls a size (the call
+// counters advance), every rank's result against the rank-order sum on the host, bit for bit.
+void test_custom_all_reduce(int world) {
+  auto custom = cuda::CustomAllReduce::create(std::vector<int>(size_t(world), 0), size_t(512) << 10);
+  expect(custom != nullptr, "custom all-reduce buffers on one GPU");
+  if (!custom) return;
+  std::vector<cudaStream_t> streams(static_cast<size_t>(world));
+  for (auto& s : streams) cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
+  for (int64_t n : {1, 1000, 4096, 131072}) {
+    bool exact = true;
+    for (int call = 0; call < 3; ++call) {
+      std::vector<Tensor> host, dev;
+      for (int r = 0; r < world; ++r) {
+        Tensor h = Tensor::empty({n}, DType::kF32);
+        for (int64_t i = 0; i < n; ++i) h.ptr<float>()[i] = float((i * 7 + r * 13 + call * 5) % 101) * 0.37f - 11.0f;
+        host.push_back(h);
+        dev.push_back(h.to(Device::kCUDA));
+      }
+      cuda::synchronize();
+      for (int r = 0; r < world; ++r)
+        cuda::launch_custom_all_reduce(custom->peers(), r, dev[size_t(r)].ptr<float>(), n, streams[size_t(r)]);
+      for (auto& s : streams) cudaStreamSynchronize(s);
+      for (int r = 0; r < world; ++r) {
+        const Tensor got = dev[size_t(r)].to(Device::kCPU);
+        for (int64_t i = 0; i < n; ++i) {
+          float sum = 0.0f;
+          for (int q = 0; q < world; ++q) sum += host[size_t(q)].ptr<float>()[i];
+          exact = exact && got.ptr<float>()[i] == sum;
+        }
+      }
+    }
+    expect(exact, "custom all-reduce over " + std::to_string(world) + " ranks of " + std::to_string(n) + " floats");
+  }
+  for (auto& s : streams) cudaStreamDestroy(s);
+  std::printf("custom all-reduce, %d ranks on one GPU: checked\n", world);
+}
+
 }  // namespace
 
 int main() {
@@ -118,6 +159,7 @@ int main() {
     // One GPU here: one rank (ncclCommInitAll refuses a device twice).
     GpuCommunicators comms = make_gpu_communicators(1);
     test_collectives(*comms[0]);
+    for (int world : {2, 4}) test_custom_all_reduce(world);
     const std::string common = R"("vocab_size": 64, "hidden_size": 64, "num_attention_heads": 4, "num_key_value_heads": 2,
         "head_dim": 16, "max_position_embeddings": 128, "rms_norm_eps": 1e-6, "intermediate_size": 128,
         "torch_dtype": "float16")";
