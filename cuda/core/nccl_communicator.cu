@@ -17,6 +17,12 @@
 namespace revolta::cuda {
 namespace {
 
+// The custom all-reduce takes messages up to kCustomAllReduceBytes, in one shot up to
+// kOneShotBytes (a decode step's all-reduces are hidden x batch x 4 bytes: 16 KB on Qwen3-Next at
+// one sequence); NCCL the larger ones. Starting points as vLLM's, to be set from
+// revolta_allreduce_bench on the GPUs that serve.
+constexpr size_t kOneShotBytes = size_t(256) << 10, kCustomAllReduceBytes = size_t(8) << 20;
+
 void check(ncclResult_t r, const char* what) {
   if (r != ncclSuccess) throw DeviceError(str_cat("NCCL ", what, ": ", ncclGetErrorString(r)));
 }
@@ -40,7 +46,8 @@ class NcclRank final : public Communicator {
     check_device(x, "all_reduce_sum");
     RV_CHECK(x.dtype() == DType::kF32, "all_reduce_sum: float32, got ", dtype_name(x.dtype()));
     if (custom_ && x.nbytes() <= custom_->capacity_bytes())
-      return launch_custom_all_reduce(custom_->peers(), rank_, x.ptr<float>(), x.numel(), stream());
+      return launch_custom_all_reduce(custom_->peers(), rank_, x.ptr<float>(), x.numel(), stream(),
+                                      x.nbytes() > kOneShotBytes);
     check(ncclAllReduce(x.data(), x.data(), size_t(x.numel()), ncclFloat32, ncclSum, comm_, stream()), "all-reduce");
   }
   void all_gather(const Tensor& x, Tensor& out) override {
@@ -68,9 +75,6 @@ class NcclRank final : public Communicator {
   std::atomic<bool> aborted_{false};
 };
 
-// Up to this size the one-shot kernel's two flag round trips beat NCCL's ring / tree (a decode
-// step's all-reduces are hidden x batch x 4 bytes: 16 KB on Qwen3-Next at one sequence).
-constexpr size_t kCustomAllReduceBytes = size_t(512) << 10;
 
 GpuCommunicators make(int world, bool custom_all_reduce) {
   int devices = 0;

@@ -34,10 +34,10 @@ __device__ void meet(const PeerBuffers& p, int rank, uint64_t value) {
 }
 
 __global__ void __launch_bounds__(512) one_shot_kernel(PeerBuffers p, int rank, float* __restrict__ x, int64_t n) {
-  __shared__ uint64_t call;
-  if (threadIdx.x == 0) call = p.counts[rank][blockIdx.x] + 1;  // this block's own counter
+  __shared__ uint64_t last;
+  if (threadIdx.x == 0) last = p.counts[rank][blockIdx.x];  // the last meeting of this block (its own)
   __syncthreads();
-  const uint64_t first = 2 * call - 1, second = 2 * call;
+  const uint64_t first = last + 1, second = last + 2;
   const int64_t stride = int64_t(gridDim.x) * blockDim.x;
   float* mine = p.data[rank];
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += stride) mine[i] = x[i];
@@ -48,13 +48,45 @@ __global__ void __launch_bounds__(512) one_shot_kernel(PeerBuffers p, int rank, 
     x[i] = s;
   }
   meet(p, rank, second);  // no rank stages the next call's data while a peer still reads this one's
-  if (threadIdx.x == 0) p.counts[rank][blockIdx.x] = call;
+  if (threadIdx.x == 0) p.counts[rank][blockIdx.x] = second;
+}
+
+// Two shots for larger messages: x is cut into world chunks; rank c sums chunk c over the ranks
+// (reading a 1 / world share of each peer's data, not all of it), then every rank gathers the
+// chunks' sums from their owners. Block b of every rank takes the same part of each chunk, so block
+// b's meetings cover every element it reads.
+__global__ void __launch_bounds__(512) two_shot_kernel(PeerBuffers p, int rank, float* __restrict__ x, int64_t n) {
+  __shared__ uint64_t last;
+  if (threadIdx.x == 0) last = p.counts[rank][blockIdx.x];
+  __syncthreads();
+  const int64_t stride = int64_t(gridDim.x) * blockDim.x, first = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
+  const int W = p.world;
+  auto chunk = [&](int c) { return n * c / W; };
+  float* mine = p.data[rank];
+  for (int c = 0; c < W; ++c)
+    for (int64_t i = chunk(c) + first; i < chunk(c + 1); i += stride) mine[i] = x[i];
+  meet(p, rank, last + 1);
+  for (int64_t i = chunk(rank) + first; i < chunk(rank + 1); i += stride) {
+    float s = 0.0f;
+    for (int q = 0; q < W; ++q) s += load_l2(p.data[q] + i);  // rank order
+    mine[i] = s;  // peers read this chunk's sum from here (they never read it before the next meeting)
+    x[i] = s;
+  }
+  meet(p, rank, last + 2);
+  for (int c = 0; c < W; ++c) {
+    if (c == rank) continue;
+    for (int64_t i = chunk(c) + first; i < chunk(c + 1); i += stride) x[i] = load_l2(p.data[c] + i);
+  }
+  meet(p, rank, last + 3);
+  if (threadIdx.x == 0) p.counts[rank][blockIdx.x] = last + 3;
 }
 
 }  // namespace
 
-void launch_custom_all_reduce(const PeerBuffers& peers, int rank, float* x, int64_t n, cudaStream_t stream) {
-  one_shot_kernel<<<kCustomBlocks, 512, 0, stream>>>(peers, rank, x, n);
+void launch_custom_all_reduce(const PeerBuffers& peers, int rank, float* x, int64_t n, cudaStream_t stream,
+                              bool two_shot) {
+  if (two_shot) two_shot_kernel<<<kCustomBlocks, 512, 0, stream>>>(peers, rank, x, n);
+  else one_shot_kernel<<<kCustomBlocks, 512, 0, stream>>>(peers, rank, x, n);
   RV_CUDA_CHECK(cudaGetLastError());
 }
 

@@ -113,17 +113,19 @@ void test_model(const std::string& name, const std::string& json, Communicator& 
 
 // The one-shot custom all-reduce's kernel with `world` ranks on this one GPU: their buffers are all
 // local, each rank's kernel runs on a stream of its own (the ranks' blocks meet at flags, so they
-// must run at once: world x kCustomBlocks blocks fit the GPU). Three calls a size (the call
-// counters advance), every rank's result against the rank-order sum on the host, bit for bit.
+// must run at once: world x kCustomBlocks blocks fit the GPU). Four calls a size, one shot and two
+// shots in turn (the meeting counts advance), every rank's result against the rank-order sum on the
+// host, bit for bit.
 void test_custom_all_reduce(int world) {
-  auto custom = cuda::CustomAllReduce::create(std::vector<int>(size_t(world), 0), size_t(512) << 10);
+  auto custom = cuda::CustomAllReduce::create(std::vector<int>(size_t(world), 0), size_t(1) << 20);
   expect(custom != nullptr, "custom all-reduce buffers on one GPU");
   if (!custom) return;
   std::vector<cudaStream_t> streams(static_cast<size_t>(world));
   for (auto& s : streams) cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
-  for (int64_t n : {1, 1000, 4096, 131072}) {
+  for (int64_t n : {1, 1000, 4096, 131072, 262144}) {
     bool exact = true;
-    for (int call = 0; call < 3; ++call) {
+    for (int call = 0; call < 4; ++call) {  // one shot and two shots in turn (their meetings interleave)
+      const bool two_shot = call % 2 == 1;
       std::vector<Tensor> host, dev;
       for (int r = 0; r < world; ++r) {
         Tensor h = Tensor::empty({n}, DType::kF32);
@@ -133,7 +135,7 @@ void test_custom_all_reduce(int world) {
       }
       cuda::synchronize();
       for (int r = 0; r < world; ++r)
-        cuda::launch_custom_all_reduce(custom->peers(), r, dev[size_t(r)].ptr<float>(), n, streams[size_t(r)]);
+        cuda::launch_custom_all_reduce(custom->peers(), r, dev[size_t(r)].ptr<float>(), n, streams[size_t(r)], two_shot);
       for (auto& s : streams) cudaStreamSynchronize(s);
       for (int r = 0; r < world; ++r) {
         const Tensor got = dev[size_t(r)].to(Device::kCPU);
@@ -144,7 +146,8 @@ void test_custom_all_reduce(int world) {
         }
       }
     }
-    expect(exact, "custom all-reduce over " + std::to_string(world) + " ranks of " + std::to_string(n) + " floats");
+    expect(exact, "custom all-reduce (one and two shots) over " + std::to_string(world) + " ranks of " +
+                      std::to_string(n) + " floats");
   }
   for (auto& s : streams) cudaStreamDestroy(s);
   std::printf("custom all-reduce, %d ranks on one GPU: checked\n", world);
