@@ -107,6 +107,21 @@ def test_speculative_decoding_under_tensor_parallelism(kind, tmp_path):
     assert tokens[2] == tokens[1] and drafts > 0, drafts
 
 
+@pytest.mark.parametrize("kind", ["llama", "qwen3_next"])
+def test_async_scheduling_under_tensor_parallelism(kind, tmp_path):
+    """Steps queued before the previous step's tokens are read: every rank feeds the greedy ids of
+    its own logits; the tokens are those of one rank without async scheduling."""
+    make_hf_model(kind, tmp_path, seed=9, **OVERRIDES[kind])
+    prompts = [[1, 17, 93, 4, 250, 61, 8, 140], [1, 5, 5, 200, 31], [1, 77] * 9]
+    params = SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True)
+    tokens, ahead = {}, 0
+    for tp, mode in ((1, "off"), (2, "on")):
+        with LLM(str(tmp_path), tensor_parallel_size=tp, num_threads=2, async_scheduling=mode) as llm:
+            tokens[tp] = [o.outputs[0].token_ids for o in llm.generate([{"prompt_token_ids": p} for p in prompts], params)]
+            ahead = llm.stats().steps_run_ahead
+    assert tokens[2] == tokens[1] and ahead > 0, ahead
+
+
 def test_demo_model_over_three_ranks(demo_model_dir):
     """The real weights over 3 ranks (9 heads, 3 KV heads, a 49,152-token vocabulary split in three)."""
     prompts = [[1, 504, 3458, 282, 4649, 314], list(range(100, 140))]

@@ -79,8 +79,6 @@ void EngineConfig::validate() const {
                num_threads);
   RV_CHECK_ARG(tensor_parallel_size >= 1 && tensor_parallel_size <= 64, "tensor_parallel_size must be in [1, 64], got ",
                tensor_parallel_size);
-  RV_CHECK_ARG(tensor_parallel_size == 1 || async_scheduling != "on", "tensor_parallel_size ", tensor_parallel_size,
-               " and async_scheduling 'on' exclude each other for now");
   RV_CHECK_ARG(speculative_method.empty() || speculative_method == "ngram" || speculative_method == "mtp",
                "speculative_config: method must be 'ngram' or 'mtp', got '", speculative_method, "'");
   RV_CHECK_ARG(draft_sample_method == "greedy" || draft_sample_method == "probabilistic",

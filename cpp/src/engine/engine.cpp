@@ -150,9 +150,9 @@ Engine::Impl::Impl(const EngineConfig& c) : cfg(c), seed_source(c.seed) {
   // memory is taken before serving starts (the plan counted it in the activations).
   if (tp) tp->capture_graphs([&] { runner->capture_graphs(); });
   else runner->capture_graphs();
-  // A step queued ahead is one token of each request: it cannot carry drafts; nor is a step of
-  // every tensor-parallel rank queued ahead yet.
-  async_scheduling = !speculative && !tp && (cfg.async_scheduling == "on" || (cfg.async_scheduling == "auto" && device != Device::kCPU));
+  // A step queued ahead is one token of each request: it cannot carry drafts.
+  async_scheduling = !speculative && (cfg.async_scheduling == "on" || (cfg.async_scheduling == "auto" && device != Device::kCPU));
+  if (tp) tp->keep_greedy_ids(async_scheduling);
   live.spec_accepted_per_position.assign(size_t(speculative ? cfg.num_speculative_tokens : 0), 0);
   pool = std::make_unique<ThreadPool>(std::max(1, threads / world));
 

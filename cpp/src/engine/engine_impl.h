@@ -96,7 +96,8 @@ struct Engine::Impl {
   void step(bool may_run_ahead);
   void run_step(bool may_run_ahead);  // step() with its failure confined to its requests
   void begin_step(const std::vector<ScheduledRequest>& scheduled);
-  StepLogits forward(const SchedulerOutput& plan);  // the cache actions, then every rank's forward
+  // The cache actions, then every rank's forward; fed_ids: ModelRunner::execute's (async scheduling).
+  StepLogits forward(const SchedulerOutput& plan, const Tensor* fed_ids = nullptr);
   void fail_step(const std::string& what);
   void commit(const std::vector<ScheduledRequest>& scheduled);
   Queued queue_greedy(const std::vector<ScheduledRequest>& scheduled, StepLogits& result);

@@ -102,7 +102,7 @@ Engine::Impl::Queued Engine::Impl::run_ahead(const Queued& cur) {
   for (size_t i = 0; same && i < plan.scheduled.size(); ++i)
     same = plan.scheduled[i].request == cur.samplers[i] && plan.scheduled[i].num_new_tokens == 1;
   RV_CHECK(same, "async scheduling: the step queued ahead is not one decode token of each running request");
-  StepLogits result = runner->execute(plan, caches->prepare(plan.scheduled), &cur.ids);
+  StepLogits result = forward(plan, &cur.ids);
   ++live.num_steps;
   ++live.steps_run_ahead;
   return queue_greedy(plan.scheduled, result);
@@ -113,14 +113,15 @@ void Engine::Impl::begin_step(const std::vector<ScheduledRequest>& scheduled) {
   fault.check(scheduled);
 }
 
-StepLogits Engine::Impl::forward(const SchedulerOutput& plan) {
+StepLogits Engine::Impl::forward(const SchedulerOutput& plan, const Tensor* fed_ids) {
   const std::vector<StateAction> actions = caches->prepare(plan.scheduled);
-  if (!tp) return runner->execute(plan, actions);
+  if (!tp) return runner->execute(plan, actions, fed_ids);
   // The other ranks take the state snapshots rank 0 made after the last step, then this step's actions.
   std::vector<StateAction> rank_actions = std::move(rank_snapshots);
   rank_snapshots.clear();
   rank_actions.insert(rank_actions.end(), actions.begin(), actions.end());
-  return tp->execute(plan, rank_actions, [&] { return runner->execute(plan, actions); });
+  // Fed ids: each rank feeds the greedy ids of its own last logits (the same tokens).
+  return tp->execute(plan, rank_actions, [&] { return runner->execute(plan, actions, fed_ids); }, fed_ids != nullptr);
 }
 
 void Engine::Impl::step(bool may_run_ahead) {

@@ -16,6 +16,7 @@ struct TensorParallelRanks::Worker {
   std::unique_ptr<ModelRunner> runner;
   std::unique_ptr<ThreadPool> pool;
   Tensor step_hidden;  // of its last forward, and its last draft_forward's output (MTP drafting)
+  Tensor ids;          // the greedy ids of its last forward's logits (async scheduling)
   ForwardOutput draft;
   uint64_t seen = 0;
   std::thread thread;
@@ -78,9 +79,19 @@ void TensorParallelRanks::capture_graphs(const std::function<void()>& rank0) {
 }
 
 StepLogits TensorParallelRanks::execute(const SchedulerOutput& step, const std::vector<StateAction>& actions,
-                                        const std::function<StepLogits()>& run) {
+                                        const std::function<StepLogits()>& run, bool fed) {
   StepLogits out;
-  run_all([&](Worker& w) { w.step_hidden = w.runner->execute(step, actions).hidden; }, [&] { out = run(); }, true);
+  run_all(
+      [&](Worker& w) {
+        RV_CHECK(!fed || w.ids.defined(), "tensor-parallel rank ", w.rank, ": no greedy ids to feed");
+        StepLogits mine = w.runner->execute(step, actions, fed ? &w.ids : nullptr);
+        w.step_hidden = mine.hidden;
+        if (keep_ids_ && mine.logits.defined() && mine.logits.size(0) > 0) {
+          w.ids = Tensor::uninitialized({mine.logits.size(0)}, DType::kI32, mine.logits.device());
+          ops::argmax(mine.logits, w.ids);
+        }
+      },
+      [&] { out = run(); }, true);
   return out;
 }
 

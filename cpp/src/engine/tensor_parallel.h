@@ -39,8 +39,11 @@ class TensorParallelRanks {
   // `actions` first: the step's and the snapshots rank 0 took since the last one). A failing rank
   // aborts the group, so the others' collectives fail instead of waiting; the first error is
   // rethrown here, and the group stays unusable (the engine treats it as fatal).
+  // fed: the workers feed the greedy ids of their own last logits (async scheduling's step queued
+  // before rank 0's tokens were read; keep_greedy_ids has them computed after every step).
   StepLogits execute(const SchedulerOutput& step, const std::vector<StateAction>& actions,
-                     const std::function<StepLogits()>& run);
+                     const std::function<StepLogits()>& run, bool fed = false);
+  void keep_greedy_ids(bool keep) { keep_ids_ = keep; }
   // Every rank records its decode graphs at once (their sizing runs execute the collectives).
   void capture_graphs(const std::function<void()>& rank0);
   // A speculative step's parts on every worker beside rank 0's (engine_spec.cpp). draft_forward:
@@ -60,6 +63,7 @@ class TensorParallelRanks {
   void work(Worker& w);
   void stop();  // ends and joins the workers' threads
   Device device_;
+  bool keep_ids_ = false;
   std::unique_ptr<LocalGroup> local_;  // CPU ranks' transport
   std::vector<std::unique_ptr<Communicator>> comms_;  // by rank
   std::vector<std::unique_ptr<Worker>> workers_;
