@@ -20,8 +20,8 @@ NEXT = dict(num_hidden_layers=4, num_experts=4, num_experts_per_tok=2, moe_inter
             linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=16, linear_value_head_dim=16, head_dim=16)
 
 
-def logits(path) -> torch.Tensor:
-    with LLM(str(path), kv_cache_memory_bytes=16 << 20, max_model_len=256) as llm:
+def logits(path, tp: int = 1) -> torch.Tensor:
+    with LLM(str(path), kv_cache_memory_bytes=16 << 20, max_model_len=256, tensor_parallel_size=tp) as llm:
         out = llm.generate([PROMPT], SamplingParams(temperature=0.0, max_tokens=1, return_generation_logits=True))
     return torch.tensor(out[0].outputs[0].generation_logits[0])
 
@@ -51,6 +51,8 @@ def test_fused_expert_tensors(next_model, tmp_path):
     shutil.copytree(path, out)
     save_file({**tensors, **fused}, str(out / "model.safetensors"))
     assert (logits(out) - ref).abs().max().item() < 1e-4
+    # Two ranks read their rows of each expert's gate / up and columns of its down from the 3-D tensors.
+    assert (logits(out, tp=2) - ref).abs().max().item() < 1e-4
 
 
 def test_multimodal_wrapper_and_mtp_weights(tmp_path, capfd):

@@ -111,16 +111,6 @@ Tensor stack(const std::vector<Tensor>& parts, DType dt) {
   return out;
 }
 
-// Columns [first, first + n) of a 2-D tensor on the host.
-Tensor columns(const Tensor& t, int64_t first, int64_t n) {
-  Tensor out = Tensor::empty({t.size(0), n}, t.dtype());
-  const size_t row = dtype_size(t.dtype()) * size_t(n), src = dtype_size(t.dtype()) * size_t(t.size(1));
-  for (int64_t r = 0; r < t.size(0); ++r)
-    std::memcpy(static_cast<char*>(out.data()) + size_t(r) * row,
-                static_cast<const char*>(t.data()) + size_t(r) * src + dtype_size(t.dtype()) * size_t(first), row);
-  return out;
-}
-
 class HybridDecoderLM final : public DecoderBase {
  public:
   HybridDecoderLM(const WeightLoader& w, const ModelConfig& c, DType dt, const HybridOptions& o)
@@ -387,19 +377,21 @@ class HybridDecoderLM final : public DecoderBase {
     const int64_t E = whole_.num_experts, I = whole_.moe_intermediate_size;
     // transformers 5's fused layout (made-up weights take the per-expert one, which ranks read in parts)
     if (w.has(p + "experts.gate_up_proj") && !w.dummy()) {
-      const Share s = share_of(I, cfg_.moe_intermediate_size, tp_);
-      // A rank reads the whole tensors and keeps its rows / columns of each expert.
-      const Device on = tp_ ? kHost : w.device();
-      Tensor gu = w.get(p + "experts.gate_up_proj", {E, 2 * I, H}, dtype_, on);
-      Tensor dn = w.get(p + "experts.down_proj", {E, H, I}, dtype_, on);
-      for (int64_t e = 0; e < E; ++e) {
-        Tensor gate_up = gu.slice_rows(e, e + 1).view({2 * I, H}), down = dn.slice_rows(e, e + 1).view({H, I});
-        if (tp_) {
-          gate_up = stack({gate_up.slice_rows(s.first, s.first + s.count),
-                           gate_up.slice_rows(I + s.first, I + s.first + s.count)}, dtype_);
-          down = columns(down, s.first, s.count);
+      const std::string gu_name = p + "experts.gate_up_proj", dn_name = p + "experts.down_proj";
+      if (!tp_) {  // the whole tensors, each expert a view of them
+        Tensor gu = w.get(gu_name, {E, 2 * I, H}, dtype_), dn = w.get(dn_name, {E, H, I}, dtype_);
+        for (int64_t e = 0; e < E; ++e)
+          f.experts.push_back({gu.slice_rows(e, e + 1).view({2 * I, H}), dn.slice_rows(e, e + 1).view({H, I})});
+      } else {  // a rank reads its rows of each expert's gate and up, its columns of down (as 2-D)
+        const Share s = share_of(I, cfg_.moe_intermediate_size, tp_);
+        for (int64_t e = 0; e < E; ++e) {
+          const int64_t g0 = e * 2 * I + s.first, u0 = e * 2 * I + I + s.first;
+          Tensor gate_up = w.get_sliced({gu_name, gu_name}, {{E * 2 * I, H}, {E * 2 * I, H}},
+                                        {Slice::rows(g0, g0 + s.count), Slice::rows(u0, u0 + s.count)}, dtype_, false);
+          Tensor down = w.get_sliced({dn_name}, {{E * H, I}}, {Slice::block(e * H, (e + 1) * H, s.first, s.first + s.count)},
+                                     dtype_, false);
+          f.experts.push_back({gate_up, down});
         }
-        f.experts.push_back({gate_up, down});
       }
     } else {
       f.experts.resize(size_t(E));

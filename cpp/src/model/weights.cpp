@@ -155,7 +155,7 @@ Tensor WeightLoader::get_sliced(const std::vector<std::string>& names, const std
     int64_t extent = 1;
     if (s.dim == 0 && !shapes[i].empty()) extent = shapes[i][0];
     for (size_t d = 1; s.dim == 1 && d < shapes[i].size(); ++d) extent *= shapes[i][d];
-    whole = whole && (s.dim < 0 || (s.begin == 0 && s.end == extent));
+    whole = whole && (s.dim < 0 || (s.dim < 2 && s.begin == 0 && s.end == extent));
   }
   return load(names, shapes, dtype, on, linear, whole ? std::vector<Slice>{} : slices);
 }
@@ -169,6 +169,10 @@ struct Cut {
 
 Cut cut_of(const Slice& s, int64_t rows, int64_t cols, const std::string& name) {
   if (s.dim < 0) return {0, rows, 0, cols};
+  if (s.dim == 2) {
+    const Cut r = cut_of(Slice::rows(s.begin, s.end), rows, cols, name), c = cut_of(Slice::cols(s.col_begin, s.col_end), rows, cols, name);
+    return {r.row0, r.rows, c.col0, c.cols};
+  }
   const int64_t extent = s.dim == 0 ? rows : cols;
   RV_CHECK(s.dim <= 1 && 0 <= s.begin && s.begin < s.end && s.end <= extent, "tensor '", name, "': slice [", s.begin,
            ", ", s.end, ") of dim ", s.dim, " is outside its ", extent);
@@ -263,7 +267,10 @@ Tensor WeightLoader::load(const std::vector<std::string>& names, const std::vect
   int64_t rows = 0, cols = -1;
   std::vector<Cut> cuts;
   for (size_t i = 0; i < names.size(); ++i) {
-    const auto& e = entries[i];
+    auto& e = entries[i];
+    // A 3-D tensor may be asked for as 2-D, its leading dimensions merged (fused experts' rows).
+    if (e.shape.size() == 3 && shapes[i].size() == 2 && e.shape[0] * e.shape[1] == shapes[i][0] && e.shape[2] == shapes[i][1])
+      e.shape = shapes[i];
     RV_CHECK(e.shape == shapes[i], "model ", dir_, ": tensor '", names[i], "' has shape ",
              shape_text(e.shape), ", expected ", shape_text(shapes[i]));
     cuts.push_back(cut_of(slice_of(i), e.shape.empty() ? 1 : e.shape[0], cols_of(e.shape), names[i]));

@@ -24,13 +24,16 @@
 namespace revolta {
 
 // A tensor-parallel rank's part of a 2-D tensor: rows [begin, end) (dim 0, a column-parallel
-// linear's output rows) or columns [begin, end) (dim 1, a row-parallel linear's inputs); dim -1:
-// the whole tensor. Columns of a matrix in quantized blocks must cut at whole blocks.
+// linear's output rows), columns [begin, end) (dim 1, a row-parallel linear's inputs), or both
+// (dim 2: rows [begin, end) and columns [col_begin, col_end), an expert's block of a fused 3-D
+// expert tensor read as 2-D); dim -1: the whole tensor. Columns of a matrix in quantized blocks
+// must cut at whole blocks.
 struct Slice {
   int dim = -1;
-  int64_t begin = 0, end = 0;
+  int64_t begin = 0, end = 0, col_begin = 0, col_end = 0;
   static Slice rows(int64_t b, int64_t e) { return {0, b, e}; }
   static Slice cols(int64_t b, int64_t e) { return {1, b, e}; }
+  static Slice block(int64_t r0, int64_t r1, int64_t c0, int64_t c1) { return {2, r0, r1, c0, c1}; }
 };
 
 class WeightLoader {
@@ -53,8 +56,9 @@ class WeightLoader {
   Tensor get_linear(const std::string& name, const std::vector<int64_t>& shape, DType dtype) const;
   Tensor get_stacked_linear(const std::vector<std::string>& names, const std::vector<std::vector<int64_t>>& shapes,
                             DType dtype) const;
-  // The same with each part (`shapes` are the whole tensors', as stored) cut to its slice: only the
-  // slice's bytes are read; stacked parts must all cut rows, or all the same columns.
+  // The same with each part (`shapes` are the whole tensors', as stored, or a 3-D tensor's as 2-D:
+  // its leading dimensions merged) cut to its slice: only the slice's bytes are read; stacked parts
+  // must all cut rows, or all the same columns.
   Tensor get_sliced(const std::vector<std::string>& names, const std::vector<std::vector<int64_t>>& shapes,
                     const std::vector<Slice>& slices, DType dtype, bool linear) const;
   Tensor get_sliced(const std::vector<std::string>& names, const std::vector<std::vector<int64_t>>& shapes,
