@@ -214,7 +214,7 @@ std::pair<double, int64_t> run_decode(Engine& e, const std::vector<std::vector<i
 
 }  // namespace
 
-int main(int argc, char** argv) {
+int run(int argc, char** argv) {
   std::string shape_name = "llama-8b", json_path, probe_path, device = "cuda", async_scheduling = "auto", quantization = "auto";
   int layers = 0;
   std::vector<int> conc = {1, 2, 4, 8, 16, 32}, prefill = {2048, 8192};
@@ -379,4 +379,13 @@ int main(int argc, char** argv) {
   std::printf("JSON %s\n", js.str().c_str());
   if (!json_path.empty()) std::ofstream(json_path) << js.str() << "\n";
   return 0;
+}
+
+int main(int argc, char** argv) {
+  try {
+    return run(argc, argv);
+  } catch (const std::exception& e) {  // a refused option or a failed run: one line, not an abort
+    std::fprintf(stderr, "revolta_bench: %s\n", e.what());
+    return 1;
+  }
 }
