@@ -85,6 +85,21 @@ def cache_bytes(hf, tp: int, tokens: int, seqs: int) -> int:
     return per_token * tokens + seqs * 2 * state_bytes_per_slot(hf) // tp
 
 
+@pytest.mark.parametrize("kind", ["qwen3_moe", "qwen3_next"])
+def test_expert_parallelism_gives_the_tokens_of_one_rank(kind, tmp_path):
+    """enable_expert_parallel: each rank holds 4 / N whole experts (its tokens' rows grouped by them)
+    instead of a share of every expert; the greedy tokens and logits are one rank's, and the ranks
+    hold the model's bytes once between them."""
+    make_hf_model(kind, tmp_path, seed=11, **OVERRIDES[kind])
+    want, want_logits, _, _, one = run(str(tmp_path), 1)
+    for tp in (2, 4):
+        got, logits, _, _, info = run(str(tmp_path), tp, enable_expert_parallel=True)
+        assert got == want, f"tensor_parallel_size {tp} with expert parallelism"
+        for a, b in zip(want_logits, logits):
+            assert np.abs(a - b).max() < LOGIT_TOL, np.abs(a - b).max()
+        assert info.weight_bytes < (1.02 if tp == 2 else 1.15) * one.weight_bytes, (tp, info.weight_bytes)
+
+
 @pytest.mark.parametrize("kind", ["llama", "qwen3_next"])
 def test_speculative_decoding_under_tensor_parallelism(kind, tmp_path):
     """Drafts verified on every rank give the greedy tokens of one rank without drafts: prompt-lookup

@@ -82,6 +82,7 @@ NB_MODULE(_core, m) {
       .def_rw("enable_prefix_caching", &EngineConfig::enable_prefix_caching)
       .def_rw("num_threads", &EngineConfig::num_threads)
       .def_rw("tensor_parallel_size", &EngineConfig::tensor_parallel_size)
+      .def_rw("enable_expert_parallel", &EngineConfig::enable_expert_parallel)
       .def_rw("seed", &EngineConfig::seed)
       .def_rw("speculative_method", &EngineConfig::speculative_method)
       .def_rw("num_speculative_tokens", &EngineConfig::num_speculative_tokens)

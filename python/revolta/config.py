@@ -39,8 +39,10 @@ class EngineOptions(BaseModel):
     kv_cache_memory_bytes: int = Field(1 << 30, gt=0)
     enable_prefix_caching: bool = True
     num_threads: int = Field(0, ge=0, le=1024, description="0: all cores (shared by the tensor-parallel ranks)")
-    tensor_parallel_size: int = Field(1, ge=1, le=64, description="ranks the model is sharded over (heads and MLP "
-                                      "intermediates split); the CPU runs them as threads; Llama and Qwen3 for now")
+    tensor_parallel_size: int = Field(1, ge=1, le=64, description="ranks the model is sharded over (heads, DeltaNet "
+                                      "heads, MLP and expert intermediates split): threads on the CPU, or a GPU each")
+    enable_expert_parallel: bool = Field(False, description="MoE models: each rank holds whole experts, a "
+                                         "1 / tensor_parallel_size share of them, instead of a share of every expert")
     seed: int = Field(0, ge=0)
     speculative_config: dict[str, Any] | None = Field(
         None, description='speculative decoding, as JSON: {"method": "ngram", "num_speculative_tokens": 4, '

@@ -81,6 +81,7 @@ class LLM:
         enable_prefix_caching: bool = True,
         num_threads: int = 0,
         tensor_parallel_size: int = 1,
+        enable_expert_parallel: bool = False,
         seed: int = 0,
         tokenizer: str | None = None,
         device: str = "cpu",
@@ -105,6 +106,7 @@ class LLM:
         cfg.enable_prefix_caching = enable_prefix_caching
         cfg.num_threads = num_threads
         cfg.tensor_parallel_size = tensor_parallel_size
+        cfg.enable_expert_parallel = enable_expert_parallel
         cfg.seed = seed
         cfg.device = device
         cfg.kv_cache_dtype = kv_cache_dtype

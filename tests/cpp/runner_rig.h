@@ -18,11 +18,11 @@ struct RunnerRig {
   std::unique_ptr<ModelRunner> runner;
 };
 
-// tp: the rank's tensor-parallel group (null: unsharded).
+// tp: the rank's tensor-parallel group (null: unsharded); expert_parallel: whole experts per rank.
 inline RunnerRig make_runner_rig(const std::string& dir, const ModelConfig& c, HiddenRows hidden,
-                                 Communicator* tp = nullptr) {
+                                 Communicator* tp = nullptr, bool expert_parallel = false) {
   RunnerRig g;
-  g.model = load_model(dir, c, DType::kF32, Device::kCPU, /*dummy=*/true, /*gguf=*/false, tp);
+  g.model = load_model(dir, c, DType::kF32, Device::kCPU, /*dummy=*/true, /*gguf=*/false, tp, expert_parallel);
   const CacheLimits limits{4, 4, 64, false};
   CacheSpecs specs = g.model->cache_specs();  // MTP layers keep K/V after the model's, as the engine plans them
   for (CacheGroupSpec& s : specs)

@@ -5,7 +5,7 @@
 // q / k / v / o biases, KV heads replicated (2 KV heads on 4 ranks), the vocabulary split across
 // ranks or (when it does not divide) whole on each; MoE and hybrid models with their DeltaNet heads,
 // experts, shared experts (routed with the experts or gated on their own) and dense MLP layers
-// split. A model that does not split evenly is refused naming tensor_parallel_size and the count.
+// split, and with expert parallelism (whole experts per rank). A model that does not split evenly is refused naming tensor_parallel_size and the count.
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
@@ -34,8 +34,8 @@ namespace {
 // The logits of every step, [rows, vocab] each: two prompts prefilled in one step, then `steps`
 // decode steps feeding each request a fixed token sequence (the same on every rank).
 // With MTP layers, a last entry: the draft logits of each request's next token after its last step.
-std::vector<Tensor> run(const std::string& dir, const ModelConfig& c, Communicator* tp, int steps) {
-  RunnerRig g = make_runner_rig(dir, c, HiddenRows::kSampled, tp);
+std::vector<Tensor> run(const std::string& dir, const ModelConfig& c, Communicator* tp, int steps, bool ep = false) {
+  RunnerRig g = make_runner_rig(dir, c, HiddenRows::kSampled, tp, ep);
   const std::vector<std::vector<int32_t>> prompts = {{5, 9, 2, 41, 7, 33, 18, 3, 11}, {8, 1, 60, 22, 4}};
   for (size_t i = 0; i < prompts.size(); ++i) {
     auto r = std::make_unique<Request>();
@@ -71,7 +71,7 @@ float max_diff(const Tensor& a, const Tensor& b) {
 }
 
 // Rank 0's logits of a run over `world` ranks, each on a thread of its own.
-std::vector<Tensor> run_sharded(const std::string& dir, const ModelConfig& c, int world, int steps) {
+std::vector<Tensor> run_sharded(const std::string& dir, const ModelConfig& c, int world, int steps, bool ep = false) {
   LocalGroup group(world);
   std::vector<std::vector<Tensor>> out(static_cast<size_t>(world));
   std::vector<std::string> errors(static_cast<size_t>(world));
@@ -80,7 +80,7 @@ std::vector<Tensor> run_sharded(const std::string& dir, const ModelConfig& c, in
     threads.emplace_back([&, r] {
       auto comm = group.communicator(r);
       try {
-        out[size_t(r)] = run(dir, c, comm.get(), steps);
+        out[size_t(r)] = run(dir, c, comm.get(), steps, ep);
       } catch (const std::exception& e) {
         errors[size_t(r)] = e.what();
         group.abort(e.what());
@@ -94,7 +94,8 @@ std::vector<Tensor> run_sharded(const std::string& dir, const ModelConfig& c, in
   return out[0];
 }
 
-void check(const std::string& name, const std::string& json, const std::vector<int>& worlds) {
+// ep: with expert parallelism (whole experts per rank) as well.
+void check(const std::string& name, const std::string& json, const std::vector<int>& worlds, bool ep = false) {
   const auto dir = std::filesystem::temp_directory_path() / ("revolta-tp-" + name);
   std::filesystem::create_directories(dir);
   std::ofstream(dir / "config.json") << json;
@@ -103,13 +104,16 @@ void check(const std::string& name, const std::string& json, const std::vector<i
   const int steps = 4;
   const std::vector<Tensor> want = run(dir.string(), c, nullptr, steps);
   EXPECT(want.size() == size_t(steps + 1 + (c.num_mtp_layers > 0)) && want[0].size(0) == 2 && want.back().size(0) == 2);
-  for (int world : worlds) {
-    const std::vector<Tensor> got = run_sharded(dir.string(), c, world, steps);
-    float worst = 0.0f;
-    for (size_t s = 0; s < want.size(); ++s) worst = std::max(worst, max_diff(want[s], got[s]));
-    EXPECT(got.size() == want.size() && worst < 1e-4f);  // sums in another order: float32 rounding only
-    if (!(worst < 1e-4f)) std::printf("tensor parallel %s over %d ranks: max |logit diff| %g\n", name.c_str(), world, worst);
-  }
+  for (int world : worlds)
+    for (bool expert_parallel : ep ? std::vector<bool>{false, true} : std::vector<bool>{false}) {
+      const std::vector<Tensor> got = run_sharded(dir.string(), c, world, steps, expert_parallel);
+      float worst = 0.0f;
+      for (size_t s = 0; s < want.size(); ++s) worst = std::max(worst, max_diff(want[s], got[s]));
+      EXPECT(got.size() == want.size() && worst < 1e-4f);  // sums in another order: float32 rounding only
+      if (!(worst < 1e-4f))
+        std::printf("tensor parallel %s over %d ranks%s: max |logit diff| %g\n", name.c_str(), world,
+                    expert_parallel ? " (expert parallel)" : "", worst);
+    }
 }
 
 // A rank's made-up slice holds the values of that slice of the whole: stacked row slices and a
@@ -184,11 +188,11 @@ void run_tensor_parallel_tests() {
       "linear_key_head_dim": 8, "linear_value_head_dim": 8, "linear_conv_kernel_dim": 4, "full_attention_interval": 2,
       "partial_rotary_factor": 0.5, "mtp_num_hidden_layers": 1)";
   check("qwen3-moe", R"({"architectures": ["Qwen3MoeForCausalLM"], "num_hidden_layers": 2, "mlp_only_layers": [1], )" + moe + "}",
-        {1, 2, 4});
+        {1, 2, 4}, true);
   check("qwen3-next", R"({"architectures": ["Qwen3NextForCausalLM"], "shared_expert_intermediate_size": 16, )" + hybrid + "}",
-        {1, 2, 4});
+        {1, 2, 4}, true);
   check("qwen3.5", R"({"architectures": ["Qwen3_5MoeForCausalLM"], "shared_expert_intermediate_size": 32, )" + hybrid + "}",
-        {1, 2, 4});
+        {1, 2, 4}, true);
 
   const auto dir = std::filesystem::temp_directory_path() / "revolta-tp-llama";
   check_dummy_slices(dir.string());

@@ -69,8 +69,11 @@ struct EngineConfig {
   bool enable_prefix_caching = true;
   int32_t num_threads = 0;           // 0: hardware concurrency (shared by the ranks)
   // Ranks the model is sharded over (Megatron layout: heads and MLP intermediates split, partial
-  // outputs summed). The CPU runs them as threads of this process; dense models for now.
+  // outputs summed): threads of this process, on the CPU or a GPU each (NCCL).
   int32_t tensor_parallel_size = 1;
+  // MoE models: each rank holds whole experts, E / tensor_parallel_size of them, instead of a share
+  // of every expert's intermediates (vLLM's enable_expert_parallel).
+  bool enable_expert_parallel = false;
   uint64_t seed = 0;                 // seeds requests that bring no seed of their own
   // Speculative decoding (vLLM's speculative_config): "" (off) | "ngram" (prompt lookup: drafts
   // copied from where the request's last n tokens, prompt_lookup_max >= n >= prompt_lookup_min,

@@ -77,7 +77,8 @@ Engine::Impl::Impl(const EngineConfig& c) : cfg(c), seed_source(c.seed) {
   // Each rank caches its own KV heads and DeltaNet states in blocks of the same numbering; the
   // budget is a rank's.
   const int world = cfg.tensor_parallel_size;
-  CacheSpecs groups = cache_specs_for(rank_config(model_cfg, world));
+  const bool ep = world > 1 && cfg.enable_expert_parallel;
+  CacheSpecs groups = cache_specs_for(rank_config(model_cfg, world, ep));
   for (CacheGroupSpec& g : groups)
     if (g.kind == CacheGroupSpec::Kind::kPagedKv &&
         (cfg.kv_cache_dtype == "float16" || (cfg.kv_cache_dtype == "auto" && device == Device::kCUDA)))
@@ -102,7 +103,9 @@ Engine::Impl::Impl(const EngineConfig& c) : cfg(c), seed_source(c.seed) {
     device_runtime(device).memory_info(&free_b, &total_b);
     activation_bytes = estimate_activation_bytes(model_cfg, cfg);
     // a rank's share (its GPU is measured as rank 0's: the ranks' GPUs are taken to be alike)
-    const int64_t weights = estimate_weight_bytes(rank_config(model_cfg, world), dtype_size(parse_dtype(dt)));
+    ModelConfig share = rank_config(model_cfg, world, ep);
+    if (ep) share.num_experts /= world;  // (a rank's experts; the router is whole, a rounding error here)
+    const int64_t weights = estimate_weight_bytes(share, dtype_size(parse_dtype(dt)));
     budget = int64_t(double(total_b) * cfg.gpu_memory_utilization) - int64_t(total_b - free_b) - weights - activation_bytes;
     const int64_t need = plan_shape(groups, limits).min_bytes();
     RV_CHECK_ARG(budget >= need, "gpu_memory_utilization (", cfg.gpu_memory_utilization, ") of ", total_b >> 20, " MiB (",
@@ -116,7 +119,7 @@ Engine::Impl::Impl(const EngineConfig& c) : cfg(c), seed_source(c.seed) {
   int threads = cfg.num_threads > 0 ? cfg.num_threads : int(std::thread::hardware_concurrency());
   auto load = [&](Communicator* comm) {
     return load_model(cfg.model, model_cfg, parse_dtype(dt), device, cfg.load_format == "dummy",
-                      cfg.load_format == "gguf", comm);
+                      cfg.load_format == "gguf", comm, ep);
   };
   RunnerOptions ropts;
   ropts.max_model_len = cfg.max_model_len;

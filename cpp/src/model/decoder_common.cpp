@@ -15,7 +15,7 @@ Share share_of(int64_t whole, int64_t count, const Communicator* tp) {
   return tp ? Share{whole * tp->rank() / tp->world_size(), count} : Share{0, whole};
 }
 
-ModelConfig rank_config(const ModelConfig& c, int world) {
+ModelConfig rank_config(const ModelConfig& c, int world, bool expert_parallel) {
   ModelConfig r = c;
   if (world == 1) return r;
   auto need = [&](bool ok, int64_t n, const char* what) {
@@ -36,9 +36,13 @@ ModelConfig rank_config(const ModelConfig& c, int world) {
     r.linear_num_value_heads = c.linear_num_value_heads / world;
   }
   if (c.num_experts > 0) {
-    need(c.moe_intermediate_size % world == 0, c.moe_intermediate_size, "expert intermediates");
+    if (expert_parallel) {  // whole experts, E / world a rank
+      need(c.num_experts % world == 0, c.num_experts, "experts");
+    } else {
+      need(c.moe_intermediate_size % world == 0, c.moe_intermediate_size, "expert intermediates");
+      r.moe_intermediate_size = c.moe_intermediate_size / world;
+    }
     need(c.shared_expert_intermediate_size % world == 0, c.shared_expert_intermediate_size, "shared-expert intermediates");
-    r.moe_intermediate_size = c.moe_intermediate_size / world;
     r.shared_expert_intermediate_size = c.shared_expert_intermediate_size / world;
   }
   return r;

@@ -114,8 +114,8 @@ Tensor stack(const std::vector<Tensor>& parts, DType dt) {
 class HybridDecoderLM final : public DecoderBase {
  public:
   HybridDecoderLM(const WeightLoader& w, const ModelConfig& c, DType dt, const HybridOptions& o)
-      : DecoderBase(rank_config(c, w.tensor_parallel() ? w.tensor_parallel()->world_size() : 1), dt),
-        whole_(c), opts_(o), tp_(w.tensor_parallel()) {
+      : DecoderBase(rank_config(c, w.tensor_parallel() ? w.tensor_parallel()->world_size() : 1, w.expert_parallel()), dt),
+        whole_(c), opts_(o), tp_(w.tensor_parallel()), expert_parallel_(w.expert_parallel()) {
     heads_ = share_of(c.num_heads, cfg_.num_heads, tp_), kv_heads_ = share_of(c.num_kv_heads, cfg_.num_kv_heads, tp_);
     key_heads_ = share_of(c.linear_num_key_heads, cfg_.linear_num_key_heads, tp_);
     value_heads_ = share_of(c.linear_num_value_heads, cfg_.linear_num_value_heads, tp_);
@@ -358,6 +358,13 @@ class HybridDecoderLM final : public DecoderBase {
     g.out = w.get_sliced({p + "out_proj.weight"}, {{H, value_dim}}, {value_heads_.cols(Dv)}, dtype_, false);
   }
 
+  // An expert whole (expert parallelism).
+  void load_whole_mlp(const WeightLoader& w, const std::string& q, int64_t I, ExpertWeights& e) {
+    const int64_t H = whole_.hidden_size;
+    e.gate_up = w.get_stacked_linear({q + "gate_proj.weight", q + "up_proj.weight"}, {{I, H}, {I, H}}, dtype_);
+    e.down = w.get_linear(q + "down_proj.weight", {H, I}, dtype_);
+  }
+
   void load_ffn(const WeightLoader& w, const std::string& p, bool moe, FeedForwardWeights& f) {
     const int64_t H = whole_.hidden_size;
     f.moe = moe;
@@ -375,10 +382,17 @@ class HybridDecoderLM final : public DecoderBase {
       return;
     }
     const int64_t E = whole_.num_experts, I = whole_.moe_intermediate_size;
+    // Expert parallelism: this rank's experts whole, the others' left empty (never grouped here).
+    const Share held = expert_parallel_ ? share_of(E, E / tp_->world_size(), tp_) : Share{0, E};
     // transformers 5's fused layout (made-up weights take the per-expert one, which ranks read in parts)
     if (w.has(p + "experts.gate_up_proj") && !w.dummy()) {
       const std::string gu_name = p + "experts.gate_up_proj", dn_name = p + "experts.down_proj";
-      if (!tp_) {  // the whole tensors, each expert a view of them
+      if (expert_parallel_) {
+        f.experts.resize(size_t(E));
+        for (int64_t e = held.first; e < held.first + held.count; ++e)
+          f.experts[size_t(e)] = {w.get_sliced({gu_name}, {{E * 2 * I, H}}, {Slice::rows(e * 2 * I, (e + 1) * 2 * I)}, dtype_, false),
+                                  w.get_sliced({dn_name}, {{E * H, I}}, {Slice::rows(e * H, (e + 1) * H)}, dtype_, false)};
+      } else if (!tp_) {  // the whole tensors, each expert a view of them
         Tensor gu = w.get(gu_name, {E, 2 * I, H}, dtype_), dn = w.get(dn_name, {E, H, I}, dtype_);
         for (int64_t e = 0; e < E; ++e)
           f.experts.push_back({gu.slice_rows(e, e + 1).view({2 * I, H}), dn.slice_rows(e, e + 1).view({H, I})});
@@ -395,38 +409,48 @@ class HybridDecoderLM final : public DecoderBase {
       }
     } else {
       f.experts.resize(size_t(E));
-      for (int64_t e = 0; e < E; ++e)
-        mlp(p + "experts." + std::to_string(e) + ".", I, cfg_.moe_intermediate_size, f.experts[size_t(e)]);
+      for (int64_t e = held.first; e < held.first + held.count; ++e) {
+        if (expert_parallel_) load_whole_mlp(w, p + "experts." + std::to_string(e) + ".", I, f.experts[size_t(e)]);
+        else mlp(p + "experts." + std::to_string(e) + ".", I, cfg_.moe_intermediate_size, f.experts[size_t(e)]);
+      }
     }
     const int64_t SI = whole_.shared_expert_intermediate_size;
     if (SI > 0) mlp(p + "shared_expert.", SI, cfg_.shared_expert_intermediate_size, f.shared);
     // A shared expert of the routed experts' size and format joins them: its gate logit comes out
     // of the router's GEMV as one more column and its rows out of the same expert kernels.
-    const DType routed = f.experts[0].gate_up.dtype();
+    const DType routed = f.experts[size_t(held.first)].gate_up.dtype();
     for (const ExpertWeights& e : f.experts)
-      RV_CHECK(e.gate_up.dtype() == routed && e.down.dtype() == routed, "model: the experts of ", p, " mix weight formats (",
+      RV_CHECK(!e.gate_up.defined() || e.gate_up.dtype() == routed && e.down.dtype() == routed, "model: the experts of ", p, " mix weight formats (",
                dtype_name(routed), ", ", dtype_name(e.gate_up.dtype()), ", ", dtype_name(e.down.dtype()), ")");
-    f.shared_routed = SI == I && f.shared.gate_up.dtype() == routed && f.shared.down.dtype() == routed;
-    if (f.shared_routed)
+    // (Under expert parallelism the shared expert stays split over the ranks: it runs on its own,
+    // its gate row taken back out of the same stacked router.)
+    const bool alike = SI == I && f.shared.gate_up.dtype() == routed && f.shared.down.dtype() == routed;
+    f.shared_routed = alike && !expert_parallel_;
+    if (alike) {
       f.router = w.get_stacked({p + "gate.weight", p + "shared_expert_gate.weight"}, {{E, H}, {1, H}}, DType::kF32);
-    else
+      if (!f.shared_routed) f.shared_gate = f.router.slice_rows(E, E + 1), f.router = f.router.slice_rows(0, E);
+    } else {
       f.router = w.get(p + "gate.weight", {E, H}, DType::kF32);
-    if (SI > 0 && !f.shared_routed) f.shared_gate = w.get(p + "shared_expert_gate.weight", {1, H}, DType::kF32);
+      if (SI > 0) f.shared_gate = w.get(p + "shared_expert_gate.weight", {1, H}, DType::kF32);
+    }
   }
 
   void build_expert_tables() {
     DType experts = dtype_;  // the experts' weight format (a quantized checkpoint's blocks)
     for (Layer* layer : all_layers())
-      if (layer->ffn.moe) experts = layer->ffn.experts[0].gate_up.dtype();
+      for (const ExpertWeights& e : layer->ffn.experts)
+        if (e.gate_up.defined()) experts = e.gate_up.dtype();
     const bool device_kernels =
-        device_ != Device::kCPU &&
+        !expert_parallel_ && device_ != Device::kCPU &&
         ops::supports_op(device_, ops::Op::kMoeRouteExperts, {experts, cfg_.hidden_size, cfg_.moe_intermediate_size});
-    // Past the device kernels' shape limits: host grouping only, no graphs.
-    fused_expert_tokens_ = device_ == Device::kCPU ? 1 : device_kernels ? kFusedExpertTokensOnDevice : 0;
+    // Past the device kernels' shape limits, and under expert parallelism (the expert kernels take
+    // every expert's table entry): host grouping only, no graphs.
+    fused_expert_tokens_ = expert_parallel_ ? 0 : device_ == Device::kCPU ? 1 : device_kernels ? kFusedExpertTokensOnDevice : 0;
     for (Layer* layer : all_layers()) {
       FeedForwardWeights& f = layer->ffn;
       if (!f.moe) continue;
       has_moe_ = true;
+      if (expert_parallel_) continue;  // no table: grouped on the host
       const int64_t E = int64_t(f.experts.size()), n = E + (f.shared_routed ? 1 : 0);
       // The device kernels stream 16-bit down matrices as [inter, hidden]; blocks stay as stored.
       const bool transposed = device_kernels && !is_block_dtype(experts);
@@ -463,7 +487,8 @@ class HybridDecoderLM final : public DecoderBase {
     for (const Tensor* t : {&L.attn.proj, &L.attn.o, &L.gdn.proj, &L.gdn.out, &L.ffn.gate_up, &L.ffn.down,
                             &L.ffn.shared.gate_up, &L.ffn.shared.down})
       n += t->defined() ? int64_t(t->nbytes()) : 0;
-    for (const auto& e : L.ffn.experts) n += int64_t(e.gate_up.nbytes() + e.down.nbytes());
+    for (const auto& e : L.ffn.experts)
+      if (e.gate_up.defined()) n += int64_t(e.gate_up.nbytes() + e.down.nbytes());
     return n;
   }
 
@@ -575,14 +600,14 @@ class HybridDecoderLM final : public DecoderBase {
     Tensor acc = Tensor::empty({T, H}, DType::kF32, dev);  // zeroed
     for (int64_t e = 0; e < E + S; ++e) {  // grouped by expert: one batched GEMM pair per expert
       const auto& list = routed[size_t(e)];
-      if (list.empty()) continue;
+      const ExpertWeights& ex = e < E ? f.experts[size_t(e)] : f.shared;
+      if (list.empty() || !ex.gate_up.defined()) continue;  // (undefined: another rank's expert)
       const int64_t n = int64_t(list.size());
       Tensor rows = Tensor::uninitialized({n}, DType::kI32), wgt = Tensor::uninitialized({n}, DType::kF32);
       for (int64_t i = 0; i < n; ++i) rows.ptr<int32_t>()[i] = int32_t(list[size_t(i)].first), wgt.ptr<float>()[i] = list[size_t(i)].second;
       const Tensor drows = rows.to(dev), dwgt = wgt.to(dev);
       Tensor xe = Tensor::uninitialized({n, H}, DType::kF32, dev), ye = Tensor::uninitialized({n, H}, DType::kF32, dev);
       ops::gather_rows(x, drows, xe);
-      const ExpertWeights& ex = e < E ? f.experts[size_t(e)] : f.shared;
       mlp(ex.gate_up, ex.down, xe, ye);
       ops::scatter_add_rows(acc, drows, dwgt, ye);
     }
@@ -639,6 +664,7 @@ class HybridDecoderLM final : public DecoderBase {
   ModelConfig whole_;  // the unsharded model's (cfg_ is the rank's)
   HybridOptions opts_;
   Communicator* tp_ = nullptr;
+  bool expert_parallel_ = false;  // whole experts, a share of them per rank
   Share heads_, kv_heads_, key_heads_, value_heads_;
   std::string prefix_;
   EmbeddingAndHead head_;

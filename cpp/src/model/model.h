@@ -82,12 +82,13 @@ class CausalLM {
 // (its config() is rank_config's).
 std::unique_ptr<CausalLM> load_model(const std::string& dir, const ModelConfig& config, DType weight_dtype,
                                      Device device = Device::kCPU, bool dummy = false, bool gguf = false,
-                                     Communicator* tp = nullptr);
+                                     Communicator* tp = nullptr, bool expert_parallel = false);
 // A tensor-parallel rank's config: its share of the attention, KV and DeltaNet heads and of every
 // MLP's and expert's intermediates (a KV head is replicated on world / KV heads ranks when there are
 // fewer than ranks). Throws std::invalid_argument naming tensor_parallel_size when a count does not
-// split over `world` ranks.
-ModelConfig rank_config(const ModelConfig& config, int world);
+// split over `world` ranks. expert_parallel: each rank holds whole experts (their intermediates
+// stay whole; the experts must split over the ranks).
+ModelConfig rank_config(const ModelConfig& config, int world, bool expert_parallel = false);
 // Throws std::invalid_argument naming the config field when a shape is beyond the device's kernels.
 void check_device_limits(const ModelConfig& config, Device device);
 std::vector<std::string> supported_architectures();

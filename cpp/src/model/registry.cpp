@@ -71,12 +71,12 @@ void check_device_limits(const ModelConfig& c, Device device) {
 }
 
 std::unique_ptr<CausalLM> load_model(const std::string& dir, const ModelConfig& config, DType weight_dtype,
-                                     Device device, bool dummy, bool gguf, Communicator* tp) {
+                                     Device device, bool dummy, bool gguf, Communicator* tp, bool expert_parallel) {
   check_architecture(config, dir);
   // Weights load onto the device; those a model rearranges first come through the host and are
   // placed by place().
   WeightLoader weights(dir, device, dummy, gguf);
-  if (tp) weights.set_tensor_parallel(tp);
+  if (tp) weights.set_tensor_parallel(tp, expert_parallel);
   if (dummy && config.quantization.method == "awq")
     weights.set_dummy_blocks(int4_group_dtype(config.quantization.group_size, "quantization awq"));
   if (dummy && config.quantization.method == "fp8") weights.set_dummy_blocks(DType::kF8G128);

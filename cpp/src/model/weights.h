@@ -66,8 +66,10 @@ class WeightLoader {
   void set_dummy_blocks(DType t) { dummy_blocks_ = t; }
   // The tensor-parallel group the loading rank belongs to (null: none); sharded models take their
   // slices by its rank and sum their partial outputs through it.
-  void set_tensor_parallel(Communicator* tp) { tp_ = tp; }
+  // expert_parallel: MoE models give each rank whole experts rather than a share of every one.
+  void set_tensor_parallel(Communicator* tp, bool expert_parallel = false) { tp_ = tp, expert_parallel_ = expert_parallel; }
   Communicator* tensor_parallel() const { return tp_; }
+  bool expert_parallel() const { return tp_ && expert_parallel_; }
   // Made-up weights in a quantized format: a model reads its experts per expert, as quantized
   // checkpoints hold them (a fused [E, ...] tensor is not a linear layer's).
   bool dummy_quantized() const { return dummy_ && is_block_dtype(dummy_blocks_); }
@@ -104,6 +106,7 @@ class WeightLoader {
   bool dummy_ = false;
   DType dummy_blocks_ = DType::kF32;  // kF32: dummy linear weights in the model's dtype
   Communicator* tp_ = nullptr;
+  bool expert_parallel_ = false;
   std::vector<std::unique_ptr<SafetensorsFile>> files_;
   std::map<std::string, const SafetensorsFile*> where_;
   std::unique_ptr<GgufFile> gguf_;

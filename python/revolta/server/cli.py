@@ -157,6 +157,7 @@ def build(settings):
     cfg = _core.EngineConfig()
     for name in ("dtype", "kv_cache_dtype", "device", "max_model_len", "max_num_seqs", "max_num_batched_tokens",
                  "block_size", "kv_cache_memory_bytes", "enable_prefix_caching", "num_threads", "tensor_parallel_size",
+                 "enable_expert_parallel",
                  "seed", "load_format", "quantization", "gpu_memory_utilization", "enforce_eager", "async_scheduling"):
         setattr(cfg, name, getattr(e, name))
     cfg.model = path
