@@ -420,7 +420,8 @@ class HybridDecoderLM final : public DecoderBase {
     // of the router's GEMV as one more column and its rows out of the same expert kernels.
     const DType routed = f.experts[size_t(held.first)].gate_up.dtype();
     for (const ExpertWeights& e : f.experts)
-      RV_CHECK(!e.gate_up.defined() || e.gate_up.dtype() == routed && e.down.dtype() == routed, "model: the experts of ", p, " mix weight formats (",
+      RV_CHECK(!e.gate_up.defined() || (e.gate_up.dtype() == routed && e.down.dtype() == routed), "model: the experts of ", p,
+               " mix weight formats (",
                dtype_name(routed), ", ", dtype_name(e.gate_up.dtype()), ", ", dtype_name(e.down.dtype()), ")");
     // (Under expert parallelism the shared expert stays split over the ranks: it runs on its own,
     // its gate row taken back out of the same stacked router.)
