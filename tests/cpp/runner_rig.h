@@ -4,6 +4,7 @@
 
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "cache/cache_coordinator.h"
 #include "model/model.h"
@@ -17,6 +18,17 @@ struct RunnerRig {
   std::unique_ptr<Scheduler> scheduler;
   std::unique_ptr<ModelRunner> runner;
 };
+
+// Requests 1, 2, ... with these prompts, waiting in the scheduler.
+inline void add_prompts(Scheduler& scheduler, const std::vector<std::vector<int32_t>>& prompts) {
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    auto r = std::make_unique<Request>();
+    r->id = i + 1;
+    r->tokens = prompts[i];
+    r->num_prompt_tokens = int32_t(prompts[i].size());
+    scheduler.add(std::move(r));
+  }
+}
 
 // tp: the rank's tensor-parallel group (null: unsharded); expert_parallel: whole experts per rank.
 inline RunnerRig make_runner_rig(const std::string& dir, const ModelConfig& c, HiddenRows hidden,

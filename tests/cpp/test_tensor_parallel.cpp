@@ -36,14 +36,7 @@ namespace {
 // With MTP layers, a last entry: the draft logits of each request's next token after its last step.
 std::vector<Tensor> run(const std::string& dir, const ModelConfig& c, Communicator* tp, int steps, bool ep = false) {
   RunnerRig g = make_runner_rig(dir, c, HiddenRows::kSampled, tp, ep);
-  const std::vector<std::vector<int32_t>> prompts = {{5, 9, 2, 41, 7, 33, 18, 3, 11}, {8, 1, 60, 22, 4}};
-  for (size_t i = 0; i < prompts.size(); ++i) {
-    auto r = std::make_unique<Request>();
-    r->id = i + 1;
-    r->tokens = prompts[i];
-    r->num_prompt_tokens = int32_t(prompts[i].size());
-    g.scheduler->add(std::move(r));
-  }
+  add_prompts(*g.scheduler, {{5, 9, 2, 41, 7, 33, 18, 3, 11}, {8, 1, 60, 22, 4}});
   std::vector<Tensor> logits;
   std::vector<DraftSpan> spans;
   Tensor hidden;
@@ -151,9 +144,7 @@ void check_failing_ranks(const std::string& dir, const ModelConfig& c) {
   ranks.make_runners(plan, limits, RunnerOptions{64});
   CacheCoordinator caches(plan, limits, Device::kCPU);
   Scheduler scheduler(SchedulerConfig{4, 256, 64}, caches.manager());
-  auto r = std::make_unique<Request>();
-  r->id = 1, r->tokens = {5, 9, 2, 41}, r->num_prompt_tokens = 4;
-  scheduler.add(std::move(r));
+  add_prompts(scheduler, {{5, 9, 2, 41}});
   const SchedulerOutput step = scheduler.schedule();
   const std::vector<StateAction> actions = caches.prepare(step.scheduled);
   bool device_error = false;

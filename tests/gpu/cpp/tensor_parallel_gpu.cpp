@@ -19,6 +19,7 @@
 #include "cuda_ops.h"
 #include "model/model.h"
 #include "runtime/model_runner.h"
+#include "runner_rig.h"
 
 using namespace revolta;
 
@@ -69,14 +70,7 @@ std::vector<Tensor> run(const std::string& dir, const ModelConfig& c, Communicat
   if (graphs) o.graph_batch_sizes = {1, 2, 4};
   ModelRunner runner(*model, caches.kv(), caches.states(), o);
   if (graphs) runner.capture_graphs();
-  const std::vector<std::vector<int32_t>> prompts = {{5, 9, 2, 41, 7, 33, 18, 3, 11}, {8, 1, 60, 22, 4}};
-  for (size_t i = 0; i < prompts.size(); ++i) {
-    auto r = std::make_unique<Request>();
-    r->id = i + 1;
-    r->tokens = prompts[i];
-    r->num_prompt_tokens = int32_t(prompts[i].size());
-    scheduler.add(std::move(r));
-  }
+  add_prompts(scheduler, {{5, 9, 2, 41, 7, 33, 18, 3, 11}, {8, 1, 60, 22, 4}});
   std::vector<Tensor> logits;
   for (int s = 0; s <= 4; ++s) {
     SchedulerOutput plan = scheduler.schedule();
