@@ -127,9 +127,15 @@ __device__ __forceinline__ void fold_combine(const float* part, int parts, int H
 // bytes, and the sums stay in registers. The first kFirstRows rows of the first pass are loaded
 // before the gate / up rows (they do not depend on the activation), so the block's bytes keep
 // streaming across the hand-over; the rest go kDownBatch rows at a time.
+// An expert the table leaves null (another rank's, under expert parallelism) gives a zero row.
 template <int S, typename X8, typename Weight>
 __device__ __forceinline__ void expert_slice(const __half* gu, const __half* dn, X8 x8, Weight weight, float* out,
                                              int H, int I, int i0) {
+  if (gu == nullptr) {
+    let_successor_launch();
+    for (int h = int(threadIdx.x) * 4; h < H; h += int(blockDim.x) * 4) *reinterpret_cast<float4*>(out + h) = {0.0f, 0.0f, 0.0f, 0.0f};
+    return;
+  }
   constexpr int kPerWarp = S / kSliceWarps, kGroup = kPerWarp < 4 ? kPerWarp : 4;  // intermediates a warp dots at once
   constexpr int kPassColumns = kSliceWarps * 32 * 8, kFirstRows = 8, kDownBatch = 8;
   static_assert(S % kDownBatch == 0 && S >= kFirstRows, "slice rows in whole batches");

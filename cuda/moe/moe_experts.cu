@@ -78,9 +78,11 @@ __global__ void __launch_bounds__(kWarps * 32, 2)
 
 constexpr int64_t kFusedTokens = 64, kGroupedSliceTokens = 2048;
 
-__global__ void count_kernel(const int32_t* __restrict__ ids, int P, int32_t* __restrict__ counts) {
+// Pairs whose expert the table leaves null (another rank's) are not counted, nor placed.
+__global__ void count_kernel(const int32_t* __restrict__ ids, int P, const int64_t* __restrict__ gu_at,
+                             int32_t* __restrict__ counts) {
   const int p = blockIdx.x * blockDim.x + threadIdx.x;
-  if (p < P) atomicAdd(counts + ids[p], 1);
+  if (p < P && gu_at[ids[p]] != 0) atomicAdd(counts + ids[p], 1);
 }
 
 // Exclusive scans of the rows and of the 64-row tiles per expert (one thread: G is a few hundred).
@@ -96,10 +98,15 @@ __global__ void plan_kernel(const int32_t* __restrict__ counts, int G, int32_t* 
   row_first[G] = rows, tile_first[G] = tiles;
 }
 
-__global__ void scatter_kernel(const int32_t* __restrict__ ids, int P, int K, const int32_t* __restrict__ row_first,
-                               int32_t* __restrict__ cursor, int32_t* __restrict__ rows, int32_t* __restrict__ pos_of) {
+__global__ void scatter_kernel(const int32_t* __restrict__ ids, int P, int K, const int64_t* __restrict__ gu_at,
+                               const int32_t* __restrict__ row_first, int32_t* __restrict__ cursor,
+                               int32_t* __restrict__ rows, int32_t* __restrict__ pos_of) {
   const int p = blockIdx.x * blockDim.x + threadIdx.x;
   if (p >= P) return;
+  if (gu_at[ids[p]] == 0) {
+    pos_of[p] = -1;
+    return;
+  }
   const int e = ids[p], pos = row_first[e] + atomicAdd(cursor + e, 1);
   rows[pos] = p / K;
   pos_of[p] = pos;
@@ -110,7 +117,10 @@ __global__ void combine_kernel(const float* __restrict__ y, const int32_t* __res
   const int t = blockIdx.x;
   for (int d = threadIdx.x; d < H; d += blockDim.x) {
     float sum = 0.0f;
-    for (int k = 0; k < K; ++k) sum += weights[t * K + k] * y[size_t(pos_of[t * K + k]) * H + d];
+    for (int k = 0; k < K; ++k) {
+      const int pos = pos_of[t * K + k];
+      if (pos >= 0) sum += weights[t * K + k] * y[size_t(pos) * H + d];
+    }
     out[size_t(t) * H + d] = sum;
   }
 }
@@ -125,10 +135,11 @@ void grouped_experts(const Tensor& x, const Tensor& ids, const Tensor& weights, 
   Tensor cursor = Tensor::uninitialized({G}, DType::kI32, dev), rows = Tensor::uninitialized({P}, DType::kI32, dev);
   Tensor pos_of = Tensor::uninitialized({P}, DType::kI32, dev);
   const unsigned blocks = unsigned((P + 255) / 256);
-  count_kernel<<<blocks, 256, 0, stream()>>>(ids.ptr<int32_t>(), int(P), counts.ptr<int32_t>());
+  count_kernel<<<blocks, 256, 0, stream()>>>(ids.ptr<int32_t>(), int(P), table.gate_up.ptr<int64_t>(), counts.ptr<int32_t>());
   plan_kernel<<<1, 32, 0, stream()>>>(counts.ptr<int32_t>(), int(G), row_first.ptr<int32_t>(), tile_first.ptr<int32_t>(),
                                       cursor.ptr<int32_t>());
-  scatter_kernel<<<blocks, 256, 0, stream()>>>(ids.ptr<int32_t>(), int(P), int(K), row_first.ptr<int32_t>(),
+  scatter_kernel<<<blocks, 256, 0, stream()>>>(ids.ptr<int32_t>(), int(P), int(K), table.gate_up.ptr<int64_t>(),
+                                               row_first.ptr<int32_t>(),
                                                cursor.ptr<int32_t>(), rows.ptr<int32_t>(), pos_of.ptr<int32_t>());
   RV_CUDA_CHECK(cudaGetLastError());
   Tensor scratch;

@@ -41,6 +41,12 @@ __global__ void __launch_bounds__(kWarps * 32)
   const int i0 = (blockIdx.x * kWarps + warp) * kGateRows;
   wait_for_predecessor();  // ids and x come from the kernels before
   const auto* w = reinterpret_cast<const uint8_t*>(gu_at[ids[pair]]);
+  if (w == nullptr) {  // another rank's expert (expert parallelism): its act is 0
+    if (lane == 0)
+      for (int p = 0; p < kGateRows; ++p)
+        if (i0 + p < I) act[size_t(pair) * I + i0 + p] = 0.0f;
+    return;
+  }
   const size_t rb = size_t(H / Int4Block<G>::kValues) * Int4Block<G>::kBytes;
   const uint8_t* rows[2 * kGateRows];
 #pragma unroll
@@ -72,14 +78,19 @@ __global__ void __launch_bounds__(kWarps * 32, 2)
   wait_for_predecessor();
   const size_t rb = size_t(I / Int4Block<G>::kValues) * Int4Block<G>::kBytes;
   const float* token_act = act + size_t(t) * K * I;
+  // A slot whose expert another rank holds has act 0: it reads a held expert's row in its place (a
+  // finite row times 0 adds 0). A token with none here adds nothing.
+  const uint8_t* held = nullptr;
+  for (int k = 0; k < K && !held; ++k) held = reinterpret_cast<const uint8_t*>(down_at[ids[t * K + k]]);
   float sum = 0.0f;
-  for (int k0 = 0; k0 < K; k0 += S) {
+  for (int k0 = 0; k0 < K && held; k0 += S) {
     const uint8_t* rows[S];
     int slot[S];
 #pragma unroll
     for (int r = 0; r < S; ++r) {
       slot[r] = min(k0 + r, K - 1);  // slots past K recompute the last, not added
-      rows[r] = reinterpret_cast<const uint8_t*>(down_at[ids[t * K + slot[r]]]) + size_t(h) * rb;
+      const auto* d = reinterpret_cast<const uint8_t*>(down_at[ids[t * K + slot[r]]]);
+      rows[r] = (d ? d : held) + size_t(h) * rb;
     }
     float d[S];
     auto x8 = [&](int r, int k, float(&v)[8]) {

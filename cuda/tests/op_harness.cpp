@@ -686,7 +686,9 @@ void test_gdn_decode(std::vector<int32_t> lens, int64_t Hk, int64_t Hv, int64_t 
     report("gdn_decode deferred norm " + tag, std::max({max_abs_diff(cuda::to_host(dout), u), max_abs_diff(cuda::to_host(dss), ss),
                                                         max_abs_diff(cuda::to_host(dcs), cs), max_abs_diff(cuda::to_host(dfused), fused),
                                                         max_abs_diff(hsq, sq) / sq_scale}), 1e-4f);
-    report("linear_scaled after it " + tag, std::max(max_abs_diff(cuda::to_host(dy), y_ref), max_abs_diff(y_cpu, y_ref)), 2e-3f);
+    // (from 6 rows on tensor-core tiles, x rounded to float16, as below)
+    report("linear_scaled after it " + tag, std::max(max_abs_diff(cuda::to_host(dy), y_ref), max_abs_diff(y_cpu, y_ref)),
+           T >= 6 ? 5e-3f : 2e-3f);
     perf("gdn_decode deferred norm " + tag, double(S * Hv * Dk * Dv * 8) + (pad ? 0.0 : double(proj.nbytes())),
          [&] { ops::gdn_decode(dxp, dfused, dw, dcs, dss, dst, dsl, dout, &dsq); });
     perf("linear_scaled " + tag, double(ow.nbytes()), [&] { ops::linear_scaled(dout, ops::GroupScale{&dsq, 1e-6f}, dow, dy); });
@@ -893,19 +895,42 @@ struct Experts {
   }
 };
 
-void test_moe_experts(int64_t T, int64_t E, int64_t K, int64_t H, int64_t I, DType dt = DType::kF16) {
+// Expert parallelism: the experts e % 3 == 1 held by another rank, their device table entries zero.
+bool held_elsewhere(int64_t e) { return e % 3 == 1; }
+ops::ExpertTable without_held_elsewhere(const ops::ExpertTable& dev, int64_t routed) {
+  Tensor gu = cuda::to_host(dev.gate_up), dn = cuda::to_host(dev.down);
+  for (int64_t e = 0; e < routed; ++e)
+    if (held_elsewhere(e)) gu.ptr<int64_t>()[e] = 0, dn.ptr<int64_t>()[e] = 0;
+  ops::ExpertTable t = dev;
+  t.gate_up = cuda::to_device(gu), t.down = cuda::to_device(dn);
+  return t;
+}
+// The routing weights the reference takes for such a table: 0 for those experts' pairs.
+Tensor weights_held_here(const Tensor& ids, const Tensor& w, int64_t routed) {
+  Tensor out = host_copy(w);
+  for (int64_t p = 0; p < ids.numel(); ++p)
+    if (ids.ptr<int32_t>()[p] < routed && held_elsewhere(ids.ptr<int32_t>()[p])) out.ptr<float>()[p] = 0.0f;
+  return out;
+}
+
+// elsewhere: a third of the experts held by another rank (zero table entries; they add nothing).
+void test_moe_experts(int64_t T, int64_t E, int64_t K, int64_t H, int64_t I, DType dt = DType::kF16,
+                      bool elsewhere = false) {
   const Experts ex(E, H, I, dt);
-  const ops::ExpertTable &host = ex.host, &dev = ex.device;
+  const ops::ExpertTable& host = ex.host;
+  const ops::ExpertTable dev = elsewhere ? without_held_elsewhere(ex.device, E) : ex.device;
   Tensor ids = Tensor::empty({T, K}, DType::kI32), w = random_tensor({T, K}, DType::kF32, 0.3f);
   for (int64_t t = 0; t < T; ++t)  // K distinct experts per token
     for (int64_t k = 0; k < K; ++k) ids.ptr<int32_t>()[t * K + k] = int32_t((t * 7 + k * 3 + (k * k) / 2) % E);
+  const Tensor w_ref = elsewhere ? weights_held_here(ids, w, E) : w;
   Tensor x = random_tensor({T, H}), ref = Tensor::empty({T, H}, DType::kF32);
-  ops::cpu::moe_experts(x, ids, w, host, ref, nullptr);
+  ops::cpu::moe_experts(x, ids, w_ref, host, ref, nullptr);
   Tensor dx = cuda::to_device(x), dids = cuda::to_device(ids), dw = cuda::to_device(w);
   Tensor dout = Tensor::empty({T, H}, DType::kF32, Device::kCUDA);
   ops::moe_experts(dx, dids, dw, dev, dout);
   const std::string tag = std::to_string(T) + " tokens E" + std::to_string(E) + " top" + std::to_string(K) + " " +
-                          std::to_string(H) + "x" + std::to_string(I) + (dt == DType::kF16 ? "" : std::string(" ") + dtype_name(dt));
+                          std::to_string(H) + "x" + std::to_string(I) + (dt == DType::kF16 ? "" : std::string(" ") + dtype_name(dt)) +
+                          (elsewhere ? " (a third held elsewhere)" : "");
   // Prefill batches run tensor-core tiles with x rounded to f16: checked relative to the outputs.
   const float tol = T > 64 ? 2e-3f * max_abs(ref) : 1e-3f;
   report("moe_experts " + tag, max_abs_diff(cuda::to_host(dout), ref), tol);
@@ -917,7 +942,7 @@ void test_moe_experts(int64_t T, int64_t E, int64_t K, int64_t H, int64_t I, DTy
   for (int rep = 0; rep < 2; ++rep) {
     Tensor scratch = Tensor::empty({T, H}, DType::kF32);
     const ops::ResidualNorm href{&res_ref, &nw, 1e-6f, &normed}, dref{&dres, &dnw, 1e-6f, &dnormed};
-    ops::cpu::moe_experts(x, ids, w, host, scratch, &href);
+    ops::cpu::moe_experts(x, ids, w_ref, host, scratch, &href);
     ops::moe_experts(dx, dids, dw, dev, dout, &dref);
   }
   report("moe_experts " + tag + " + residual norm",
@@ -932,9 +957,10 @@ void test_moe_experts(int64_t T, int64_t E, int64_t K, int64_t H, int64_t I, DTy
 // re-arm). As in the model, `then` adds the experts' output to the same residual and writes the same
 // normed tensor. shared: router row E is the shared expert's gate, the table's expert E the expert.
 void test_moe_route_experts(int64_t T, int64_t E, int64_t K, int64_t H, int64_t I, bool shared, bool with_then,
-                            bool warm = false) {
+                            bool warm = false, bool elsewhere = false) {
   const int64_t S = shared ? 1 : 0;
   const Experts ex(E + S, H, I);
+  const ops::ExpertTable dev_table = elsewhere ? without_held_elsewhere(ex.device, E) : ex.device;
   Tensor x = random_tensor({T, H}), router = random_tensor({E + S, H}, DType::kF32, 1.0f);
   Tensor res = random_tensor({T, H}), nw = random_tensor({H}), nw2 = random_tensor({H});
   Tensor normed = Tensor::empty({T, H}, DType::kF32), out = Tensor::empty({T, H}, DType::kF32);
@@ -942,7 +968,8 @@ void test_moe_route_experts(int64_t T, int64_t E, int64_t K, int64_t H, int64_t 
   Tensor res_ref = Tensor::empty({T, H}, DType::kF32);
   std::memcpy(res_ref.data(), res.data(), res.nbytes());
   const ops::ResidualNorm cpu_first{&res_ref, &nw, 1e-6f, &normed}, cpu_then{&res_ref, &nw2, 1e-6f, &normed};
-  ops::cpu::moe_route_experts(x, router, E, true, cpu_first, ids, w, ex.host, out, with_then ? &cpu_then : nullptr, nullptr);
+  ops::cpu::moe_route(x, router, E, true, ids, w, &cpu_first);  // moe_route_experts in its two steps
+  ops::cpu::moe_experts(normed, ids, elsewhere ? weights_held_here(ids, w, E) : w, ex.host, out, with_then ? &cpu_then : nullptr);
   Tensor dx = cuda::to_device(x), dr = cuda::to_device(router), dnw = cuda::to_device(nw), dnw2 = cuda::to_device(nw2);
   Tensor dres, dnormed = Tensor::empty({T, H}, DType::kF32, Device::kCUDA), dout = Tensor::empty({T, H}, DType::kF32, Device::kCUDA);
   Tensor dids = Tensor::empty(ids.shape(), DType::kI32, Device::kCUDA), dw = Tensor::empty(w.shape(), DType::kF32, Device::kCUDA);
@@ -952,14 +979,15 @@ void test_moe_route_experts(int64_t T, int64_t E, int64_t K, int64_t H, int64_t 
   const Tensor* dwarm = warm ? &ahead : nullptr;
   for (int rep = 0; rep < 2; ++rep) {
     dres = cuda::to_device(res);  // the residual before the add, each time
-    ops::moe_route_experts(dx, dr, E, true, dev_first, dids, dw, ex.device, dout, with_then ? &dev_then : nullptr, dwarm);
+    ops::moe_route_experts(dx, dr, E, true, dev_first, dids, dw, dev_table, dout, with_then ? &dev_then : nullptr, dwarm);
   }
   Tensor routed = Tensor::empty({T, H}, DType::kF32), res_routed = host_copy(res);
   ops::cpu::add_rms_norm(res_routed, x, nw, 1e-6f, routed);
   const int64_t wrong = wrong_ids(dids, ids, w, routed, router);
   const std::string tag = std::to_string(T) + "x" + std::to_string(H) + " E" + std::to_string(E) + " top" +
                           std::to_string(K) + " I" + std::to_string(I) + (shared ? " + shared" : "") +
-                          (with_then ? " + residual norm" : "") + (warm ? " + L2 warm" : "");
+                          (with_then ? " + residual norm" : "") + (warm ? " + L2 warm" : "") +
+                          (elsewhere ? " (a third held elsewhere)" : "");
   report("moe_route_experts ids " + tag, float(wrong), 0.0f);
   report("moe_route_experts weights " + tag, max_abs_diff(cuda::to_host(dw), w), 1e-4f);
   report("moe_route_experts out " + tag, max_abs_diff(cuda::to_host(dout), out), 1e-3f);
@@ -967,7 +995,7 @@ void test_moe_route_experts(int64_t T, int64_t E, int64_t K, int64_t H, int64_t 
          std::max(max_abs_diff(cuda::to_host(dres), res_ref), max_abs_diff(cuda::to_host(dnormed), normed)),
          with_then ? 4e-3f : 1e-5f);
   perf("moe_route_experts " + tag, double(T * (K + S) * 3 * H * I * 2 + (E + S) * H * 4), [&] {
-    ops::moe_route_experts(dx, dr, E, true, dev_first, dids, dw, ex.device, dout, with_then ? &dev_then : nullptr, dwarm);
+    ops::moe_route_experts(dx, dr, E, true, dev_first, dids, dw, dev_table, dout, with_then ? &dev_then : nullptr, dwarm);
   });
 }
 
@@ -1200,6 +1228,12 @@ int main(int argc, char** argv) {
     test_moe_route_experts(3, 64, 8, 256, 96, true, true);     // three tokens: moe_route + moe_experts
     test_moe_route_experts(1, 64, 4, 4096, 64, true, true);    // rows past 2048 columns: moe_route + moe_experts
     test_moe_route_experts(1, 64, 8, 256, 96, true, true, true);  // the next block's weights warmed into L2 meanwhile
+    // Expert parallelism: experts another rank holds skipped by every path (one kernel, the slice
+    // kernel folded and not, grouped prefill, 4-bit decode and prefill).
+    test_moe_route_experts(1, 512, 10, 2048, 512, false, true, false, true);
+    test_moe_route_experts(3, 64, 8, 256, 96, false, true, false, true);
+    for (int64_t T : {1, 8, 64, 300}) test_moe_experts(T, 64, 10, 2048, 512, DType::kF16, true);
+    for (int64_t T : {1, 8, 300}) test_moe_experts(T, 64, 10, 512, 512, DType::kI4G128, true);
     // qkv_rope_attention: the decode graph's one kernel (Llama's heads, SmolLM2's, head_dim 32;
     // split-K; a padding row), Qwen3-Next's (head_dim 256 with its gate, partial rotary, split-K at
     // 3000 and 5000: the two kernels), then batches it hands to qkv_rope_cache + paged_attention

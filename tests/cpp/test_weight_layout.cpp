@@ -1,12 +1,15 @@
 // Weight layouts made at load: a tensor-parallel rank's slices read from a safetensors file; ops::transpose (the experts' down matrices for the CUDA kernels)
 // against its definition, and the expert path of a backend refusing a layout it does not read;
-// gdn_decode given the block's input, which makes its projection part of the op.
+// gdn_decode given the block's input, which makes its projection part of the op; experts another
+// rank holds (zero table entries) adding nothing.
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <functional>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 #include <filesystem>
 #include <fstream>
@@ -59,6 +62,40 @@ void test_cpu_experts_refuse_transposed_down() {
   EXPECT(throws_naming([&] { ops::moe_experts(x, ids, w, table, out); }, "transposed"));
   table.down_transposed = false;  // the same call on the layout it reads runs
   EXPECT(!throws_naming([&] { ops::moe_experts(x, ids, w, table, out); }, ""));
+}
+
+// Expert parallelism leaves other ranks' experts out of the table (zero addresses): their pairs add
+// nothing, as the whole table with those pairs' routing weights set to 0 gives.
+void test_experts_held_elsewhere_add_nothing() {
+  const int64_t E = 4, H = 16, I = 8, T = 3, K = 2;
+  std::vector<Tensor> mats;
+  Tensor gu_at = Tensor::empty({E}, DType::kI64), dn_at = Tensor::empty({E}, DType::kI64);
+  for (int64_t e = 0; e < E; ++e) {
+    mats.push_back(Tensor::empty({2 * I, H}, DType::kF32)), mats.push_back(Tensor::empty({H, I}, DType::kF32));
+    ops::fill_uniform(mats[size_t(2 * e)], uint64_t(10 + e), -0.5f, 0.5f);
+    ops::fill_uniform(mats[size_t(2 * e + 1)], uint64_t(20 + e), -0.5f, 0.5f);
+    gu_at.ptr<int64_t>()[e] = int64_t(reinterpret_cast<intptr_t>(mats[size_t(2 * e)].data()));
+    dn_at.ptr<int64_t>()[e] = int64_t(reinterpret_cast<intptr_t>(mats[size_t(2 * e + 1)].data()));
+  }
+  Tensor x = Tensor::empty({T, H}, DType::kF32), ids = Tensor::empty({T, K}, DType::kI32);
+  Tensor w = Tensor::empty({T, K}, DType::kF32), zeroed = Tensor::empty({T, K}, DType::kF32);
+  ops::fill_uniform(x, 3, -1.0f, 1.0f);
+  ops::fill_uniform(w, 4, 0.1f, 0.9f);
+  const int32_t pick[T * K] = {0, 1, 1, 2, 3, 2};  // experts 1 and 3 are held elsewhere
+  for (int64_t p = 0; p < T * K; ++p) {
+    ids.ptr<int32_t>()[p] = pick[p];
+    zeroed.ptr<float>()[p] = pick[p] == 1 || pick[p] == 3 ? 0.0f : w.ptr<float>()[p];
+  }
+  Tensor want = Tensor::empty({T, H}, DType::kF32), got = Tensor::empty({T, H}, DType::kF32);
+  ops::moe_experts(x, ids, zeroed, {gu_at, dn_at, DType::kF32, H, I}, want);
+  Tensor held_gu = Tensor::empty({E}, DType::kI64), held_dn = Tensor::empty({E}, DType::kI64);
+  for (int64_t e : {0, 2})
+    held_gu.ptr<int64_t>()[e] = gu_at.ptr<int64_t>()[e], held_dn.ptr<int64_t>()[e] = dn_at.ptr<int64_t>()[e];
+  ops::moe_experts(x, ids, w, {held_gu, held_dn, DType::kF32, H, I}, got);
+  float diff = 0.0f, size = 0.0f;
+  for (int64_t i = 0; i < T * H; ++i)
+    diff = std::max(diff, std::fabs(want.ptr<float>()[i] - got.ptr<float>()[i])), size += std::fabs(want.ptr<float>()[i]);
+  EXPECT(diff == 0.0f && size > 0.0f);
 }
 
 // gdn_decode from the block's input: fused becomes x . proj^T and the step is the one taken from
@@ -196,6 +233,7 @@ void run_weight_layout_tests() {
   test_transpose_definition();
   test_transpose_rejects_mismatched_shapes();
   test_cpu_experts_refuse_transposed_down();
+  test_experts_held_elsewhere_add_nothing();
   test_gdn_decode_from_input();
   test_moe_route_after_add_norm();
 }

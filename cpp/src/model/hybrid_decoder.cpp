@@ -442,22 +442,21 @@ class HybridDecoderLM final : public DecoderBase {
       for (const ExpertWeights& e : layer->ffn.experts)
         if (e.gate_up.defined()) experts = e.gate_up.dtype();
     const bool device_kernels =
-        !expert_parallel_ && device_ != Device::kCPU &&
+        device_ != Device::kCPU &&
         ops::supports_op(device_, ops::Op::kMoeRouteExperts, {experts, cfg_.hidden_size, cfg_.moe_intermediate_size});
-    // Past the device kernels' shape limits, and under expert parallelism (the expert kernels take
-    // every expert's table entry): host grouping only, no graphs.
-    fused_expert_tokens_ = expert_parallel_ ? 0 : device_ == Device::kCPU ? 1 : device_kernels ? kFusedExpertTokensOnDevice : 0;
+    // Past the device kernels' shape limits: host grouping only, no graphs.
+    fused_expert_tokens_ = device_ == Device::kCPU ? 1 : device_kernels ? kFusedExpertTokensOnDevice : 0;
     for (Layer* layer : all_layers()) {
       FeedForwardWeights& f = layer->ffn;
       if (!f.moe) continue;
       has_moe_ = true;
-      if (expert_parallel_) continue;  // no table: grouped on the host
       const int64_t E = int64_t(f.experts.size()), n = E + (f.shared_routed ? 1 : 0);
       // The device kernels stream 16-bit down matrices as [inter, hidden]; blocks stay as stored.
       const bool transposed = device_kernels && !is_block_dtype(experts);
       if (f.down_transposed != transposed) {
         for (int64_t e = 0; e < n; ++e) {
           Tensor& d = e < E ? f.experts[size_t(e)].down : f.shared.down;
+          if (!d.defined()) continue;  // another rank's expert
           Tensor t = Tensor::uninitialized({d.size(1), d.size(0)}, d.dtype(), d.device());
           ops::transpose(d, t);
           d = t;
@@ -465,12 +464,13 @@ class HybridDecoderLM final : public DecoderBase {
         f.down_transposed = transposed;
       }
       Tensor gu = Tensor::empty({n}, DType::kI64), dn = Tensor::empty({n}, DType::kI64);
-      for (int64_t e = 0; e < n; ++e) {
+      for (int64_t e = 0; e < n; ++e) {  // (zero, as empty() left it: another rank's expert)
         const ExpertWeights& x = e < E ? f.experts[size_t(e)] : f.shared;
+        if (!x.gate_up.defined()) continue;
         gu.ptr<int64_t>()[e] = int64_t(reinterpret_cast<intptr_t>(x.gate_up.data()));
         dn.ptr<int64_t>()[e] = int64_t(reinterpret_cast<intptr_t>(x.down.data()));
       }
-      f.table = {gu.to(device_), dn.to(device_), f.experts[0].gate_up.dtype(), cfg_.hidden_size,
+      f.table = {gu.to(device_), dn.to(device_), experts, cfg_.hidden_size,
                  cfg_.moe_intermediate_size, f.down_transposed};
     }
   }

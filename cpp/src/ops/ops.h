@@ -61,7 +61,8 @@ struct QkNorm {
 // gate_up[e] points at expert e's [2 * inter, hidden] matrix ([gate; up] rows), down[e] at its
 // [hidden, inter] matrix, or with down_transposed at its transpose [inter, hidden] (the layout the
 // CUDA kernels take: a slice of intermediates is then one contiguous run of bytes); all of
-// `dtype`. The address tables are int64 [E] on the experts' device.
+// `dtype`. The address tables are int64 [E] on the experts' device. A zero address is an expert
+// held elsewhere (expert parallelism): its (token, slot) pairs add nothing.
 struct ExpertTable {
   Tensor gate_up, down;
   DType dtype = DType::kF32;

@@ -103,6 +103,7 @@ void moe_experts(const Tensor& x, const Tensor& ids, const Tensor& weights, cons
     const Tensor xt = x.slice_rows(t, t + 1);
     for (int64_t k = 0; k < K; ++k) {
       const int32_t e = ids.ptr<int32_t>()[t * K + k];
+      if (gu_at[e] == 0) continue;  // held by another rank
       cpu::linear(xt, view(gu_at[e], {2 * I, H}), nullptr, gu);
       cpu::silu_mul(gu, act);
       cpu::linear(act, view(dn_at[e], {H, I}), nullptr, y);
