@@ -32,7 +32,7 @@ def test_cuda_requests_fail_at_startup_naming_the_option(tiny_dir):
     with pytest.raises(ValueError, match="device 'cuda'"):
         revolta.LLM(tiny_dir, device="cuda")
     with pytest.raises(ValueError, match="kv_cache_dtype"):
-        revolta.LLM(tiny_dir, kv_cache_dtype="float16")
+        revolta.LLM(tiny_dir, kv_cache_dtype="bfloat16")
     with pytest.raises(ValueError, match="load_format"):
         revolta.LLM(tiny_dir, load_format="pt")
     with pytest.raises(ValueError, match="async_scheduling must be auto, on or off"):

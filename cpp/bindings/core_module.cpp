@@ -146,6 +146,8 @@ NB_MODULE(_core, m) {
       .def_ro("kv_cache_bytes", &ModelInfo::kv_cache_bytes)
       .def_ro("device", &ModelInfo::device)
       .def_ro("kv_cache_dtype", &ModelInfo::kv_cache_dtype)
+      .def_ro("kv_cache_tokens", &ModelInfo::kv_cache_tokens)
+      .def_ro("warnings", &ModelInfo::warnings)
       .def_ro("cuda_graph_batch_sizes", &ModelInfo::cuda_graph_batch_sizes)
       .def_ro("cuda_graph_bytes", &ModelInfo::cuda_graph_bytes)
       .def_ro("tensor_parallel_size", &ModelInfo::tensor_parallel_size);

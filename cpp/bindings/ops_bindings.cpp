@@ -5,6 +5,7 @@
 #include <nanobind/stl/pair.h>
 #include <nanobind/stl/string.h>
 
+#include <cmath>
 #include <vector>
 
 #include "core/error.h"
@@ -76,6 +77,35 @@ void bind_ops(nb::module_& m) {
         ops::cpu::embedding(t, table, o, nullptr);
       },
       "ids"_a, "raw"_a, "dtype"_a, "out"_a, "out[T, K] = dequantized(raw)[ids]");
+  ops.def(
+      "paged_attention_cached",
+      [](F32Array q, F32Array k, F32Array v, const std::string& kv_dtype, float k_scale, float v_scale, int block_size,
+         F32Array out) {
+        const int64_t T = int64_t(q.shape(0)), S = int64_t(k.shape(0)), KVH = int64_t(k.shape(1)), D = int64_t(k.shape(2));
+        RV_CHECK(q.ndim() == 3 && k.ndim() == 3 && T <= S && block_size > 0, "q [T, H, D], k / v [S, kv_heads, D], T <= S");
+        const DType t = parse_dtype(kv_dtype);
+        const int32_t blocks = int32_t((S + block_size - 1) / block_size);
+        Tensor kc = Tensor::empty({blocks, block_size, KVH, D}, t), vc = Tensor::empty({blocks, block_size, KVH, D}, t);
+        ops::KvQuant quant{k_scale, v_scale};
+        if (t == DType::kI8)
+          quant.k_rows = Tensor::empty({blocks, block_size, KVH}, DType::kF32),
+          quant.v_rows = Tensor::empty({blocks, block_size, KVH}, DType::kF32);
+        const ops::KvQuant* qp = t == DType::kF8E4M3 || t == DType::kI8 ? &quant : nullptr;
+        std::vector<int32_t> table(static_cast<size_t>(blocks)), slots(static_cast<size_t>(S));
+        for (int32_t b = 0; b < blocks; ++b) table[size_t(b)] = blocks - 1 - b;  // blocks in reverse order
+        for (int64_t p = 0; p < S; ++p) slots[size_t(p)] = table[size_t(p / block_size)] * block_size + int32_t(p % block_size);
+        const Tensor sm = Tensor::wrap(slots.data(), {S}, DType::kI32, nullptr);
+        ops::cpu::kv_cache_write(wrap(k), wrap(v), sm, kc, vc, qp);
+        const int32_t starts[2] = {0, int32_t(T)}, lens[1] = {int32_t(S)};
+        ops::AttentionBatch b;
+        b.query_start = starts, b.seq_lens = lens, b.block_tables = table.data(), b.num_seqs = 1;
+        b.max_blocks_per_seq = blocks, b.block_size = block_size, b.max_seq_len = int32_t(S);
+        Tensor o = wrap(out);
+        ops::cpu::paged_attention(wrap(q), kc, vc, b, 1.0f / std::sqrt(float(D)), o, nullptr, qp);
+      },
+      "q"_a, "k"_a, "v"_a, "kv_dtype"_a, "k_scale"_a, "v_scale"_a, "block_size"_a, "out"_a,
+      "Causal attention of q (the last T of S positions) over k / v written to a paged cache of kv_dtype "
+      "(float32, float16, float8_e4m3 with the scales, int8) and read back from it");
   ops.def(
       "gated_delta_rule",
       [](F32Array q, F32Array k, F32Array v, F32Array g, F32Array beta, F32Array state, F32Array out, int chunk_size) {

@@ -517,7 +517,9 @@ void run_fused(const Tensor& qkv, const ops::QkNorm& norm, const Tensor& positio
 
 void qkv_rope_attention(const Tensor& qkv, const ops::QkNorm& norm, const Tensor& positions, const ops::RopeTables& rope,
                         const Tensor& slot_mapping, Tensor& q, Tensor& k_cache, Tensor& v_cache,
-                        const ops::AttentionBatch& b, float scale, Tensor& out, const ops::OutputGate* gate) {
+                        const ops::AttentionBatch& b, float scale, Tensor& out, const ops::OutputGate* gate,
+                        const ops::KvQuant* quant) {
+  RV_CHECK(!quant, "CUDA qkv_rope_attention: float8_e4m3 / int8 KV caches are not built for CUDA yet");
   const int64_t T = q.size(0), H = q.size(1), D = q.size(2), KVH = k_cache.size(2);
   // One kernel per token writes its own K/V and attends: only with one token per sequence (a
   // verify step's tokens read each other's K/V, which must all be written first).
@@ -529,14 +531,15 @@ void qkv_rope_attention(const Tensor& qkv, const ops::QkNorm& norm, const Tensor
   } else if (one_kernel && k_cache.dtype() == DType::kF16) {
     run_fused<__half>(qkv, norm, positions, rope, slot_mapping, q, k_cache, v_cache, b, scale, out, gate);
   } else {
-    revolta::cuda::qkv_rope_cache(qkv, norm, positions, rope, slot_mapping, q, k_cache, v_cache);
-    revolta::cuda::paged_attention(q, k_cache, v_cache, b, scale, out, gate);
+    revolta::cuda::qkv_rope_cache(qkv, norm, positions, rope, slot_mapping, q, k_cache, v_cache, nullptr);
+    revolta::cuda::paged_attention(q, k_cache, v_cache, b, scale, out, gate, nullptr);
   }
   RV_CUDA_CHECK(cudaGetLastError());
 }
 
 void paged_attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, const ops::AttentionBatch& b,
-                     float scale, Tensor& out, const ops::OutputGate* gate) {
+                     float scale, Tensor& out, const ops::OutputGate* gate, const ops::KvQuant* quant) {
+  RV_CHECK(!quant, "CUDA paged_attention: float8_e4m3 / int8 KV caches are not built for CUDA yet");
   const int64_t D = q.size(2);
   RV_CHECK(D <= kMaxD && q.size(1) % k_cache.size(2) == 0, "CUDA paged_attention: head_dim ", D,
            " (<= 256) / heads ", q.size(1), "/", k_cache.size(2));

@@ -86,7 +86,8 @@ __global__ void qkv_rope_cache_kernel(const float* __restrict__ qkv, const float
 }  // namespace
 
 void qkv_rope_cache(const Tensor& qkv, const ops::QkNorm& norm, const Tensor& positions, const ops::RopeTables& rope,
-                    const Tensor& slot_mapping, Tensor& q, Tensor& k_cache, Tensor& v_cache) {
+                    const Tensor& slot_mapping, Tensor& q, Tensor& k_cache, Tensor& v_cache, const ops::KvQuant* quant) {
+  RV_CHECK(!quant, "CUDA qkv_rope_cache: float8_e4m3 / int8 KV caches are not built for CUDA yet");
   const int64_t T = q.size(0), H = q.size(1), D = q.size(2), KVH = k_cache.size(2);
   RV_CHECK(D <= kMaxD && qkv.size(1) >= (H + 2 * KVH) * D, "CUDA qkv_rope_cache: head_dim ", D, " (<= ", kMaxD,
            "), qkv ", qkv.shape_str());

@@ -451,7 +451,7 @@ int blocks_per_sm(const void* kernel, int threads, size_t smem) {
 namespace {
 
 // The expert kernels (moe/) read fp16 weights in 8-element vectors of both dimensions; linear takes
-// f32, f16 and 4-bit group weights (no GGUF blocks).
+// f32, f16 and 4-bit group weights (no GGUF blocks); attention, float32 and float16 KV caches.
 bool takes(ops::Op op, const ops::OpShape& s) {
   switch (op) {
     case ops::Op::kLinear:
@@ -462,6 +462,11 @@ bool takes(ops::Op op, const ops::OpShape& s) {
         return s.rows % dtype_block_values(s.weight) == 0 && s.cols % dtype_block_values(s.weight) == 0 &&
                s.rows <= 12288;  // the gate / up kernel stages x in shared memory
       return s.weight == DType::kF16 && s.rows % 8 == 0 && s.cols % 8 == 0;
+    case ops::Op::kKvCacheWrite:  // the KV cache's element type
+    case ops::Op::kPagedAttention:
+    case ops::Op::kQkvRopeCache:
+    case ops::Op::kQkvRopeAttention:
+      return s.weight == DType::kF32 || s.weight == DType::kF16;
     default:
       return true;
   }

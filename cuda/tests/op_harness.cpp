@@ -187,7 +187,7 @@ void test_kv_cache_write(int64_t T, int64_t blocks, int64_t bs, int64_t kvh, int
   for (int64_t i = 0; i < T; ++i) slots.ptr<int32_t>()[i] = int32_t((i * 37 + 5) % (blocks * bs));  // distinct for T <= blocks*bs/gcd
   Tensor kc = random_tensor({blocks, bs, kvh, D}), vc = random_tensor({blocks, bs, kvh, D});
   Tensor dkc = cuda::to_device(kc), dvc = cuda::to_device(vc);
-  ops::cpu::kv_cache_write(k, v, slots, kc, vc);
+  ops::cpu::kv_cache_write(k, v, slots, kc, vc, nullptr);
   ops::kv_cache_write(cuda::to_device(k), cuda::to_device(v), cuda::to_device(slots), dkc, dvc);
   report("kv_cache_write " + std::to_string(T) + " tokens", std::max(max_abs_diff(cuda::to_host(dkc), kc), max_abs_diff(cuda::to_host(dvc), vc)), 0.0f);
 }
@@ -325,7 +325,7 @@ void test_paged_attention(std::vector<std::pair<int, int>> seqs /* (cached, new)
   Tensor gate = gated ? random_tensor({T, H * D + 11}, DType::kF32, 2.0f) : Tensor();
   Tensor dgate = gated ? cuda::to_device(gate) : Tensor();
   const ops::OutputGate hg{&gate, 7}, dg{&dgate, 7};
-  ops::cpu::paged_attention(q, kc, vc, b, scale, ref, gated ? &hg : nullptr);
+  ops::cpu::paged_attention(q, kc, vc, b, scale, ref, gated ? &hg : nullptr, nullptr);
   Tensor dq = cuda::to_device(q);
   if (device_metadata) tb.on_device(graph_max_len);
   Tensor dout = Tensor::empty({T, H, D}, DType::kF32, Device::kCUDA);
@@ -374,15 +374,16 @@ void test_qkv_rope_attention(std::vector<std::pair<int, int>> seqs, int H, int K
   const ops::OutputGate hg{&qkv, (H + 2 * KVH) * D};
   Tensor q = Tensor::empty({T, H, D}, DType::kF32), out = Tensor::empty({T, H, D}, DType::kF32);
   if (kv_dtype == DType::kF32) {
-    ops::cpu::qkv_rope_attention(qkv, host_norm, pos, host_tables, slots, q, kc, vc, tb.b, scale, out, gated ? &hg : nullptr);
+    ops::cpu::qkv_rope_attention(qkv, host_norm, pos, host_tables, slots, q, kc, vc, tb.b, scale, out, gated ? &hg : nullptr,
+                                   nullptr);
   } else {  // the CPU's cache is f32: its pair, with the slots written rounded as an f16 cache holds them
-    ops::cpu::qkv_rope_cache(qkv, host_norm, pos, host_tables, slots, q, kc, vc);
+    ops::cpu::qkv_rope_cache(qkv, host_norm, pos, host_tables, slots, q, kc, vc, nullptr);
     for (Tensor* c : {&kc, &vc}) {
       Tensor r = Tensor::empty(c->shape(), kv_dtype);
       convert_from_f32(c->ptr<float>(), r.data(), kv_dtype, size_t(c->numel()));
       convert_to_f32(r.data(), kv_dtype, c->ptr<float>(), size_t(c->numel()));
     }
-    ops::cpu::paged_attention(q, kc, vc, tb.b, scale, out, gated ? &hg : nullptr);
+    ops::cpu::paged_attention(q, kc, vc, tb.b, scale, out, gated ? &hg : nullptr, nullptr);
   }
   if (graph) tb.on_device(4096);
   Tensor dqkv = cuda::to_device(qkv), dpos = cuda::to_device(pos), dslots = cuda::to_device(slots);
@@ -480,7 +481,7 @@ void test_qkv_rope_cache(int64_t T, int64_t H, int64_t KVH, int64_t D, double pa
   if (qk_norm) host_norm = {&qn, &kn, 1e-6f}, dev_norm = {&dqn, &dkn, 1e-6f};
   Tensor kc = Tensor::empty({blocks, bs, KVH, D}, DType::kF32), vc = Tensor::empty({blocks, bs, KVH, D}, DType::kF32);
   Tensor q = Tensor::empty({T, H, D}, DType::kF32);
-  ops::cpu::qkv_rope_cache(qkv, host_norm, pos, host_tables, slots, q, kc, vc);
+  ops::cpu::qkv_rope_cache(qkv, host_norm, pos, host_tables, slots, q, kc, vc, nullptr);
   Tensor dq = Tensor::empty({T, H, D}, DType::kF32, Device::kCUDA);
   Tensor dkc = Tensor::empty({blocks, bs, KVH, D}, kv_dtype, Device::kCUDA), dvc = Tensor::empty({blocks, bs, KVH, D}, kv_dtype, Device::kCUDA);
   ops::qkv_rope_cache(cuda::to_device(qkv), dev_norm, cuda::to_device(pos), dev_tables, cuda::to_device(slots), dq, dkc, dvc);

@@ -17,7 +17,10 @@ class EngineOptions(BaseModel):
     tokenizer: str | None = Field(None, description="directory with tokenizer.json; default: the model's")
     device: Literal["cpu", "cuda"] = "cpu"
     dtype: Literal["auto", "float32", "float16", "bfloat16"] = "auto"
-    kv_cache_dtype: Literal["auto", "float32", "float16"] = "auto"
+    kv_cache_dtype: Literal["auto", "float32", "float16", "fp16", "fp8", "fp8_e4m3", "int8"] = Field(
+        "auto", description="auto: float32 on the CPU, float16 on cuda; fp8 (E4M3, the checkpoint's per-layer "
+        "k_scale / v_scale or 1.0) and int8 (a scale per token and KV head) hold about 2x / 4x the tokens of float16 / "
+        "float32 (CPU so far)")
     load_format: Literal["auto", "dummy", "gguf"] = Field(
         "auto", description="dummy: random weights of the config's shapes; gguf: a .gguf model read in place, its "
         "quantized matrices kept in their blocks (CPU)")
@@ -72,8 +75,6 @@ class EngineOptions(BaseModel):
             raise ValueError(f"block_size must be a power of two, got {self.block_size}")
         if self.max_model_len and self.max_num_batched_tokens < 1:
             raise ValueError("max_num_batched_tokens must be >= 1")
-        if self.device == "cpu" and self.kv_cache_dtype == "float16":
-            raise ValueError("kv_cache_dtype float16 needs device=cuda (the CPU KV cache is float32)")
         if self.device == "cuda" and self.dtype == "bfloat16":
             raise ValueError("dtype bfloat16 is not supported with device=cuda (SM70 has no bf16): use auto or float16")
         return self

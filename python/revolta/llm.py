@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import logging
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
@@ -119,6 +120,8 @@ class LLM:
         apply_speculative_config(cfg, speculative_config)
         self.engine = _core.Engine(cfg)
         self.model_info = self.engine.model_info
+        for warning in self.model_info.warnings:
+            logging.getLogger("revolta").warning("%s", warning)
         tok_dir = tokenizer or self.model_path
         try:
             self.tokenizer: Tokenizer | None = Tokenizer(tok_dir)

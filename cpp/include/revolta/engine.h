@@ -41,7 +41,9 @@ struct SamplingParams {
 struct EngineConfig {
   std::string model;                 // HF-style directory: config.json + *.safetensors
   std::string dtype = "auto";        // weight storage: auto | float32 | float16 | bfloat16 (CPU only)
-  std::string kv_cache_dtype = "auto";  // auto (float32 on the CPU, float16 on CUDA) | float32 | float16 (CUDA)
+  // auto (float32 on the CPU, float16 on CUDA) | float32 | float16 (fp16) | fp8 (fp8_e4m3: E4M3 with the
+  // checkpoint's per-layer k_scale / v_scale, else 1.0) | int8 (a scale per token and KV head)
+  std::string kv_cache_dtype = "auto";
   std::string device = "cpu";        // cpu | cuda
   // auto: safetensors | dummy: random weights of the config's shapes | gguf: the GGUF file the model
   // directory names (gguf_weights.json), quantized matrices kept in their blocks (CPU)
@@ -157,6 +159,8 @@ struct ModelInfo {
   int32_t tensor_parallel_size = 1;
   std::string device;                // "cpu" or the GPU's name
   std::string kv_cache_dtype;
+  int64_t kv_cache_tokens = 0;  // the pool: tokens a rank's KV cache holds
+  std::vector<std::string> warnings;  // what the configuration left short of what was asked
   std::vector<int32_t> cuda_graph_batch_sizes;  // decode graphs recorded at startup
   int64_t cuda_graph_bytes = 0;                 // the device memory they share
 };

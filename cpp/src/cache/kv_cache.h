@@ -1,11 +1,13 @@
 // Paged KV storage: per attention layer a K and a V pool of
-// [num_blocks, block_size, kv_heads, head_dim]. What the bytes mean is the model's business;
-// which blocks a request owns is the cache manager's.
+// [num_blocks, block_size, kv_heads, head_dim] (float32, float16, E4M3 or int8, the last two with
+// their scales: ops::KvQuant). What the bytes mean is the model's business; which blocks a
+// request owns is the cache manager's.
 #pragma once
 
 #include <vector>
 
 #include "core/tensor.h"
+#include "ops/ops.h"
 
 namespace revolta {
 
@@ -15,14 +17,18 @@ struct KvCacheSpec {
   int32_t num_kv_heads = 0;
   int32_t head_dim = 0;
   DType dtype = DType::kF32;
-  int64_t bytes_per_token() const {
-    return int64_t(2) * num_layers * num_kv_heads * head_dim * int64_t(dtype_size(dtype));
+  bool quantized() const { return dtype == DType::kF8E4M3 || dtype == DType::kI8; }
+  int64_t bytes_per_token() const {  // int8 rows carry a float32 scale per KV head
+    const int64_t row = head_dim * int64_t(dtype_size(dtype)) + (dtype == DType::kI8 ? 4 : 0);
+    return int64_t(2) * num_layers * num_kv_heads * row;
   }
 };
 
 struct KvCache {
   KvCache(const KvCacheSpec& spec, int32_t num_blocks, int32_t block_size, Device device = Device::kCPU);
   std::vector<Tensor> k, v;  // one per layer
+  std::vector<ops::KvQuant> quant;  // one per layer for E4M3 / int8 caches, none otherwise
+  const ops::KvQuant* quant_of(size_t layer) const { return quant.empty() ? nullptr : &quant[layer]; }
   int32_t num_blocks;
   int32_t block_size;
   int64_t nbytes() const;

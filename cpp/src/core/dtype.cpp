@@ -16,6 +16,7 @@ size_t dtype_size(DType t) {
     case DType::kI64: return 8;
     case DType::kU8: return 1;
     case DType::kF8E4M3: return 1;
+    case DType::kI8: return 1;
     default: break;
   }
   throw std::logic_error(str_cat(dtype_name(t), " is a block type: its size is per block"));
@@ -64,6 +65,7 @@ const char* dtype_name(DType t) {
     case DType::kI64: return "int64";
     case DType::kU8: return "uint8";
     case DType::kF8E4M3: return "float8_e4m3";
+    case DType::kI8: return "int8";
     case DType::kQ4_0: return "q4_0";
     case DType::kQ4_1: return "q4_1";
     case DType::kQ8_0: return "q8_0";
@@ -86,6 +88,7 @@ DType parse_dtype(const std::string& n) {
   if (n == "I64" || n == "int64") return DType::kI64;
   if (n == "U8" || n == "uint8" || n == "BOOL") return DType::kU8;
   if (n == "F8_E4M3" || n == "float8_e4m3") return DType::kF8E4M3;
+  if (n == "I8" || n == "int8") return DType::kI8;
   for (DType t : {DType::kQ4_0, DType::kQ4_1, DType::kQ8_0, DType::kQ4_K, DType::kQ5_K, DType::kQ6_K,
                   DType::kI4G32, DType::kI4G128, DType::kF8G128,
                   DType::kNVFP4}) {
@@ -144,6 +147,19 @@ float f8e4m3_to_f32(uint8_t v) {
   if (exp == 0xF && mant == 0x7) return std::nanf("");
   const float mag = exp == 0 ? std::ldexp(float(mant), -9) : std::ldexp(float(8 + mant), exp - 10);
   return v & 0x80 ? -mag : mag;
+}
+
+uint8_t f32_to_f8e4m3(float f) {
+  if (std::isnan(f)) return 0x7F;
+  const uint8_t sign = std::signbit(f) ? 0x80 : 0;
+  const float a = std::fabs(f);
+  if (a >= 448.0f) return sign | 0x7E;
+  if (a < 0.015625f) return sign | uint8_t(std::nearbyint(a * 512.0f));  // subnormal steps of 2^-9 (8: 2^-6)
+  int e = 0;
+  const float fr = std::frexp(a, &e);  // a = fr 2^e, fr in [0.5, 1): 1.mmm 2^(e - 1)
+  int q = int(std::nearbyint(fr * 16.0f)), exp = e - 1 + 7;
+  if (q == 16) q = 8, ++exp;
+  return uint8_t(sign | exp << 3 | (q - 8));
 }
 
 void convert_to_f32(const void* src, DType st, float* dst, size_t n) {

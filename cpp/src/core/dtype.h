@@ -13,9 +13,10 @@ namespace revolta {
 // group of 32 / 128, four groups a block (AWQ's format in the engine's layout, quant/int4_groups.h);
 // kF8G128 is FP8 E4M3 with a float32 scale per 128 values (quant/fp8_blocks.h); kNVFP4 is FP4 E2M1
 // with an E4M3 scale per 16 values and a float32 global scale (quant/fp8_blocks.h). kF8E4M3 is the
-// plain element type checkpoints store FP8 weights and scales in (OCP E4M3FN).
+// plain element type checkpoints store FP8 weights and scales in (OCP E4M3FN); kI8 is a signed byte
+// (an int8 KV cache's values).
 enum class DType : uint8_t {
-  kF32, kF16, kBF16, kI32, kI64, kU8, kF8E4M3,
+  kF32, kF16, kBF16, kI32, kI64, kU8, kF8E4M3, kI8,
   kQ4_0, kQ4_1, kQ8_0, kQ4_K, kQ5_K, kQ6_K, kI4G32, kI4G128, kF8G128, kNVFP4
 };
 
@@ -48,6 +49,8 @@ inline uint16_t f32_to_bf16(float f) {  // round to nearest even, NaN kept quiet
 float f16_to_f32(uint16_t h);
 // OCP FP8 E4M3FN (bias 7, no infinities, 0x7F / 0xFF NaN, largest 448).
 float f8e4m3_to_f32(uint8_t v);
+// To E4M3FN, rounding to nearest even; magnitudes past 448 saturate to 448 (NaN stays NaN).
+uint8_t f32_to_f8e4m3(float f);
 uint16_t f32_to_f16(float f);
 
 // Converts n elements of src (type st) to float.

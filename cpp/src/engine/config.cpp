@@ -46,9 +46,11 @@ void EngineConfig::validate() const {
   RV_CHECK_ARG(device == "cpu" || device == "cuda", "device must be cpu or cuda; got '", device, "'");
   RV_CHECK_ARG(device == "cpu" || has_device(Device::kCUDA),
                "device 'cuda': this build has no CUDA backend (build with REVOLTA_CUDA=ON)");
-  RV_CHECK_ARG(kv_cache_dtype == "auto" || kv_cache_dtype == "float32" || (kv_cache_dtype == "float16" && device == "cuda"),
-               "kv_cache_dtype must be auto or float32", device == "cuda" ? " or float16" : " on the CPU backend",
-               "; got '", kv_cache_dtype, "'");
+  RV_CHECK_ARG(kv_cache_dtype == "auto" || kv_cache_dtype == "float32" || kv_cache_dtype == "float16" ||
+                   kv_cache_dtype == "fp16" || kv_cache_dtype == "fp8" || kv_cache_dtype == "fp8_e4m3" ||
+                   kv_cache_dtype == "int8",
+               "kv_cache_dtype must be one of auto, float32, float16 (fp16), fp8 (fp8_e4m3), int8; got '",
+               kv_cache_dtype, "'");
   RV_CHECK_ARG(device == "cpu" || dtype != "bfloat16",
                "dtype bfloat16 is not supported with device cuda (SM70 has no bf16 arithmetic): use auto or float16, "
                "bf16 checkpoints are converted to float16 with a range check");

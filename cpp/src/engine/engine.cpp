@@ -32,6 +32,14 @@ std::vector<int32_t> graph_batch_sizes(const EngineConfig& cfg) {
   return kept;
 }
 
+// The KV cache's element type: auto is float32 on the CPU and float16 on CUDA.
+DType kv_cache_dtype_of(const std::string& name, Device device) {
+  if (name == "fp8" || name == "fp8_e4m3") return DType::kF8E4M3;
+  if (name == "int8") return DType::kI8;
+  if (name == "float16" || name == "fp16" || (name == "auto" && device == Device::kCUDA)) return DType::kF16;
+  return DType::kF32;
+}
+
 }  // namespace
 
 Engine::Impl::Impl(const EngineConfig& c) : cfg(c), seed_source(c.seed) {
@@ -79,10 +87,12 @@ Engine::Impl::Impl(const EngineConfig& c) : cfg(c), seed_source(c.seed) {
   const int world = cfg.tensor_parallel_size;
   const bool ep = world > 1 && cfg.enable_expert_parallel;
   CacheSpecs groups = cache_specs_for(rank_config(model_cfg, world, ep));
+  const DType kv_dtype = kv_cache_dtype_of(cfg.kv_cache_dtype, device);
+  RV_CHECK_ARG(ops::supports_op(device, ops::Op::kQkvRopeAttention, ops::OpShape{kv_dtype, 0, 0}), "kv_cache_dtype '",
+               cfg.kv_cache_dtype, "': device '", cfg.device, "' has no attention kernels for a ", dtype_name(kv_dtype),
+               " KV cache yet (use auto or float16)");
   for (CacheGroupSpec& g : groups)
-    if (g.kind == CacheGroupSpec::Kind::kPagedKv &&
-        (cfg.kv_cache_dtype == "float16" || (cfg.kv_cache_dtype == "auto" && device == Device::kCUDA)))
-      g.kv.dtype = DType::kF16;
+    if (g.kind == CacheGroupSpec::Kind::kPagedKv) g.kv.dtype = kv_dtype;
   const CacheLimits limits{cfg.block_size, cfg.max_num_seqs, cfg.max_model_len, cfg.enable_prefix_caching};
   speculative = !cfg.speculative_method.empty();
   mtp = cfg.speculative_method == "mtp";
@@ -142,6 +152,10 @@ Engine::Impl::Impl(const EngineConfig& c) : cfg(c), seed_source(c.seed) {
     plan.shrink_to(int64_t(double(total_b) * cfg.gpu_memory_utilization) - int64_t(total_b - free_b) - activation_bytes);
   }
   caches = std::make_unique<CacheCoordinator>(plan, limits, device);
+  if (const int32_t missing = set_kv_scales(*model, caches->kv()); missing > 0)
+    info.warnings.push_back(str_cat("kv_cache_dtype ", cfg.kv_cache_dtype, ": ", cfg.model, " carries no k_scale / v_scale for ",
+                                    missing, " of its ", caches->kv().quant.size(),
+                                    " attention layers; they scale by 1.0 (values past 448 saturate)"));
   scheduler = std::make_unique<Scheduler>(
       SchedulerConfig{cfg.max_num_seqs, cfg.max_num_batched_tokens, cfg.max_model_len}, caches->manager());
   if (mtp) ropts.hidden = HiddenRows::kEvery;  // the MTP layer reads the hidden state of every computed position
@@ -171,6 +185,7 @@ Engine::Impl::Impl(const EngineConfig& c) : cfg(c), seed_source(c.seed) {
   info.tensor_parallel_size = world;
   info.device = device == Device::kCPU ? "cpu" : device_runtime(device).name();
   info.kv_cache_dtype = dtype_name(plan.kv.dtype);
+  info.kv_cache_tokens = plan.num_blocks * cfg.block_size;
   info.cuda_graph_batch_sizes = runner->recorded_batch_sizes();
   info.cuda_graph_bytes = runner->graph_memory_bytes();
   live.num_blocks_total = plan.num_blocks;

@@ -1,5 +1,6 @@
 #include "model/decoder_common.h"
 
+#include <cmath>
 
 #include "core/error.h"
 #include "ops/ops.h"
@@ -84,6 +85,34 @@ ForwardOutput CausalLM::mtp_forward(const ForwardBatch&, const Tensor&, int32_t,
 
 void CausalLM::replay_states(const Tensor&, const Tensor&, const Tensor&, ModelCaches&) {
   RV_CHECK(false, config().architecture, " has no recurrent layers to replay");
+}
+
+void DecoderBase::load_kv_scales(const WeightLoader& w, const std::string& prefix, int32_t layer) {
+  if (w.dummy()) return;
+  auto scalar = [&](const std::string& name) {
+    const Tensor t = w.get(name, w.shape(name), DType::kF32, Device::kCPU);
+    RV_CHECK_ARG(t.numel() == 1 && std::isfinite(t.ptr<float>()[0]) && t.ptr<float>()[0] > 0.0f, "model: ", name,
+                 " is not one positive KV-cache scale (", t.shape_str(), ")");
+    return t.ptr<float>()[0];
+  };
+  std::pair<float, float> s{0.0f, 0.0f};
+  if (w.has(prefix + "k_scale") && w.has(prefix + "v_scale")) s = {scalar(prefix + "k_scale"), scalar(prefix + "v_scale")};
+  else if (w.has(prefix + "kv_scale")) s.first = s.second = scalar(prefix + "kv_scale");
+  else return;
+  if (kv_scales_.size() <= size_t(layer)) kv_scales_.resize(size_t(layer) + 1);
+  kv_scales_[size_t(layer)] = s;
+}
+
+int32_t set_kv_scales(const CausalLM& model, KvCache& cache) {
+  if (cache.quant.empty() || cache.k.empty() || cache.k[0].dtype() != DType::kF8E4M3) return 0;
+  const auto scales = model.kv_scales();
+  int32_t missing = 0;
+  for (size_t l = 0; l < cache.quant.size(); ++l) {
+    const bool have = l < scales.size() && scales[l].first > 0.0f;
+    if (have) cache.quant[l].k = scales[l].first, cache.quant[l].v = scales[l].second;
+    missing += have ? 0 : 1;
+  }
+  return missing;
 }
 
 void DecoderBase::place(Device device) {

@@ -45,8 +45,13 @@ class DecoderBase : public CausalLM {
   DType weight_dtype() const override { return dtype_; }
   Device device() const override { return device_; }
   void place(Device device) override;
+  std::vector<std::pair<float, float>> kv_scales() const override { return kv_scales_; }
 
  protected:
+  // The checkpoint's KV-cache scales of the attention at `prefix` (prefix + "k_scale" / "v_scale",
+  // or one "kv_scale" for both, per-tensor scalars) as cache layer `layer`'s, when it has them.
+  void load_kv_scales(const WeightLoader& w, const std::string& prefix, int32_t layer);
+  std::vector<std::pair<float, float>> kv_scales_;
   ModelConfig cfg_;
   DType dtype_;
   Device device_;

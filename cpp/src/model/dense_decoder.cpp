@@ -37,6 +37,7 @@ class DenseDecoderLM final : public DecoderBase {
       L.input_norm = w.get(p + "input_layernorm.weight", {H}, DType::kF32);
       L.post_attn_norm = w.get(p + "post_attention_layernorm.weight", {H}, DType::kF32);
       const std::string a = p + "self_attn.";
+      load_kv_scales(w, a, l);
       L.qkv = w.get_sliced({a + "q_proj.weight", a + "k_proj.weight", a + "v_proj.weight"}, {{QO, H}, {KVO, H}, {KVO, H}},
                            {q_rows, kv_rows, kv_rows}, dt, true);
       if (c.attention_bias) {
@@ -85,7 +86,7 @@ class DenseDecoderLM final : public DecoderBase {
       ops::QkNorm norm;
       if (opts_.qk_norm) norm = {&L.q_norm, &L.k_norm, eps};
       ops::qkv_rope_attention(qkv, norm, b.positions, rope_, b.slot_mapping, q, cache.k[l], cache.v[l], b.attention,
-                              scale, attn);
+                              scale, attn, nullptr, cache.quant_of(l));
       ops::linear(attn.view({T, QO}), L.o, L.o_bias.defined() ? &L.o_bias : nullptr, proj);
       if (tp_) tp_->all_reduce_sum(proj);  // the ranks' heads' shares of the output projection
       ops::add_rms_norm(residual, proj, L.post_attn_norm, eps, x);

@@ -254,7 +254,7 @@ class HybridDecoderLM final : public DecoderBase {
     L.input_norm = norm_weight(w, p + "input_layernorm.weight", H);
     L.post_norm = norm_weight(w, p + "post_attention_layernorm.weight", H);
     if (linear) load_deltanet(w, p + "linear_attn.", L.gdn);
-    else load_attention(w, p + "self_attn.", L.attn);
+    else load_attention(w, p + "self_attn.", L.attn), load_kv_scales(w, p + "self_attn.", cache_index);
     load_ffn(w, p + "mlp.", moe, L.ffn);
     return L;
   }
@@ -506,7 +506,7 @@ class HybridDecoderLM final : public DecoderBase {
     const ops::OutputGate gate{&fused, QO + 2 * KVO};  // gated attention: the gate's columns follow q, k, v
     ops::qkv_rope_attention(fused, norm, b.positions, rope_, b.slot_mapping, q, kv.k[size_t(L.cache_index)],
                             kv.v[size_t(L.cache_index)], b.attention, 1.0f / std::sqrt(float(D)), attn,
-                            opts_.gated_attention ? &gate : nullptr);
+                            opts_.gated_attention ? &gate : nullptr, kv.quant_of(size_t(L.cache_index)));
     return project(attn.view({T, QO}), L.attn.o);
   }
 

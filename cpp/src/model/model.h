@@ -4,6 +4,7 @@
 
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "cache/cache_spec.h"
@@ -69,10 +70,17 @@ class CausalLM {
   // The kept inputs themselves (null: none), so that a recorded graph's buffers can be made the
   // current ones after it replays.
   virtual std::vector<Tensor>* kept_inputs() { return nullptr; }
+  // The checkpoint's per-layer KV-cache scales (an FP8 cache's k_scale / v_scale), by attention
+  // cache layer; {0, 0} for a layer it has none for, empty when it has none at all.
+  virtual std::vector<std::pair<float, float>> kv_scales() const { return {}; }
   // The largest decode batch whose forward stays on the device (no host round trip), so that a
   // graph can record it.
   virtual int32_t max_captured_batch() const { return 1 << 30; }
 };
+
+// An E4M3 cache's per-layer scales from the model's checkpoint (other caches: nothing to do).
+// Returns how many of its layers the checkpoint has no scales for (those keep 1.0).
+int32_t set_kv_scales(const CausalLM& model, KvCache& cache);
 
 // Reads config.json, picks the architecture and loads its weights converted to weight_dtype onto
 // the device (made-up values when dummy; from the GGUF file gguf_weights.json names, quantized

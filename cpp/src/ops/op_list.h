@@ -18,17 +18,18 @@
   X(Rope, rope, void(Tensor& x, const Tensor& positions, const ops::RopeTables& tables))                             \
   X(SiluMul, silu_mul, void(const Tensor& gate_up, Tensor& out))                                                     \
   X(KvCacheWrite, kv_cache_write,                                                                                    \
-    void(const Tensor& k, const Tensor& v, const Tensor& slot_mapping, Tensor& k_cache, Tensor& v_cache))            \
+    void(const Tensor& k, const Tensor& v, const Tensor& slot_mapping, Tensor& k_cache, Tensor& v_cache,            \
+         const ops::KvQuant* quant))                                                                                 \
   X(PagedAttention, paged_attention,                                                                                 \
     void(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, const ops::AttentionBatch& batch, float scale, \
-         Tensor& out, const ops::OutputGate* gate))                                                                  \
+         Tensor& out, const ops::OutputGate* gate, const ops::KvQuant* quant))                                       \
   X(QkvRopeCache, qkv_rope_cache,                                                                                    \
     void(const Tensor& qkv, const ops::QkNorm& norm, const Tensor& positions, const ops::RopeTables& rope,          \
-         const Tensor& slot_mapping, Tensor& q, Tensor& k_cache, Tensor& v_cache))                                  \
+         const Tensor& slot_mapping, Tensor& q, Tensor& k_cache, Tensor& v_cache, const ops::KvQuant* quant))       \
   X(QkvRopeAttention, qkv_rope_attention,                                                                            \
     void(const Tensor& qkv, const ops::QkNorm& norm, const Tensor& positions, const ops::RopeTables& rope,          \
          const Tensor& slot_mapping, Tensor& q, Tensor& k_cache, Tensor& v_cache, const ops::AttentionBatch& batch,  \
-         float scale, Tensor& out, const ops::OutputGate* gate))                                                     \
+         float scale, Tensor& out, const ops::OutputGate* gate, const ops::KvQuant* quant))                          \
   X(GatherRows, gather_rows, void(const Tensor& x, const Tensor& rows, Tensor& out))                                 \
   X(CopyColumns, copy_columns, void(const Tensor& src, int64_t first_column, Tensor& dst))                           \
   X(Transpose, transpose, void(const Tensor& x, Tensor& out))                                                        \

@@ -27,6 +27,21 @@ void check_output_gate(const char* op, const Tensor& q, const OutputGate* gate) 
            gate ? gate->gate->shape_str() : std::string(), " from column ", gate ? gate->column : 0, ")");
 }
 
+// A quantized cache comes with its scales (int8: f32 [num_blocks, block_size, kv_heads] a side), a float one without.
+void check_kv_quant(const char* op, const Tensor& cache, const KvQuant* quant) {
+  const DType t = cache.dtype();
+  const bool quantized = t == DType::kF8E4M3 || t == DType::kI8;
+  const auto rows_fit = [&](const Tensor& r) {
+    return r.defined() && r.dtype() == DType::kF32 && r.device() == cache.device() && r.dim() == 3 &&
+           r.size(0) == cache.size(0) && r.size(1) == cache.size(1) && r.size(2) == cache.size(2);
+  };
+  RV_CHECK((t == DType::kF32 || t == DType::kF16 || quantized) && quantized == (quant != nullptr) &&
+               (t != DType::kI8 || (rows_fit(quant->k_rows) && rows_fit(quant->v_rows))),
+           op, ": a KV cache of float32 or float16, or of float8_e4m3 / int8 with its KvQuant (int8: f32 scales ",
+           "[num_blocks, block_size, kv_heads] on its device); got ", dtype_name(t), " ", cache.shape_str(),
+           quant ? " with" : " without", " scales");
+}
+
 }  // namespace
 
 const char* op_name(Op op) {
@@ -106,14 +121,16 @@ void silu_mul(const Tensor& gate_up, Tensor& out) {
   table_for(gate_up.device(), Op::kSiluMul).silu_mul(gate_up, out);
 }
 void kv_cache_write(const Tensor& k, const Tensor& v, const Tensor& slot_mapping, Tensor& k_cache,
-                    Tensor& v_cache) {
-  table_for(k.device(), Op::kKvCacheWrite).kv_cache_write(k, v, slot_mapping, k_cache, v_cache);
+                    Tensor& v_cache, const KvQuant* quant) {
+  check_kv_quant("kv_cache_write", k_cache, quant);
+  table_for(k.device(), Op::kKvCacheWrite).kv_cache_write(k, v, slot_mapping, k_cache, v_cache, quant);
 }
 void paged_attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
-                     const AttentionBatch& batch, float scale, Tensor& out, const OutputGate* gate) {
+                     const AttentionBatch& batch, float scale, Tensor& out, const OutputGate* gate, const KvQuant* quant) {
   check_output_gate("paged_attention", q, gate);
+  check_kv_quant("paged_attention", k_cache, quant);
   table_for(q.device(), Op::kPagedAttention)
-      .paged_attention(q, k_cache, v_cache, batch, scale, out, gate);
+      .paged_attention(q, k_cache, v_cache, batch, scale, out, gate, quant);
 }
 void gather_rows(const Tensor& x, const Tensor& rows, Tensor& out) {
   table_for(x.device(), Op::kGatherRows).gather_rows(x, rows, out);
@@ -134,15 +151,19 @@ void fill_uniform(Tensor& t, uint64_t seed, float lo, float hi, const FillWindow
 }
 void argmax(const Tensor& x, Tensor& out) { table_for(x.device(), Op::kArgmax).argmax(x, out); }
 void qkv_rope_cache(const Tensor& qkv, const QkNorm& norm, const Tensor& positions, const RopeTables& rope,
-                    const Tensor& slot_mapping, Tensor& q, Tensor& k_cache, Tensor& v_cache) {
-  table_for(qkv.device(), Op::kQkvRopeCache).qkv_rope_cache(qkv, norm, positions, rope, slot_mapping, q, k_cache, v_cache);
+                    const Tensor& slot_mapping, Tensor& q, Tensor& k_cache, Tensor& v_cache, const KvQuant* quant) {
+  check_kv_quant("qkv_rope_cache", k_cache, quant);
+  table_for(qkv.device(), Op::kQkvRopeCache)
+      .qkv_rope_cache(qkv, norm, positions, rope, slot_mapping, q, k_cache, v_cache, quant);
 }
 void qkv_rope_attention(const Tensor& qkv, const QkNorm& norm, const Tensor& positions, const RopeTables& rope,
                         const Tensor& slot_mapping, Tensor& q, Tensor& k_cache, Tensor& v_cache,
-                        const AttentionBatch& batch, float scale, Tensor& out, const OutputGate* gate) {
+                        const AttentionBatch& batch, float scale, Tensor& out, const OutputGate* gate,
+                        const KvQuant* quant) {
   check_output_gate("qkv_rope_attention", q, gate);
+  check_kv_quant("qkv_rope_attention", k_cache, quant);
   table_for(qkv.device(), Op::kQkvRopeAttention)
-      .qkv_rope_attention(qkv, norm, positions, rope, slot_mapping, q, k_cache, v_cache, batch, scale, out, gate);
+      .qkv_rope_attention(qkv, norm, positions, rope, slot_mapping, q, k_cache, v_cache, batch, scale, out, gate, quant);
 }
 
 void linear_swiglu(const Tensor& x, const Tensor& gate_up_weight, Tensor& act) {

@@ -43,6 +43,15 @@ struct AttentionBatch {
   int32_t tokens_per_seq = 1;
 };
 
+// The scales of a quantized KV cache layer (kv_cache_dtype fp8 / int8; the float caches pass
+// none). E4M3 caches: x = e4m3 * k (K) or * v (V), one scale per layer, values past 448 scale
+// saturate. Int8 caches: x = q * s, s one float per (slot, KV head) in k_rows / v_rows, f32
+// [num_blocks, block_size, kv_heads] on the cache's device, written with the values (absmax / 127).
+struct KvQuant {
+  float k = 1.0f, v = 1.0f;
+  Tensor k_rows, v_rows;
+};
+
 // RoPE cos/sin tables, [max_positions, rotary_dim / 2] each, already multiplied by the
 // attention scaling of the rope type (YaRN).
 struct RopeTables {
@@ -208,14 +217,16 @@ void rope(Tensor& x, const Tensor& positions, const RopeTables& tables);
 // out[T, I] = silu(gate_up[:, :I]) * gate_up[:, I:].
 void silu_mul(const Tensor& gate_up, Tensor& out);
 // k, v: [T, kv_heads, head_dim]; caches: [num_blocks, block_size, kv_heads, head_dim];
-// slot_mapping: int32 [T] (block * block_size + offset).
+// slot_mapping: int32 [T] (block * block_size + offset). Caches of float32, float16, E4M3 or int8
+// (those two with quant, converted as KvQuant says; every reader of the cache below takes it too).
 void kv_cache_write(const Tensor& k, const Tensor& v, const Tensor& slot_mapping, Tensor& k_cache,
-                    Tensor& v_cache);
+                    Tensor& v_cache, const KvQuant* quant = nullptr);
 // q: [T, heads, head_dim]; out: [T, heads, head_dim]. Causal within each sequence; heads map to
 // kv heads in groups of heads / kv_heads (GQA). With gate, the output is gated as sigmoid_mul does:
 // out[t, j] *= sigmoid(gate[t, column + j]) over the flattened heads (gated attention).
 void paged_attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
-                     const AttentionBatch& batch, float scale, Tensor& out, const OutputGate* gate = nullptr);
+                     const AttentionBatch& batch, float scale, Tensor& out, const OutputGate* gate = nullptr,
+                     const KvQuant* quant = nullptr);
 // out[r, :] = x[rows[r], :]; x, out f32, rows int32 [R] on the same device.
 void gather_rows(const Tensor& x, const Tensor& rows, Tensor& out);
 // dst[t, :] = src[t, first_column : first_column + dst.cols] (f32; splits fused projections).
@@ -235,14 +246,16 @@ void argmax(const Tensor& x, Tensor& out);
 // [T, heads, head_dim] normed (optional) and rotated; k normed and rotated and v written to their
 // cache slots (kv_cache_write's rules). One pass instead of split + norms + rope + cache write.
 void qkv_rope_cache(const Tensor& qkv, const QkNorm& norm, const Tensor& positions, const RopeTables& rope,
-                    const Tensor& slot_mapping, Tensor& q, Tensor& k_cache, Tensor& v_cache);
+                    const Tensor& slot_mapping, Tensor& q, Tensor& k_cache, Tensor& v_cache,
+                    const KvQuant* quant = nullptr);
 // qkv_rope_cache, then paged_attention over its q (scale, gate as there): one op so that a backend
 // can run a decode step's pair as one kernel, which takes this step's k and v from the projection
 // instead of the cache it writes them to (q, the cache slots and out end as the pair leaves them,
 // except the output of a padding row, slot < 0: no slot is written for it, so it is unspecified).
 void qkv_rope_attention(const Tensor& qkv, const QkNorm& norm, const Tensor& positions, const RopeTables& rope,
                         const Tensor& slot_mapping, Tensor& q, Tensor& k_cache, Tensor& v_cache,
-                        const AttentionBatch& batch, float scale, Tensor& out, const OutputGate* gate = nullptr);
+                        const AttentionBatch& batch, float scale, Tensor& out, const OutputGate* gate = nullptr,
+                        const KvQuant* quant = nullptr);
 // act[M, I] = silu(x . W[:I]^T) * (x . W[I:]^T) for the stacked gate_up weight [2I, K]: the MLP's
 // first half (decode-sized M: one pass that writes the activation instead of gate_up + silu_mul).
 void linear_swiglu(const Tensor& x, const Tensor& gate_up_weight, Tensor& act);

@@ -165,12 +165,14 @@ def build(settings):
     apply_speculative_config(cfg, e.speculative_config)
     core = _core.Engine(cfg)
     info = core.model_info
-    log.info("model %s on %s%s: %.2f GB of %s weights%s, KV cache %.2f GB (%s)%s", info.architecture, info.device,
-             f" x {info.tensor_parallel_size} tensor-parallel ranks" if info.tensor_parallel_size > 1 else "",
+    log.info("model %s on %s%s: %.2f GB of %s weights%s, KV cache %.2f GB (%s, %d tokens)%s", info.architecture,
+             info.device, f" x {info.tensor_parallel_size} tensor-parallel ranks" if info.tensor_parallel_size > 1 else "",
              info.weight_bytes / 1e9, info.weight_dtype, f" ({info.quantization})" if info.quantization else "",
-             info.kv_cache_bytes / 1e9, info.kv_cache_dtype,
+             info.kv_cache_bytes / 1e9, info.kv_cache_dtype, info.kv_cache_tokens,
              f", decode graphs for batch sizes {list(info.cuda_graph_batch_sizes)} in {info.cuda_graph_bytes / 2**20:.0f} MiB"
              if info.cuda_graph_batch_sizes else "")
+    for warning in info.warnings:
+        log.warning("%s", warning)
     engine = AsyncEngine(core, e.max_num_seqs)
     tokenizer = Tokenizer(e.tokenizer or path)
     served = [e.served_model_name or (Path(e.model).name if e.model else "SmolLM2-135M-Instruct")]

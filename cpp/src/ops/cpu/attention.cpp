@@ -1,7 +1,8 @@
 // Paged attention on the CPU. One batch can mix prefill chunks (many query tokens on top of a
 // cached prefix) and decode tokens (one query token); each query token attends causally to the
 // first (seq_len - q_len + i + 1) positions of its sequence. Work items are (token, kv head,
-// context segment): the query heads of one GQA group share each K/V row they load.
+// context segment): the query heads of one GQA group share each K/V row they load. The cache
+// holds float32, float16, E4M3 or int8 rows (ops.h: KvQuant), converted as they are read.
 #include <algorithm>
 #include <cmath>
 #include <vector>
@@ -13,23 +14,101 @@
 
 namespace revolta::ops::cpu {
 
+namespace {
+
+// Row (slot, KV head) of one cache layer, D values, written from and read as floats in the
+// cache's format (ops.h: KvQuant).
+class CacheRows {
+ public:
+  CacheRows(const Tensor& cache, float scale, const Tensor* scales)
+      : base_(static_cast<uint8_t*>(cache.data())), dt_(cache.dtype()), kvh_(cache.size(2)), d_(cache.size(3)),
+        scale_(scale), scales_(scales && scales->defined() ? scales->ptr<float>() : nullptr) {
+    if (dt_ == DType::kF8E4M3)
+      for (int i = 0; i < 256; ++i) e4m3_[i] = f8e4m3_to_f32(uint8_t(i)) * scale_;
+  }
+  int64_t slots_per_row() const { return kvh_ * d_; }
+
+  void store(int64_t slot, int64_t h, const float* x) {
+    const int64_t at = (slot * kvh_ + h) * d_;
+    switch (dt_) {
+      case DType::kF32: std::copy_n(x, d_, reinterpret_cast<float*>(base_) + at); return;
+      case DType::kF16: {
+        uint16_t* o = reinterpret_cast<uint16_t*>(base_) + at;
+        for (int64_t i = 0; i < d_; ++i) o[i] = f32_to_f16(x[i]);
+        return;
+      }
+      case DType::kF8E4M3: {
+        const float inv = 1.0f / scale_;
+        for (int64_t i = 0; i < d_; ++i) base_[at + i] = f32_to_f8e4m3(x[i] * inv);
+        return;
+      }
+      default: {  // int8: a scale per row, absmax / 127
+        float amax = 0.0f;
+        for (int64_t i = 0; i < d_; ++i) amax = std::max(amax, std::fabs(x[i]));
+        const float s = amax / 127.0f, inv = s > 0.0f ? 1.0f / s : 0.0f;
+        auto* o = reinterpret_cast<int8_t*>(base_) + at;
+        for (int64_t i = 0; i < d_; ++i) o[i] = int8_t(std::clamp(std::nearbyint(x[i] * inv), -127.0f, 127.0f));
+        scales_[slot * kvh_ + h] = s;
+      }
+    }
+  }
+
+  // The row as floats: in place for a float32 cache, else converted into buf [D].
+  const float* load(int64_t slot, int64_t h, float* buf) const {
+    const int64_t at = (slot * kvh_ + h) * d_;
+    switch (dt_) {
+      case DType::kF32: return reinterpret_cast<const float*>(base_) + at;
+      case DType::kF16: {
+        const uint16_t* r = reinterpret_cast<const uint16_t*>(base_) + at;
+        for (int64_t i = 0; i < d_; ++i) buf[i] = f16_to_f32(r[i]);
+        return buf;
+      }
+      case DType::kF8E4M3:
+        for (int64_t i = 0; i < d_; ++i) buf[i] = e4m3_[base_[at + i]];
+        return buf;
+      default: {
+        const float s = scales_[slot * kvh_ + h];
+        const auto* r = reinterpret_cast<const int8_t*>(base_) + at;
+        for (int64_t i = 0; i < d_; ++i) buf[i] = float(r[i]) * s;
+        return buf;
+      }
+    }
+  }
+
+ private:
+  uint8_t* base_;
+  DType dt_;
+  int64_t kvh_, d_;
+  float scale_;
+  float* scales_;
+  float e4m3_[256] = {};
+};
+
+CacheRows k_rows(const Tensor& cache, const KvQuant* q) { return {cache, q ? q->k : 1.0f, q ? &q->k_rows : nullptr}; }
+CacheRows v_rows(const Tensor& cache, const KvQuant* q) { return {cache, q ? q->v : 1.0f, q ? &q->v_rows : nullptr}; }
+
+}  // namespace
+
 void kv_cache_write(const Tensor& k, const Tensor& v, const Tensor& slot_mapping, Tensor& k_cache,
-                    Tensor& v_cache) {
-  RV_CHECK(k_cache.dtype() == DType::kF32, "kv_cache_write: the CPU KV cache is float32");
-  const int64_t T = k.size(0);
-  const int64_t row = k.numel() / T;  // kv_heads * head_dim
-  const int64_t slots = k_cache.numel() / row;
+                    Tensor& v_cache, const KvQuant* quant) {
+  const int64_t T = k.size(0), KVH = k_cache.size(2), D = k_cache.size(3);
+  const int64_t slots = k_cache.size(0) * k_cache.size(1);
+  RV_CHECK(k.numel() == T * KVH * D && v.numel() == T * KVH * D, "kv_cache_write: k and v [T, kv_heads, head_dim] of ",
+           "the cache's ", k_cache.shape_str(), " (got ", k.shape_str(), ")");
+  CacheRows kc = k_rows(k_cache, quant), vc = v_rows(v_cache, quant);
   const int32_t* slot = slot_mapping.ptr<int32_t>();
   for (int64_t t = 0; t < T; ++t) {
     if (slot[t] < 0) continue;  // a padding row
     RV_CHECK(slot[t] < slots, "kv_cache_write: slot ", slot[t], " out of range");
-    std::copy_n(k.ptr<float>() + t * row, row, k_cache.ptr<float>() + int64_t(slot[t]) * row);
-    std::copy_n(v.ptr<float>() + t * row, row, v_cache.ptr<float>() + int64_t(slot[t]) * row);
+    for (int64_t h = 0; h < KVH; ++h) {
+      kc.store(slot[t], h, k.ptr<float>() + (t * KVH + h) * D);
+      vc.store(slot[t], h, v.ptr<float>() + (t * KVH + h) * D);
+    }
   }
 }
 
 void paged_attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
-                     const AttentionBatch& b, float scale, Tensor& out, const OutputGate* gate) {
+                     const AttentionBatch& b, float scale, Tensor& out, const OutputGate* gate, const KvQuant* quant) {
   const int64_t T = q.size(0), H = q.size(1), D = q.size(2);
   const int64_t KVH = k_cache.size(2), BS = b.block_size;
   RV_CHECK(k_cache.size(3) == D && H % KVH == 0, "paged_attention: q ", q.shape_str(),
@@ -40,11 +119,9 @@ void paged_attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cac
   for (int32_t s = 0; s < b.num_seqs; ++s)
     for (int32_t t = b.query_start[s]; t < b.query_start[s + 1]; ++t) seq_of[size_t(t)] = s;
 
-  const float* kc = k_cache.ptr<float>();
-  const float* vc = v_cache.ptr<float>();
+  const CacheRows kc = k_rows(k_cache, quant), vc = v_rows(v_cache, quant);
   const float* qp = q.ptr<float>();
   float* op = out.ptr<float>();
-  const int64_t row = KVH * D;  // floats per cached token
 
   // Work items are (token, kv head, context segment). Long contexts with few (token, head) pairs
   // (decode of a few sequences) are split into segments so every thread has work; each segment
@@ -76,11 +153,12 @@ void paged_attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cac
     const int32_t s = seq_of[size_t(it.t)];
     const int32_t* table = b.block_tables + int64_t(s) * b.max_blocks_per_seq;
     const int64_t n = it.j1 - it.j0;
-    thread_local std::vector<float> scores;
+    thread_local std::vector<float> scores, row_buf;
     scores.assign(size_t(group * n), 0.0f);
+    row_buf.resize(size_t(D));
     for (int64_t j = 0; j < n; ++j) {
       const int64_t pos = it.j0 + j;
-      const float* krow = kc + (int64_t(table[pos / BS]) * BS + pos % BS) * row + it.kvh * D;
+      const float* krow = kc.load(int64_t(table[pos / BS]) * BS + pos % BS, it.kvh, row_buf.data());
       for (int64_t g = 0; g < group; ++g)
         scores[size_t(g * n + j)] = dot_f32(qp + (it.t * H + it.kvh * group + g) * D, krow, D) * scale;
     }
@@ -96,7 +174,7 @@ void paged_attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cac
     }
     for (int64_t j = 0; j < n; ++j) {
       const int64_t pos = it.j0 + j;
-      const float* vrow = vc + (int64_t(table[pos / BS]) * BS + pos % BS) * row + it.kvh * D;
+      const float* vrow = vc.load(int64_t(table[pos / BS]) * BS + pos % BS, it.kvh, row_buf.data());
       for (int64_t g = 0; g < group; ++g) axpy_f32(scores[size_t(g * n + j)], vrow, o + g * D, D);
     }
   });
@@ -126,7 +204,7 @@ void paged_attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cac
 }
 
 void qkv_rope_cache(const Tensor& qkv, const QkNorm& norm, const Tensor& positions, const RopeTables& tables,
-                    const Tensor& slot_mapping, Tensor& q, Tensor& k_cache, Tensor& v_cache) {
+                    const Tensor& slot_mapping, Tensor& q, Tensor& k_cache, Tensor& v_cache, const KvQuant* quant) {
   const int64_t T = q.size(0), H = q.size(1), D = q.size(2), KVH = k_cache.size(2);
   Tensor q2 = q.view({T, H * D});
   Tensor k = Tensor::uninitialized({T, KVH, D}, DType::kF32), v = Tensor::uninitialized({T, KVH, D}, DType::kF32);
@@ -138,14 +216,15 @@ void qkv_rope_cache(const Tensor& qkv, const QkNorm& norm, const Tensor& positio
   if (norm.k) cpu::rms_norm(k, *norm.k, norm.eps, k);
   cpu::rope(q, positions, tables);
   cpu::rope(k, positions, tables);
-  cpu::kv_cache_write(k, v, slot_mapping, k_cache, v_cache);
+  cpu::kv_cache_write(k, v, slot_mapping, k_cache, v_cache, quant);
 }
 
 void qkv_rope_attention(const Tensor& qkv, const QkNorm& norm, const Tensor& positions, const RopeTables& rope,
                         const Tensor& slot_mapping, Tensor& q, Tensor& k_cache, Tensor& v_cache,
-                        const AttentionBatch& batch, float scale, Tensor& out, const OutputGate* gate) {
-  cpu::qkv_rope_cache(qkv, norm, positions, rope, slot_mapping, q, k_cache, v_cache);
-  cpu::paged_attention(q, k_cache, v_cache, batch, scale, out, gate);
+                        const AttentionBatch& batch, float scale, Tensor& out, const OutputGate* gate,
+                        const KvQuant* quant) {
+  cpu::qkv_rope_cache(qkv, norm, positions, rope, slot_mapping, q, k_cache, v_cache, quant);
+  cpu::paged_attention(q, k_cache, v_cache, batch, scale, out, gate, quant);
 }
 
 }  // namespace revolta::ops::cpu
