@@ -155,3 +155,36 @@ def test_fp8_saturates_past_448_times_the_scale():
     out = np.zeros_like(q)
     _core.ops.paged_attention_cached(q, k, v, "float8_e4m3", 1.0, 2.0, 16, out)
     assert np.allclose(out[0, 0], np.where(np.arange(8) % 2, -896.0, 896.0))  # 448 x v_scale, no NaN
+
+
+def test_calculated_scales_keep_values_past_the_e4m3_range(tmp_path):
+    """K and V of a few thousand: E4M3 at scale 1.0 saturates at 448, scales measured by a pass over
+    calibration prompts (calculate_kv_scales) follow the 16-bit cache."""
+    import torch
+
+    kind, overrides = CONFIGS["llama-gqa2-untied"]
+    model = make_hf_model(kind, tmp_path, **overrides)
+    with torch.no_grad():
+        for layer in model.model.layers:
+            layer.self_attn.k_proj.weight *= 2000.0  # the same model: q . k and the output kept
+            layer.self_attn.q_proj.weight /= 2000.0
+            layer.self_attn.v_proj.weight *= 2000.0
+            layer.self_attn.o_proj.weight /= 2000.0
+    model.save_pretrained(tmp_path)
+    rng = random.Random(4)
+    prompts = [[rng.randrange(256) for _ in range(n)] for n in (12, 60)]
+    calibration = [[rng.randrange(256) for _ in range(40)] for _ in range(3)]
+    _, want = generate(str(tmp_path), "float16", prompts)
+    _, fixed = generate(str(tmp_path), "fp8", prompts)
+    _, measured = generate(str(tmp_path), "fp8", prompts, calculate_kv_scales=True, calibration_prompts=calibration)
+    err = {name: max(median_error(r[0], r[1], g[0], g[1]) for r, g in zip(want, got))
+           for name, got in (("fixed", fixed), ("measured", measured))}
+    print(f"median relative logit error: scale 1.0 {err['fixed']:.4f}, measured {err['measured']:.4f}")
+    assert err["measured"] < TOLERANCE["fp8"] < err["fixed"]
+
+
+def test_calculate_kv_scales_options_are_checked(demo_model_dir):
+    with pytest.raises(ValueError, match="calculate_kv_scales measures the scales of an fp8 KV cache"):
+        LLM(demo_model_dir, kv_cache_dtype="int8", calculate_kv_scales=True)
+    with pytest.raises(ValueError, match="calculate_kv_scales: not built for tensor_parallel_size > 1"):
+        LLM(demo_model_dir, kv_cache_dtype="fp8", calculate_kv_scales=True, tensor_parallel_size=2)

@@ -67,6 +67,8 @@ NB_MODULE(_core, m) {
       .def_rw("model", &EngineConfig::model)
       .def_rw("dtype", &EngineConfig::dtype)
       .def_rw("kv_cache_dtype", &EngineConfig::kv_cache_dtype)
+      .def_rw("calculate_kv_scales", &EngineConfig::calculate_kv_scales)
+      .def_rw("calibration_prompts", &EngineConfig::calibration_prompts)
       .def_rw("device", &EngineConfig::device)
       .def_rw("load_format", &EngineConfig::load_format)
       .def_rw("quantization", &EngineConfig::quantization)

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 from revolta import _core
+from revolta.kv_calibration import calibration_prompts as calibration_prompts_of
 from revolta.models.resolve import resolve_model
 from revolta.models.tokenizer import IncrementalDetokenizer, Tokenizer
 from revolta.outputs import CompletionOutput, RequestOutput
@@ -87,6 +88,8 @@ class LLM:
         tokenizer: str | None = None,
         device: str = "cpu",
         kv_cache_dtype: str = "auto",
+        calculate_kv_scales: bool = False,
+        calibration_prompts: list[list[int]] | None = None,
         load_format: str = "auto",
         quantization: str = "auto",
         gpu_memory_utilization: float = 0.9,
@@ -111,6 +114,17 @@ class LLM:
         cfg.seed = seed
         cfg.device = device
         cfg.kv_cache_dtype = kv_cache_dtype
+        tok_dir = tokenizer or self.model_path
+        try:
+            self.tokenizer: Tokenizer | None = Tokenizer(tok_dir)
+        except FileNotFoundError:
+            self.tokenizer = None
+        if calculate_kv_scales:
+            if calibration_prompts is None and self.tokenizer is None:
+                raise ValueError(f"calculate_kv_scales: no tokenizer.json in {tok_dir} to make the calibration "
+                                 "prompts of; pass calibration_prompts (token ids)")
+            cfg.calculate_kv_scales = True
+            cfg.calibration_prompts = calibration_prompts or calibration_prompts_of(self.tokenizer)
         cfg.load_format = load_format
         cfg.quantization = quantization
         cfg.gpu_memory_utilization = gpu_memory_utilization
@@ -122,11 +136,6 @@ class LLM:
         self.model_info = self.engine.model_info
         for warning in self.model_info.warnings:
             logging.getLogger("revolta").warning("%s", warning)
-        tok_dir = tokenizer or self.model_path
-        try:
-            self.tokenizer: Tokenizer | None = Tokenizer(tok_dir)
-        except FileNotFoundError:
-            self.tokenizer = None
         self._ids = itertools.count()
 
     # ---- public API -----------------------------------------------------------------------

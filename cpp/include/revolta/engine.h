@@ -44,6 +44,10 @@ struct EngineConfig {
   // auto (float32 on the CPU, float16 on CUDA) | float32 | float16 (fp16) | fp8 (fp8_e4m3: E4M3 with the
   // checkpoint's per-layer k_scale / v_scale, else 1.0) | int8 (a scale per token and KV head)
   std::string kv_cache_dtype = "auto";
+  // fp8: the per-layer scales from a pass over calibration_prompts (token ids) at startup instead of
+  // the checkpoint's (vLLM's calculate_kv_scales; revolta.LLM and the server supply the prompts).
+  bool calculate_kv_scales = false;
+  std::vector<std::vector<int32_t>> calibration_prompts;
   std::string device = "cpu";        // cpu | cuda
   // auto: safetensors | dummy: random weights of the config's shapes | gguf: the GGUF file the model
   // directory names (gguf_weights.json), quantized matrices kept in their blocks (CPU)

@@ -51,6 +51,12 @@ void EngineConfig::validate() const {
                    kv_cache_dtype == "int8",
                "kv_cache_dtype must be one of auto, float32, float16 (fp16), fp8 (fp8_e4m3), int8; got '",
                kv_cache_dtype, "'");
+  RV_CHECK_ARG(!calculate_kv_scales || kv_cache_dtype == "fp8" || kv_cache_dtype == "fp8_e4m3",
+               "calculate_kv_scales measures the scales of an fp8 KV cache; kv_cache_dtype is '", kv_cache_dtype, "'");
+  RV_CHECK_ARG(!calculate_kv_scales || tensor_parallel_size == 1,
+               "calculate_kv_scales: not built for tensor_parallel_size > 1 yet (give the checkpoint's k_scale / v_scale)");
+  RV_CHECK_ARG(!calculate_kv_scales || !calibration_prompts.empty(),
+               "calculate_kv_scales needs calibration_prompts (token ids of a few prompts)");
   RV_CHECK_ARG(device == "cpu" || dtype != "bfloat16",
                "dtype bfloat16 is not supported with device cuda (SM70 has no bf16 arithmetic): use auto or float16, "
                "bf16 checkpoints are converted to float16 with a range check");

@@ -147,6 +147,7 @@ def build(settings):
     """Loads the engine and tokenizer and returns (app, async engine)."""
     from revolta import _core
     from revolta.models.resolve import resolve_model
+    from revolta.kv_calibration import calibration_prompts
     from revolta.models.tokenizer import Tokenizer
     from revolta.server.app import create_app
     from revolta.server.async_engine import AsyncEngine
@@ -163,6 +164,10 @@ def build(settings):
     cfg.model = path
     cfg.cuda_graph_batch_sizes = e.cuda_graph_sizes
     apply_speculative_config(cfg, e.speculative_config)
+    tokenizer = Tokenizer(e.tokenizer or path)
+    if e.calculate_kv_scales:
+        cfg.calculate_kv_scales = True
+        cfg.calibration_prompts = calibration_prompts(tokenizer)
     core = _core.Engine(cfg)
     info = core.model_info
     log.info("model %s on %s%s: %.2f GB of %s weights%s, KV cache %.2f GB (%s, %d tokens)%s", info.architecture,
@@ -174,7 +179,6 @@ def build(settings):
     for warning in info.warnings:
         log.warning("%s", warning)
     engine = AsyncEngine(core, e.max_num_seqs)
-    tokenizer = Tokenizer(e.tokenizer or path)
     served = [e.served_model_name or (Path(e.model).name if e.model else "SmolLM2-135M-Instruct")]
     if e.model and e.model not in served:
         served.append(e.model)
