@@ -85,6 +85,7 @@ def test_demo_model_over_a_long_prompt(demo_model_dir):
         assert err < DEMO_TOLERANCE
     # the pool in tokens grows by the bytes a format saves (head_dim 64: int8 rows carry a 4-byte scale)
     tokens = {kv: run[0].model_info.kv_cache_tokens for kv, run in runs.items()}
+    print(f"pool of 256 MiB in tokens: {tokens}")
     assert tokens["fp8"] == 2 * tokens["float16"]
     assert abs(tokens["int8"] / tokens["float16"] - 128 / 68) < 0.01
 
