@@ -152,13 +152,11 @@ Engine::Impl::Impl(const EngineConfig& c) : cfg(c), seed_source(c.seed) {
     device_runtime(device).memory_info(&free_b, &total_b);
     plan.shrink_to(int64_t(double(total_b) * cfg.gpu_memory_utilization) - int64_t(total_b - free_b) - activation_bytes);
   }
-  std::vector<std::pair<float, float>> measured;
-  if (cfg.calculate_kv_scales)
-    measured = calibrate_kv_scales(*model, groups, cfg.calibration_prompts, cfg.block_size, cfg.max_model_len);
+  const auto kv_scales = cfg.calculate_kv_scales ? calibrate_kv_scales(*model, groups, cfg.calibration_prompts,
+                                                                      cfg.block_size, cfg.max_model_len)
+                                                 : model->kv_scales();
   caches = std::make_unique<CacheCoordinator>(plan, limits, device);
-  for (size_t l = 0; l < measured.size() && l < caches->kv().quant.size(); ++l)
-    caches->kv().quant[l].k = measured[l].first, caches->kv().quant[l].v = measured[l].second;
-  if (const int32_t missing = measured.empty() ? set_kv_scales(*model, caches->kv()) : 0; missing > 0)
+  if (const int32_t missing = set_kv_scales(kv_scales, caches->kv()); missing > 0)
     info.warnings.push_back(str_cat("kv_cache_dtype ", cfg.kv_cache_dtype, ": ", cfg.model, " carries no k_scale / v_scale for ",
                                     missing, " of its ", caches->kv().quant.size(),
                                     " attention layers; they scale by 1.0 (values past 448 saturate)"));

@@ -69,7 +69,7 @@ void TensorParallelRanks::make_runners(const CachePlan& plan, const CacheLimits&
   run_all(
       [&](Worker& w) {
         w.caches = std::make_unique<CacheCoordinator>(plan, limits, w.model->device());
-        set_kv_scales(*w.model, w.caches->kv());  // (rank 0 reports the layers without)
+        set_kv_scales(w.model->kv_scales(), w.caches->kv());  // (rank 0 reports the layers without)
         w.runner = std::make_unique<ModelRunner>(*w.model, w.caches->kv(), w.caches->states(), ropts);
       },
       [] {});

@@ -103,9 +103,8 @@ void DecoderBase::load_kv_scales(const WeightLoader& w, const std::string& prefi
   kv_scales_[size_t(layer)] = s;
 }
 
-int32_t set_kv_scales(const CausalLM& model, KvCache& cache) {
+int32_t set_kv_scales(const std::vector<std::pair<float, float>>& scales, KvCache& cache) {
   if (cache.quant.empty() || cache.k.empty() || cache.k[0].dtype() != DType::kF8E4M3) return 0;
-  const auto scales = model.kv_scales();
   int32_t missing = 0;
   for (size_t l = 0; l < cache.quant.size(); ++l) {
     const bool have = l < scales.size() && scales[l].first > 0.0f;

@@ -78,9 +78,9 @@ class CausalLM {
   virtual int32_t max_captured_batch() const { return 1 << 30; }
 };
 
-// An E4M3 cache's per-layer scales from the model's checkpoint (other caches: nothing to do).
-// Returns how many of its layers the checkpoint has no scales for (those keep 1.0).
-int32_t set_kv_scales(const CausalLM& model, KvCache& cache);
+// An E4M3 cache's per-layer scales (the checkpoint's, CausalLM::kv_scales, or measured ones; other
+// caches: nothing to do). Returns how many of its layers `scales` has none for (those keep 1.0).
+int32_t set_kv_scales(const std::vector<std::pair<float, float>>& scales, KvCache& cache);
 
 // Reads config.json, picks the architecture and loads its weights converted to weight_dtype onto
 // the device (made-up values when dummy; from the GGUF file gguf_weights.json names, quantized

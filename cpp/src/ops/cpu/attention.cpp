@@ -26,17 +26,11 @@ class CacheRows {
     if (dt_ == DType::kF8E4M3)
       for (int i = 0; i < 256; ++i) e4m3_[i] = f8e4m3_to_f32(uint8_t(i)) * scale_;
   }
-  int64_t slots_per_row() const { return kvh_ * d_; }
-
   void store(int64_t slot, int64_t h, const float* x) {
     const int64_t at = (slot * kvh_ + h) * d_;
     switch (dt_) {
-      case DType::kF32: std::copy_n(x, d_, reinterpret_cast<float*>(base_) + at); return;
-      case DType::kF16: {
-        uint16_t* o = reinterpret_cast<uint16_t*>(base_) + at;
-        for (int64_t i = 0; i < d_; ++i) o[i] = f32_to_f16(x[i]);
-        return;
-      }
+      case DType::kF32:
+      case DType::kF16: convert_from_f32(x, base_ + at * int64_t(dtype_size(dt_)), dt_, size_t(d_)); return;
       case DType::kF8E4M3: {
         const float inv = 1.0f / scale_;
         for (int64_t i = 0; i < d_; ++i) base_[at + i] = f32_to_f8e4m3(x[i] * inv);
@@ -58,11 +52,7 @@ class CacheRows {
     const int64_t at = (slot * kvh_ + h) * d_;
     switch (dt_) {
       case DType::kF32: return reinterpret_cast<const float*>(base_) + at;
-      case DType::kF16: {
-        const uint16_t* r = reinterpret_cast<const uint16_t*>(base_) + at;
-        for (int64_t i = 0; i < d_; ++i) buf[i] = f16_to_f32(r[i]);
-        return buf;
-      }
+      case DType::kF16: convert_to_f32(base_ + at * 2, dt_, buf, size_t(d_)); return buf;
       case DType::kF8E4M3:
         for (int64_t i = 0; i < d_; ++i) buf[i] = e4m3_[base_[at + i]];
         return buf;
