@@ -9,6 +9,7 @@
 //                 [--concurrency 1,2,4,8,16,32] [--prefill 2048,8192] [--prompt 128] [--decode 128]
 //                 [--eager] [--no-dependent-launch] [--async-scheduling auto|on|off] [--json FILE]
 //                 [--probe FILE] [--max-model-len N] [--quantization awq] [--tensor-parallel-size N]
+//                 [--kv-cache-dtype auto|fp8|int8]
 //
 // qwen3-next-80b is Qwen3-Next-80B-A3B's shape (hidden 2048, 512 experts top-10, its attention and
 // Gated DeltaNet dimensions); its 48 layers in fp16 do not fit one 141 GB GPU, so it runs 32 unless
@@ -23,6 +24,7 @@
 // compare at the same limit only when it is given.
 // --quantization awq: the linear layers in 4-bit groups of 128 (made-up values), the byte counts
 // with them (the hybrid decoder's input projections stay 16-bit).
+// --kv-cache-dtype fp8|int8: the KV cache in E4M3 / int8 (made-up scales of 1), the KV bytes with it.
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -98,21 +100,21 @@ std::string write_config(const std::string& name, const Shape& s) {
 
 // Bytes one decoded token reads (weights it touches in fp16, or the linear layers' at `linear`
 // bytes a value when they are 4-bit, the router in f32, recurrent state read + written in f32) and
-// KV bytes per context token (fp16).
+// KV bytes per context token (kv: bytes per cached value, 2 for fp16).
 struct TokenBytes {
   double weights = 0;      // read once per step whatever the batch
   double per_expert = 0;   // one routed expert, summed over the layers
   double state = 0, kv_per_ctx = 0;
 };
 
-TokenBytes token_bytes(const Shape& s, double linear) {
+TokenBytes token_bytes(const Shape& s, double linear, double kv) {
   TokenBytes b;
   const double H = s.hidden;
   if (!s.hybrid()) {
     const double D = H / s.heads;
     b.weights = s.layers * (H * D * (2.0 * s.heads + 2.0 * s.kv_heads) + 3.0 * H * s.intermediate) * linear +
                 double(s.vocab) * H * 2;
-    b.kv_per_ctx = 2.0 * s.layers * s.kv_heads * D * 2;
+    b.kv_per_ctx = 2.0 * s.layers * s.kv_heads * D * kv;
     return b;
   }
   const int attn_layers = s.layers / s.attn_every, lin_layers = s.layers - attn_layers;
@@ -126,7 +128,7 @@ TokenBytes token_bytes(const Shape& s, double linear) {
               double(s.vocab) * H * 2;
   b.per_expert = s.layers * 3.0 * s.moe_inter * H * linear;
   b.state = 2.0 * lin_layers * s.lin_v_heads * s.lin_k_dim * s.lin_v_dim * 4;
-  b.kv_per_ctx = 2.0 * attn_layers * s.kv_heads * s.head_dim * 2;
+  b.kv_per_ctx = 2.0 * attn_layers * s.kv_heads * s.head_dim * kv;
   return b;
 }
 
@@ -215,7 +217,8 @@ std::pair<double, int64_t> run_decode(Engine& e, const std::vector<std::vector<i
 }  // namespace
 
 int run(int argc, char** argv) {
-  std::string shape_name = "llama-8b", json_path, probe_path, device = "cuda", async_scheduling = "auto", quantization = "auto";
+  std::string shape_name = "llama-8b", json_path, probe_path, device = "cuda", async_scheduling = "auto", quantization = "auto",
+              kv_cache_dtype = "auto";
   int layers = 0;
   std::vector<int> conc = {1, 2, 4, 8, 16, 32}, prefill = {2048, 8192};
   int prompt = 128, decode = 128, max_model_len = 0, tensor_parallel = 1;
@@ -238,6 +241,7 @@ int run(int argc, char** argv) {
     else if (a == "--max-model-len") max_model_len = std::stoi(next());
     else if (a == "--quantization") quantization = next();
     else if (a == "--tensor-parallel-size") tensor_parallel = std::stoi(next());
+    else if (a == "--kv-cache-dtype") kv_cache_dtype = next();
     else {
       std::fprintf(stderr, "unknown argument %s\n", a.c_str());
       return 2;
@@ -276,6 +280,7 @@ int run(int argc, char** argv) {
   cfg.device = device;
   cfg.load_format = "dummy";
   cfg.quantization = quantization;
+  cfg.kv_cache_dtype = kv_cache_dtype;
   int max_prefill = 0;
   for (int p : prefill) max_prefill = std::max(max_prefill, p);
   int max_conc = 1;
@@ -298,12 +303,14 @@ int run(int argc, char** argv) {
   cfg.tensor_parallel_size = tensor_parallel;
   Engine engine(cfg);
   const ModelInfo& info = engine.model_info();
-  const TokenBytes tb = token_bytes(s, quantization == "awq" ? 68.0 / 128.0 : 2.0);  // int4 g128: 68-byte blocks
+  // int4 g128: 68-byte blocks; int8 KV rows carry a 4-byte scale
+  const double kv_bytes = kv_cache_dtype == "fp8" ? 1.0 : kv_cache_dtype == "int8" ? 1.0 + 4.0 / (s.hybrid() ? s.head_dim : s.hidden / s.heads) : 2.0;
+  const TokenBytes tb = token_bytes(s, quantization == "awq" ? 68.0 / 128.0 : 2.0, kv_bytes);
   if (!info.quantization.empty()) std::printf("weights: %s\n", info.quantization.c_str());
   std::printf("shape %s: %.2f GB of weights; a decoded token reads %.3f GB of them + %.1f MB of state + KV; "
-              "KV pool %.1f GB; %s; async scheduling %s; max_model_len %d\n",
+              "KV pool %.1f GB (%s, %lld tokens); %s; async scheduling %s; max_model_len %d\n",
               shape_name.c_str(), info.weight_bytes / 1e9, (tb.weights + s.top_k * tb.per_expert) / 1e9, tb.state / 1e6,
-              info.kv_cache_bytes / 1e9, eager || device != "cuda" ? "eager" : "decode graphs allowed",
+              info.kv_cache_bytes / 1e9, info.kv_cache_dtype.c_str(), (long long)info.kv_cache_tokens, eager || device != "cuda" ? "eager" : "decode graphs allowed",
               async_scheduling.c_str(), cfg.max_model_len);
   if (!info.cuda_graph_batch_sizes.empty()) {
     std::printf("decode graphs recorded for batch sizes");

@@ -1,5 +1,7 @@
 // Paged attention for batches that mix prefill chunks and decode tokens (the CPU op's contract),
-// over float32 or float16 KV caches.
+// over float32, float16, E4M3 or int8 KV caches (kv_elements.cuh: quantized elements turn into
+// floats in registers; the layer scales of E4M3 go into q's scale and the output's, int8's row
+// scales into each position's score and weight).
 //  - Sequences with one query token (decode) use a per-(token, head) kernel: groups of lanes
 //    take context positions side by side with an online softmax each, merged in shared memory;
 //    when few blocks would leave SMs idle the context is split across blocks and the split that
@@ -15,6 +17,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "attention/kv_elements.cuh"
 #include "attention/prefill_attention.cuh"
 #include "core/activations.cuh"
 #include "core/cuda_check.h"
@@ -36,21 +39,27 @@ namespace {
 constexpr int kThreads = 256, kGroupLanes = 8, kGroups = kThreads / kGroupLanes, kWarps = kThreads / 32;
 constexpr int kMaxD = 256, kMaxSplits = 64, kMergeBatch = 16;
 
-// The EPL elements of a head row that this lane holds, from element `first` on, as floats.
+// Bytes of a lane's vector loads: 16, or 8 where a quantized row's lane slice is that short.
+template <typename C, int EPL>
+constexpr int kChunkBytes = kQuantized<C> && EPL * sizeof(C) == 8 ? 8 : 16;
+
+// The EPL elements of a head row that this lane holds, from element `first` on, as raw floats
+// (kv_elements.cuh).
 template <int EPL, bool kVec, typename C>
 __device__ __forceinline__ void load_slice(const C* __restrict__ p, int first, int D, float (&v)[EPL]) {
-  if constexpr (kVec) {
+  if constexpr (kVec && kChunkBytes<C, EPL> == 8) {
+    const uint2 half_chunk = *reinterpret_cast<const uint2*>(p + first);
+    float w[16 / sizeof(C)];
+    unpack_raw<C>(make_uint4(half_chunk.x, half_chunk.y, 0u, 0u), w);
+#pragma unroll
+    for (int i = 0; i < EPL; ++i) v[i] = w[i];
+  } else if constexpr (kVec) {
     constexpr int kPerVec = 16 / sizeof(C);
 #pragma unroll
-    for (int i = 0; i < EPL; i += kPerVec) {
-      const uint4 raw = *reinterpret_cast<const uint4*>(p + first + i);
-      const C* e = reinterpret_cast<const C*>(&raw);
-#pragma unroll
-      for (int k = 0; k < kPerVec; ++k) v[i + k] = to_float(e[k]);
-    }
+    for (int i = 0; i < EPL; i += kPerVec) unpack_raw<C>(*reinterpret_cast<const uint4*>(p + first + i), v + i);
   } else {
 #pragma unroll
-    for (int i = 0; i < EPL; ++i) v[i] = first + i < D ? to_float(p[first + i]) : 0.0f;
+    for (int i = 0; i < EPL; ++i) v[i] = first + i < D ? to_raw(p[first + i]) : 0.0f;
   }
 }
 
@@ -101,7 +110,8 @@ __device__ __forceinline__ void decode_attention(
     const int32_t* __restrict__ query_start, const int32_t* __restrict__ seq_lens,
     const int32_t* __restrict__ block_tables, const int32_t* __restrict__ seq_of,
     const int32_t* __restrict__ token_list, int max_blocks, int block_size, int H, int KVH, int D, float scale,
-    float* __restrict__ out, float* __restrict__ part, int* __restrict__ counters, Gate gate, const Fresh<C>& fr) {
+    float* __restrict__ out, float* __restrict__ part, int* __restrict__ counters, Gate gate, KvScales sc,
+    const Fresh<C>& fr) {
   // Before the wait: the batch layout (uploaded before the step's first kernel) and the first
   // round's keys and values at the positions that earlier steps wrote, [0, seq_len - q_len); the
   // predecessor (qkv_rope_cache) writes only this step's positions, which are loaded after it.
@@ -119,20 +129,21 @@ __device__ __forceinline__ void decode_attention(
   // to a round of its own after them, from the k and v the block made (a split may lack others).
   const int jr = kRope ? min(j1, written) : j1;
   const int32_t* table = block_tables + size_t(s) * max_blocks;
-  const size_t row = size_t(KVH) * D, head_off = size_t(kvh) * D;
   using Rows = float[P][EPL];
-  auto load_position = [&](Rows& kv, Rows& vv, int p, int jb) {
+  using RowScales = float[P];  // int8: each position's K and V row scales
+  auto load_position = [&](Rows& kv, Rows& vv, RowScales& ks, RowScales& vs, int p, int jb) {
     // (kRope: a split may have no cached position, and its rounds mask whatever this reads)
     const int last = min(jb + group + p * kGroups, jr - 1), jp = kRope ? max(0, last) : last;
-    const size_t base = (size_t(table[jp / block_size]) * block_size + jp % block_size) * row + head_off;
-    load_slice<EPL, kVec>(kc + base, first, D, kv[p]);
-    load_slice<EPL, kVec>(vc + base, first, D, vv[p]);
+    const size_t slot_row = (size_t(table[jp / block_size]) * block_size + jp % block_size) * KVH + kvh;
+    load_slice<EPL, kVec>(kc + slot_row * D, first, D, kv[p]);
+    load_slice<EPL, kVec>(vc + slot_row * D, first, D, vv[p]);
+    if constexpr (kScaledRows<C>) ks[p] = sc.k_rows[slot_row], vs[p] = sc.v_rows[slot_row];
   };
   auto fresh = [&](int p) { return !kRope && min(j0 + group + p * kGroups, j1 - 1) >= written; };
-  float kv0[P][EPL], vv0[P][EPL];  // the first round
+  float kv0[P][EPL], vv0[P][EPL], ks0[P], vs0[P];  // the first round
 #pragma unroll
   for (int p = 0; p < P; ++p)
-    if (!fresh(p)) load_position(kv0, vv0, p, j0);
+    if (!fresh(p)) load_position(kv0, vv0, ks0, vs0, p, j0);
   // kRope: column threadIdx.x's norm weights and rope entries (partner: its rotate-half pair).
   float wq = 1.0f, wk = 1.0f, rc = 1.0f, rs = 0.0f;
   int partner = int(threadIdx.x), slot = -1;
@@ -192,16 +203,17 @@ __device__ __forceinline__ void decode_attention(
   } else {
 #pragma unroll
     for (int p = 0; p < P; ++p)
-      if (fresh(p)) load_position(kv0, vv0, p, j0);
+      if (fresh(p)) load_position(kv0, vv0, ks0, vs0, p, j0);
     const float* qrow = q + (size_t(t) * H + h) * D;
+    const float q_scale = scale * sc.k;
 #pragma unroll
-    for (int i = 0; i < EPL; ++i) qv[i] = first + i < D ? qrow[first + i] * scale : 0.0f, acc[i] = 0.0f;
+    for (int i = 0; i < EPL; ++i) qv[i] = first + i < D ? qrow[first + i] * q_scale : 0.0f, acc[i] = 0.0f;
   }
   RV_PROBE_MARK(2);
   float m = -INFINITY, l = 0.0f;
   // Rounds are the same for every lane (the group sums shuffle across the warp); a group whose
   // position lies past the split's end loads a valid one and drops its score.
-  auto round = [&](const Rows& kv, const Rows& vv, int jb, int end) {
+  auto round = [&](const Rows& kv, const Rows& vv, const RowScales& ks, const RowScales& vs, int jb, int end) {
     float score[P];
     float m_new = m;
 #pragma unroll
@@ -210,6 +222,7 @@ __device__ __forceinline__ void decode_attention(
 #pragma unroll
       for (int i = 0; i < EPL; ++i) dot += qv[i] * kv[p][i];
       dot = group_sum(dot);
+      if constexpr (kScaledRows<C>) dot *= ks[p];
       score[p] = jb + group + p * kGroups < end ? dot : -INFINITY;
       m_new = fmaxf(m_new, score[p]);
     }
@@ -220,22 +233,22 @@ __device__ __forceinline__ void decode_attention(
     for (int i = 0; i < EPL; ++i) acc[i] *= corr;
 #pragma unroll
     for (int p = 0; p < P; ++p) {
-      const float w = __expf(score[p] - m_new);
+      const float w = __expf(score[p] - m_new), wv = kScaledRows<C> ? w * vs[p] : w;
       l += w;
 #pragma unroll
-      for (int i = 0; i < EPL; ++i) acc[i] += w * vv[p][i];
+      for (int i = 0; i < EPL; ++i) acc[i] += wv * vv[p][i];
     }
     m = m_new;
   };
   // The first round apart, so that the loop keeps its loads at the top of each round (with the
   // first round's loads folded into it, 8K-token prefills of head_dim 256, which run this kernel
   // per token, measured 16% slower on the H200).
-  round(kv0, vv0, j0, jr);
+  round(kv0, vv0, ks0, vs0, j0, jr);
   for (int jb = j0 + P * kGroups; jb < jr; jb += P * kGroups) {
-    float kv[P][EPL], vv[P][EPL];
+    float kv[P][EPL], vv[P][EPL], ks[P], vs[P];
 #pragma unroll
-    for (int p = 0; p < P; ++p) load_position(kv, vv, p, jb);  // all loads first: they do not depend on the softmax state
-    round(kv, vv, jb, jr);
+    for (int p = 0; p < P; ++p) load_position(kv, vv, ks, vs, p, jb);  // all loads first: they do not depend on the softmax state
+    round(kv, vv, ks, vs, jb, jr);
   }
   if constexpr (kRope) {
     if (j1 == ctx) {  // this step's position, taken by group 0 (a round's update, read from shared memory)
@@ -286,7 +299,7 @@ __device__ __forceinline__ void decode_attention(
     if (d < D) res += c * sacc[w][d];
   }
   float* dst = out + (size_t(t) * H + h) * D;
-  const float g = gate.g ? sigmoid(gv) : 1.0f;
+  const float g = (gate.g ? sigmoid(gv) : 1.0f) * sc.v;
   if (splits == 1) {
     if (d < D) dst[d] = res / total * g;
     return;
@@ -342,10 +355,11 @@ __global__ void __launch_bounds__(kThreads) decode_attention_kernel(
     const int32_t* __restrict__ query_start, const int32_t* __restrict__ seq_lens,
     const int32_t* __restrict__ block_tables, const int32_t* __restrict__ seq_of,
     const int32_t* __restrict__ token_list, int max_blocks, int block_size, int H, int KVH, int D, float scale,
-    float* __restrict__ out, float* __restrict__ part, int* __restrict__ counters, Gate gate) {
+    float* __restrict__ out, float* __restrict__ part, int* __restrict__ counters, Gate gate, KvScales sc) {
   RV_PROBE_BLOCK(ProbeKind::kDecodeAttention);
   decode_attention<C, EPL, kVec, P, false>(q, kc, vc, query_start, seq_lens, block_tables, seq_of, token_list,
-                                           max_blocks, block_size, H, KVH, D, scale, out, part, counters, gate, Fresh<C>{});
+                                           max_blocks, block_size, H, KVH, D, scale, out, part, counters, gate, sc,
+                                           Fresh<C>{});
 }
 
 // The fused form, held to two blocks an SM (its forms had taken 126-136 registers otherwise;
@@ -361,10 +375,10 @@ __global__ void __launch_bounds__(kThreads, 2) rope_attention_kernel(
     const int32_t* __restrict__ query_start, const int32_t* __restrict__ seq_lens,
     const int32_t* __restrict__ block_tables, const int32_t* __restrict__ seq_of,
     const int32_t* __restrict__ token_list, int max_blocks, int block_size, int H, int KVH, int D, float scale,
-    float* __restrict__ out, float* __restrict__ part, int* __restrict__ counters, Gate gate, Fresh<C> fr) {
+    float* __restrict__ out, float* __restrict__ part, int* __restrict__ counters, Gate gate, KvScales sc, Fresh<C> fr) {
   RV_PROBE_BLOCK(ProbeKind::kDecodeAttention);
   decode_attention<C, EPL, kVec, P, true>(q, kc, vc, query_start, seq_lens, block_tables, seq_of, token_list,
-                                          max_blocks, block_size, H, KVH, D, scale, out, part, counters, gate, fr);
+                                          max_blocks, block_size, H, KVH, D, scale, out, part, counters, gate, sc, fr);
 }
 
 struct Shape {
@@ -379,9 +393,9 @@ template <typename C, int EPL>
 void launch_decode_kernel(const Tensor& q, const C* kc, const C* vc, const ops::AttentionBatch& b, const Shape& sh,
                           const int32_t* qs, const int32_t* lens, const int32_t* tables, const int32_t* seq_of,
                           const int32_t* token_list, int64_t n, int max_ctx, float scale, Tensor& out, const Gate& gate,
-                          const Fresh<C>* fresh) {
+                          const KvScales& sc, const Fresh<C>* fresh) {
   constexpr int P = EPL <= 16 ? 2 : 1;  // two positions per group where registers allow
-  constexpr bool kCanVec = (EPL * sizeof(C)) % 16 == 0;
+  constexpr bool kCanVec = (EPL * sizeof(C)) % kChunkBytes<C, EPL> == 0;
   auto go = [&](auto kernel, auto... extra) {
     const int64_t work = n * sh.H, round_len = P * kGroups;
     const int64_t resident = int64_t(blocks_per_sm(reinterpret_cast<const void*>(kernel), kThreads, 0)) * sm_count();
@@ -393,10 +407,10 @@ void launch_decode_kernel(const Tensor& q, const C* kc, const C* vc, const ops::
     launch_dependent(kernel, dim3(unsigned(n), unsigned(sh.H), unsigned(splits)), dim3(kThreads), 0, q.ptr<float>(), kc,
                      vc, qs, lens, tables, seq_of, token_list, b.max_blocks_per_seq, b.block_size, int(sh.H), int(sh.KVH),
                      int(sh.D), scale, out.ptr<float>(), splits > 1 ? part.ptr<float>() : nullptr,
-                     splits > 1 ? arrival_counters() : nullptr, gate, extra...);
+                     splits > 1 ? arrival_counters() : nullptr, gate, sc, extra...);
   };
   const bool vec = kCanVec && sh.D == kGroupLanes * EPL;
-  if constexpr (EPL <= kMaxFusedEpl) {
+  if constexpr (EPL <= kMaxFusedEpl && !kQuantized<C>) {
     if (fresh && vec) return go(rope_attention_kernel<C, EPL, kCanVec, P>, *fresh);
     if (fresh) return go(rope_attention_kernel<C, EPL, false, P>, *fresh);
   }
@@ -411,11 +425,11 @@ template <typename C>
 void launch_decode(const Tensor& q, const C* kc, const C* vc, const ops::AttentionBatch& b, const Shape& sh,
                    const int32_t* qs, const int32_t* lens, const int32_t* tables, const int32_t* seq_of,
                    const int32_t* token_list, int64_t n, int max_ctx, float scale, Tensor& out, const Gate& gate,
-                   const Fresh<C>* fresh = nullptr) {
+                   const KvScales& sc, const Fresh<C>* fresh = nullptr) {
   if (n == 0) return;
   auto with = [&](auto epl) {
     launch_decode_kernel<C, decltype(epl)::value>(q, kc, vc, b, sh, qs, lens, tables, seq_of, token_list, n, max_ctx,
-                                                  scale, out, gate, fresh);
+                                                  scale, out, gate, sc, fresh);
   };
   if (sh.D <= 32) with(std::integral_constant<int, 4>{});
   else if (sh.D <= 64) with(std::integral_constant<int, 8>{});
@@ -425,15 +439,16 @@ void launch_decode(const Tensor& q, const C* kc, const C* vc, const ops::Attenti
 
 template <typename C>
 void run(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, const ops::AttentionBatch& b, float scale,
-         Tensor& out, const ops::OutputGate* og) {
+         Tensor& out, const ops::OutputGate* og, const ops::KvQuant* quant) {
   const Gate gate = og ? Gate{og->gate->ptr<float>(), og->gate->size(1), og->column} : Gate{};
+  const KvScales sc = kv_scales<C>(quant);
   const Shape sh{q.size(1), k_cache.size(2), q.size(2)};
   const int64_t T = q.size(0);
   const C* kc = k_cache.ptr<C>();
   const C* vc = v_cache.ptr<C>();
   if (b.decode_only && b.dev_query_start) {  // the captured-graph path: device metadata only
     launch_decode(q, kc, vc, b, sh, b.dev_query_start, b.dev_seq_lens, b.dev_block_tables, b.dev_token_seq, nullptr, T,
-                  b.max_seq_len, scale, out, gate);
+                  b.max_seq_len, scale, out, gate, sc);
     return;
   }
   // Plan on the host: decode rows for the per-token kernel, 64-row tiles of the multi-token
@@ -478,9 +493,9 @@ void run(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, const op
   const bool all_rows = decode_rows.size() == size_t(T);
   // With prefill tiles the gate is applied to every row afterwards (the tiles do not take it).
   launch_decode(q, kc, vc, b, sh, qs, lens, tables, seq_of, all_rows ? nullptr : d + n_meta, int64_t(decode_rows.size()),
-                max_ctx, scale, out, tiles.empty() ? gate : Gate{});
+                max_ctx, scale, out, tiles.empty() ? gate : Gate{}, sc);
   if (tiles.empty()) return;
-  launch_prefill(q.ptr<float>(), kc, vc, qs, lens, tables, d + n_meta + decode_rows.size(), int(tiles.size() / 2),
+  launch_prefill(q.ptr<float>(), kc, vc, sc, qs, lens, tables, d + n_meta + decode_rows.size(), int(tiles.size() / 2),
                  b.max_blocks_per_seq, b.block_size, int(sh.H), int(sh.KVH), int(sh.D), scale, out.ptr<float>());
   if (og) {
     Tensor flat = out.view({T, sh.H * sh.D});
@@ -510,7 +525,7 @@ void run_fused(const Tensor& qkv, const ops::QkNorm& norm, const Tensor& positio
   fr.k_cache = k_cache.ptr<C>();
   fr.v_cache = v_cache.ptr<C>();
   launch_decode(q, k_cache.ptr<C>(), v_cache.ptr<C>(), b, sh, b.dev_query_start, b.dev_seq_lens, b.dev_block_tables,
-                b.dev_token_seq, nullptr, q.size(0), b.max_seq_len, scale, out, gate, &fr);
+                b.dev_token_seq, nullptr, q.size(0), b.max_seq_len, scale, out, gate, KvScales{}, &fr);
 }
 
 }  // namespace
@@ -519,10 +534,10 @@ void qkv_rope_attention(const Tensor& qkv, const ops::QkNorm& norm, const Tensor
                         const Tensor& slot_mapping, Tensor& q, Tensor& k_cache, Tensor& v_cache,
                         const ops::AttentionBatch& b, float scale, Tensor& out, const ops::OutputGate* gate,
                         const ops::KvQuant* quant) {
-  RV_CHECK(!quant, "CUDA qkv_rope_attention: float8_e4m3 / int8 KV caches are not built for CUDA yet");
   const int64_t T = q.size(0), H = q.size(1), D = q.size(2), KVH = k_cache.size(2);
   // One kernel per token writes its own K/V and attends: only with one token per sequence (a
-  // verify step's tokens read each other's K/V, which must all be written first).
+  // verify step's tokens read each other's K/V, which must all be written first). Quantized caches
+  // take the two kernels.
   const bool one_kernel = b.decode_only && b.tokens_per_seq == 1 && b.dev_query_start && T > 0 && D <= kGroupLanes * kMaxFusedEpl &&
                           H % KVH == 0 && qkv.dtype() == DType::kF32 && qkv.size(0) == T &&
                           qkv.size(1) >= (H + 2 * KVH) * D && 2 * (rope.rotary_dim / 2) <= D;
@@ -531,22 +546,25 @@ void qkv_rope_attention(const Tensor& qkv, const ops::QkNorm& norm, const Tensor
   } else if (one_kernel && k_cache.dtype() == DType::kF16) {
     run_fused<__half>(qkv, norm, positions, rope, slot_mapping, q, k_cache, v_cache, b, scale, out, gate);
   } else {
-    revolta::cuda::qkv_rope_cache(qkv, norm, positions, rope, slot_mapping, q, k_cache, v_cache, nullptr);
-    revolta::cuda::paged_attention(q, k_cache, v_cache, b, scale, out, gate, nullptr);
+    revolta::cuda::qkv_rope_cache(qkv, norm, positions, rope, slot_mapping, q, k_cache, v_cache, quant);
+    revolta::cuda::paged_attention(q, k_cache, v_cache, b, scale, out, gate, quant);
   }
   RV_CUDA_CHECK(cudaGetLastError());
 }
 
 void paged_attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, const ops::AttentionBatch& b,
                      float scale, Tensor& out, const ops::OutputGate* gate, const ops::KvQuant* quant) {
-  RV_CHECK(!quant, "CUDA paged_attention: float8_e4m3 / int8 KV caches are not built for CUDA yet");
   const int64_t D = q.size(2);
   RV_CHECK(D <= kMaxD && q.size(1) % k_cache.size(2) == 0, "CUDA paged_attention: head_dim ", D,
            " (<= 256) / heads ", q.size(1), "/", k_cache.size(2));
   if (q.size(0) == 0) return;
-  if (k_cache.dtype() == DType::kF32) run<float>(q, k_cache, v_cache, b, scale, out, gate);
-  else if (k_cache.dtype() == DType::kF16) run<__half>(q, k_cache, v_cache, b, scale, out, gate);
-  else throw std::invalid_argument("CUDA paged_attention: the KV cache must be float32 or float16");
+  switch (k_cache.dtype()) {
+    case DType::kF32: return run<float>(q, k_cache, v_cache, b, scale, out, gate, quant);
+    case DType::kF16: return run<__half>(q, k_cache, v_cache, b, scale, out, gate, quant);
+    case DType::kF8E4M3: return run<Fp8>(q, k_cache, v_cache, b, scale, out, gate, quant);
+    case DType::kI8: return run<int8_t>(q, k_cache, v_cache, b, scale, out, gate, quant);
+    default: throw std::invalid_argument("CUDA paged_attention: no kernel for a " + std::string(dtype_name(k_cache.dtype())) + " cache");
+  }
 }
 
 }  // namespace revolta::cuda

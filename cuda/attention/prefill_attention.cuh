@@ -4,13 +4,14 @@
 // per warp on its 16 rows, an online softmax in fp32 in shared memory, O += P V on tensor cores
 // with O kept in shared memory (WMMA fragments hide their row layout, so the per-row rescale
 // happens there). head_dim 64 or 128; ~82 KB of shared memory at 128 (V100: 96 KB per SM).
+// Quantized caches (kv_elements.cuh) are scaled back to float16 as their tiles are staged.
 #pragma once
 
 #include <cuda_fp16.h>
 #include <mma.h>
 
+#include "attention/kv_elements.cuh"
 #include "core/cuda_check.h"
-#include "core/element.cuh"
 #include "core/warp_reduce.cuh"
 #include "cuda_ops.h"
 
@@ -36,7 +37,8 @@ struct Smem {
 
 template <typename C, int D>
 __global__ void __launch_bounds__(128) prefill_kernel(const float* __restrict__ q, const C* __restrict__ kc,
-                                                      const C* __restrict__ vc, const int32_t* __restrict__ query_start,
+                                                      const C* __restrict__ vc, KvScales sc,
+                                                      const int32_t* __restrict__ query_start,
                                                       const int32_t* __restrict__ seq_lens,
                                                       const int32_t* __restrict__ block_tables,
                                                       const int32_t* __restrict__ tiles, int max_blocks, int block_size,
@@ -67,16 +69,22 @@ __global__ void __launch_bounds__(128) prefill_kernel(const float* __restrict__ 
   }
   for (int r = threadIdx.x; r < kPrefillRows; r += blockDim.x) row_m[r] = -INFINITY, row_l[r] = 0.0f;
 
-  const size_t kv_row = size_t(KVH) * D;
   for (int k0 = 0; k0 < n_keys; k0 += kPrefillKeys) {
     __syncthreads();  // the previous tile's K/V are no longer read
     for (int i = threadIdx.x; i < kPrefillKeys * D; i += blockDim.x) {
       const int r = i / D, d = i % D, j = k0 + r;
       __half kv = __float2half_rn(0.0f), vv = kv;
       if (j < n_keys) {
-        const size_t at = (size_t(table[j / block_size]) * block_size + j % block_size) * kv_row + size_t(kvh) * D + d;
-        kv = to_half(kc[at]);
-        vv = to_half(vc[at]);
+        const size_t slot_row = (size_t(table[j / block_size]) * block_size + j % block_size) * KVH + kvh;
+        const size_t at = slot_row * D + d;
+        if constexpr (kQuantized<C>) {
+          const float fk = kScaledRows<C> ? sc.k_rows[slot_row] : sc.k, fv = kScaledRows<C> ? sc.v_rows[slot_row] : sc.v;
+          kv = __float2half_rn(to_raw(kc[at]) * fk);
+          vv = __float2half_rn(to_raw(vc[at]) * fv);
+        } else {
+          kv = to_half(kc[at]);
+          vv = to_half(vc[at]);
+        }
       }
       Ks[r * L::ldq + d] = kv;
       Vs[r * L::ldq + d] = vv;
@@ -141,28 +149,29 @@ __global__ void __launch_bounds__(128) prefill_kernel(const float* __restrict__ 
 }
 
 template <typename C, int D>
-void launch(const float* q, const C* kc, const C* vc, const int32_t* qs, const int32_t* lens, const int32_t* tables,
-            const int32_t* tiles, int n_tiles, int max_blocks, int block_size, int H, int KVH, float scale, float* out) {
+void launch(const float* q, const C* kc, const C* vc, const KvScales& sc, const int32_t* qs, const int32_t* lens,
+            const int32_t* tables, const int32_t* tiles, int n_tiles, int max_blocks, int block_size, int H, int KVH,
+            float scale, float* out) {
   constexpr size_t bytes = Smem<D>::bytes;
   static PerDevice configure;
   configure([] {
     RV_CUDA_CHECK(cudaFuncSetAttribute(prefill_kernel<C, D>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes)));
   });
   prefill_kernel<C, D><<<dim3(unsigned(n_tiles), unsigned(H)), 128, bytes, stream()>>>(
-      q, kc, vc, qs, lens, tables, tiles, max_blocks, block_size, H, KVH, scale, out);
+      q, kc, vc, sc, qs, lens, tables, tiles, max_blocks, block_size, H, KVH, scale, out);
   RV_CUDA_CHECK(cudaGetLastError());
 }
 
 }  // namespace prefill
 
 template <typename C>
-void launch_prefill(const float* q, const C* kc, const C* vc, const int32_t* qs, const int32_t* lens,
+void launch_prefill(const float* q, const C* kc, const C* vc, const KvScales& sc, const int32_t* qs, const int32_t* lens,
                     const int32_t* tables, const int32_t* tiles, int n_tiles, int max_blocks, int block_size, int H,
                     int KVH, int D, float scale, float* out) {
   if (D == 64)
-    prefill::launch<C, 64>(q, kc, vc, qs, lens, tables, tiles, n_tiles, max_blocks, block_size, H, KVH, scale, out);
+    prefill::launch<C, 64>(q, kc, vc, sc, qs, lens, tables, tiles, n_tiles, max_blocks, block_size, H, KVH, scale, out);
   else
-    prefill::launch<C, 128>(q, kc, vc, qs, lens, tables, tiles, n_tiles, max_blocks, block_size, H, KVH, scale, out);
+    prefill::launch<C, 128>(q, kc, vc, sc, qs, lens, tables, tiles, n_tiles, max_blocks, block_size, H, KVH, scale, out);
 }
 
 }  // namespace revolta::cuda

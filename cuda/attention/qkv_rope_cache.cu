@@ -1,12 +1,11 @@
 // From the fused projection qkv [T, (H + 2 KVH) * D]: q normed (optional) and rotated into q
-// [T, H, D]; k normed and rotated and v written straight to their cache slots (f32 or f16). One
+// [T, H, D]; k normed and rotated and v written straight to their cache slots (in the cache's
+// format: kv_elements.cuh). One
 // block per token and four heads, one warp per head through a shared-memory row (rotate-half pairs
 // can sit in different lanes). Replaces split + two norms + two ropes + a cache write: six
 // launches per layer in a decode step.
-#include <cuda_fp16.h>
-
+#include "attention/kv_elements.cuh"
 #include "core/cuda_check.h"
-#include "core/element.cuh"
 #include "core/launch.cuh"
 #include "core/probe.cuh"
 #include "core/warp_reduce.cuh"
@@ -26,7 +25,8 @@ __global__ void qkv_rope_cache_kernel(const float* __restrict__ qkv, const float
                                       const float* __restrict__ k_norm, float eps, const int32_t* __restrict__ pos,
                                       const float* __restrict__ cos_t, const float* __restrict__ sin_t, int half,
                                       const int32_t* __restrict__ slots, float* __restrict__ q, C* __restrict__ kc,
-                                      C* __restrict__ vc, int H, int KVH, int D, int64_t row_width) {
+                                      C* __restrict__ vc, int H, int KVH, int D, int64_t row_width, float inv_k,
+                                      float inv_v, float* __restrict__ k_rows, float* __restrict__ v_rows) {
   constexpr int kPer = kMaxD / 32;
   RV_PROBE_BLOCK(ProbeKind::kQkvRopeCache);
   __shared__ float buf[kWarps][kMaxD];
@@ -78,34 +78,41 @@ __global__ void qkv_rope_cache_kernel(const float* __restrict__ qkv, const float
   if (is_q) {
     for (int d = lane; d < D; d += 32) q[(int64_t(t) * H + h) * D + d] = b[d];
   } else {
-    C* dst = (is_k ? kc : vc) + (slot * KVH + (is_k ? h - H : h - H - KVH)) * D;
-    for (int d = lane; d < D; d += 32) store(dst + d, b[d]);
+    const int64_t at = slot * KVH + (is_k ? h - H : h - H - KVH);
+    store_row_warp((is_k ? kc : vc) + at * D, is_k ? k_rows + at : v_rows + at, b, D, is_k ? inv_k : inv_v);
   }
+}
+
+template <typename C>
+void launch(const Tensor& qkv, const ops::QkNorm& norm, const Tensor& positions, const ops::RopeTables& rope,
+            const Tensor& slot_mapping, Tensor& q, Tensor& k_cache, Tensor& v_cache, const ops::KvQuant* quant) {
+  const int64_t T = q.size(0), H = q.size(1), D = q.size(2), KVH = k_cache.size(2);
+  const float* qn = norm.q ? norm.q->ptr<float>() : nullptr;
+  const float* kn = norm.k ? norm.k->ptr<float>() : nullptr;
+  float* k_rows = quant && quant->k_rows.defined() ? quant->k_rows.ptr<float>() : nullptr;
+  float* v_rows = quant && quant->v_rows.defined() ? quant->v_rows.ptr<float>() : nullptr;
+  const dim3 grid{unsigned(T), unsigned((H + 2 * KVH + kWarps - 1) / kWarps)};
+  launch_dependent(qkv_rope_cache_kernel<C>, grid, dim3(32 * kWarps), 0, qkv.ptr<float>(), qn, kn, norm.eps,
+                   positions.ptr<int32_t>(), rope.cos.ptr<float>(), rope.sin.ptr<float>(), rope.rotary_dim / 2,
+                   slot_mapping.ptr<int32_t>(), q.ptr<float>(), k_cache.ptr<C>(), v_cache.ptr<C>(), int(H), int(KVH), int(D),
+                   qkv.size(1), quant ? 1.0f / quant->k : 1.0f, quant ? 1.0f / quant->v : 1.0f, k_rows, v_rows);
 }
 
 }  // namespace
 
 void qkv_rope_cache(const Tensor& qkv, const ops::QkNorm& norm, const Tensor& positions, const ops::RopeTables& rope,
                     const Tensor& slot_mapping, Tensor& q, Tensor& k_cache, Tensor& v_cache, const ops::KvQuant* quant) {
-  RV_CHECK(!quant, "CUDA qkv_rope_cache: float8_e4m3 / int8 KV caches are not built for CUDA yet");
   const int64_t T = q.size(0), H = q.size(1), D = q.size(2), KVH = k_cache.size(2);
   RV_CHECK(D <= kMaxD && qkv.size(1) >= (H + 2 * KVH) * D, "CUDA qkv_rope_cache: head_dim ", D, " (<= ", kMaxD,
            "), qkv ", qkv.shape_str());
   if (T == 0) return;
-  const float* qn = norm.q ? norm.q->ptr<float>() : nullptr;
-  const float* kn = norm.k ? norm.k->ptr<float>() : nullptr;
-  const int half = rope.rotary_dim / 2;
-  const dim3 grid{unsigned(T), unsigned((H + 2 * KVH + kWarps - 1) / kWarps)};
-  if (k_cache.dtype() == DType::kF32)
-    launch_dependent(qkv_rope_cache_kernel<float>, grid, dim3(32 * kWarps), 0, qkv.ptr<float>(), qn, kn, norm.eps,
-                     positions.ptr<int32_t>(), rope.cos.ptr<float>(), rope.sin.ptr<float>(), half, slot_mapping.ptr<int32_t>(),
-                     q.ptr<float>(), k_cache.ptr<float>(), v_cache.ptr<float>(), int(H), int(KVH), int(D), qkv.size(1));
-  else if (k_cache.dtype() == DType::kF16)
-    launch_dependent(qkv_rope_cache_kernel<__half>, grid, dim3(32 * kWarps), 0, qkv.ptr<float>(), qn, kn, norm.eps,
-                     positions.ptr<int32_t>(), rope.cos.ptr<float>(), rope.sin.ptr<float>(), half, slot_mapping.ptr<int32_t>(),
-                     q.ptr<float>(), k_cache.ptr<__half>(), v_cache.ptr<__half>(), int(H), int(KVH), int(D), qkv.size(1));
-  else
-    throw std::invalid_argument("CUDA qkv_rope_cache: the cache must be float32 or float16");
+  switch (k_cache.dtype()) {
+    case DType::kF32: launch<float>(qkv, norm, positions, rope, slot_mapping, q, k_cache, v_cache, quant); break;
+    case DType::kF16: launch<__half>(qkv, norm, positions, rope, slot_mapping, q, k_cache, v_cache, quant); break;
+    case DType::kF8E4M3: launch<Fp8>(qkv, norm, positions, rope, slot_mapping, q, k_cache, v_cache, quant); break;
+    case DType::kI8: launch<int8_t>(qkv, norm, positions, rope, slot_mapping, q, k_cache, v_cache, quant); break;
+    default: throw std::invalid_argument("CUDA qkv_rope_cache: no kernel for a " + std::string(dtype_name(k_cache.dtype())) + " cache");
+  }
   RV_CUDA_CHECK(cudaGetLastError());
 }
 

@@ -451,7 +451,8 @@ int blocks_per_sm(const void* kernel, int threads, size_t smem) {
 namespace {
 
 // The expert kernels (moe/) read fp16 weights in 8-element vectors of both dimensions; linear takes
-// f32, f16 and 4-bit group weights (no GGUF blocks); attention, float32 and float16 KV caches.
+// f32, f16 and 4-bit group weights (no GGUF blocks); attention, float32, float16, E4M3 and int8 KV
+// caches.
 bool takes(ops::Op op, const ops::OpShape& s) {
   switch (op) {
     case ops::Op::kLinear:
@@ -466,7 +467,7 @@ bool takes(ops::Op op, const ops::OpShape& s) {
     case ops::Op::kPagedAttention:
     case ops::Op::kQkvRopeCache:
     case ops::Op::kQkvRopeAttention:
-      return s.weight == DType::kF32 || s.weight == DType::kF16;
+      return s.weight == DType::kF32 || s.weight == DType::kF16 || s.weight == DType::kF8E4M3 || s.weight == DType::kI8;
     default:
       return true;
   }
