@@ -35,10 +35,9 @@ struct KvScales {
 template <typename C>
 KvScales kv_scales(const ops::KvQuant* q) {
   if (!q) return {};
+  if constexpr (kScaledRows<C>) return {1.0f, 1.0f, q->k_rows.ptr<float>(), q->v_rows.ptr<float>()};  // no layer scale
   const float unit = std::is_same_v<C, Fp8> ? 256.0f : 1.0f;
-  KvScales s{q->k * unit, q->v * unit};
-  if constexpr (kScaledRows<C>) s.k_rows = q->k_rows.ptr<float>(), s.v_rows = q->v_rows.ptr<float>();
-  return s;
+  return {q->k * unit, q->v * unit};
 }
 
 // Two E4M3 bytes (the low 16 bits of w) as two float16 values 2^-8 times theirs.

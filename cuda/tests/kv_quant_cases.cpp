@@ -185,6 +185,7 @@ void run_kv_quant_cases() {
     test_rope_attention({{40, 1}, {3000, 1}}, 16, 2, 256, 0.25, dt);
     test_rope_attention({{100, 1}, {7, 1}}, 32, 8, 128, 1.0, dt);
     test_rope_attention({{17, 1}, {300, 1}}, 9, 3, 64, 1.0, dt);
+    test_rope_attention({{30, 1}, {0, 40}}, 8, 2, 32, 1.0, dt);  // head_dim 32, a prefill beside a decode row
   }
 }
 

