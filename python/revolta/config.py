@@ -43,6 +43,13 @@ class EngineOptions(BaseModel):
     block_size: int = Field(16, ge=1, le=1024)
     kv_cache_memory_bytes: int = Field(1 << 30, gt=0)
     enable_prefix_caching: bool = True
+    kv_offloading_size: float = Field(0.0, ge=0, description="GiB of host memory that full KV blocks are also "
+                                      "written to, so prefixes evicted from the device pool are brought back instead "
+                                      "of recomputed (vLLM's name); 0: none")
+    kv_offloading_eviction: Literal["lru", "arc"] = Field("lru", description="the host tier's eviction")
+    kv_offloading_disk: dict[str, Any] | None = Field(
+        None, description='a disk tier below it, kept across restarts, as JSON: {"root_dir": "/var/cache/revolta", '
+                          '"max_size_bytes": 68719476736, "min_free_bytes": 1073741824}')
     num_threads: int = Field(0, ge=0, le=1024, description="0: all cores (shared by the tensor-parallel ranks)")
     tensor_parallel_size: int = Field(1, ge=1, le=64, description="ranks the model is sharded over (heads, DeltaNet "
                                       "heads, MLP and expert intermediates split): threads on the CPU, or a GPU each")
@@ -60,6 +67,13 @@ class EngineOptions(BaseModel):
             text = v.strip()
             return json.loads(text) if text.startswith("[") else [x.strip() for x in text.split(",") if x.strip()]
         return v
+
+    @field_validator("kv_offloading_disk", mode="before")
+    @classmethod
+    def _disk_tier(cls, v: object) -> object:
+        from revolta.kv_offload import parse_disk
+
+        return parse_disk(v)
 
     @field_validator("speculative_config", mode="before")
     @classmethod

@@ -9,6 +9,7 @@ from typing import Any, Sequence
 
 from revolta import _core
 from revolta.kv_calibration import calibration_prompts as calibration_prompts_of
+from revolta.kv_offload import apply_kv_offloading
 from revolta.models.resolve import resolve_model
 from revolta.models.tokenizer import IncrementalDetokenizer, Tokenizer
 from revolta.outputs import CompletionOutput, RequestOutput
@@ -81,6 +82,9 @@ class LLM:
         block_size: int = 16,
         kv_cache_memory_bytes: int = 1 << 30,
         enable_prefix_caching: bool = True,
+        kv_offloading_size: float = 0.0,
+        kv_offloading_eviction: str = "lru",
+        kv_offloading_disk: dict[str, Any] | None = None,
         num_threads: int = 0,
         tensor_parallel_size: int = 1,
         enable_expert_parallel: bool = False,
@@ -108,6 +112,7 @@ class LLM:
         cfg.block_size = block_size
         cfg.kv_cache_memory_bytes = kv_cache_memory_bytes
         cfg.enable_prefix_caching = enable_prefix_caching
+        apply_kv_offloading(cfg, kv_offloading_size, kv_offloading_eviction, kv_offloading_disk)
         cfg.num_threads = num_threads
         cfg.tensor_parallel_size = tensor_parallel_size
         cfg.enable_expert_parallel = enable_expert_parallel

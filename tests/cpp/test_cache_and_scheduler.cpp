@@ -25,6 +25,7 @@ void run_runner_rows_tests();  // test_runner_rows.cpp
 void run_tensor_parallel_tests();  // test_tensor_parallel.cpp
 void run_speculative_tests();  // test_speculative.cpp
 void run_communicator_tests();  // test_communicator.cpp
+void run_kv_tier_tests();  // test_kv_tiers.cpp
 
 static std::unique_ptr<Request> make_request(uint64_t id, int n_tokens, int first = 100) {
   auto r = std::make_unique<Request>();
@@ -174,6 +175,7 @@ int main() {
   run_tensor_parallel_tests();
   run_speculative_tests();
   run_communicator_tests();
+  run_kv_tier_tests();
   std::printf("%d passed, %d failed\n", g_passed, g_failed);
   return g_failed == 0 ? 0 : 1;
 }

@@ -45,6 +45,18 @@ def model_dir(request, tmp_path_factory):
     return str(d)
 
 
+@pytest.fixture(scope="module")
+def float16(model_dir):
+    """The GPU with a float16 cache: its distance from the CPU's float32 cache is the GPU's own."""
+    import revolta
+
+    gpu = revolta.LLM(model_dir, device="cuda", gpu_memory_utilization=0.0, kv_cache_dtype="float16", **COMMON)
+    yield gpu
+    gpu.engine.shutdown()
+    del gpu
+    gc.collect()
+
+
 @pytest.fixture(scope="module", params=["fp8", "int8"])
 def pair(request, model_dir):
     import revolta
@@ -70,18 +82,31 @@ def assert_greedy_match(c, g):
         assert len(a) == len(b) == GEN
 
 
-def test_concurrent_requests_match_the_cpu(pair):
+def test_concurrent_requests_match_the_cpu(pair, float16, model_dir):
+    """First logits: the GPU's distance from the CPU with the same cache format may exceed its distance
+    with float16 against float32 caches only by what two quantizations of values a weight rounding apart
+    differ by (measured on the CPU: f16 against f32 weights, fp8 / int8 on both: <= 0.02 of the logit
+    scale). In the MoE config a rounding can flip a routing choice whatever the cache, which the float16
+    baseline carries too."""
+    import revolta
+
     kind, cpu, gpu = pair
     ps = prompts(8)
     before = gpu.engine.stats().graph_replays
     batch = gpu.generate(ps, sampling(True))
     assert gpu.engine.stats().graph_replays > before  # decode steps in graphs over the quantized cache
-    for p, g in zip(ps, batch):
-        c = cpu.generate([p], sampling(True))[0]
-        assert_greedy_match(c, g)
-        lc, lg = np.asarray(c.outputs[0].generation_logits[0]), np.asarray(g.outputs[0].generation_logits[0])
-        assert np.max(np.abs(lc - lg)) < 2e-2 * (1 + np.max(np.abs(lc))), (kind, len(p["prompt_token_ids"]),
-                                                                           np.max(np.abs(lc - lg)), np.max(np.abs(lc)))
+    cpu_f32 = revolta.LLM(model_dir, dtype="float32", kv_cache_dtype="float32", **COMMON)
+    try:
+        for p, g in zip(ps, batch):
+            c = cpu.generate([p], sampling(True))[0]
+            assert_greedy_match(c, g)
+            lc, lg = np.asarray(c.outputs[0].generation_logits[0]), np.asarray(g.outputs[0].generation_logits[0])
+            base = np.max(np.abs(np.asarray(float16.generate([p], sampling(True))[0].outputs[0].generation_logits[0]) -
+                                 np.asarray(cpu_f32.generate([p], sampling(True))[0].outputs[0].generation_logits[0])))
+            err = np.max(np.abs(lc - lg))
+            assert err < base + 2e-2 * (1 + np.max(np.abs(lc))), (kind, len(p["prompt_token_ids"]), err, base)
+    finally:
+        cpu_f32.engine.shutdown()
 
 
 def test_prefix_hit_reads_the_quantized_blocks(pair):
@@ -94,13 +119,9 @@ def test_prefix_hit_reads_the_quantized_blocks(pair):
     assert second.outputs[0].token_ids == first.outputs[0].token_ids
 
 
-def test_pool_holds_the_smaller_elements(pair, model_dir):
-    import revolta
-
+def test_pool_holds_the_smaller_elements(pair, float16, model_dir):
     kind, _, gpu = pair
-    half = revolta.LLM(model_dir, device="cuda", gpu_memory_utilization=0.0, kv_cache_dtype="float16", **COMMON)
-    f16_tokens = half.model_info.kv_cache_tokens
-    half.engine.shutdown()
+    f16_tokens = float16.model_info.kv_cache_tokens
     tokens = gpu.model_info.kv_cache_tokens
     head_dim = 256 if "next" in model_dir else 32 if "d32" in model_dir else 64
     want = 2.0 if kind == "fp8" else 2 * head_dim / (head_dim + 4)

@@ -73,6 +73,16 @@ struct EngineConfig {
   int32_t block_size = 16;
   int64_t kv_cache_memory_bytes = int64_t(1) << 30;
   bool enable_prefix_caching = true;
+  // KV offload (vLLM's --kv-offloading-size): GiB of host memory that every full KV block is also
+  // written to, evicted lru | arc, so a prefix evicted from the device pool is brought back
+  // instead of recomputed. 0: no host tier.
+  double kv_offloading_size = 0.0;
+  std::string kv_offloading_eviction = "lru";
+  // A disk tier below it (LMCache's local disk: root_dir, max_size_bytes, min_free_bytes): blocks
+  // are written there too, kept across restarts. Empty: none.
+  std::string kv_offloading_disk_dir;
+  int64_t kv_offloading_disk_max_bytes = int64_t(64) << 30;
+  int64_t kv_offloading_disk_min_free_bytes = int64_t(1) << 30;
   int32_t num_threads = 0;           // 0: hardware concurrency (shared by the ranks)
   // Ranks the model is sharded over (Megatron layout: heads and MLP intermediates split, partial
   // outputs summed): threads of this process, on the CPU or a GPU each (NCCL).
@@ -133,6 +143,20 @@ struct EngineStats {
   int64_t prefix_cache_queries = 0;       // prompt tokens looked up
   int64_t prefix_cache_hits = 0;          // prompt tokens found
   int64_t num_preemptions = 0;
+  // KV offload tiers: prompt tokens whose blocks came back from a tier, entries found per tier,
+  // bytes moved (device -> host, host -> device, to and from disk), what each tier holds, and disk
+  // files rejected (checksum, header) or writes skipped (min_free_bytes, a failed write).
+  int64_t kv_offload_hit_tokens = 0;
+  int64_t kv_offload_host_hits = 0;
+  int64_t kv_offload_disk_hits = 0;
+  int64_t kv_offload_bytes_offloaded = 0;
+  int64_t kv_offload_bytes_restored = 0;
+  int64_t kv_offload_disk_bytes_written = 0;
+  int64_t kv_offload_disk_bytes_read = 0;
+  int64_t kv_offload_host_bytes = 0;
+  int64_t kv_offload_disk_bytes = 0;
+  int64_t kv_offload_disk_rejected = 0;
+  int64_t kv_offload_disk_write_skips = 0;
   int64_t num_steps = 0;
   int64_t prompt_tokens_computed = 0;
   int64_t generation_tokens = 0;

@@ -27,7 +27,20 @@ int32_t KvCacheManager::chunk_limit(const Request& r, int32_t n) const {
   return done + n < boundary && end > done ? end - done : n;
 }
 
+void KvCacheManager::set_tiers(KvTiers* tiers) {
+  tiers_ = tiers;
+  seed_ = tiers ? tiers->seed() : 0;
+}
+
+std::vector<BlockTransfer> KvCacheManager::take_transfers() {
+  std::vector<BlockTransfer> t;
+  t.swap(transfers_);
+  return t;
+}
+
 void KvCacheManager::drop_snapshot(int32_t slot) {
+  // A snapshot not yet written through is lost with its slot (the slot is about to hold another).
+  std::erase_if(transfers_, [&](const BlockTransfer& t) { return t.kind == BlockTransfer::Kind::kSaveState && t.index == slot; });
   for (auto it = snapshot_lru_.begin(); it != snapshot_lru_.end(); ++it)
     if (it->first == slot) {
       snapshots_.erase(it->second);
@@ -45,7 +58,14 @@ int32_t KvCacheManager::snapshot_target(Request& r) {
   const uint64_t h = r.block_hashes[size_t(n / bs - 1)];
   if (snapshots_.count(h)) return -1;  // this prefix already has one
   if (r.snapshot_slot >= 0) drop_snapshot(r.snapshot_slot);  // superseded by the longer prefix
-  r.snapshot_slot = -1;
+  r.snapshot_slot = take_snapshot_slot(h);
+  // Written through once the step's copy into the slot is done (the next transfers run after it).
+  if (r.snapshot_slot >= 0 && tiers_ && !tiers_->has(KvTiers::state_key(h)))
+    transfers_.push_back({BlockTransfer::Kind::kSaveState, r.snapshot_slot, tiers_->new_state(KvTiers::state_key(h))});
+  return r.snapshot_slot;
+}
+
+int32_t KvCacheManager::take_snapshot_slot(uint64_t h) {
   if (free_snapshot_slots_.empty()) {
     if (snapshot_lru_.empty()) return -1;
     drop_snapshot(snapshot_lru_.front().first);  // evict the least recently used
@@ -54,15 +74,31 @@ int32_t KvCacheManager::snapshot_target(Request& r) {
   free_snapshot_slots_.pop_back();
   snapshot_lru_.emplace_back(slot, h);
   snapshots_[h] = std::prev(snapshot_lru_.end());
-  r.snapshot_slot = slot;
   return slot;
+}
+
+void KvCacheManager::match_in_tiers(Request& r, uint64_t parent, int32_t max_blocks) {
+  const int32_t bs = pool_.block_size();
+  for (int32_t i = int32_t(r.block_table.size()); i < max_blocks; ++i) {
+    const int32_t* toks = r.tokens.data() + size_t(i) * size_t(bs);
+    const uint64_t h = BlockPool::hash_block(parent, toks, bs);
+    TierEntryPtr e = tiers_->fetch_block(h, parent, toks, bs);
+    if (!e) break;
+    auto b = pool_.allocate(1);
+    if (!b) break;
+    pool_.register_block(b->front(), h, parent, toks);
+    transfers_.push_back({BlockTransfer::Kind::kLoadBlock, b->front(), std::move(e)});
+    r.block_table.push_back(b->front());
+    r.block_hashes.push_back(h);
+    parent = h;
+  }
 }
 
 int32_t KvCacheManager::match_prefix(Request& r) {
   if (!pool_.prefix_caching() || r.num_computed_tokens != 0 || !r.block_table.empty()) return 0;
   const int32_t bs = pool_.block_size();
   const int32_t max_blocks = (r.num_tokens() - 1) / bs;
-  uint64_t parent = 0;
+  uint64_t parent = seed_;
   for (int32_t i = 0; i < max_blocks; ++i) {
     const int32_t* toks = r.tokens.data() + size_t(i) * size_t(bs);
     uint64_t h = BlockPool::hash_block(parent, toks, bs);
@@ -73,9 +109,20 @@ int32_t KvCacheManager::match_prefix(Request& r) {
     r.block_hashes.push_back(h);
     parent = h;
   }
-  if (hybrid()) {  // only as far as a state snapshot reaches
+  const size_t on_device = r.block_table.size();
+  if (tiers_) match_in_tiers(r, parent, max_blocks);
+  if (hybrid()) {  // only as far as a state snapshot reaches (on the device, or brought back)
     size_t keep = r.block_table.size();
-    while (keep > 0 && !snapshots_.count(r.block_hashes[keep - 1])) --keep;
+    for (; keep > 0; --keep) {
+      const uint64_t h = r.block_hashes[keep - 1];
+      if (snapshots_.count(h)) break;
+      TierEntryPtr e = tiers_ ? tiers_->fetch_state(KvTiers::state_key(h)) : nullptr;
+      if (!e) continue;
+      const int32_t slot = take_snapshot_slot(h);
+      if (slot < 0) continue;
+      transfers_.push_back({BlockTransfer::Kind::kLoadState, slot, std::move(e)});
+      break;
+    }
     std::vector<int32_t> extra(r.block_table.rbegin(), r.block_table.rend() - ptrdiff_t(keep));
     pool_.release(extra);
     r.block_table.resize(keep);
@@ -86,6 +133,7 @@ int32_t KvCacheManager::match_prefix(Request& r) {
       snapshot_lru_.splice(snapshot_lru_.end(), snapshot_lru_, it);  // most recently used
     }
   }
+  tier_hits_ += int64_t(std::max<size_t>(r.block_table.size(), on_device) - on_device) * bs;
   const int32_t hit = int32_t(r.block_table.size()) * bs;
   queries_ += r.num_tokens();
   hits_ += hit;
@@ -115,10 +163,12 @@ void KvCacheManager::cache_full_blocks(Request& r) {
   const int32_t bs = pool_.block_size();
   const size_t full = size_t(r.num_computed_tokens / bs);
   for (size_t i = r.block_hashes.size(); i < full; ++i) {
-    uint64_t parent = i ? r.block_hashes[i - 1] : 0;
+    uint64_t parent = i ? r.block_hashes[i - 1] : seed_;
     const int32_t* toks = r.tokens.data() + i * size_t(bs);
     uint64_t h = BlockPool::hash_block(parent, toks, bs);
     pool_.register_block(r.block_table[i], h, parent, toks);
+    if (tiers_ && !tiers_->has(h))  // written through (the block's K and V are computed by now)
+      transfers_.push_back({BlockTransfer::Kind::kSaveBlock, r.block_table[i], tiers_->new_block(h, parent, toks, bs)});
     r.block_hashes.push_back(h);
   }
 }

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "cache/block_pool.h"
+#include "cache/kv_tiers.h"
 #include "sched/request.h"
 
 namespace revolta {
@@ -48,10 +49,19 @@ class KvCacheManager {
   // none is free (it then does not draft).
   bool take_scratch_slot(Request& r);
 
+  // The offload tiers (null: none). Full blocks and state snapshots are then written through to
+  // them, and prefix matches go on in them past the device pool (cache/kv_tiers.h).
+  void set_tiers(KvTiers* tiers);
+  // The copies between device caches and tiers decided since the last call, in order; every rank
+  // runs them before the next forward.
+  std::vector<BlockTransfer> take_transfers();
+  bool has_transfers() const { return !transfers_.empty(); }
+
   const BlockPool& pool() const { return pool_; }
   int32_t num_snapshots() const { return int32_t(snapshot_lru_.size()); }
   int64_t queries() const { return queries_; }
   int64_t hits() const { return hits_; }
+  int64_t tier_hits() const { return tier_hits_; }  // prompt tokens of hits brought back from the tiers
 
  private:
   BlockPool pool_;
@@ -63,6 +73,12 @@ class KvCacheManager {
   std::list<std::pair<int32_t, uint64_t>> snapshot_lru_;
   std::unordered_map<uint64_t, std::list<std::pair<int32_t, uint64_t>>::iterator> snapshots_;
   void drop_snapshot(int32_t slot);
+  int32_t take_snapshot_slot(uint64_t block_hash);  // the slot for a new snapshot (LRU eviction)
+  void match_in_tiers(Request& r, uint64_t parent, int32_t max_blocks);
+  KvTiers* tiers_ = nullptr;
+  uint64_t seed_ = 0;  // the hash chain's start
+  int64_t tier_hits_ = 0;
+  std::vector<BlockTransfer> transfers_;
 };
 
 }  // namespace revolta

@@ -57,6 +57,15 @@ void EngineConfig::validate() const {
                "calculate_kv_scales: not built for tensor_parallel_size > 1 yet (give the checkpoint's k_scale / v_scale)");
   RV_CHECK_ARG(!calculate_kv_scales || !calibration_prompts.empty(),
                "calculate_kv_scales needs calibration_prompts (token ids of a few prompts)");
+  RV_CHECK_ARG(kv_offloading_size >= 0.0, "kv_offloading_size must be >= 0 GiB; got ", kv_offloading_size);
+  RV_CHECK_ARG(kv_offloading_eviction == "lru" || kv_offloading_eviction == "arc",
+               "kv_offloading_eviction must be lru or arc; got '", kv_offloading_eviction, "'");
+  RV_CHECK_ARG((kv_offloading_size == 0.0 && kv_offloading_disk_dir.empty()) || enable_prefix_caching,
+               "kv_offloading_size / kv_offloading_disk keep prefix blocks, so they need enable_prefix_caching");
+  RV_CHECK_ARG(kv_offloading_disk_dir.empty() || kv_offloading_disk_max_bytes > 0,
+               "kv_offloading_disk: max_size_bytes must be > 0; got ", kv_offloading_disk_max_bytes);
+  RV_CHECK_ARG(kv_offloading_disk_min_free_bytes >= 0, "kv_offloading_disk: min_free_bytes must be >= 0; got ",
+               kv_offloading_disk_min_free_bytes);
   RV_CHECK_ARG(device == "cpu" || dtype != "bfloat16",
                "dtype bfloat16 is not supported with device cuda (SM70 has no bf16 arithmetic): use auto or float16, "
                "bf16 checkpoints are converted to float16 with a range check");

@@ -9,6 +9,7 @@
 
 #include "core/error.h"
 #include "engine/engine_impl.h"
+#include "engine/kv_offload.h"
 #include "engine/kv_calibration.h"
 #include "model/memory_estimate.h"
 #include "ops/ops.h"
@@ -160,6 +161,9 @@ Engine::Impl::Impl(const EngineConfig& c) : cfg(c), seed_source(c.seed) {
     info.warnings.push_back(str_cat("kv_cache_dtype ", cfg.kv_cache_dtype, ": ", cfg.model, " carries no k_scale / v_scale for ",
                                     missing, " of its ", caches->kv().quant.size(),
                                     " attention layers; they scale by 1.0 (values past 448 saturate)"));
+  tiers = make_kv_tiers(cfg, kv_fingerprint(cfg, model_cfg, dt, dtype_name(plan.kv.dtype), kv_scales), world,
+                        caches->kv(), caches->states());
+  caches->manager().set_tiers(tiers.get());
   scheduler = std::make_unique<Scheduler>(
       SchedulerConfig{cfg.max_num_seqs, cfg.max_num_batched_tokens, cfg.max_model_len}, caches->manager());
   if (mtp) ropts.hidden = HiddenRows::kEvery;  // the MTP layer reads the hidden state of every computed position
@@ -207,6 +211,20 @@ void Engine::Impl::publish_stats() {
     live.num_blocks_used = live.num_blocks_total - live.num_blocks_free;
     live.prefix_cache_queries = m.queries();
     live.prefix_cache_hits = m.hits();
+    live.kv_offload_hit_tokens = m.tier_hits();
+  }
+  if (tiers) {
+    const KvTierStats t = tiers->stats();
+    live.kv_offload_host_hits = t.host_hits;
+    live.kv_offload_disk_hits = t.disk_hits;
+    live.kv_offload_bytes_offloaded = t.bytes_offloaded;
+    live.kv_offload_bytes_restored = t.bytes_restored;
+    live.kv_offload_host_bytes = t.host_bytes;
+    live.kv_offload_disk_bytes = t.disk.bytes;
+    live.kv_offload_disk_bytes_written = t.disk.bytes_written;
+    live.kv_offload_disk_bytes_read = t.disk.bytes_read;
+    live.kv_offload_disk_rejected = t.disk.rejected;
+    live.kv_offload_disk_write_skips = t.disk.write_skips;
   }
   if (scheduler) live.num_preemptions = scheduler->num_preemptions();
   if (runner) live.graph_replays = runner->graph_replays();
@@ -312,6 +330,7 @@ void Engine::Impl::loop() {
         }
       }
       if (scheduler->has_work() || ahead) run_step(true);
+      if (!scheduler->has_work() && !ahead) move_kv_blocks();  // idle: the last step's blocks written through
       publish_stats();
       deliver();
     }
@@ -321,6 +340,13 @@ void Engine::Impl::loop() {
   }
   // Shutdown or fatal error: every live request ends now, so no caller waits forever.
   ahead.reset();  // its device work lands in buffers no one reads
+  if (tiers && fatal_error.empty()) {  // what was computed stays on disk for the next start
+    try {
+      move_kv_blocks();
+      tiers->flush();
+    } catch (const std::exception&) {
+    }
+  }
   const bool fatal = !fatal_error.empty();
   std::deque<std::unique_ptr<Request>> fresh;
   {

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "cache/cache_coordinator.h"
+#include "cache/kv_tiers.h"
 #include "core/device_runtime.h"
 #include "core/thread_pool.h"
 #include "engine/fault_injection.h"
@@ -41,6 +42,7 @@ struct Engine::Impl {
   ModelInfo info;
   ModelConfig model_cfg;
   std::unique_ptr<CausalLM> model;
+  std::unique_ptr<KvTiers> tiers;  // KV offload below the device pool (null: none); outlives caches
   std::unique_ptr<CacheCoordinator> caches;  // storage, blocks, slots and state decisions of every cache group
   std::unique_ptr<Scheduler> scheduler;
   std::unique_ptr<ModelRunner> runner;
@@ -99,6 +101,9 @@ struct Engine::Impl {
   // The cache actions, then every rank's forward; fed_ids: ModelRunner::execute's (async scheduling).
   StepLogits forward(const SchedulerOutput& plan, const Tensor* fed_ids = nullptr);
   void fail_step(const std::string& what);
+  // The copies between the device caches and the offload tiers decided since the last forward,
+  // on every rank (before a forward, and when the engine goes idle so saves do not wait).
+  void move_kv_blocks();
   void commit(const std::vector<ScheduledRequest>& scheduled);
   Queued queue_greedy(const std::vector<ScheduledRequest>& scheduled, StepLogits& result);
   bool can_run_ahead(const Queued& cur);

@@ -113,7 +113,20 @@ void Engine::Impl::begin_step(const std::vector<ScheduledRequest>& scheduled) {
   fault.check(scheduled);
 }
 
+void Engine::Impl::move_kv_blocks() {
+  if (!tiers || !caches->manager().has_transfers()) return;
+  const std::vector<BlockTransfer> t = caches->manager().take_transfers();
+  if (!tp) {
+    run_transfers(t, caches->kv(), caches->states(), 0);
+  } else {  // the other ranks first repeat rank 0's snapshots, which state saves read
+    tp->run_transfers(t, rank_snapshots, [&] { run_transfers(t, caches->kv(), caches->states(), 0); });
+    rank_snapshots.clear();
+  }
+  tiers->finish(t);
+}
+
 StepLogits Engine::Impl::forward(const SchedulerOutput& plan, const Tensor* fed_ids) {
+  move_kv_blocks();  // blocks brought back before the forward reads them
   const std::vector<StateAction> actions = caches->prepare(plan.scheduled);
   if (!tp) return runner->execute(plan, actions, fed_ids);
   // The other ranks take the state snapshots rank 0 made after the last step, then this step's actions.

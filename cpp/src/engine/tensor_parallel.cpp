@@ -112,6 +112,16 @@ ForwardOutput TensorParallelRanks::draft_forward(const std::vector<DraftSpan>& s
   return out;
 }
 
+void TensorParallelRanks::run_transfers(const std::vector<BlockTransfer>& transfers,
+                                        const std::vector<StateAction>& snapshots, const std::function<void()>& rank0) {
+  run_all(
+      [&](Worker& w) {
+        if (!snapshots.empty()) w.caches->states()->apply(snapshots);
+        revolta::run_transfers(transfers, w.caches->kv(), w.caches->states(), w.rank);
+      },
+      rank0, true);
+}
+
 void TensorParallelRanks::roll_back(const std::vector<StateAction>& restores, const std::vector<StateReplay>& replays,
                                     const std::function<void()>& rank0) {
   run_all(

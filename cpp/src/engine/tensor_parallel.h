@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "cache/cache_coordinator.h"
+#include "cache/kv_tiers.h"
 #include "core/thread_pool.h"
 #include "dist/communicator.h"
 #include "model/model.h"
@@ -44,6 +45,10 @@ class TensorParallelRanks {
   StepLogits execute(const SchedulerOutput& step, const std::vector<StateAction>& actions,
                      const std::function<StepLogits()>& run, bool fed = false);
   void keep_greedy_ids(bool keep) { keep_ids_ = keep; }
+  // KV offload copies on every rank (each its shard of the entries), rank 0's by `rank0`; the
+  // workers apply `snapshots` (rank 0's since the last step) first.
+  void run_transfers(const std::vector<BlockTransfer>& transfers, const std::vector<StateAction>& snapshots,
+                     const std::function<void()>& rank0);
   // Every rank records its decode graphs at once (their sizing runs execute the collectives).
   void capture_graphs(const std::function<void()>& rank0);
   // A speculative step's parts on every worker beside rank 0's (engine_spec.cpp). draft_forward:

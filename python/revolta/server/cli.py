@@ -148,6 +148,7 @@ def build(settings):
     from revolta import _core
     from revolta.models.resolve import resolve_model
     from revolta.kv_calibration import calibration_prompts
+    from revolta.kv_offload import apply_kv_offloading
     from revolta.models.tokenizer import Tokenizer
     from revolta.server.app import create_app
     from revolta.server.async_engine import AsyncEngine
@@ -163,6 +164,7 @@ def build(settings):
         setattr(cfg, name, getattr(e, name))
     cfg.model = path
     cfg.cuda_graph_batch_sizes = e.cuda_graph_sizes
+    apply_kv_offloading(cfg, e.kv_offloading_size, e.kv_offloading_eviction, e.kv_offloading_disk)
     apply_speculative_config(cfg, e.speculative_config)
     tokenizer = Tokenizer(e.tokenizer or path)
     if e.calculate_kv_scales:

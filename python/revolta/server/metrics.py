@@ -20,6 +20,17 @@ class Metrics:
         self.prefix_queries = Gauge(p + "prefix_cache_queries", "prompt tokens looked up in the prefix cache", registry=r)
         self.prefix_hits = Gauge(p + "prefix_cache_hits", "prompt tokens found in the prefix cache", registry=r)
         self.preemptions = Gauge(p + "num_preemptions", "requests preempted so far", registry=r)
+        # KV offload tiers (host memory, disk).
+        self.offload_hit_tokens = Gauge(p + "kv_offload_hit_tokens", "prompt tokens brought back from an offload tier",
+                                        registry=r)
+        self.offload_hits = Gauge(p + "kv_offload_hits", "entries found per offload tier", ["tier"], registry=r)
+        self.offload_tier_bytes = Gauge(p + "kv_offload_tier_bytes", "bytes each offload tier holds", ["tier"], registry=r)
+        self.offload_moved = Gauge(p + "kv_offload_bytes_moved", "bytes moved: offloaded (device to host), restored "
+                                   "(host to device), disk_written, disk_read", ["direction"], registry=r)
+        self.offload_rejected = Gauge(p + "kv_offload_disk_rejected", "disk blocks failing a check (checksum, header)",
+                                      registry=r)
+        self.offload_skips = Gauge(p + "kv_offload_disk_write_skips", "disk writes not made (min_free_bytes, errors)",
+                                   registry=r)
         # Speculative decoding, with vLLM's names.
         self.spec_drafts = Gauge(p + "spec_decode_num_drafts", "steps that verified drafts", registry=r)
         self.spec_draft_tokens = Gauge(p + "spec_decode_num_draft_tokens", "draft tokens proposed", registry=r)
@@ -46,6 +57,16 @@ class Metrics:
         self.prefix_hits.set(s.prefix_cache_hits)
         self.prefix_hit_rate.set(s.prefix_cache_hits / s.prefix_cache_queries if s.prefix_cache_queries else 0.0)
         self.preemptions.set(s.num_preemptions)
+        self.offload_hit_tokens.set(s.kv_offload_hit_tokens)
+        self.offload_hits.labels(tier="host").set(s.kv_offload_host_hits)
+        self.offload_hits.labels(tier="disk").set(s.kv_offload_disk_hits)
+        self.offload_tier_bytes.labels(tier="host").set(s.kv_offload_host_bytes)
+        self.offload_tier_bytes.labels(tier="disk").set(s.kv_offload_disk_bytes)
+        for direction, n in (("offloaded", s.kv_offload_bytes_offloaded), ("restored", s.kv_offload_bytes_restored),
+                             ("disk_written", s.kv_offload_disk_bytes_written), ("disk_read", s.kv_offload_disk_bytes_read)):
+            self.offload_moved.labels(direction=direction).set(n)
+        self.offload_rejected.set(s.kv_offload_disk_rejected)
+        self.offload_skips.set(s.kv_offload_disk_write_skips)
         self.spec_drafts.set(s.spec_num_drafts)
         self.spec_draft_tokens.set(s.spec_num_draft_tokens)
         self.spec_accepted.set(s.spec_num_accepted_tokens)

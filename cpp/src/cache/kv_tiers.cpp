@@ -1,0 +1,159 @@
+#include "cache/kv_tiers.h"
+
+#include <algorithm>
+#include <cstring>
+#include <random>
+
+#include "core/device_runtime.h"
+#include "core/error.h"
+
+namespace revolta {
+namespace {
+
+// The pieces of one block (or state slot) of a rank, in entry order: device address and bytes.
+template <typename F>
+void for_each_piece(KvCache& kv, int32_t block, F&& f) {
+  for (size_t l = 0; l < kv.k.size(); ++l) {
+    for (Tensor* t : {&kv.k[l], &kv.v[l]}) {
+      const size_t n = t->nbytes() / size_t(kv.num_blocks);
+      f(static_cast<uint8_t*>(t->data()) + n * size_t(block), n);
+    }
+    if (l < kv.quant.size() && kv.quant[l].k_rows.defined())
+      for (Tensor* t : {&kv.quant[l].k_rows, &kv.quant[l].v_rows}) {
+        const size_t n = t->nbytes() / size_t(kv.num_blocks);
+        f(static_cast<uint8_t*>(t->data()) + n * size_t(block), n);
+      }
+  }
+}
+
+template <typename F>
+void for_each_piece(StateCache& s, int32_t slot, F&& f) {
+  for (size_t l = 0; l < s.conv.size(); ++l) {
+    Tensor c = s.conv_slot(l, slot), m = s.ssm_slot(l, slot);
+    f(static_cast<uint8_t*>(c.data()), c.nbytes());
+    f(static_cast<uint8_t*>(m.data()), m.nbytes());
+  }
+}
+
+void to_host(Device d, uint8_t* dst, const uint8_t* src, size_t n) {
+  if (d == Device::kCPU) std::memcpy(dst, src, n);
+  else device_runtime(d).copy_to_host(dst, src, n);
+}
+
+void to_device(Device d, uint8_t* dst, const uint8_t* src, size_t n) {
+  if (d == Device::kCPU) std::memcpy(dst, src, n);
+  else device_runtime(d).copy_to_device(dst, src, n);
+}
+
+}  // namespace
+
+int64_t kv_block_bytes(const KvCache& kv) {
+  int64_t n = 0;
+  for_each_piece(const_cast<KvCache&>(kv), 0, [&](uint8_t*, size_t b) { n += int64_t(b); });
+  return n;
+}
+
+int64_t state_slot_bytes(const StateCache* states) {
+  if (!states) return 0;
+  int64_t n = 0;
+  for_each_piece(const_cast<StateCache&>(*states), 0, [&](uint8_t*, size_t b) { n += int64_t(b); });
+  return n;
+}
+
+void run_transfers(const std::vector<BlockTransfer>& transfers, KvCache& kv, StateCache* states, int rank) {
+  const Device dev = kv.k.empty() ? (states ? states->device : Device::kCPU) : kv.k[0].device();
+  const int64_t block_share = kv_block_bytes(kv), state_share = state_slot_bytes(states);
+  for (const BlockTransfer& t : transfers) {
+    const bool block = t.kind == BlockTransfer::Kind::kSaveBlock || t.kind == BlockTransfer::Kind::kLoadBlock;
+    const bool save = t.kind == BlockTransfer::Kind::kSaveBlock || t.kind == BlockTransfer::Kind::kSaveState;
+    uint8_t* at = t.entry->bytes.data() + size_t(rank) * size_t(block ? block_share : state_share);
+    auto piece = [&](uint8_t* device, size_t n) {
+      if (save) to_host(dev, at, device, n);
+      else to_device(dev, device, at, n);
+      at += n;
+    };
+    if (block) for_each_piece(kv, t.index, piece);
+    else {
+      RV_CHECK(states, "a state transfer for a model without recurrent state");
+      for_each_piece(*states, t.index, piece);
+    }
+  }
+}
+
+KvTiers::KvTiers(const KvTierConfig& cfg, uint64_t fingerprint, int world, int64_t block_bytes, int64_t state_bytes)
+    : world_(world), block_bytes_(block_bytes), state_bytes_(state_bytes) {
+  host_ = std::make_unique<HostTier>(cfg.host_bytes, cfg.eviction);
+  if (!cfg.disk.root_dir.empty()) disk_ = std::make_unique<DiskTier>(cfg.disk, fingerprint);
+  std::random_device rd;
+  seed_ = disk_ ? disk_->seed() : (uint64_t(rd()) << 32) ^ rd();
+}
+
+bool KvTiers::has(uint64_t key) const { return host_->contains(key) || (disk_ && disk_->contains(key)); }
+
+TierEntryPtr KvTiers::fetch(uint64_t key) {
+  if (TierEntryPtr e = host_->get(key)) {
+    ++stats_.host_hits;
+    return e;
+  }
+  if (!disk_) return nullptr;
+  TierEntryPtr e = disk_->read(key);
+  if (!e) return nullptr;
+  ++stats_.disk_hits;
+  host_->put(e);
+  return e;
+}
+
+TierEntryPtr KvTiers::fetch_block(uint64_t key, uint64_t parent, const int32_t* tokens, int32_t n) {
+  if (!has(key)) return nullptr;
+  TierEntryPtr e = fetch(key);
+  // Exact: the same chain and tokens (a hash alone could collide), and an entry of this layout.
+  if (!e || e->parent != parent || e->tokens.size() != size_t(n) || !std::equal(tokens, tokens + n, e->tokens.begin()) ||
+      int64_t(e->bytes.size()) != block_bytes_)
+    return nullptr;
+  return e;
+}
+
+TierEntryPtr KvTiers::fetch_state(uint64_t key) {
+  if (!has(key)) return nullptr;
+  TierEntryPtr e = fetch(key);
+  return e && int64_t(e->bytes.size()) == state_bytes_ ? e : nullptr;
+}
+
+TierEntryPtr KvTiers::new_block(uint64_t key, uint64_t parent, const int32_t* tokens, int32_t n) const {
+  auto e = std::make_shared<TierEntry>();
+  e->key = key, e->parent = parent;
+  e->tokens.assign(tokens, tokens + n);
+  e->bytes.resize(size_t(block_bytes_));
+  return e;
+}
+
+TierEntryPtr KvTiers::new_state(uint64_t key) const {
+  auto e = std::make_shared<TierEntry>();
+  e->key = key;
+  e->bytes.resize(size_t(state_bytes_));
+  return e;
+}
+
+void KvTiers::finish(const std::vector<BlockTransfer>& transfers) {
+  for (const BlockTransfer& t : transfers) {
+    const bool save = t.kind == BlockTransfer::Kind::kSaveBlock || t.kind == BlockTransfer::Kind::kSaveState;
+    (save ? stats_.bytes_offloaded : stats_.bytes_restored) += int64_t(t.entry->bytes.size());
+    if (!save) continue;
+    host_->put(t.entry);
+    if (disk_) disk_->write_later(t.entry);
+  }
+}
+
+void KvTiers::flush() {
+  if (disk_) disk_->flush();
+}
+
+KvTierStats KvTiers::stats() const {
+  KvTierStats s = stats_;
+  s.host_entries = int64_t(host_->size());
+  s.host_bytes = host_->used_bytes();
+  if (disk_) s.disk = disk_->stats();
+  return s;
+}
+
+}  // namespace revolta
