@@ -20,7 +20,7 @@ class EngineOptions(BaseModel):
     kv_cache_dtype: Literal["auto", "float32", "float16", "fp16", "fp8", "fp8_e4m3", "int8"] = Field(
         "auto", description="auto: float32 on the CPU, float16 on cuda; fp8 (E4M3, the checkpoint's per-layer "
         "k_scale / v_scale or 1.0) and int8 (a scale per token and KV head) hold about 2x / 4x the tokens of float16 / "
-        "float32 (CPU so far)")
+        "float32")
     calculate_kv_scales: bool = Field(False, description="fp8 KV cache: measure each layer's k / v scales with a "
                                       "pass over a few built-in prompts at startup instead of the checkpoint's")
     load_format: Literal["auto", "dummy", "gguf"] = Field(
