@@ -186,3 +186,25 @@ def test_metrics_show_the_tiers(model, tmp_path):
     assert values['revolta:kv_offload_bytes_moved{direction="restored"}'] > 0
     assert values["revolta:kv_offload_hit_tokens"] > 0
     assert os.path.isdir(tmp_path / "kv")
+
+
+def test_tensor_parallel_ranks_offload_their_shards(tmp_path):
+    """TP 2 on a hybrid model: each rank writes and reads its share of every entry (KV heads, DeltaNet
+    states); a restarted engine's answer from disk matches the TP 1 engine's without offload."""
+    d = tmp_path / "next"
+    make_hf_model("qwen3_next", d, seed=3, max_position_embeddings=512)
+    p1 = {"prompt_token_ids": prompt(1)}
+    plain = LLM(str(d), max_model_len=LEN, enable_prefix_caching=False)
+    ref = plain.generate([p1], SP)[0].outputs[0].token_ids
+    plain.engine.shutdown()
+    opts = dict(max_model_len=LEN, tensor_parallel_size=2, max_num_seqs=1, kv_offloading_size=0.05,
+                kv_offloading_disk={"root_dir": str(tmp_path / "kv")})
+    first = LLM(str(d), **opts)
+    assert first.generate([p1], SP)[0].outputs[0].token_ids == ref
+    first.engine.shutdown()
+    again = LLM(str(d), **opts)
+    out = again.generate([p1], SP)[0]
+    s = again.engine.stats()
+    again.engine.shutdown()
+    assert out.outputs[0].token_ids == ref and out.num_cached_tokens == 192
+    assert s.kv_offload_disk_hits == 13  # 12 blocks and the state snapshot of the last one
