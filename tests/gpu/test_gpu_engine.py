@@ -19,7 +19,6 @@ NEAR_TIE = 0.02  # logits units
 
 
 def cuda_available() -> bool:
-    import revolta
     from revolta import _core
 
     cfg = _core.EngineConfig()
@@ -210,7 +209,6 @@ def test_seeded_sampling_draws_the_cpu_tokens(pair):
 
 def test_dummy_weights(tmp_path):
     import revolta
-    from revolta import _core
 
     d = tmp_path / "m"
     make_hf_model("llama", d, hidden_size=256, max_position_embeddings=1024)
