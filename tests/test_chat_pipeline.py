@@ -89,3 +89,23 @@ def test_tool_choice_none_and_thinking_off(think_tokenizer):
     assert msg["content"] == text and "tool_calls" not in msg and "reasoning_content" not in msg
     prompt = think_tokenizer.decode(engine.prompts[0], skip_special_tokens=False)
     assert prompt.endswith("<think>\n\n</think>\n\n")
+
+
+def test_assistant_tool_call_turn_with_null_content(demo_model_dir):
+    """The OpenAI SDK sends an assistant tool-call turn as content: null; the demo model's template reads
+    message.content, so the turn reaches it with empty content, and the tool result after it."""
+    from revolta.models.tokenizer import Tokenizer
+
+    tok = Tokenizer(demo_model_dir)
+    messages = [
+        {"role": "user", "content": "weather in Oslo?"},
+        {"role": "assistant", "content": None, "tool_calls": [
+            {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Oslo"}'}}]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "sunny, 21 C"},
+    ]
+    full, chunks, engine = serve(tok, "It is sunny.", "hermes", messages=messages)
+    assert full["choices"][0]["message"]["content"] == "It is sunny."
+    assert merge_stream(chunks)[0] == "It is sunny."
+    opts = ServerOptions(tool_call_parser="hermes")
+    text, _, _ = Pipeline(engine, tok, ["m"], opts, Metrics(engine)).render_chat_text(ChatCompletionRequest(messages=messages))
+    assert "sunny, 21 C" in text and "weather in Oslo?" in text

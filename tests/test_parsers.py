@@ -157,3 +157,13 @@ def test_tool_call_before_end_of_reasoning_ends_it(think_tokenizer):
     assert content.startswith("<tool_call>")
     _, deltas = make_tool_parser("hermes", WEATHER_TOOLS).feed(content)
     assert [d.name for d in deltas] == ["get_weather"]
+
+
+def test_qwen3_coder_keeps_the_first_of_a_repeated_parameter():
+    """A parameter given twice would make a duplicate JSON key: the second value is dropped, at every split."""
+    text = ("<tool_call>\n<function=get_weather>\n<parameter=city>\nOslo\n</parameter>\n<parameter=days>\n2\n</parameter>\n"
+            "<parameter=city>\nRome\n</parameter>\n<parameter=days>\n5\n</parameter>\n</function>\n</tool_call>")
+    for _, deltas in all_splits("qwen3_coder", text):
+        (call,) = assemble(deltas)
+        pairs = json.loads(call.arguments, object_pairs_hook=lambda kv: kv)
+        assert pairs == [("city", "Oslo"), ("days", 2)], call.arguments

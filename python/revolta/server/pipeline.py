@@ -124,6 +124,7 @@ class Pipeline:
         messages = []
         for m in req.messages:
             d = m.model_dump(exclude_none=True)
+            d.setdefault("content", "")  # an assistant tool-call turn's content: null (templates read .content)
             if isinstance(d.get("content"), list):
                 parts = d["content"]
                 if any(p.get("type") != "text" for p in parts):

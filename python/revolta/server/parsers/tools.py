@@ -149,6 +149,8 @@ class Qwen3CoderToolParser(ToolParser):
         self.n_params = 0
         self.value_started = False
         self.value = ""
+        self.seen: set[str] = set()  # this call's parameters so far
+        self.skip = False  # a parameter given twice: its second value is dropped (JSON keys are unique)
 
     def _param_type(self) -> str | None:
         prop = self.schemas.get(self.fn, {}).get(self.key)
@@ -223,6 +225,7 @@ class Qwen3CoderToolParser(ToolParser):
             self.buf = b[end + 1:]
             self.index += 1
             self.n_params = 0
+            self.seen = set()
             deltas.append(ToolCallDelta(index=self.index, id=_new_id(), name=self.fn, arguments=""))
             self.state = "params"
             return True, ""
@@ -235,11 +238,15 @@ class Qwen3CoderToolParser(ToolParser):
                     return False, ""
                 self.key = b[len(self.P_OPEN):end].strip()
                 self.buf = b[end + 1:]
-                self._args(deltas, ("{" if self.n_params == 0 else ", ") + json.dumps(self.key) + ": ")
-                self.n_params += 1
                 self.state = "value"
                 self.value_started = False
                 self.value = ""
+                self.skip = self.key in self.seen
+                if self.skip:
+                    return True, ""
+                self.seen.add(self.key)
+                self._args(deltas, ("{" if self.n_params == 0 else ", ") + json.dumps(self.key) + ": ")
+                self.n_params += 1
                 if self._param_type() in ("string", None) and self._streams_as_string():
                     self._args(deltas, '"')
                 return True, ""
@@ -268,14 +275,14 @@ class Qwen3CoderToolParser(ToolParser):
                     chunk = chunk[1:]
                 self.value_started = True
             self.value += chunk
-            streaming = self._param_type() in ("string", None) and self._streams_as_string()
+            streaming = not self.skip and self._param_type() in ("string", None) and self._streams_as_string()
             if streaming and chunk:
                 self._args(deltas, json.dumps(chunk, ensure_ascii=False)[1:-1])
             if j < 0:
                 return False, ""
             if streaming:
                 self._args(deltas, '"')
-            else:
+            elif not self.skip:
                 self._args(deltas, json.dumps(self._coerce(self.value), ensure_ascii=False))
             self.state = "params"
             return True, ""
