@@ -60,6 +60,8 @@ NB_MODULE(_core, m) {
       .def_rw("stop_token_ids", &SamplingParams::stop_token_ids)
       .def_rw("logprobs", &SamplingParams::logprobs)
       .def_rw("return_generation_logits", &SamplingParams::return_generation_logits)
+      .def_rw("guided_kind", &SamplingParams::guided_kind)
+      .def_rw("guided_data", &SamplingParams::guided_data)
       .def("validate", &SamplingParams::validate);
 
   nb::class_<EngineConfig>(m, "EngineConfig")
@@ -71,6 +73,8 @@ NB_MODULE(_core, m) {
       .def_rw("calibration_prompts", &EngineConfig::calibration_prompts)
       .def_rw("device", &EngineConfig::device)
       .def_rw("load_format", &EngineConfig::load_format)
+      .def_rw("guided_decoding_library", &EngineConfig::guided_decoding_library)
+      .def_rw("tokenizer_json", &EngineConfig::tokenizer_json)
       .def_rw("quantization", &EngineConfig::quantization)
       .def_rw("gpu_memory_utilization", &EngineConfig::gpu_memory_utilization)
       .def_rw("enforce_eager", &EngineConfig::enforce_eager)

@@ -8,7 +8,8 @@
 from revolta.llm import LLM
 from revolta.models.resolve import demo_gguf, demo_model
 from revolta.outputs import CompletionOutput, RequestOutput
+from revolta.guided import GuidedDecodingParams
 from revolta.sampling_params import SamplingParams
 
 __version__ = "0.1.0"
-__all__ = ["LLM", "SamplingParams", "RequestOutput", "CompletionOutput", "demo_model", "demo_gguf"]
+__all__ = ["LLM", "SamplingParams", "GuidedDecodingParams", "RequestOutput", "CompletionOutput", "demo_model", "demo_gguf"]

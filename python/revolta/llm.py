@@ -5,10 +5,12 @@ from __future__ import annotations
 import itertools
 import logging
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Sequence
 
 from revolta import _core
 from revolta.kv_calibration import calibration_prompts as calibration_prompts_of
+from revolta.guided import grammar_library
 from revolta.kv_offload import apply_kv_offloading
 from revolta.models.resolve import resolve_model
 from revolta.models.tokenizer import IncrementalDetokenizer, Tokenizer
@@ -120,6 +122,8 @@ class LLM:
         cfg.device = device
         cfg.kv_cache_dtype = kv_cache_dtype
         tok_dir = tokenizer or self.model_path
+        cfg.guided_decoding_library = grammar_library()
+        cfg.tokenizer_json = str(Path(tok_dir) / "tokenizer.json")
         try:
             self.tokenizer: Tokenizer | None = Tokenizer(tok_dir)
         except FileNotFoundError:

@@ -6,6 +6,7 @@ import math
 from dataclasses import dataclass, field
 
 from revolta import _core
+from revolta.guided import GuidedDecodingParams
 
 
 _INT32_MAX = 2**31 - 1  # the engine's integers
@@ -31,6 +32,7 @@ class SamplingParams:
     logprobs: int | None = None
     skip_special_tokens: bool = True
     return_generation_logits: bool = False
+    guided_decoding: GuidedDecodingParams | dict | None = None  # constrained decoding (vLLM's name)
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -38,6 +40,8 @@ class SamplingParams:
         elif self.stop is None:
             self.stop = []
         self.stop_token_ids = list(self.stop_token_ids or [])
+        if self.guided_decoding is not None:
+            self.guided_decoding = GuidedDecodingParams.of(self.guided_decoding)
         self.validate()
 
     def validate(self) -> None:
@@ -93,4 +97,6 @@ class SamplingParams:
         p.stop_token_ids = list(self.stop_token_ids)
         p.logprobs = -1 if self.logprobs is None else int(self.logprobs)
         p.return_generation_logits = bool(self.return_generation_logits)
+        if self.guided_decoding is not None:
+            p.guided_kind, p.guided_data = self.guided_decoding.engine_form()
         return p

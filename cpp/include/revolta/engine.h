@@ -32,6 +32,10 @@ struct SamplingParams {
   std::vector<int32_t> stop_token_ids;
   int32_t logprobs = -1;               // -1: none; N >= 0: sampled token + N top alternatives
   bool return_generation_logits = false;  // raw logits row of every sampled position
+  // Constrained decoding (vLLM's guided_decoding): kind json (data: a JSON schema) | json_object |
+  // regex | lark (a Lark grammar); empty: none. Needs EngineConfig::guided_decoding_library.
+  std::string guided_kind;
+  std::string guided_data;
 
   // Throws std::invalid_argument naming the offending field.
   void validate() const;
@@ -52,6 +56,11 @@ struct EngineConfig {
   // auto: safetensors | dummy: random weights of the config's shapes | gguf: the GGUF file the model
   // directory names (gguf_weights.json), quantized matrices kept in their blocks (CPU)
   std::string load_format = "auto";
+  // The llguidance library (the `llguidance` wheel's _lib.abi3.so, which the Python layer finds)
+  // and the tokenizer.json its token masks are built from; empty: requests with guided_kind are
+  // refused.
+  std::string guided_decoding_library;
+  std::string tokenizer_json;
   // auto: as the checkpoint's quantization_config says | awq: 4-bit weights | fp8: E4M3 weights |
   // nvfp4: E2M1 weights (the checkpoint must be of that format; with load_format dummy, the linear
   // layers get made-up weights of it: 4-bit groups of 128, FP8 with a scale per 128, NVFP4)

@@ -19,6 +19,9 @@ const char* to_string(FinishReason r) {
 }
 
 void SamplingParams::validate() const {
+  RV_CHECK_ARG(guided_kind.empty() || guided_kind == "json" || guided_kind == "json_object" || guided_kind == "regex" ||
+                   guided_kind == "lark",
+               "guided_decoding: kind must be json, json_object, regex or lark, got '", guided_kind, "'");
   RV_CHECK_ARG(std::isfinite(temperature) && temperature >= 0.0f,
                "temperature must be a finite number >= 0, got ", temperature);
   RV_CHECK_ARG(top_p > 0.0f && top_p <= 1.0f, "top_p must be in (0, 1], got ", top_p);

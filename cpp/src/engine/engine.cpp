@@ -385,6 +385,20 @@ void validate_prompt(const std::vector<int32_t>& prompt, const SamplingParams& p
 
 }  // namespace
 
+std::unique_ptr<GrammarMatcher> Engine::Impl::make_grammar(const SamplingParams& p) {
+  if (p.guided_kind.empty()) return nullptr;
+  std::lock_guard<std::mutex> lk(grammar_mu);
+  if (!grammar_tokenizer) {
+    RV_CHECK_ARG(!cfg.guided_decoding_library.empty(), "guided_decoding: this engine has no grammar library ",
+                 "(install llguidance; revolta.LLM and the server find it)");
+    RV_CHECK_ARG(!model_cfg.eos_token_ids.empty(), "guided_decoding: the model names no EOS token");
+    grammar_tokenizer = std::make_unique<GrammarTokenizer>(
+        cfg.guided_decoding_library, cfg.tokenizer_json.empty() ? cfg.model + "/tokenizer.json" : cfg.tokenizer_json,
+        model_cfg.eos_token_ids.front());
+  }
+  return std::make_unique<GrammarMatcher>(*grammar_tokenizer, p.guided_kind, p.guided_data);
+}
+
 uint64_t Engine::add_request(std::vector<int32_t> prompt, const SamplingParams& params,
                              OutputCallback callback) {
   validate_prompt(prompt, params, impl_->info);
@@ -393,6 +407,7 @@ uint64_t Engine::add_request(std::vector<int32_t> prompt, const SamplingParams& 
   r->num_prompt_tokens = int32_t(prompt.size());
   r->tokens = std::move(prompt);
   r->params = params;
+  r->grammar = impl_->make_grammar(params);
   r->callback = std::move(callback);
   const uint64_t id = r->id;
   {
@@ -418,6 +433,7 @@ std::vector<uint64_t> Engine::add_requests(const std::vector<std::vector<int32_t
     r->num_prompt_tokens = int32_t(prompts[i].size());
     r->tokens = prompts[i];
     r->params = params[i];
+    r->grammar = impl_->make_grammar(params[i]);
     ids.push_back(r->id);
     batch.push_back(std::move(r));
   }

@@ -33,7 +33,7 @@ namespace revolta {
 // argmax, so it can be read a step later (async scheduling) or checked against drafts.
 inline bool plain_greedy(const Request* r) {
   const SamplingParams& p = r->params;
-  return p.temperature == 0.0f && p.logprobs < 0 && !p.return_generation_logits && p.repetition_penalty == 1.0f &&
+  return p.temperature == 0.0f && p.guided_kind.empty() && p.logprobs < 0 && !p.return_generation_logits && p.repetition_penalty == 1.0f &&
          p.presence_penalty == 0.0f && p.frequency_penalty == 0.0f && r->num_output_tokens() >= p.min_tokens;
 }
 
@@ -42,6 +42,7 @@ struct Engine::Impl {
   ModelInfo info;
   ModelConfig model_cfg;
   std::unique_ptr<CausalLM> model;
+  std::unique_ptr<GrammarTokenizer> grammar_tokenizer;  // guided decoding (null: not configured)
   std::unique_ptr<KvTiers> tiers;  // KV offload below the device pool (null: none); outlives caches
   std::unique_ptr<CacheCoordinator> caches;  // storage, blocks, slots and state decisions of every cache group
   std::unique_ptr<Scheduler> scheduler;
@@ -101,6 +102,9 @@ struct Engine::Impl {
   // The cache actions, then every rank's forward; fed_ids: ModelRunner::execute's (async scheduling).
   StepLogits forward(const SchedulerOutput& plan, const Tensor* fed_ids = nullptr);
   void fail_step(const std::string& what);
+  // A request's grammar matcher (null without guided_kind); the tokenizer is made on first use.
+  std::unique_ptr<GrammarMatcher> make_grammar(const SamplingParams& p);
+  std::mutex grammar_mu;
   // The copies between the device caches and the offload tiers decided since the last forward,
   // on every rank (before a forward, and when the engine goes idle so saves do not wait).
   void move_kv_blocks();

@@ -158,7 +158,7 @@ void Engine::Impl::propose_drafts() {
     // In decode: one token to compute, not of the prompt (its first token comes from the prefill).
     if (r->num_draft_tokens > 0 || r->num_computed_tokens + 1 != r->num_tokens() ||
         r->num_computed_tokens < r->num_prompt_tokens || p.logprobs >= 0 || p.return_generation_logits ||
-        r->num_output_tokens() < p.min_tokens)
+        r->num_output_tokens() < p.min_tokens || r->grammar)  // (a guided row needs its mask step by step)
       continue;
     const int32_t room = draft_room(*r, cfg);
     if (room <= 0) continue;
@@ -268,7 +268,7 @@ void Engine::Impl::finish_speculative_step(const std::vector<ScheduledRequest>& 
     for (int32_t j = 0; j < rows; ++j) {
       sample_ids.push_back(first[i] + j);
       contexts.push_back({&r->params, &r->tokens, r->num_prompt_tokens, &model_cfg.eos_token_ids, &r->rng,
-                          before_drafts + size_t(j)});
+                          before_drafts + size_t(j), r->grammar.get()});
     }
   }
   std::vector<TokenOutput> sampled;

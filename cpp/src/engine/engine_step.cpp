@@ -27,6 +27,7 @@ bool Engine::Impl::accept(Request& r, TokenOutput tok) {
   if (r.last_token_on_device) r.tokens.back() = t;  // the placeholder a queued step was fed for
   else r.tokens.push_back(t);
   r.last_token_on_device = false;
+  const bool off_grammar = r.grammar && !r.grammar->consume(t);  // (drawn from its mask: not expected)
   r.pending.push_back(std::move(tok));
   ++live.generation_tokens;
 
@@ -37,7 +38,7 @@ bool Engine::Impl::accept(Request& r, TokenOutput tok) {
     finish(r, FinishReason::kStop, t);
     return true;
   }
-  if (r.num_output_tokens() >= r.params.max_tokens || r.num_tokens() >= cfg.max_model_len) {
+  if (off_grammar || r.num_output_tokens() >= r.params.max_tokens || r.num_tokens() >= cfg.max_model_len) {
     finish(r, FinishReason::kLength);
     return true;
   }
@@ -185,7 +186,8 @@ void Engine::Impl::sample_now(StepLogits& result) {
   std::vector<SamplingContext> rows;
   rows.reserve(result.samplers.size());
   for (Request* r : result.samplers)
-    rows.push_back({&r->params, &r->tokens, r->num_prompt_tokens, &model_cfg.eos_token_ids, &r->rng});
+    rows.push_back({&r->params, &r->tokens, r->num_prompt_tokens, &model_cfg.eos_token_ids, &r->rng,
+                    SamplingContext::kAllTokens, r->grammar.get()});
   std::vector<TokenOutput> sampled = sample_rows(result.logits, rows);
   for (size_t i = 0; i < result.samplers.size(); ++i) accept(*result.samplers[i], std::move(sampled[i]));
 }

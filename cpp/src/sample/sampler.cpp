@@ -7,7 +7,8 @@
 
 namespace revolta {
 
-ops::SampleRow sample_row(const SamplingContext& c, size_t history, int32_t V, std::vector<ops::SampleAdjust>& adjust) {
+ops::SampleRow sample_row(const SamplingContext& c, size_t history, int32_t V, std::vector<ops::SampleAdjust>& adjust,
+                          const std::vector<uint8_t>* allowed) {
   const SamplingParams& p = *c.params;
   const std::vector<int32_t>& toks = *c.tokens;
   ops::SampleRow row;
@@ -30,11 +31,24 @@ ops::SampleRow sample_row(const SamplingContext& c, size_t history, int32_t V, s
     for (size_t i = 0; i < history; ++i) by_token[toks[i]].seen = 1;
   if (p.presence_penalty != 0.0f || p.frequency_penalty != 0.0f)
     for (size_t i = size_t(c.num_prompt_tokens); i < history; ++i) ++by_token[toks[i]].out_count;
-  for (auto& [t, a] : by_token)
-    if (t >= 0 && t < V) {
+  if (allowed) {  // every token in order, the grammar's refusals merged with the adjustments above
+    auto it = by_token.lower_bound(0);
+    for (int32_t t = 0; t < V; ++t) {
+      const bool listed = it != by_token.end() && it->first == t;
+      if (!listed && (*allowed)[size_t(t)]) continue;
+      ops::SampleAdjust a = listed ? it->second : ops::SampleAdjust{};
       a.token = t;
+      a.masked |= (*allowed)[size_t(t)] ? 0 : 1;
       adjust.push_back(a);
+      if (listed) ++it;
     }
+  } else {
+    for (auto& [t, a] : by_token)
+      if (t >= 0 && t < V) {
+        a.token = t;
+        adjust.push_back(a);
+      }
+  }
   row.adjust_end = int32_t(adjust.size());
   return row;
 }
@@ -47,8 +61,11 @@ std::vector<TokenOutput> sample_rows(const Tensor& device_logits, const std::vec
   const int32_t V = int32_t(logits.shape().back());
   std::vector<ops::SampleRow> op_rows;
   std::vector<ops::SampleAdjust> adjust;
+  std::vector<uint8_t> allowed;
   for (const SamplingContext& c : rows) {
-    ops::SampleRow row = sample_row(c, c.history == SamplingContext::kAllTokens ? c.tokens->size() : c.history, V, adjust);
+    if (c.grammar) c.grammar->allowed(V, allowed);
+    ops::SampleRow row = sample_row(c, c.history == SamplingContext::kAllTokens ? c.tokens->size() : c.history, V, adjust,
+                                    c.grammar ? &allowed : nullptr);
     if (c.params->temperature > 1e-5f) row.uniform = float(c.rng->uniform());
     op_rows.push_back(row);
   }

@@ -11,6 +11,7 @@
 
 #include "core/tensor.h"
 #include "ops/ops.h"
+#include "sample/grammar.h"
 #include "revolta/engine.h"
 #include "sample/rng.h"
 
@@ -26,6 +27,7 @@ struct SamplingContext {
   // it, not those after); kAllTokens: all of them.
   size_t history = kAllTokens;
   static constexpr size_t kAllTokens = ~size_t(0);
+  GrammarMatcher* grammar = nullptr;  // guided decoding: only the tokens it allows may be drawn
 };
 
 // logits: [rows, vocab] on any device; one token per row (with logprobs, and the raw row when
@@ -34,6 +36,8 @@ std::vector<TokenOutput> sample_rows(const Tensor& logits, const std::vector<Sam
 
 // The ops::sample row of a request whose history is its first `history` tokens (a speculative
 // row sees the drafts before it), its adjustments appended to `adjust`; no uniform drawn.
-ops::SampleRow sample_row(const SamplingContext& c, size_t history, int32_t vocab, std::vector<ops::SampleAdjust>& adjust);
+// allowed (guided decoding, one flag per token): the others are masked.
+ops::SampleRow sample_row(const SamplingContext& c, size_t history, int32_t vocab, std::vector<ops::SampleAdjust>& adjust,
+                          const std::vector<uint8_t>* allowed = nullptr);
 
 }  // namespace revolta

@@ -3,9 +3,11 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "revolta/engine.h"
+#include "sample/grammar.h"
 #include "sample/rng.h"
 
 namespace revolta {
@@ -14,6 +16,7 @@ enum class RequestStatus { kWaiting, kRunning, kFinished };
 
 struct Request {
   uint64_t id = 0;
+  std::unique_ptr<GrammarMatcher> grammar;  // guided decoding: the tokens its grammar allows next
   std::vector<int32_t> tokens;  // prompt followed by the generated tokens
   // Async scheduling: tokens.back() is a placeholder for a token a queued step produces on the
   // device; the step after it reads the token there, and the host fills it in when it arrives.

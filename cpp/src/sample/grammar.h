@@ -1,0 +1,55 @@
+// Constrained decoding through llguidance's C API (guided_decoding: a JSON schema, any JSON object,
+// a regular expression or a Lark grammar). The library is the one inside the `llguidance` PyPI
+// wheel, which exports its C functions (llg_*): the engine loads it once (EngineConfig::
+// guided_decoding_library) and computes each constrained row's token mask itself, so no Python
+// runs per token. (xgrammar's wheel exports only its Python bindings.)
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace revolta {
+
+struct GrammarApi;  // the library's functions (grammar.cpp)
+
+// One tokenizer for every matcher of an engine: the model's tokenizer.json and its EOS token.
+class GrammarTokenizer {
+ public:
+  // Throws std::invalid_argument naming guided_decoding_library when the library or a symbol is missing.
+  GrammarTokenizer(const std::string& library, const std::string& tokenizer_json_path, int32_t eos_token);
+  ~GrammarTokenizer();
+  GrammarTokenizer(const GrammarTokenizer&) = delete;
+  GrammarTokenizer& operator=(const GrammarTokenizer&) = delete;
+  const GrammarApi& api() const { return *api_; }
+  void* handle() const { return tok_; }
+
+ private:
+  const GrammarApi* api_ = nullptr;
+  void* tok_ = nullptr;
+};
+
+// A request's grammar state: which tokens may come next, advanced by each token it takes.
+class GrammarMatcher {
+ public:
+  // kind: json | json_object | regex | lark. Throws std::invalid_argument with the library's
+  // message when the grammar does not compile (an invalid or unsupported schema).
+  GrammarMatcher(const GrammarTokenizer& tok, const std::string& kind, const std::string& data);
+  ~GrammarMatcher();
+  GrammarMatcher(const GrammarMatcher&) = delete;
+  GrammarMatcher& operator=(const GrammarMatcher&) = delete;
+  // allowed[t] for t < vocab (tokens past the tokenizer's vocabulary are never allowed).
+  void allowed(int32_t vocab, std::vector<uint8_t>& out);
+  // False (and error() says why) when the token breaks the grammar.
+  bool consume(int32_t token);
+  bool stopped() const;  // the grammar is complete: only EOS may follow
+  std::string error() const;
+
+ private:
+  const GrammarApi& api_;
+  void* m_ = nullptr;
+  std::vector<uint32_t> mask_;
+};
+
+}  // namespace revolta

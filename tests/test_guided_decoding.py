@@ -1,0 +1,83 @@
+"""Constrained decoding (SamplingParams(guided_decoding=...), vLLM's spelling) on the demo model at
+temperature 1 over many seeds: every output parses and validates against its schema (jsonschema),
+matches its regex, or is one of its choices; a bad schema is a ValueError naming the field."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import jsonschema
+import pytest
+
+from revolta import LLM, GuidedDecodingParams, SamplingParams
+
+PERSON = {
+    "type": "object",
+    "properties": {"name": {"type": "string", "maxLength": 20}, "age": {"type": "integer", "minimum": 0, "maximum": 150},
+                   "city": {"enum": ["Oslo", "Paris", "Lima"]}, "tags": {"type": "array", "items": {"type": "string", "maxLength": 12},
+                                                                         "maxItems": 3}},
+    "required": ["name", "age", "city"],
+    "additionalProperties": False,
+}
+
+
+@pytest.fixture(scope="module")
+def llm():
+    engine = LLM(max_model_len=512)
+    yield engine
+    engine.engine.shutdown()
+
+
+def sample(llm, prompt, guided, seeds, max_tokens=160):
+    params = [SamplingParams(temperature=1.0, seed=s, max_tokens=max_tokens, guided_decoding=guided) for s in seeds]
+    return [o.outputs[0] for o in llm.generate([prompt] * len(params), params)]
+
+
+def test_json_schema_outputs_validate(llm):
+    outs = sample(llm, "Describe a person as JSON.", GuidedDecodingParams(json=PERSON), range(12))
+    for o in outs:
+        assert o.finish_reason == "stop", o.text
+        jsonschema.validate(json.loads(o.text), PERSON)
+
+
+def test_json_object_regex_and_choice(llm):
+    objects = sample(llm, "Reply with JSON.", {"json_object": True}, range(6))
+    for o in objects:  # (an unbounded object may run to max_tokens: only finished ones must parse)
+        assert o.finish_reason == "length" or isinstance(json.loads(o.text), dict), o.text
+    assert sum(o.finish_reason == "stop" for o in objects) >= 3
+    pattern = r"[A-Z][a-z]{2,8}-\d{3}"
+    for o in sample(llm, "Give a code.", {"regex": pattern}, range(6), 20):
+        assert re.fullmatch(pattern, o.text), o.text
+    choices = ["red", "green", "blue"]
+    assert {o.text for o in sample(llm, "Pick a colour.", {"choice": choices}, range(8), 10)} <= set(choices)
+    lark = 'start: "yes" | "no" | "maybe " NUMBER\nNUMBER: /[0-9]+/'
+    for o in sample(llm, "Answer.", {"grammar": lark}, range(6), 10):
+        assert re.fullmatch(r"yes|no|maybe [0-9]+", o.text), o.text
+
+
+def test_unconstrained_sampling_would_fail_the_schema(llm):
+    """The check above can fail: the same prompts without the grammar do not give valid JSON."""
+    outs = [o.outputs[0] for o in llm.generate(["Describe a person as JSON."] * 6,
+                                               [SamplingParams(temperature=1.0, seed=s, max_tokens=80) for s in range(6)])]
+    valid = 0
+    for o in outs:
+        try:
+            jsonschema.validate(json.loads(o.text), PERSON)
+            valid += 1
+        except (ValueError, jsonschema.ValidationError):
+            pass
+    assert valid < len(outs)
+
+
+def test_bad_grammars_name_the_field(llm):
+    with pytest.raises(ValueError, match="guided_decoding"):
+        llm.generate("x", SamplingParams(guided_decoding={"json": {"type": "nonsense"}}))
+    with pytest.raises(ValueError, match="exactly one"):
+        SamplingParams(guided_decoding={"json": {}, "regex": "a"}).to_core(16)
+    with pytest.raises(ValueError, match="unknown field"):
+        SamplingParams(guided_decoding={"jsonschema": {}})
+    with pytest.raises(ValueError, match="guided_decoding"):
+        llm.generate("x", SamplingParams(guided_decoding={"regex": "(unclosed"}))
+    # The engine goes on serving.
+    assert llm.generate("Hi", SamplingParams(temperature=0, max_tokens=3))[0].outputs[0].token_ids
