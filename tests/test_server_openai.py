@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import time
 
 import httpx
@@ -204,3 +205,46 @@ def test_tokenize_detokenize_round_trip(server):
     assert httpx.post(server.url + "/detokenize", json={"tokens": ids}, headers=h).json()["prompt"] == "Hello, world!"
     r = httpx.post(server.url + "/detokenize", json={"tokens": [10**9]}, headers=h)
     assert r.status_code == 400 and r.json()["error"]["param"] == "tokens"
+
+
+PERSON = {"type": "object", "additionalProperties": False, "required": ["name", "age"],
+          "properties": {"name": {"type": "string", "maxLength": 16}, "age": {"type": "integer", "minimum": 0}}}
+
+
+def test_structured_output_response_format_and_guided_extras(client):
+    import jsonschema
+
+    ask = [{"role": "user", "content": "Describe a person."}]
+    for seed in range(3):
+        r = client.chat.completions.create(model="smol", messages=ask, temperature=1.0, seed=seed, max_tokens=80,
+                                           response_format={"type": "json_schema",
+                                                            "json_schema": {"name": "person", "schema": PERSON, "strict": True}})
+        jsonschema.validate(json.loads(r.choices[0].message.content), PERSON)
+    r = client.chat.completions.create(model="smol", messages=ask, temperature=0, max_tokens=80,
+                                       response_format={"type": "json_object"})
+    assert isinstance(json.loads(r.choices[0].message.content), dict)
+    r = client.chat.completions.create(model="smol", messages=MSG, temperature=1.0, max_tokens=8,
+                                       extra_body={"guided_choice": ["Paris", "Lyon"]})
+    assert r.choices[0].message.content in ("Paris", "Lyon")
+    stream = client.chat.completions.create(model="smol", messages=ask, temperature=1.0, seed=5, max_tokens=80, stream=True,
+                                            extra_body={"guided_json": PERSON})
+    jsonschema.validate(json.loads("".join(c.choices[0].delta.content or "" for c in stream if c.choices)), PERSON)
+    r = client.completions.create(model="smol", prompt="Code:", max_tokens=12, extra_body={"guided_regex": "[A-Z]{3}-[0-9]{2}"})
+    assert re.fullmatch("[A-Z]{3}-[0-9]{2}", r.choices[0].text)
+    resp = client.responses.create(model="smol", input="Describe a person.", max_output_tokens=80,
+                                   text={"format": {"type": "json_schema", "name": "person", "schema": PERSON, "strict": True}})
+    jsonschema.validate(json.loads(resp.output_text), PERSON)
+
+
+def test_structured_output_errors_name_the_field(client):
+    with pytest.raises(openai.BadRequestError) as e:
+        client.chat.completions.create(model="smol", messages=MSG, max_tokens=8, response_format={
+            "type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "nonsense"}}})
+    assert e.value.body["param"] == "response_format" and "nonsense" in e.value.body["message"]
+    with pytest.raises(openai.BadRequestError) as e:
+        client.chat.completions.create(model="smol", messages=MSG, max_tokens=8, response_format={"type": "xml"})
+    assert e.value.body["param"] == "response_format"
+    with pytest.raises(openai.BadRequestError) as e:
+        client.chat.completions.create(model="smol", messages=MSG, max_tokens=8, extra_body={"guided_regex": "(open"})
+    assert e.value.body["param"] == "guided_regex"
+    assert client.chat.completions.create(model="smol", messages=MSG, temperature=0, max_tokens=4).choices[0].message.content

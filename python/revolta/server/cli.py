@@ -148,6 +148,7 @@ def build(settings):
     from revolta import _core
     from revolta.models.resolve import resolve_model
     from revolta.kv_calibration import calibration_prompts
+    from revolta.guided import grammar_library
     from revolta.kv_offload import apply_kv_offloading
     from revolta.models.tokenizer import Tokenizer
     from revolta.server.app import create_app
@@ -167,6 +168,8 @@ def build(settings):
     apply_kv_offloading(cfg, e.kv_offloading_size, e.kv_offloading_eviction, e.kv_offloading_disk)
     apply_speculative_config(cfg, e.speculative_config)
     tokenizer = Tokenizer(e.tokenizer or path)
+    cfg.guided_decoding_library = grammar_library()
+    cfg.tokenizer_json = str(Path(e.tokenizer or path) / "tokenizer.json")
     if e.calculate_kv_scales:
         cfg.calculate_kv_scales = True
         cfg.calibration_prompts = calibration_prompts(tokenizer)

@@ -100,6 +100,9 @@ class Job:
                 gen = Generation(s.tok, params.stop, params.include_stop_str_in_output, params.skip_special_tokens, router_factory())
                 new.append(Choice(index=index0 + i, prompt_no=prompt_no, rid=rid, queue=q, gen=gen, tool_parser=tool_factory()))
         except ValueError as e:
+            g = params.guided_decoding
+            if g is not None and str(e).startswith("guided_decoding"):  # a grammar that does not compile
+                raise APIError(400, g.field_name + str(e)[len("guided_decoding"):], param=g.field_name) from e
             raise APIError(400, str(e)) from e
         except RuntimeError as e:
             raise APIError(503 if s.engine.dead else 500, str(e)) from e

@@ -12,6 +12,7 @@ from fastapi import Request
 from fastapi.responses import JSONResponse
 
 from revolta.config import ServerOptions
+from revolta.guided import from_request
 from revolta.models.tokenizer import ChatTemplateError, Tokenizer
 from revolta.sampling_params import SamplingParams
 from revolta.server.async_engine import AsyncEngine
@@ -80,7 +81,13 @@ class Pipeline:
             )
         stop = [req.stop] if isinstance(req.stop, str) else list(req.stop or [])
         try:
+            guided = from_request(req.response_format, req.guided_json, req.guided_regex, req.guided_choice,
+                                  req.guided_grammar)
+        except ValueError as e:
+            raise APIError(400, str(e), param=str(e).split(":")[0].split(" ")[0]) from e
+        try:
             return SamplingParams(
+                guided_decoding=guided,
                 n=req.n,
                 temperature=1.0 if req.temperature is None else req.temperature,
                 top_p=1.0 if req.top_p is None else req.top_p,

@@ -33,6 +33,12 @@ class SamplingFields(RequestModel):
     ignore_eos: bool = False
     skip_special_tokens: bool = True
     include_stop_str_in_output: bool = False
+    # Structured output: OpenAI's response_format, and vLLM's extra fields.
+    response_format: dict[str, Any] | None = None
+    guided_json: str | dict[str, Any] | None = None
+    guided_regex: str | None = None
+    guided_choice: list[str] | None = None
+    guided_grammar: str | None = None
 
 
 class ContentPart(RequestModel):
@@ -166,5 +172,6 @@ class ResponsesRequest(RequestModel):
     temperature: float | None = Field(None, ge=0, le=2)
     top_p: float | None = Field(None, gt=0, le=1)
     reasoning: dict[str, Any] | None = None
+    text: dict[str, Any] | None = None  # {"format": {"type": "json_schema", "schema": ...}} (structured output)
     stream: bool = False
     previous_response_id: str | None = None

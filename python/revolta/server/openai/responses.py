@@ -94,7 +94,7 @@ class ResponsesServing:
         p = self.p
         creq = self.to_chat(req)
         _, prompt_ids, tools, thinking = await p.render_chat(creq)
-        fields = SamplingFields(temperature=req.temperature, top_p=req.top_p)
+        fields = SamplingFields(temperature=req.temperature, top_p=req.top_p, response_format=response_format(req.text))
         params = p.sampling(fields, len(prompt_ids), req.max_output_tokens, None)
         (c,) = job.start(prompt_ids, params, 0, 0, *p.parsers(prompt_ids, tools, thinking))
         head = {"id": _new_id("resp"), "object": "response", "created_at": int(time.time()), "model": model,
@@ -214,3 +214,13 @@ class ResponsesServing:
             yield event("response.incomplete" if final["status"] == "incomplete" else "response.completed", {"response": final})
         except APIError as e:
             yield event("error", {"code": str(e.status), "message": e.message, "param": e.param})
+
+
+def response_format(text: dict | None) -> dict | None:
+    """The Responses API's text.format ({"type": "json_schema", "name", "schema", "strict"}) as Chat
+    Completions' response_format."""
+    fmt = (text or {}).get("format") if isinstance(text, dict) else None
+    if not isinstance(fmt, dict) or fmt.get("type") != "json_schema":
+        return fmt
+    return {"type": "json_schema", "json_schema": {"name": fmt.get("name"), "schema": fmt.get("schema"),
+                                                   "strict": fmt.get("strict")}}
