@@ -122,8 +122,9 @@ class Pipeline:
 
     def render_chat_text(self, req: ChatCompletionRequest) -> tuple[str, list[dict] | None, bool]:
         tool_choice = req.tool_choice
-        if isinstance(tool_choice, dict) or tool_choice not in (None, "none", "auto"):
-            raise APIError(400, f"tool_choice {json.dumps(tool_choice)} is not supported; use 'auto' or 'none'", param="tool_choice")
+        if not (tool_choice in (None, "none", "auto", "required") or forced_name(tool_choice)):
+            raise APIError(400, f"tool_choice {json.dumps(tool_choice)} is not supported; use 'auto', 'none', 'required' "
+                                "or {\"type\": \"function\", \"function\": {\"name\": ...}}", param="tool_choice")
         tools = [t.model_dump(exclude_none=True) for t in req.tools or []]
         use_tools = bool(tools) and tool_choice != "none"
         if use_tools and not self.opts.tool_call_parser:
@@ -174,3 +175,12 @@ class Pipeline:
         if bad:
             raise APIError(400, f"token id {bad[0]} is outside the vocabulary", param=param)
         return await asyncio.to_thread(self.tok.decode, ids, False)
+
+
+def forced_name(tool_choice) -> str | None:
+    """The function a tool_choice object names ({"type": "function", "function": {"name": ...}}), else None."""
+    if isinstance(tool_choice, dict) and tool_choice.get("type") == "function":
+        fn = tool_choice.get("function")
+        if isinstance(fn, dict) and isinstance(fn.get("name"), str):
+            return fn["name"]
+    return None

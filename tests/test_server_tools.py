@@ -1,0 +1,88 @@
+"""Forced tool calls on the real server (demo model, official openai SDK): tool_choice "required" and
+a named function constrain the output to calls in the active tool-call format whose arguments
+validate against the tool's schema (jsonschema), at temperature 1, streamed and not;
+parallel_tool_calls=false gives exactly one call."""
+
+from __future__ import annotations
+
+import json
+
+import jsonschema
+import openai
+import pytest
+
+from server_fixture import ServerProcess
+
+WEATHER = {"type": "object", "additionalProperties": False, "required": ["city", "days"],
+           "properties": {"city": {"type": "string", "maxLength": 24}, "days": {"type": "integer", "minimum": 1, "maximum": 14}}}
+TIME = {"type": "object", "additionalProperties": False, "required": ["zone"],
+        "properties": {"zone": {"enum": ["UTC", "CET", "PST"]}}}
+TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "Weather forecast", "parameters": WEATHER}},
+         {"type": "function", "function": {"name": "get_time", "description": "Current time", "parameters": TIME}}]
+SCHEMAS = {"get_weather": WEATHER, "get_time": TIME}
+ASK = [{"role": "user", "content": "What's the weather in Oslo for the next 3 days?"}]
+
+
+@pytest.fixture(scope="module", params=["hermes", "qwen3_coder"])
+def client(request, demo_model_dir):
+    srv = ServerProcess("--model", demo_model_dir, "--served-model-name", "smol", "--max-model-len", "1024",
+                        "--kv-cache-memory-bytes", str(64 << 20), "--tool-call-parser", request.param)
+    yield openai.OpenAI(base_url=srv.url + "/v1", api_key="x", max_retries=0)
+    log = srv.stop()
+    assert "Traceback" not in log, log
+
+
+def check(calls, names):
+    assert calls
+    for c in calls:
+        assert c.function.name in names
+        try:
+            args = json.loads(c.function.arguments)
+        except ValueError as e:
+            raise AssertionError(f"{c.function.name}: {c.function.arguments!r}") from e
+        jsonschema.validate(args, SCHEMAS[c.function.name])
+
+
+def test_required_and_named_calls_validate(client):
+    for seed in range(2):
+        r = client.chat.completions.create(model="smol", messages=ASK, tools=TOOLS, tool_choice="required",
+                                           temperature=1.0, seed=seed, max_tokens=120, parallel_tool_calls=False)
+        assert r.choices[0].finish_reason == "tool_calls"
+        check(r.choices[0].message.tool_calls, SCHEMAS)
+        assert len(r.choices[0].message.tool_calls) == 1
+        named = client.chat.completions.create(model="smol", messages=ASK, tools=TOOLS, temperature=1.0, seed=seed,
+                                               max_tokens=120, tool_choice={"type": "function", "function": {"name": "get_time"}},
+                                               parallel_tool_calls=False)
+        check(named.choices[0].message.tool_calls, {"get_time"})
+    # Parallel calls allowed: every call the model finished validates (it may go on calling until max_tokens).
+    r = client.chat.completions.create(model="smol", messages=ASK, tools=TOOLS, tool_choice="required", temperature=1.0,
+                                       seed=3, max_tokens=120)
+    calls = r.choices[0].message.tool_calls
+    assert calls and r.choices[0].finish_reason in ("tool_calls", "length")
+    finished = calls if r.choices[0].finish_reason == "tool_calls" else calls[:-1]
+    if finished:
+        check(finished, SCHEMAS)
+
+
+def test_forced_call_streams(client):
+    stream = client.chat.completions.create(model="smol", messages=ASK, tools=TOOLS, tool_choice="required", stream=True,
+                                            temperature=1.0, seed=7, max_tokens=120, parallel_tool_calls=False)
+    name, args, finish = "", "", None
+    for chunk in stream:
+        for c in chunk.choices:
+            for tc in c.delta.tool_calls or []:
+                name += tc.function.name or ""
+                args += tc.function.arguments or ""
+            finish = c.finish_reason or finish
+    assert finish == "tool_calls" and name in SCHEMAS
+    jsonschema.validate(json.loads(args), SCHEMAS[name])
+
+
+def test_forced_call_errors(client):
+    with pytest.raises(openai.BadRequestError) as e:
+        client.chat.completions.create(model="smol", messages=ASK, tools=TOOLS, max_tokens=8,
+                                       tool_choice={"type": "function", "function": {"name": "nope"}})
+    assert e.value.body["param"] == "tool_choice"
+    with pytest.raises(openai.BadRequestError) as e:
+        client.chat.completions.create(model="smol", messages=ASK, max_tokens=8, tool_choice="required")
+    assert e.value.body["param"] == "tool_choice"
