@@ -15,10 +15,12 @@ class ScriptedEngine:
         self.max_num_seqs = 64
         self.dead = None
         self.prompts: list[list[int]] = []
+        self.params: list = []  # the engine SamplingParams of each request
         self.aborted: list[int] = []
 
     def add_request(self, prompt_ids, params):
         self.prompts.append(list(prompt_ids))
+        self.params.append(params)
         q: asyncio.Queue = asyncio.Queue()
         ids = self.script[: params.max_tokens]
         for i in range(0, len(ids), 3):

@@ -88,14 +88,15 @@ def test_thinking_text_and_tool_use_blocks(think_tokenizer):
 
 
 def test_forced_tool_is_reported_as_tool_use(think_tokenizer):
-    # The server appends the opening of the call to the prompt; the model writes the rest.
-    svc, engine = serving(think_tokenizer, '{"city": "Rome"}}\n</tool_call>', parser="hermes")
+    # The request carries the grammar of calls to the named tool; the (scripted) model writes one.
+    svc, engine = serving(think_tokenizer, '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Rome"}}\n</tool_call>',
+                          parser="hermes")
     body = {"model": "m", "max_tokens": 100, "messages": [{"role": "user", "content": "Weather?"}], "tools": TOOLS,
             "tool_choice": {"type": "tool", "name": "get_weather"}}
     full, events = run_both(svc, body)
     assert full["stop_reason"] == "tool_use"
     assert [(b["type"], b.get("input")) for b in full["content"]] == [("tool_use", {"city": "Rome"})]
-    assert think_tokenizer.decode(engine.prompts[0], skip_special_tokens=False).endswith('<tool_call>\n{"name": "get_weather", "arguments": ')
+    assert engine.params[0].guided_kind == "lark" and '"const": "get_weather"' in engine.params[0].guided_data
     blocks, stop = merge(events)
     assert strip(blocks) == strip(full["content"]) and stop == "tool_use"
 

@@ -24,12 +24,17 @@ ASK = [{"role": "user", "content": "What's the weather in Oslo for the next 3 da
 
 
 @pytest.fixture(scope="module", params=["hermes", "qwen3_coder"])
-def client(request, demo_model_dir):
+def server(request, demo_model_dir):
     srv = ServerProcess("--model", demo_model_dir, "--served-model-name", "smol", "--max-model-len", "1024",
                         "--kv-cache-memory-bytes", str(64 << 20), "--tool-call-parser", request.param)
-    yield openai.OpenAI(base_url=srv.url + "/v1", api_key="x", max_retries=0)
+    yield srv
     log = srv.stop()
     assert "Traceback" not in log, log
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    return openai.OpenAI(base_url=server.url + "/v1", api_key="x", max_retries=0)
 
 
 def check(calls, names):
@@ -86,3 +91,18 @@ def test_forced_call_errors(client):
     with pytest.raises(openai.BadRequestError) as e:
         client.chat.completions.create(model="smol", messages=ASK, max_tokens=8, tool_choice="required")
     assert e.value.body["param"] == "tool_choice"
+
+
+def test_anthropic_any_and_tool_give_valid_tool_use(server):
+    import anthropic
+
+    client = anthropic.Anthropic(base_url=server.url, api_key="x", max_retries=0)
+    tools = [{"name": t["function"]["name"], "description": t["function"]["description"],
+              "input_schema": t["function"]["parameters"]} for t in TOOLS]
+    for choice in ({"type": "any"}, {"type": "tool", "name": "get_weather"}):
+        m = client.messages.create(model="smol", max_tokens=120, messages=ASK, tools=tools,
+                                   tool_choice={**choice, "disable_parallel_tool_use": True})
+        assert m.stop_reason == "tool_use"
+        (use,) = [b for b in m.content if b.type == "tool_use"]
+        assert choice["type"] == "any" or use.name == "get_weather"
+        jsonschema.validate(use.input, SCHEMAS[use.name])

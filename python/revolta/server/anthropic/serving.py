@@ -9,20 +9,16 @@ from typing import Any, AsyncIterator
 from fastapi import Request
 from fastapi.responses import JSONResponse
 
+from revolta.guided import GuidedDecodingParams
 from revolta.server.errors import APIError, anthropic_error_body
 from revolta.server.generation import Delta
 from revolta.server.openai.protocol import ChatCompletionRequest, SamplingFields
 from revolta.server.job import Choice, Job
 from revolta.server.pipeline import Pipeline
+from revolta.server.parsers.tool_grammar import tool_call_grammar
 from revolta.server.parsers.tools import assemble
 from revolta.server.anthropic.protocol import CountTokensRequest, MessagesRequest
 from revolta.server.streaming import EventStream
-
-# The text that opens a call in each tool-call format; appended to the prompt to force a call.
-_FORCED_CALL = {
-    "qwen3_coder": lambda name: "<tool_call>\n<function=" + (f"{name}>\n" if name else ""),
-    "hermes": lambda name: '<tool_call>\n{"name": "' + (f'{name}", "arguments": ' if name else ""),
-}
 
 
 def _text_of(content: Any) -> str:
@@ -111,17 +107,15 @@ class AnthropicServing:
             raise APIError(400, "thinking may not be enabled when tool_choice forces tool use", param="tool_choice")
         if forced == "tool" and req.tool_choice.name not in {t["function"]["name"] for t in tools}:
             raise APIError(400, f"tool_choice names an unknown tool '{req.tool_choice.name}'", param="tool_choice")
-        prefix = _FORCED_CALL[p.opts.tool_call_parser](req.tool_choice.name if forced == "tool" else None) if forced else ""
-        if prefix:
-            prompt_ids = prompt_ids + await p.encode(prefix, False, "tool_choice")
         fields = SamplingFields(temperature=req.temperature, top_p=req.top_p, top_k=req.top_k, stop=req.stop_sequences)
         params = p.sampling(fields, len(prompt_ids), req.max_tokens, None)
+        single = bool(req.tool_choice and req.tool_choice.disable_parallel_tool_use)
+        if forced:  # "any" / "tool": the output held to calls of the tools' schemas
+            grammar = tool_call_grammar(p.opts.tool_call_parser, tools, req.tool_choice.name if forced == "tool" else None,
+                                        not single)
+            params.guided_decoding = GuidedDecodingParams(grammar=grammar, field_name="tool_choice")
         (c,) = job.start(prompt_ids, params, 0, 0, *p.parsers(prompt_ids, tools, thinking))
         first = Delta()
-        if prefix:
-            _, first.tool_calls = c.tool_parser.feed(prefix)
-            c.tool_deltas.extend(first.tool_calls)
-        single = bool(req.tool_choice and req.tool_choice.disable_parallel_tool_use) or forced is not None
         msg_id = "msg_" + uuid.uuid4().hex[:24]
 
         def body() -> dict:
