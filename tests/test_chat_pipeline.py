@@ -109,3 +109,22 @@ def test_assistant_tool_call_turn_with_null_content(demo_model_dir):
     opts = ServerOptions(tool_call_parser="hermes")
     text, _, _ = Pipeline(engine, tok, ["m"], opts, Metrics(engine)).render_chat_text(ChatCompletionRequest(messages=messages))
     assert "sunny, 21 C" in text and "weather in Oslo?" in text
+
+
+def test_tools_reach_a_template_that_drops_them(demo_model_dir):
+    """The demo model's template ignores `tools`; the server then describes them in the system prompt
+    in the parser's format, so the model can call them (and a system message keeps its text)."""
+    from revolta.models.tokenizer import Tokenizer
+
+    tok = Tokenizer(demo_model_dir)
+    assert "get_weather" not in tok.apply_chat_template([{"role": "user", "content": "hi"}], add_generation_prompt=True,
+                                                        tools=TOOLS)
+    _, _, engine = serve(tok, "ok", "hermes")
+    for parser, marker in (("hermes", '{"name": "function_name"'), ("qwen3_coder", "<function=function_name>")):
+        p = Pipeline(engine, tok, ["m"], ServerOptions(tool_call_parser=parser), Metrics(engine))
+        assert p.tools_in_prompt
+        msgs = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "weather?"}]
+        text, tools, _ = p.render_chat_text(ChatCompletionRequest(messages=msgs, tools=TOOLS))
+        assert tools and '"name": "get_weather"' in text and marker in text and "Be brief." in text
+        plain, _, _ = p.render_chat_text(ChatCompletionRequest(messages=msgs))
+        assert "get_weather" not in plain

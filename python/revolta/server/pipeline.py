@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 from typing import Awaitable, Callable
 
 from fastapi import Request
@@ -21,11 +22,14 @@ from revolta.server.job import Admission, Job
 from revolta.server.metrics import Metrics
 from revolta.server.openai.protocol import ChatCompletionRequest, SamplingFields
 from revolta.server.parsers.reasoning import ReasoningRouter, prompt_opens_reasoning, qwen3_reasoning_tokens
+from revolta.server.parsers.tool_prompt import template_renders_tools, with_tools_section
 from revolta.server.parsers.tools import make_tool_parser
 
 # Template variables the server sets itself; chat_template_kwargs may not override them.
 _RESERVED_TEMPLATE_VARS = frozenset({"messages", "tools", "add_generation_prompt", "bos_token", "eos_token"})
 
+
+log = logging.getLogger("revolta.server")
 
 class Pipeline:
     def __init__(self, engine: AsyncEngine, tokenizer: Tokenizer, served_names: list[str], options: ServerOptions, metrics: Metrics):
@@ -39,6 +43,12 @@ class Pipeline:
         # holds more than max_model_len tokens (x2: normalizers that drop characters).
         self.max_prompt_chars = 2 * self.max_model_len * tokenizer.max_token_chars
         self.reasoning_tokens = qwen3_reasoning_tokens(tokenizer) if options.reasoning_parser == "qwen3" else None
+        # Templates that drop `tools`: the server describes them itself, in the parser's format.
+        self.tools_in_prompt = bool(options.tool_call_parser) and not template_renders_tools(
+            lambda m, t: tokenizer.apply_chat_template(m, add_generation_prompt=True, tools=t))
+        if self.tools_in_prompt:
+            log.warning("the chat template does not render tools; the server adds them to the system prompt in the %s "
+                        "format", options.tool_call_parser)
         limit = options.max_waiting_requests
         self.admission = Admission(engine.max_num_seqs + limit if limit else None)
 
@@ -150,6 +160,8 @@ class Pipeline:
         reserved = sorted(_RESERVED_TEMPLATE_VARS & set(kwargs))
         if reserved:
             raise APIError(400, f"chat_template_kwargs may not set {', '.join(reserved)} (the server sets them)", param="chat_template_kwargs")
+        if use_tools and self.tools_in_prompt:
+            messages = with_tools_section(messages, self.opts.tool_call_parser, tools)
         try:
             text = self.tok.apply_chat_template(messages, add_generation_prompt=req.add_generation_prompt, tools=tools if use_tools else None, **kwargs)
         except ChatTemplateError as e:
