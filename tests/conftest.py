@@ -74,6 +74,20 @@ def first_divergence_on_near_tie(cpu_ids, gpu_ids, cpu_logits, near_tie: float) 
     return False
 
 
+def greedy(max_tokens: int, logits: bool = False):
+    """Greedy sampling of exactly max_tokens tokens (the GPU-vs-CPU comparisons)."""
+    import revolta
+
+    return revolta.SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True, return_generation_logits=logits)
+
+
+def assert_greedy_until_near_tie(cpu_out, gpu_out, near_tie: float, length: int) -> None:
+    """The GPU's greedy tokens are the CPU's, all `length` of them, unless they part at a CPU near-tie."""
+    a, b = cpu_out.outputs[0].token_ids, gpu_out.outputs[0].token_ids
+    if not first_divergence_on_near_tie(a, b, cpu_out.outputs[0].generation_logits, near_tie):
+        assert len(a) == len(b) == length
+
+
 def state_bytes_per_slot(model) -> int:
     """Recurrent-state bytes of one request (conv + delta-rule state of every DeltaNet layer)."""
     c = model.config

@@ -140,16 +140,23 @@ def test_a_full_disk_skips_writes_and_serves(model, reference, tmp_path):
     assert not list(next((tmp_path / "kv").iterdir()).glob("*.kvb"))
 
 
-def test_hybrid_state_snapshots_go_with_their_blocks(tmp_path):
+@pytest.fixture(scope="module")
+def hybrid(tmp_path_factory):
+    """A tiny Qwen3-Next and its greedy answer to prompt 1 without offload."""
+    d = tmp_path_factory.mktemp("next")
+    make_hf_model("qwen3_next", d, seed=5, max_position_embeddings=512)
+    plain = LLM(str(d), max_model_len=LEN, enable_prefix_caching=False)
+    ref = plain.generate([{"prompt_token_ids": prompt(1)}], SP)[0].outputs[0].token_ids
+    plain.engine.shutdown()
+    return str(d), ref
+
+
+def test_hybrid_state_snapshots_go_with_their_blocks(hybrid):
     """Qwen3-Next: a prefix hit needs the DeltaNet state snapshot of its last block; with one snapshot
     slot the second prompt evicts the first's, which comes back from host memory with its blocks."""
-    d = tmp_path / "next"
-    make_hf_model("qwen3_next", d, seed=5, max_position_embeddings=512)
+    d, ref = hybrid
     p1 = {"prompt_token_ids": prompt(1)}
-    plain = LLM(str(d), max_model_len=LEN, enable_prefix_caching=False)
-    ref = plain.generate([p1], SP)[0].outputs[0].token_ids
-    plain.engine.shutdown()
-    llm = LLM(str(d), max_model_len=LEN, max_num_seqs=1, kv_offloading_size=0.05)
+    llm = LLM(d, max_model_len=LEN, max_num_seqs=1, kv_offloading_size=0.05)
     llm.generate([p1], SP)
     llm.generate([{"prompt_token_ids": prompt(2)}], SP)  # its snapshot takes the only slot
     again = llm.generate([p1], SP)[0]
@@ -188,21 +195,17 @@ def test_metrics_show_the_tiers(model, tmp_path):
     assert os.path.isdir(tmp_path / "kv")
 
 
-def test_tensor_parallel_ranks_offload_their_shards(tmp_path):
+def test_tensor_parallel_ranks_offload_their_shards(hybrid, tmp_path):
     """TP 2 on a hybrid model: each rank writes and reads its share of every entry (KV heads, DeltaNet
     states); a restarted engine's answer from disk matches the TP 1 engine's without offload."""
-    d = tmp_path / "next"
-    make_hf_model("qwen3_next", d, seed=3, max_position_embeddings=512)
+    d, ref = hybrid
     p1 = {"prompt_token_ids": prompt(1)}
-    plain = LLM(str(d), max_model_len=LEN, enable_prefix_caching=False)
-    ref = plain.generate([p1], SP)[0].outputs[0].token_ids
-    plain.engine.shutdown()
     opts = dict(max_model_len=LEN, tensor_parallel_size=2, max_num_seqs=1, kv_offloading_size=0.05,
                 kv_offloading_disk={"root_dir": str(tmp_path / "kv")})
-    first = LLM(str(d), **opts)
+    first = LLM(d, **opts)
     assert first.generate([p1], SP)[0].outputs[0].token_ids == ref
     first.engine.shutdown()
-    again = LLM(str(d), **opts)
+    again = LLM(d, **opts)
     out = again.generate([p1], SP)[0]
     s = again.engine.stats()
     again.engine.shutdown()

@@ -13,7 +13,7 @@ import gc
 import numpy as np
 import pytest
 
-from conftest import first_divergence_on_near_tie, make_hf_model
+from conftest import assert_greedy_until_near_tie, greedy, make_hf_model
 
 pytestmark = pytest.mark.gpu
 
@@ -69,15 +69,11 @@ def pair(request, tmp_path_factory):
 
 
 def sampling(logits=False):
-    import revolta
-
-    return revolta.SamplingParams(temperature=0.0, max_tokens=GEN, ignore_eos=True, return_generation_logits=logits)
+    return greedy(GEN, logits)
 
 
 def assert_greedy_match(cpu_out, gpu_out):
-    a, b = cpu_out.outputs[0].token_ids, gpu_out.outputs[0].token_ids
-    if not first_divergence_on_near_tie(a, b, cpu_out.outputs[0].generation_logits, NEAR_TIE):
-        assert len(a) == len(b) == GEN
+    assert_greedy_until_near_tie(cpu_out, gpu_out, NEAR_TIE, GEN)
 
 
 def test_greedy_matches_cpu(pair):

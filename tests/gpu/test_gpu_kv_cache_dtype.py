@@ -12,7 +12,7 @@ import gc
 import numpy as np
 import pytest
 
-from conftest import first_divergence_on_near_tie, make_hf_model
+from conftest import assert_greedy_until_near_tie, greedy, make_hf_model
 
 pytestmark = pytest.mark.gpu
 
@@ -71,15 +71,11 @@ def pair(request, model_dir):
 
 
 def sampling(logits=False):
-    import revolta
-
-    return revolta.SamplingParams(temperature=0.0, max_tokens=GEN, ignore_eos=True, return_generation_logits=logits)
+    return greedy(GEN, logits)
 
 
 def assert_greedy_match(c, g):
-    a, b = c.outputs[0].token_ids, g.outputs[0].token_ids
-    if not first_divergence_on_near_tie(a, b, c.outputs[0].generation_logits, NEAR_TIE):
-        assert len(a) == len(b) == GEN
+    assert_greedy_until_near_tie(c, g, NEAR_TIE, GEN)
 
 
 def test_concurrent_requests_match_the_cpu(pair, float16, model_dir):

@@ -128,11 +128,9 @@ std::string GrammarMatcher::error() const {
   return e ? e : "";
 }
 
-void GrammarMatcher::allowed(int32_t vocab, std::vector<uint8_t>& out) {
-  out.assign(size_t(vocab), 0);
-  if (api_.matcher_compute_mask_into(m_, mask_.data(), mask_.size() * 4) != 0) return;  // error: nothing allowed
-  const int32_t n = std::min<int32_t>(vocab, int32_t(mask_.size() * 32));
-  for (int32_t t = 0; t < n; ++t) out[size_t(t)] = (mask_[size_t(t) / 32] >> (t % 32)) & 1u;
+const std::vector<uint32_t>& GrammarMatcher::allowed() {
+  if (api_.matcher_compute_mask_into(m_, mask_.data(), mask_.size() * 4) != 0) std::fill(mask_.begin(), mask_.end(), 0u);
+  return mask_;
 }
 
 bool GrammarMatcher::consume(int32_t token) { return api_.matcher_consume_token(m_, uint32_t(token)) == 0; }

@@ -39,8 +39,9 @@ class GrammarMatcher {
   ~GrammarMatcher();
   GrammarMatcher(const GrammarMatcher&) = delete;
   GrammarMatcher& operator=(const GrammarMatcher&) = delete;
-  // allowed[t] for t < vocab (tokens past the tokenizer's vocabulary are never allowed).
-  void allowed(int32_t vocab, std::vector<uint8_t>& out);
+  // The tokens allowed next, one bit each (token t: bit t % 32 of word t / 32); tokens past the
+  // tokenizer's vocabulary are never allowed. Nothing is allowed when the matcher is in error.
+  const std::vector<uint32_t>& allowed();
   // False (and error() says why) when the token breaks the grammar.
   bool consume(int32_t token);
   bool stopped() const;  // the grammar is complete: only EOS may follow

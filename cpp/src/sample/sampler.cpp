@@ -8,7 +8,7 @@
 namespace revolta {
 
 ops::SampleRow sample_row(const SamplingContext& c, size_t history, int32_t V, std::vector<ops::SampleAdjust>& adjust,
-                          const std::vector<uint8_t>* allowed) {
+                          const std::vector<uint32_t>* allowed) {
   const SamplingParams& p = *c.params;
   const std::vector<int32_t>& toks = *c.tokens;
   ops::SampleRow row;
@@ -32,13 +32,14 @@ ops::SampleRow sample_row(const SamplingContext& c, size_t history, int32_t V, s
   if (p.presence_penalty != 0.0f || p.frequency_penalty != 0.0f)
     for (size_t i = size_t(c.num_prompt_tokens); i < history; ++i) ++by_token[toks[i]].out_count;
   if (allowed) {  // every token in order, the grammar's refusals merged with the adjustments above
+    auto ok = [&](int32_t t) { return size_t(t) / 32 < allowed->size() && ((*allowed)[size_t(t) / 32] >> (t % 32)) & 1u; };
     auto it = by_token.lower_bound(0);
     for (int32_t t = 0; t < V; ++t) {
       const bool listed = it != by_token.end() && it->first == t;
-      if (!listed && (*allowed)[size_t(t)]) continue;
+      if (!listed && ok(t)) continue;
       ops::SampleAdjust a = listed ? it->second : ops::SampleAdjust{};
       a.token = t;
-      a.masked |= (*allowed)[size_t(t)] ? 0 : 1;
+      a.masked |= ok(t) ? 0 : 1;
       adjust.push_back(a);
       if (listed) ++it;
     }
@@ -61,11 +62,9 @@ std::vector<TokenOutput> sample_rows(const Tensor& device_logits, const std::vec
   const int32_t V = int32_t(logits.shape().back());
   std::vector<ops::SampleRow> op_rows;
   std::vector<ops::SampleAdjust> adjust;
-  std::vector<uint8_t> allowed;
   for (const SamplingContext& c : rows) {
-    if (c.grammar) c.grammar->allowed(V, allowed);
     ops::SampleRow row = sample_row(c, c.history == SamplingContext::kAllTokens ? c.tokens->size() : c.history, V, adjust,
-                                    c.grammar ? &allowed : nullptr);
+                                    c.grammar ? &c.grammar->allowed() : nullptr);
     if (c.params->temperature > 1e-5f) row.uniform = float(c.rng->uniform());
     op_rows.push_back(row);
   }

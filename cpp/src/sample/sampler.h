@@ -36,8 +36,8 @@ std::vector<TokenOutput> sample_rows(const Tensor& logits, const std::vector<Sam
 
 // The ops::sample row of a request whose history is its first `history` tokens (a speculative
 // row sees the drafts before it), its adjustments appended to `adjust`; no uniform drawn.
-// allowed (guided decoding, one flag per token): the others are masked.
+// allowed (guided decoding: GrammarMatcher::allowed's bits): the other tokens are masked.
 ops::SampleRow sample_row(const SamplingContext& c, size_t history, int32_t vocab, std::vector<ops::SampleAdjust>& adjust,
-                          const std::vector<uint8_t>* allowed = nullptr);
+                          const std::vector<uint32_t>* allowed = nullptr);
 
 }  // namespace revolta
