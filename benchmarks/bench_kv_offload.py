@@ -3,10 +3,12 @@ cold (computed), device hit, host-memory tier hit, disk tier hit, and disk hit a
 the engine, all in one run; then the KV pool in tokens per GiB on the Qwen3-Next-80B-A3B shape for
 each cache format.
 
-    python benchmarks/bench_kv_offload.py [--model DIR] [--device cpu|cuda] [--doc-tokens 3000]
+    python benchmarks/bench_kv_offload.py [--model DIR | --shape llama-8b --layers 8] [--device cpu|cuda]
+                                          [--doc-tokens 3000]
 
-Default: the demo model (SmolLM2-135M-Instruct) on the CPU with a 3000-token document (32K on a
-GPU: --device cuda --doc-tokens 32000 with a model of your choice). Each phase uses an engine whose
+Default: the demo model (SmolLM2-135M-Instruct) on the CPU with a 3000-token document. On a GPU:
+--device cuda --doc-tokens 32000 with a model directory, or --shape for random float16 weights of a
+bench_gpu.py shape (made with transformers into a temporary directory). Each phase uses an engine whose
 pool and tiers put the document where the phase wants it (a second document of the same length
 evicts the first from the smaller tiers). Not a test: compare figures of one run only.
 """
@@ -45,18 +47,39 @@ def pool_table() -> None:
         print(f"{name:<10} {per_token(2):>16} {(1 << 30) // per_token(2):>15} {(1 << 30) // per_token(1):>15}")
 
 
+def random_model(shape: str, layers: int, doc_tokens: int, out: str) -> str:
+    import torch
+    import transformers
+
+    from bench_gpu import SHAPES
+
+    cfg = transformers.LlamaConfig(**dict(SHAPES[shape], num_hidden_layers=layers),
+                                   max_position_embeddings=doc_tokens + 1024, rope_theta=500000.0)
+    torch.set_default_dtype(torch.float16)
+    with torch.device("cuda" if torch.cuda.is_available() else "cpu"):
+        model = transformers.LlamaForCausalLM(cfg)
+    torch.set_default_dtype(torch.float32)
+    model.save_pretrained(out, safe_serialization=True)
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", default=None)
+    ap.add_argument("--shape", default=None, help="random weights of this bench_gpu.py shape instead of --model")
+    ap.add_argument("--layers", type=int, default=8)
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--doc-tokens", type=int, default=3000)
     args = ap.parse_args()
+    if args.shape:
+        made = tempfile.TemporaryDirectory()
+        args.model = random_model(args.shape, args.layers, args.doc_tokens, made.name)
     rng = random.Random(0)
     doc = [rng.randrange(1000, 20000) for _ in range(args.doc_tokens)]
     other = [rng.randrange(1000, 20000) for _ in range(args.doc_tokens)]
     question = [rng.randrange(1000, 20000) for _ in range(24)]
     max_len = args.doc_tokens + 64
-    common = dict(device=args.device, max_model_len=max_len, max_num_batched_tokens=2048)
+    common = dict(device=args.device, max_model_len=max_len, max_num_batched_tokens=8192 if args.device == "cuda" else 2048)
     if args.device == "cuda":
         common["gpu_memory_utilization"] = 0.0
     probe = LLM(args.model, **common)
@@ -83,7 +106,8 @@ def main() -> None:
         rows.append(("after restart", *ttft(llm, doc, question)))
         s = llm.engine.stats()
         llm.engine.shutdown()
-    print(f"{args.doc_tokens}-token document + 24-token question, {probe.model_info.architecture} on {args.device}, "
+    model = f"{args.shape} shape, {args.layers} layers" if args.shape else probe.model_info.architecture
+    print(f"{args.doc_tokens}-token document + 24-token question, {model} on {args.device}, "
           f"KV {per_token} bytes/token ({probe.model_info.kv_cache_dtype})")
     print(f"{'phase':<14} {'TTFT s':>8} {'cached tokens':>14} {'host blocks':>12} {'disk blocks':>12} {'vs cold':>8}")
     for name, secs, cached, host, disk_blocks in rows:

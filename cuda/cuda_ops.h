@@ -48,6 +48,14 @@ int sm_count();
 // of dynamic shared memory, asked of the runtime once per triple (decode steps ask it per layer).
 int blocks_per_sm(const void* kernel, int threads, size_t smem);
 
+// A piece of a batched host <-> device copy: its offset in a staging buffer (which holds the
+// table of pieces first), its device address and size. move_pieces copies every piece between the
+// device copy of that staging buffer and its address, one thread block a piece.
+struct PieceRef {
+  uint64_t staged, device, bytes;
+};
+void move_pieces(const PieceRef* refs, int64_t count, uint8_t* staged, bool to_device);
+
 // Copies between host and device memory (to_host waits for the data).
 Tensor to_device(const Tensor& host);
 Tensor to_host(const Tensor& device);

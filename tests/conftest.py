@@ -60,6 +60,20 @@ def make_hf_model(kind: str, out_dir: Path, seed: int = 0, **overrides):
     return model
 
 
+def save_byte_tokenizer(out_dir: Path, vocab_size: int = 300) -> None:
+    """A byte-level BPE tokenizer.json for a tiny random model (ids 0-2: <unk>, <s>, </s>, as
+    make_hf_model's bos/eos): every string has a tokenization, so any grammar can be followed."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=["<unk>", "<s>", "</s>"],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator(['{"name": "Ann", "age": 31, "city": "Oslo"}', "yes no maybe 42"] * 10, trainer)
+    tok.save(str(Path(out_dir) / "tokenizer.json"))
+
+
 def first_divergence_on_near_tie(cpu_ids, gpu_ids, cpu_logits, near_tie: float) -> bool:
     """GPU greedy tokens equal the CPU's up to the first divergence, which must sit where the CPU's
     top-2 logits differ by less than near_tie. True when the two diverged (the rest is not compared)."""

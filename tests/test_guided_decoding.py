@@ -56,6 +56,18 @@ def test_json_object_regex_and_choice(llm):
         assert re.fullmatch(r"yes|no|maybe [0-9]+", o.text), o.text
 
 
+def test_json_without_whitespace(llm):
+    for guided in (GuidedDecodingParams(json=PERSON, disable_any_whitespace=True),
+                   {"json_object": True, "disable_any_whitespace": True}):
+        outs = sample(llm, "Describe a person as JSON, one field a line.", guided, range(4))
+        assert sum(o.finish_reason == "stop" for o in outs) >= 2
+        for o in outs:
+            if o.finish_reason == "length":
+                continue
+            value = json.loads(o.text)
+            assert json.dumps(value, separators=(",", ":"), ensure_ascii=False) == o.text, o.text
+
+
 def test_unconstrained_sampling_would_fail_the_schema(llm):
     """The check above can fail: the same prompts without the grammar do not give valid JSON."""
     outs = [o.outputs[0] for o in llm.generate(["Describe a person as JSON."] * 6,

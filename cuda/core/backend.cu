@@ -195,6 +195,93 @@ Staging& device_staging();
 
 constexpr size_t kStagedUploadBytes = size_t(1) << 20;
 
+// Batched copies of many small pieces (DeviceRuntime::upload_pieces / download_pieces). Pieces go in
+// chunks of up to kPieceChunkBytes: a pinned slot holds the chunk's table of pieces and then their
+// bytes (16-byte aligned), one copy moves it to (or from) a device buffer of the same layout, and
+// move_pieces scatters (or gathers) the pieces there.
+constexpr size_t kPieceChunkBytes = size_t(32) << 20;
+
+size_t align16(size_t n) { return (n + 15) & ~size_t(15); }
+
+struct PieceChunk {
+  size_t first, end, table_bytes, bytes;
+  Staging::Slot slot;
+};
+
+std::vector<PieceChunk> piece_chunks(const std::vector<CopyPiece>& pieces) {
+  std::vector<PieceChunk> chunks;
+  for (size_t first = 0; first < pieces.size();) {
+    PieceChunk c{first, first, 0, 0, {}};
+    for (size_t data = 0; c.end < pieces.size(); ++c.end) {
+      const size_t table = align16((c.end + 1 - first) * sizeof(PieceRef));
+      const size_t grown = data + align16(pieces[c.end].bytes);
+      if (c.end > first && table + grown > kPieceChunkBytes) break;
+      data = grown;
+      c.table_bytes = table;
+      c.bytes = table + grown;
+    }
+    chunks.push_back(c);
+    first = c.end;
+  }
+  return chunks;
+}
+
+// Stages and queues one chunk; a download's bytes land in the slot after its table.
+void move_chunk(const std::vector<CopyPiece>& pieces, PieceChunk& c, bool to_device) {
+  Staging& staging = device_staging();
+  c.slot = staging.take(c.bytes);
+  try {
+    auto* pinned = static_cast<uint8_t*>(c.slot.pinned);
+    auto* refs = reinterpret_cast<PieceRef*>(pinned);
+    size_t at = c.table_bytes;
+    for (size_t i = c.first; i < c.end; ++i) {
+      refs[i - c.first] = {at, reinterpret_cast<uint64_t>(pieces[i].device), pieces[i].bytes};
+      if (to_device) std::memcpy(pinned + at, pieces[i].host, pieces[i].bytes);
+      at += align16(pieces[i].bytes);
+    }
+    void* scratch = nullptr;
+    const std::shared_ptr<Buffer> buf = allocate(c.bytes, false, &scratch);  // stream-ordered reuse
+    auto* dev = static_cast<uint8_t*>(scratch);
+    const size_t up = to_device ? c.bytes : c.table_bytes;
+    RV_CUDA_CHECK(cudaMemcpyAsync(dev, pinned, up, cudaMemcpyHostToDevice, stream()));
+    move_pieces(reinterpret_cast<const PieceRef*>(dev), int64_t(c.end - c.first), dev, to_device);
+    if (!to_device)
+      RV_CUDA_CHECK(cudaMemcpyAsync(pinned + c.table_bytes, dev + c.table_bytes, c.bytes - c.table_bytes,
+                                    cudaMemcpyDeviceToHost, stream()));
+    RV_CUDA_CHECK(cudaEventRecord(c.slot.done, stream()));
+  } catch (...) {
+    staging.give_back(c.slot);
+    c.slot = {};
+    throw;
+  }
+}
+
+class PiecesDownload final : public PendingCopy {
+ public:
+  explicit PiecesDownload(std::vector<CopyPiece> pieces) : pieces_(std::move(pieces)), chunks_(piece_chunks(pieces_)) {
+    for (PieceChunk& c : chunks_) move_chunk(pieces_, c, false);
+  }
+  ~PiecesDownload() override {
+    for (const PieceChunk& c : chunks_)
+      if (c.slot.pinned) device_staging().give_back(c.slot);
+  }
+  void wait() override {
+    for (const PieceChunk& c : chunks_) {
+      RV_CUDA_CHECK(cudaEventSynchronize(c.slot.done));
+      const auto* pinned = static_cast<const uint8_t*>(c.slot.pinned);
+      size_t at = c.table_bytes;
+      for (size_t i = c.first; i < c.end; ++i) {
+        std::memcpy(pieces_[i].host, pinned + at, pieces_[i].bytes);
+        at += align16(pieces_[i].bytes);
+      }
+    }
+  }
+
+ private:
+  std::vector<CopyPiece> pieces_;
+  std::vector<PieceChunk> chunks_;
+};
+
 class Runtime final : public DeviceRuntime {
  public:
   std::string name() const override { return device_name(); }
@@ -232,6 +319,15 @@ class Runtime final : public DeviceRuntime {
   }
   std::unique_ptr<PendingCopy> copy_to_host_later(void* dst, const void* src, size_t n) override {
     return std::make_unique<StagedCopy>(device_staging(), dst, src, n);
+  }
+  void upload_pieces(const std::vector<CopyPiece>& pieces) override {
+    for (PieceChunk& c : piece_chunks(pieces)) {
+      move_chunk(pieces, c, true);
+      device_staging().give_back(c.slot);  // handed out again once its event reports the copy done
+    }
+  }
+  std::unique_ptr<PendingCopy> download_pieces(const std::vector<CopyPiece>& pieces) override {
+    return std::make_unique<PiecesDownload>(pieces);
   }
   void fill_zero(void* dst, size_t n) override { RV_CUDA_CHECK(cudaMemsetAsync(dst, 0, n, stream())); }
   void synchronize() override { cuda::synchronize(); }

@@ -21,6 +21,19 @@ __global__ void copy_columns_kernel(const float* __restrict__ src, int64_t SC, i
   for (int64_t c = threadIdx.x; c < DC; c += blockDim.x) dst[blockIdx.x * DC + c] = row[c];
 }
 
+__global__ void move_pieces_kernel(const PieceRef* __restrict__ refs, uint8_t* __restrict__ staged, bool to_device) {
+  const PieceRef r = refs[blockIdx.x];
+  uint8_t* device = reinterpret_cast<uint8_t*>(r.device);
+  uint8_t* dst = to_device ? device : staged + r.staged;
+  const uint8_t* src = to_device ? staged + r.staged : device;
+  if (((reinterpret_cast<uintptr_t>(dst) | reinterpret_cast<uintptr_t>(src) | r.bytes) & 15) == 0) {
+    for (uint64_t i = threadIdx.x; i < r.bytes / 16; i += blockDim.x)
+      reinterpret_cast<uint4*>(dst)[i] = reinterpret_cast<const uint4*>(src)[i];
+  } else {
+    for (uint64_t i = threadIdx.x; i < r.bytes; i += blockDim.x) dst[i] = src[i];
+  }
+}
+
 __device__ __forceinline__ void put(float* p, float v) { *p = v; }
 __device__ __forceinline__ void put(__half* p, float v) { *p = __float2half_rn(v); }
 __device__ __forceinline__ void put(uint16_t* p, float v) {  // bfloat16, round to nearest even
@@ -68,6 +81,12 @@ void gather_rows(const Tensor& x, const Tensor& rows, Tensor& out) {
   if (R == 0) return;
   launch_dependent(gather_rows_kernel, dim3(unsigned(R)), dim3(256), 0, x.ptr<float>(), rows.ptr<int32_t>(),
                    out.numel() / R, out.ptr<float>());
+  RV_CUDA_CHECK(cudaGetLastError());
+}
+
+void move_pieces(const PieceRef* refs, int64_t count, uint8_t* staged, bool to_device) {
+  if (count == 0) return;
+  move_pieces_kernel<<<unsigned(count), 256, 0, stream()>>>(refs, staged, to_device);
   RV_CUDA_CHECK(cudaGetLastError());
 }
 

@@ -193,5 +193,6 @@ inline Tensor host_f32(const Tensor& t) {
 
 // The quantized KV cache's cases (kv_quant_cases.cpp).
 void run_kv_quant_cases();
+void run_transfer_cases();
 
 }  // namespace revolta::harness

@@ -4,7 +4,8 @@
 // "N passed, M failed"; exits non-zero on any failure.
 //
 // A C++ executable (not Python) so that the SM70-lane build can run it on a GPU machine as is.
-// Shared helpers: harness.h; the quantized KV cache's cases: kv_quant_cases.cpp.
+// Shared helpers: harness.h; the quantized KV cache's cases: kv_quant_cases.cpp; batched piece copies:
+// transfer_cases.cpp.
 #include "harness.h"
 
 using namespace revolta;
@@ -1067,6 +1068,7 @@ int main(int argc, char** argv) {
     test_qkv_rope_attention({{30, 1}, {0, 20}}, 16, 2, 256, 0.25, true, DType::kF16, true);
     test_qkv_rope_attention({{30, 1}, {64, 1}}, 8, 2, 128, 1.0, true, DType::kF16, false);
     run_kv_quant_cases();
+    run_transfer_cases();
   } catch (const std::exception& e) {
     std::printf("FAIL exception: %s\n", e.what());
     ++g_failed;

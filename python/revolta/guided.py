@@ -17,6 +17,9 @@ class GuidedDecodingParams:
     choice: list[str] | None = None
     grammar: str | None = None  # a Lark grammar (llguidance's dialect)
     json_object: bool | None = None  # any JSON object
+    # JSON without whitespace between tokens (vLLM's name): a model that keeps emitting newlines
+    # between fields cannot run to max_tokens.
+    disable_any_whitespace: bool = False
     field_name: str = "guided_decoding"  # the request field it came from, named in errors
 
     def engine_form(self) -> tuple[str, str]:
@@ -25,8 +28,12 @@ class GuidedDecodingParams:
         if len(given) != 1:
             raise ValueError(f"{self.field_name}: give exactly one of json, regex, choice, grammar, json_object (got "
                              f"{', '.join(given) or 'none'})")
-        if self.json is not None:
+        if self.json is not None and not self.disable_any_whitespace:
             return "json", self.json if isinstance(self.json, str) else _json.dumps(self.json)
+        if self.json is not None or self.json_object:
+            schema = _json.loads(self.json) if isinstance(self.json, str) else dict(self.json or {"type": "object"})
+            schema["x-guidance"] = {**schema.get("x-guidance", {}), "whitespace_flexible": False}
+            return "json", _json.dumps(schema)
         if self.regex is not None:
             return "regex", self.regex
         if self.choice is not None:
@@ -43,7 +50,8 @@ class GuidedDecodingParams:
             return value
         if not isinstance(value, dict):
             raise ValueError("guided_decoding must be a GuidedDecodingParams or a dict of its fields")
-        unknown = sorted(set(value) - {"json", "regex", "choice", "grammar", "json_object", "field_name"})
+        fields = {"json", "regex", "choice", "grammar", "json_object", "disable_any_whitespace", "field_name"}
+        unknown = sorted(set(value) - fields)
         if unknown:
             raise ValueError(f"guided_decoding: unknown field(s) {', '.join(unknown)}")
         return cls(**value)

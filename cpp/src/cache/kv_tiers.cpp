@@ -35,16 +35,6 @@ void for_each_piece(StateCache& s, int32_t slot, F&& f) {
   }
 }
 
-void to_host(Device d, uint8_t* dst, const uint8_t* src, size_t n) {
-  if (d == Device::kCPU) std::memcpy(dst, src, n);
-  else device_runtime(d).copy_to_host(dst, src, n);
-}
-
-void to_device(Device d, uint8_t* dst, const uint8_t* src, size_t n) {
-  if (d == Device::kCPU) std::memcpy(dst, src, n);
-  else device_runtime(d).copy_to_device(dst, src, n);
-}
-
 }  // namespace
 
 int64_t kv_block_bytes(const KvCache& kv) {
@@ -60,16 +50,17 @@ int64_t state_slot_bytes(const StateCache* states) {
   return n;
 }
 
-void run_transfers(const std::vector<BlockTransfer>& transfers, KvCache& kv, StateCache* states, int rank) {
+std::unique_ptr<PendingCopy> run_transfers(const std::vector<BlockTransfer>& transfers, KvCache& kv,
+                                           StateCache* states, int rank) {
   const Device dev = kv.k.empty() ? (states ? states->device : Device::kCPU) : kv.k[0].device();
   const int64_t block_share = kv_block_bytes(kv), state_share = state_slot_bytes(states);
+  std::vector<CopyPiece> saves, loads;
   for (const BlockTransfer& t : transfers) {
     const bool block = t.kind == BlockTransfer::Kind::kSaveBlock || t.kind == BlockTransfer::Kind::kLoadBlock;
-    const bool save = t.kind == BlockTransfer::Kind::kSaveBlock || t.kind == BlockTransfer::Kind::kSaveState;
+    const bool save = is_save(t);
     uint8_t* at = t.entry->bytes.data() + size_t(rank) * size_t(block ? block_share : state_share);
     auto piece = [&](uint8_t* device, size_t n) {
-      if (save) to_host(dev, at, device, n);
-      else to_device(dev, device, at, n);
+      (save ? saves : loads).push_back({at, device, n});
       at += n;
     };
     if (block) for_each_piece(kv, t.index, piece);
@@ -78,6 +69,16 @@ void run_transfers(const std::vector<BlockTransfer>& transfers, KvCache& kv, Sta
       for_each_piece(*states, t.index, piece);
     }
   }
+  // Saves first: a block saved and then handed to a load in the same list is read before it is written.
+  if (dev == Device::kCPU) {
+    for (const CopyPiece& p : saves) std::memcpy(p.host, p.device, p.bytes);
+    for (const CopyPiece& p : loads) std::memcpy(p.device, p.host, p.bytes);
+    return nullptr;
+  }
+  DeviceRuntime& rt = device_runtime(dev);
+  std::unique_ptr<PendingCopy> pending = saves.empty() ? nullptr : rt.download_pieces(saves);
+  if (!loads.empty()) rt.upload_pieces(loads);
+  return pending;
 }
 
 KvTiers::KvTiers(const KvTierConfig& cfg, uint64_t fingerprint, int world, int64_t block_bytes, int64_t state_bytes)
@@ -136,7 +137,7 @@ TierEntryPtr KvTiers::new_state(uint64_t key) const {
 
 void KvTiers::finish(const std::vector<BlockTransfer>& transfers) {
   for (const BlockTransfer& t : transfers) {
-    const bool save = t.kind == BlockTransfer::Kind::kSaveBlock || t.kind == BlockTransfer::Kind::kSaveState;
+    const bool save = is_save(t);
     (save ? stats_.bytes_offloaded : stats_.bytes_restored) += int64_t(t.entry->bytes.size());
     if (!save) continue;
     host_->put(t.entry);

@@ -14,6 +14,7 @@
 #include "cache/host_tier.h"
 #include "cache/kv_cache.h"
 #include "cache/state_cache.h"
+#include "core/device_runtime.h"
 
 namespace revolta {
 
@@ -38,12 +39,19 @@ struct BlockTransfer {
   TierEntryPtr entry;
 };
 
+inline bool is_save(const BlockTransfer& t) {
+  return t.kind == BlockTransfer::Kind::kSaveBlock || t.kind == BlockTransfer::Kind::kSaveState;
+}
+
 // A rank's share of an entry: its KV block over every attention layer (K, V, and int8's row
 // scales), or its recurrent state slot over every DeltaNet layer.
 int64_t kv_block_bytes(const KvCache& kv);
 int64_t state_slot_bytes(const StateCache* states);
-// This rank's part of each transfer, in order (device copies complete before it returns).
-void run_transfers(const std::vector<BlockTransfer>& transfers, KvCache& kv, StateCache* states, int rank);
+// This rank's part of each transfer, queued in the device's work order as one batched copy each way:
+// loads need nothing more (their entries may be dropped at once); the saves' entries hold their
+// bytes once the returned copy is waited for (null: at once, as on the CPU).
+std::unique_ptr<PendingCopy> run_transfers(const std::vector<BlockTransfer>& transfers, KvCache& kv,
+                                           StateCache* states, int rank);
 
 class KvTiers {
  public:
@@ -59,7 +67,8 @@ class KvTiers {
   TierEntryPtr fetch_state(uint64_t key);
   TierEntryPtr new_block(uint64_t key, uint64_t parent, const int32_t* tokens, int32_t n) const;
   TierEntryPtr new_state(uint64_t key) const;
-  // After every rank ran `transfers`: the saved entries join the tiers; counts bytes moved.
+  // After every rank ran `transfers` (and their saves were waited for): the saved entries join the
+  // tiers; counts bytes moved.
   void finish(const std::vector<BlockTransfer>& transfers);
   void flush();  // the disk tier's queued writes, done
   KvTierStats stats() const;

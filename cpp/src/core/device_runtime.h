@@ -7,6 +7,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "core/tensor.h"
 
@@ -36,6 +37,13 @@ struct PendingCopy {
   virtual void wait() = 0;
 };
 
+// One piece of a batched copy: host memory and a device address of the same size.
+struct CopyPiece {
+  void* host;
+  void* device;
+  size_t bytes;
+};
+
 struct DeviceRuntime {
   virtual ~DeviceRuntime() = default;
   virtual std::string name() const = 0;
@@ -46,6 +54,11 @@ struct DeviceRuntime {
   virtual void copy_on_device(void* dst, const void* src, size_t bytes) = 0;
   // Returns at once; dst must stay valid until the copy's wait() returns or the copy is dropped.
   virtual std::unique_ptr<PendingCopy> copy_to_host_later(void* dst, const void* src, size_t bytes) = 0;
+  // Many small copies (KV blocks, state slots) as a few staged transfers, in the device's work order.
+  // upload returns once the host pieces may be reused; a download's host pieces hold the bytes once
+  // its wait() returns.
+  virtual void upload_pieces(const std::vector<CopyPiece>& pieces) = 0;
+  virtual std::unique_ptr<PendingCopy> download_pieces(const std::vector<CopyPiece>& pieces) = 0;
   virtual void fill_zero(void* dst, size_t bytes) = 0;
   virtual void synchronize() = 0;
   // Free and total device memory; cached (freed, reusable) blocks count as free.

@@ -330,7 +330,7 @@ void Engine::Impl::loop() {
         }
       }
       if (scheduler->has_work() || ahead) run_step(true);
-      if (!scheduler->has_work() && !ahead) move_kv_blocks();  // idle: the last step's blocks written through
+      if (!scheduler->has_work() && !ahead) move_kv_blocks(true);  // idle: the last step's blocks written through
       publish_stats();
       deliver();
     }
@@ -342,7 +342,7 @@ void Engine::Impl::loop() {
   ahead.reset();  // its device work lands in buffers no one reads
   if (tiers && fatal_error.empty()) {  // what was computed stays on disk for the next start
     try {
-      move_kv_blocks();
+      move_kv_blocks(true);
       tiers->flush();
     } catch (const std::exception&) {
     }

@@ -106,8 +106,14 @@ struct Engine::Impl {
   std::unique_ptr<GrammarMatcher> make_grammar(const SamplingParams& p);
   std::mutex grammar_mu;
   // The copies between the device caches and the offload tiers decided since the last forward,
-  // on every rank (before a forward, and when the engine goes idle so saves do not wait).
-  void move_kv_blocks();
+  // queued on every rank (before a forward, and when the engine goes idle). Loads are in the work
+  // order before the forward; saves reach the tiers at the next call (settle: before it returns).
+  void move_kv_blocks(bool settle = false);
+  void settle_kv_saves();
+  struct {
+    std::vector<BlockTransfer> transfers;
+    std::vector<std::unique_ptr<PendingCopy>> pending;
+  } kv_saves;
   void commit(const std::vector<ScheduledRequest>& scheduled);
   Queued queue_greedy(const std::vector<ScheduledRequest>& scheduled, StepLogits& result);
   bool can_run_ahead(const Queued& cur);

@@ -114,16 +114,30 @@ void Engine::Impl::begin_step(const std::vector<ScheduledRequest>& scheduled) {
   fault.check(scheduled);
 }
 
-void Engine::Impl::move_kv_blocks() {
-  if (!tiers || !caches->manager().has_transfers()) return;
-  const std::vector<BlockTransfer> t = caches->manager().take_transfers();
-  if (!tp) {
-    run_transfers(t, caches->kv(), caches->states(), 0);
-  } else {  // the other ranks first repeat rank 0's snapshots, which state saves read
-    tp->run_transfers(t, rank_snapshots, [&] { run_transfers(t, caches->kv(), caches->states(), 0); });
-    rank_snapshots.clear();
+void Engine::Impl::move_kv_blocks(bool settle) {
+  if (!tiers) return;
+  settle_kv_saves();  // the last batch's downloads were queued before the forward since: long done
+  if (caches->manager().has_transfers()) {
+    std::vector<BlockTransfer> t = caches->manager().take_transfers();
+    if (!tp) {
+      kv_saves.pending.push_back(run_transfers(t, caches->kv(), caches->states(), 0));
+    } else {  // the other ranks first repeat rank 0's snapshots, which state saves read
+      kv_saves.pending = tp->run_transfers(t, rank_snapshots, [&] { return run_transfers(t, caches->kv(), caches->states(), 0); });
+      rank_snapshots.clear();
+    }
+    std::vector<BlockTransfer> loads;
+    for (BlockTransfer& x : t) (is_save(x) ? kv_saves.transfers : loads).push_back(std::move(x));
+    tiers->finish(loads);
   }
-  tiers->finish(t);
+  if (settle) settle_kv_saves();
+}
+
+void Engine::Impl::settle_kv_saves() {
+  for (auto& p : kv_saves.pending)
+    if (p) p->wait();
+  kv_saves.pending.clear();
+  tiers->finish(kv_saves.transfers);
+  kv_saves.transfers.clear();
 }
 
 StepLogits Engine::Impl::forward(const SchedulerOutput& plan, const Tensor* fed_ids) {

@@ -112,14 +112,17 @@ ForwardOutput TensorParallelRanks::draft_forward(const std::vector<DraftSpan>& s
   return out;
 }
 
-void TensorParallelRanks::run_transfers(const std::vector<BlockTransfer>& transfers,
-                                        const std::vector<StateAction>& snapshots, const std::function<void()>& rank0) {
+std::vector<std::unique_ptr<PendingCopy>> TensorParallelRanks::run_transfers(
+    const std::vector<BlockTransfer>& transfers, const std::vector<StateAction>& snapshots,
+    const std::function<std::unique_ptr<PendingCopy>()>& rank0) {
+  std::vector<std::unique_ptr<PendingCopy>> pending(workers_.size() + 1);
   run_all(
       [&](Worker& w) {
         if (!snapshots.empty()) w.caches->states()->apply(snapshots);
-        revolta::run_transfers(transfers, w.caches->kv(), w.caches->states(), w.rank);
+        pending[size_t(w.rank)] = revolta::run_transfers(transfers, w.caches->kv(), w.caches->states(), w.rank);
       },
-      rank0, true);
+      [&] { pending[0] = rank0(); }, true);
+  return pending;
 }
 
 void TensorParallelRanks::roll_back(const std::vector<StateAction>& restores, const std::vector<StateReplay>& replays,

@@ -46,9 +46,11 @@ class TensorParallelRanks {
                      const std::function<StepLogits()>& run, bool fed = false);
   void keep_greedy_ids(bool keep) { keep_ids_ = keep; }
   // KV offload copies on every rank (each its shard of the entries), rank 0's by `rank0`; the
-  // workers apply `snapshots` (rank 0's since the last step) first.
-  void run_transfers(const std::vector<BlockTransfer>& transfers, const std::vector<StateAction>& snapshots,
-                     const std::function<void()>& rank0);
+  // workers apply `snapshots` (rank 0's since the last step) first. Returns every rank's pending
+  // saves (revolta::run_transfers), rank order.
+  std::vector<std::unique_ptr<PendingCopy>> run_transfers(
+      const std::vector<BlockTransfer>& transfers, const std::vector<StateAction>& snapshots,
+      const std::function<std::unique_ptr<PendingCopy>()>& rank0);
   // Every rank records its decode graphs at once (their sizing runs execute the collectives).
   void capture_graphs(const std::function<void()>& rank0);
   // A speculative step's parts on every worker beside rank 0's (engine_spec.cpp). draft_forward:
