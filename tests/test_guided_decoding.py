@@ -11,6 +11,7 @@ import jsonschema
 import pytest
 
 from revolta import LLM, GuidedDecodingParams, SamplingParams
+from revolta.guided import closed_objects
 
 PERSON = {
     "type": "object",
@@ -66,6 +67,26 @@ def test_json_without_whitespace(llm):
                 continue
             value = json.loads(o.text)
             assert json.dumps(value, separators=(",", ":"), ensure_ascii=False) == o.text, o.text
+
+
+def test_objects_closed_on_request(llm):
+    """disable_additional_properties (and strict json_schema, forced tool calls): objects that leave
+    additionalProperties out take only their named keys; an explicit additionalProperties stays."""
+    nested = {"type": "object", "properties": {"a": {"type": "object", "properties": {"b": {"type": "integer"}}},
+                                               "c": {"type": "array", "items": {"$ref": "#/$defs/d"}},
+                                               "e": {"type": "object", "additionalProperties": True}},
+              "$defs": {"d": {"anyOf": [{"type": "object", "properties": {"f": {"type": "string"}}}, {"type": "null"}]}}}
+    closed = closed_objects(nested)
+    assert closed["additionalProperties"] is False and closed["properties"]["a"]["additionalProperties"] is False
+    assert closed["$defs"]["d"]["anyOf"][0]["additionalProperties"] is False and "additionalProperties" not in nested
+    assert closed["properties"]["e"]["additionalProperties"] is True
+    schema = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 12}}, "required": ["name"]}
+    outs = sample(llm, "Describe a person as JSON with many fields.",
+                  GuidedDecodingParams(json=schema, disable_additional_properties=True), range(6), 60)
+    assert sum(o.finish_reason == "stop" for o in outs) >= 4
+    for o in outs:
+        if o.finish_reason == "stop":
+            assert set(json.loads(o.text)) == {"name"}, o.text
 
 
 def test_unconstrained_sampling_would_fail_the_schema(llm):

@@ -20,6 +20,10 @@ class GuidedDecodingParams:
     # JSON without whitespace between tokens (vLLM's name): a model that keeps emitting newlines
     # between fields cannot run to max_tokens.
     disable_any_whitespace: bool = False
+    # Objects that do not say otherwise take no keys beyond their properties (vLLM's name; on for
+    # OpenAI's strict json_schema): an unspecified additionalProperties lets a model wander off into
+    # keys nobody asked for.
+    disable_additional_properties: bool = False
     field_name: str = "guided_decoding"  # the request field it came from, named in errors
 
     def engine_form(self) -> tuple[str, str]:
@@ -28,12 +32,14 @@ class GuidedDecodingParams:
         if len(given) != 1:
             raise ValueError(f"{self.field_name}: give exactly one of json, regex, choice, grammar, json_object (got "
                              f"{', '.join(given) or 'none'})")
-        if self.json is not None and not self.disable_any_whitespace:
-            return "json", self.json if isinstance(self.json, str) else _json.dumps(self.json)
-        if self.json is not None or self.json_object:
-            schema = _json.loads(self.json) if isinstance(self.json, str) else dict(self.json or {"type": "object"})
-            schema["x-guidance"] = {**schema.get("x-guidance", {}), "whitespace_flexible": False}
-            return "json", _json.dumps(schema)
+        if self.json is not None:
+            try:
+                schema = _json.loads(self.json) if isinstance(self.json, str) else self.json
+            except ValueError as e:
+                raise ValueError(f"{self.field_name}: the JSON schema is not valid JSON ({e})") from None
+            if self.disable_additional_properties:
+                schema = closed_objects(schema)
+            return "json", _json.dumps(self._spacing(schema))
         if self.regex is not None:
             return "regex", self.regex
         if self.choice is not None:
@@ -42,7 +48,14 @@ class GuidedDecodingParams:
             return "lark", "start: " + " | ".join(_json.dumps(c) for c in self.choice)
         if self.grammar is not None:
             return "lark", self.grammar
+        if self.disable_any_whitespace:
+            return "json", _json.dumps(self._spacing({"type": "object"}))
         return "json_object", ""
+
+    def _spacing(self, schema: Any) -> Any:
+        if not self.disable_any_whitespace or not isinstance(schema, dict):
+            return schema
+        return {**schema, "x-guidance": {**schema.get("x-guidance", {}), "whitespace_flexible": False}}
 
     @classmethod
     def of(cls, value: "GuidedDecodingParams | dict[str, Any]") -> "GuidedDecodingParams":
@@ -50,11 +63,36 @@ class GuidedDecodingParams:
             return value
         if not isinstance(value, dict):
             raise ValueError("guided_decoding must be a GuidedDecodingParams or a dict of its fields")
-        fields = {"json", "regex", "choice", "grammar", "json_object", "disable_any_whitespace", "field_name"}
+        fields = {"json", "regex", "choice", "grammar", "json_object", "disable_any_whitespace",
+                  "disable_additional_properties", "field_name"}
         unknown = sorted(set(value) - fields)
         if unknown:
             raise ValueError(f"guided_decoding: unknown field(s) {', '.join(unknown)}")
         return cls(**value)
+
+
+_SUBSCHEMA_LISTS = ("anyOf", "oneOf", "allOf", "prefixItems")
+_SUBSCHEMA_MAPS = ("properties", "$defs", "definitions", "patternProperties")
+
+
+def closed_objects(schema: Any) -> Any:
+    """A copy of the JSON schema in which every object schema that leaves additionalProperties out
+    has it false."""
+    if not isinstance(schema, dict):
+        return schema
+    out = dict(schema)
+    for key in _SUBSCHEMA_MAPS:
+        if isinstance(out.get(key), dict):
+            out[key] = {k: closed_objects(v) for k, v in out[key].items()}
+    for key in _SUBSCHEMA_LISTS:
+        if isinstance(out.get(key), list):
+            out[key] = [closed_objects(v) for v in out[key]]
+    for key in ("items", "additionalProperties", "not", "if", "then", "else"):
+        if isinstance(out.get(key), dict):
+            out[key] = closed_objects(out[key])
+    if (out.get("type") == "object" or "properties" in out) and "additionalProperties" not in out:
+        out["additionalProperties"] = False
+    return out
 
 
 def grammar_library() -> str:
@@ -87,7 +125,8 @@ def from_request(response_format: dict[str, Any] | None, guided_json=None, guide
         schema = spec.get("schema") if isinstance(spec, dict) else None
         if not isinstance(schema, dict):
             raise ValueError("response_format: json_schema needs {\"name\": ..., \"schema\": {...}}")
-        return GuidedDecodingParams(json=schema, field_name="response_format")
+        strict = bool(spec.get("strict"))
+        return GuidedDecodingParams(json=schema, disable_additional_properties=strict, field_name="response_format")
     if not extras:
         return None
     (name, value), = extras.items()

@@ -141,7 +141,7 @@ void check_failing_ranks(const std::string& dir, const ModelConfig& c) {
   auto model = load_model(dir, c, DType::kF32, Device::kCPU, true, false, ranks.rank0());
   const CacheLimits limits{4, 4, 64, false};
   const CachePlan plan = plan_caches(model->cache_specs(), limits, 4 << 20, "budget");
-  ranks.make_runners(plan, limits, RunnerOptions{64});
+  ranks.make_runners(plan, limits, RunnerOptions{64}, model->kv_scales());
   CacheCoordinator caches(plan, limits, Device::kCPU);
   Scheduler scheduler(SchedulerConfig{4, 256, 64}, caches.manager());
   add_prompts(scheduler, {{5, 9, 2, 41}});

@@ -19,7 +19,9 @@ LEN = 320
 CONFIGS = {
     "llama": ("llama", dict(hidden_size=256), "auto"),
     "llama-int8": ("llama", dict(hidden_size=256), "int8"),
-    "qwen3_next": ("qwen3_next", dict(num_hidden_layers=4), "auto"),
+    # Dense MLPs: the MoE layers' GPU output is not bit-reproducible run to run (two device hits of
+    # one prompt have been seen 2.6e-4 apart), which would hide what is compared here.
+    "qwen3_next": ("qwen3_next", dict(num_hidden_layers=4, mlp_only_layers=[0, 1, 2, 3]), "auto"),
 }
 
 
@@ -52,6 +54,7 @@ def engine(case, root, **kw):
 
 def test_blocks_come_back_from_host_and_disk(case, tmp_path):
     sp = greedy(16, logits=True)
+    exact = "next" not in case[0]
     llm = engine(case, tmp_path / "kv")
     llm.generate([prompt(1)], sp)
     device_hit = llm.generate([prompt(1)], sp)[0]
@@ -65,7 +68,7 @@ def test_blocks_come_back_from_host_and_disk(case, tmp_path):
     assert s.kv_offload_host_hits >= 1 and s.kv_offload_bytes_restored > 0
     assert host_hit.outputs[0].token_ids == device_hit.outputs[0].token_ids
     a = np.asarray(device_hit.outputs[0].generation_logits)
-    np.testing.assert_array_equal(np.asarray(host_hit.outputs[0].generation_logits), a)
+    same(host_hit, a, exact)
 
     again = engine(case, tmp_path / "kv")
     disk_hit = again.generate([prompt(1)], sp)[0]
@@ -73,4 +76,14 @@ def test_blocks_come_back_from_host_and_disk(case, tmp_path):
     again.engine.shutdown()
     assert disk_hit.num_cached_tokens == 288 and s.kv_offload_disk_hits >= 18 and s.kv_offload_disk_rejected == 0
     assert disk_hit.outputs[0].token_ids == device_hit.outputs[0].token_ids
-    np.testing.assert_array_equal(np.asarray(disk_hit.outputs[0].generation_logits), a)
+    same(disk_hit, a, exact)
+
+
+def same(out, want, exact: bool):
+    """Dense: bit for bit. Qwen3-Next: runs of its DeltaNet layers have been seen a few float32 ulps
+    apart (<= 5e-7; a state of another prefix moves every row by 1e-4 or more), so within 1e-5."""
+    got = np.asarray(out.outputs[0].generation_logits)
+    if exact:
+        np.testing.assert_array_equal(got, want)
+    else:
+        np.testing.assert_allclose(got, want, rtol=0, atol=1e-5)

@@ -56,8 +56,6 @@ void EngineConfig::validate() const {
                kv_cache_dtype, "'");
   RV_CHECK_ARG(!calculate_kv_scales || kv_cache_dtype == "fp8" || kv_cache_dtype == "fp8_e4m3",
                "calculate_kv_scales measures the scales of an fp8 KV cache; kv_cache_dtype is '", kv_cache_dtype, "'");
-  RV_CHECK_ARG(!calculate_kv_scales || tensor_parallel_size == 1,
-               "calculate_kv_scales: not built for tensor_parallel_size > 1 yet (give the checkpoint's k_scale / v_scale)");
   RV_CHECK_ARG(!calculate_kv_scales || !calibration_prompts.empty(),
                "calculate_kv_scales needs calibration_prompts (token ids of a few prompts)");
   RV_CHECK_ARG(kv_offloading_size >= 0.0, "kv_offloading_size must be >= 0 GiB; got ", kv_offloading_size);

@@ -153,9 +153,22 @@ Engine::Impl::Impl(const EngineConfig& c) : cfg(c), seed_source(c.seed) {
     device_runtime(device).memory_info(&free_b, &total_b);
     plan.shrink_to(int64_t(double(total_b) * cfg.gpu_memory_utilization) - int64_t(total_b - free_b) - activation_bytes);
   }
-  const auto kv_scales = cfg.calculate_kv_scales ? calibrate_kv_scales(*model, groups, cfg.calibration_prompts,
-                                                                      cfg.block_size, cfg.max_model_len)
-                                                 : model->kv_scales();
+  std::vector<std::pair<float, float>> kv_scales = model->kv_scales();
+  if (cfg.calculate_kv_scales) {  // under TP each rank measures its KV heads; a layer takes the largest
+    auto calibrate = [&](CausalLM& m) {
+      return calibrate_kv_scales(m, groups, cfg.calibration_prompts, cfg.block_size, cfg.max_model_len);
+    };
+    if (!tp) {
+      kv_scales = calibrate(*model);
+    } else {
+      auto ranks = std::vector<std::vector<std::pair<float, float>>>(size_t(world));
+      tp->on_models([&](CausalLM& m, int rank) { ranks[size_t(rank)] = calibrate(m); }, *model);
+      kv_scales = ranks[0];
+      for (const auto& r : ranks)
+        for (size_t l = 0; l < r.size(); ++l)
+          kv_scales[l] = {std::max(kv_scales[l].first, r[l].first), std::max(kv_scales[l].second, r[l].second)};
+    }
+  }
   caches = std::make_unique<CacheCoordinator>(plan, limits, device);
   if (const int32_t missing = set_kv_scales(kv_scales, caches->kv()); missing > 0)
     info.warnings.push_back(str_cat("kv_cache_dtype ", cfg.kv_cache_dtype, ": ", cfg.model, " carries no k_scale / v_scale for ",
@@ -169,7 +182,7 @@ Engine::Impl::Impl(const EngineConfig& c) : cfg(c), seed_source(c.seed) {
   if (mtp) ropts.hidden = HiddenRows::kEvery;  // the MTP layer reads the hidden state of every computed position
   ropts.keep_verify_rows = speculative && caches->states();  // rollback by replaying the recurrences
   if (device == Device::kCUDA && !cfg.enforce_eager) ropts.graph_batch_sizes = graph_batch_sizes(cfg);
-  if (tp) tp->make_runners(plan, limits, ropts);
+  if (tp) tp->make_runners(plan, limits, ropts, kv_scales);
   runner = std::make_unique<ModelRunner>(*model, caches->kv(), caches->states(), ropts);
   // Recorded now rather than when a size first comes: no step waits for a recording, and their
   // memory is taken before serving starts (the plan counted it in the activations).

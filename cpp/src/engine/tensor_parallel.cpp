@@ -65,11 +65,16 @@ int64_t TensorParallelRanks::worker_weight_bytes() const {
   return n;
 }
 
-void TensorParallelRanks::make_runners(const CachePlan& plan, const CacheLimits& limits, const RunnerOptions& ropts) {
+void TensorParallelRanks::on_models(const std::function<void(CausalLM&, int rank)>& fn, CausalLM& rank0) {
+  run_all([&](Worker& w) { fn(*w.model, w.rank); }, [&] { fn(rank0, 0); });
+}
+
+void TensorParallelRanks::make_runners(const CachePlan& plan, const CacheLimits& limits, const RunnerOptions& ropts,
+                                       const std::vector<std::pair<float, float>>& kv_scales) {
   run_all(
       [&](Worker& w) {
         w.caches = std::make_unique<CacheCoordinator>(plan, limits, w.model->device());
-        set_kv_scales(w.model->kv_scales(), w.caches->kv());  // (rank 0 reports the layers without)
+        set_kv_scales(kv_scales, w.caches->kv());  // (rank 0 reports the layers without)
         w.runner = std::make_unique<ModelRunner>(*w.model, w.caches->kv(), w.caches->states(), ropts);
       },
       [] {});

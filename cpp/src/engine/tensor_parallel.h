@@ -34,8 +34,9 @@ class TensorParallelRanks {
   ~TensorParallelRanks();
   Communicator* rank0() { return comms_[0].get(); }
   int64_t worker_weight_bytes() const;
-  // Each worker's caches of `plan` (rank 0's, once final) and runner.
-  void make_runners(const CachePlan& plan, const CacheLimits& limits, const RunnerOptions& ropts);
+  // Each worker's caches of `plan` (rank 0's, once final), with rank 0's KV scales, and runner.
+  void make_runners(const CachePlan& plan, const CacheLimits& limits, const RunnerOptions& ropts,
+                    const std::vector<std::pair<float, float>>& kv_scales);
   // Rank 0's forward (`run`) with every worker's forward of the same step beside it (its state
   // `actions` first: the step's and the snapshots rank 0 took since the last one). A failing rank
   // aborts the group, so the others' collectives fail instead of waiting; the first error is
@@ -51,6 +52,9 @@ class TensorParallelRanks {
   std::vector<std::unique_ptr<PendingCopy>> run_transfers(
       const std::vector<BlockTransfer>& transfers, const std::vector<StateAction>& snapshots,
       const std::function<std::unique_ptr<PendingCopy>()>& rank0);
+  // `fn` on every rank's model at once (their forwards run the collectives together), rank 0's on
+  // this thread.
+  void on_models(const std::function<void(CausalLM&, int rank)>& fn, CausalLM& rank0);
   // Every rank records its decode graphs at once (their sizing runs execute the collectives).
   void capture_graphs(const std::function<void()>& rank0);
   // A speculative step's parts on every worker beside rank 0's (engine_spec.cpp). draft_forward:

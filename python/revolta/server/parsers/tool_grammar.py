@@ -9,6 +9,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from revolta.guided import closed_objects
+
 _COMPACT = {"x-guidance": {"whitespace_flexible": False}}  # no runs of whitespace inside the JSON
 
 
@@ -17,8 +19,10 @@ def _lit(s: str) -> str:
 
 
 def _schema(fn: dict[str, Any]) -> dict[str, Any]:
+    """The function's parameters, objects closed to keys they do not name (as strict function
+    calling has them)."""
     params = fn.get("parameters") or {"type": "object", "properties": {}}
-    return params if isinstance(params, dict) else {"type": "object"}
+    return closed_objects(params) if isinstance(params, dict) else {"type": "object", "additionalProperties": False}
 
 
 def _hermes_call(fns: list[dict[str, Any]]) -> str:
