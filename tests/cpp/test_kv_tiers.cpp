@@ -141,6 +141,42 @@ void test_manager_writes_through_and_brings_back() {
   EXPECT(tiers.stats().host_hits == 3);
 }
 
+// A restarted engine's request: its prefix's blocks, on disk only, are read by the reader thread
+// while the scheduler would pass the request over; the match then finds them in host memory and
+// counts them as disk hits.
+void test_disk_reads_ahead_of_the_match() {
+  const std::string root = fresh_dir("prefetch");
+  KvCache kv({1, 1, 2, DType::kF32}, 4, 4);
+  const KvTierConfig cfg{1 << 20, TierEviction::kLru, {root, 1 << 20, 0}};
+  {
+    KvTiers tiers(cfg, 9, 1, kv_block_bytes(kv), 0);
+    KvCacheManager m(4, 4, true);
+    m.set_tiers(&tiers);
+    auto a = request(1, 13, 100);
+    EXPECT(m.allocate_slots(*a, 13));
+    a->num_computed_tokens = 13;
+    m.cache_full_blocks(*a);
+    const auto saves = m.take_transfers();
+    EXPECT(run_transfers(saves, kv, nullptr, 0) == nullptr);  // the CPU copies at once
+    tiers.finish(saves);
+    tiers.flush();
+  }
+  KvTiers tiers(cfg, 9, 1, kv_block_bytes(kv), 0);  // restarted: the same seed, the files indexed
+  KvCacheManager m(4, 4, true);
+  m.set_tiers(&tiers);
+  auto again = request(3, 13, 100);
+  m.prefetch(*again);
+  EXPECT(again->tier_reads.size() == 3);
+  for (int i = 0; i < 2000 && m.kv_loading(*again); ++i) tiers.wait_for_reads(5);
+  EXPECT(!m.kv_loading(*again) && again->tier_reads.empty() && tiers.stats().host_entries == 3);
+  EXPECT(tiers.stats().disk.bytes_read > 0 && tiers.stats().disk_hits == 0);  // read, not yet used
+  EXPECT(m.match_prefix(*again) == 12 && m.tier_hits() == 12);
+  EXPECT(tiers.stats().disk_hits == 3 && tiers.stats().host_hits == 0);
+  auto other = request(4, 13, 300);  // nothing of it on disk: nothing to read
+  m.prefetch(*other);
+  EXPECT(other->tier_reads.empty() && !m.kv_loading(*other));
+}
+
 }  // namespace
 
 void run_kv_tier_tests() {
@@ -149,4 +185,5 @@ void run_kv_tier_tests() {
   test_disk_round_trip_seed_and_limits();
   test_disk_rejects_damaged_files();
   test_manager_writes_through_and_brings_back();
+  test_disk_reads_ahead_of_the_match();
 }

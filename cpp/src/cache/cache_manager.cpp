@@ -94,6 +94,31 @@ void KvCacheManager::match_in_tiers(Request& r, uint64_t parent, int32_t max_blo
   }
 }
 
+void KvCacheManager::prefetch(Request& r) {
+  if (!tiers_ || !pool_.prefix_caching()) return;
+  const int32_t bs = pool_.block_size();
+  const int32_t max_blocks = (r.num_tokens() - 1) / bs;
+  std::vector<uint64_t> keys;
+  uint64_t parent = seed_;
+  bool past_device = false;
+  for (int32_t i = 0; i < max_blocks; ++i) {
+    const int32_t* toks = r.tokens.data() + size_t(i) * size_t(bs);
+    const uint64_t h = BlockPool::hash_block(parent, toks, bs);
+    past_device = past_device || pool_.lookup(h, parent, toks) < 0;
+    if (past_device) keys.push_back(h);
+    if (hybrid() && !snapshots_.count(h)) keys.push_back(KvTiers::state_key(h));
+    parent = h;
+  }
+  r.tier_reads = tiers_->prefetch(keys);
+}
+
+bool KvCacheManager::kv_loading(Request& r) const {
+  if (r.tier_reads.empty()) return false;
+  if (tiers_->loading(r.tier_reads)) return true;
+  r.tier_reads.clear();
+  return false;
+}
+
 int32_t KvCacheManager::match_prefix(Request& r) {
   if (!pool_.prefix_caching() || r.num_computed_tokens != 0 || !r.block_table.empty()) return 0;
   const int32_t bs = pool_.block_size();

@@ -36,6 +36,11 @@ class KvCacheManager {
   // match its tokens (always leaving at least one token to compute, so there are logits to
   // sample from) and sets num_computed_tokens accordingly. Returns the hit length in tokens.
   int32_t match_prefix(Request& r);
+  // KV offload: a new request's prompt blocks (and state snapshots) past the device chain that only
+  // the disk tier holds are read ahead by the tiers' reader thread (r.tier_reads). While they are
+  // being read, kv_loading(r) holds and the scheduler passes the request over.
+  void prefetch(Request& r);
+  bool kv_loading(Request& r) const;
   // Makes the block table cover num_computed_tokens + num_new_tokens. False (nothing taken)
   // when the pool is short.
   bool allocate_slots(Request& r, int32_t num_new_tokens);

@@ -143,17 +143,22 @@ void DiskTier::forget(uint64_t key) {
 }
 
 TierEntryPtr DiskTier::read(uint64_t key) {
-  std::lock_guard<std::mutex> lk(mu_);
-  auto it = index_.find(key);
-  if (it == index_.end()) return nullptr;
+  int64_t size = 0;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    auto it = index_.find(key);
+    if (it == index_.end()) return nullptr;
+    size = it->second->second;
+  }
+  // The file is read without the lock (the writer thread and prefetching readers go on); a file
+  // replaced meanwhile is renamed whole, and one evicted meanwhile is a miss.
   auto e = std::make_shared<TierEntry>();
   bool ok = false;
   if (FILE* f = std::fopen(path_of(key).c_str(), "rb")) {
     FileHeader h{};
     ok = std::fread(&h, sizeof h, 1, f) == 1 && std::memcmp(h.magic, kMagic, 8) == 0 && h.version == kVersion &&
          h.header_checksum == checksum64(&h, offsetof(FileHeader, header_checksum)) && h.fingerprint == fingerprint_ &&
-         h.key == key && h.n_tokens <= (1u << 20) &&
-         int64_t(sizeof h + h.n_tokens * 4ull + h.n_bytes) == it->second->second;
+         h.key == key && h.n_tokens <= (1u << 20) && int64_t(sizeof h + h.n_tokens * 4ull + h.n_bytes) == size;
     if (ok) {
       e->key = key, e->parent = h.parent;
       e->tokens.resize(h.n_tokens);
@@ -164,13 +169,15 @@ TierEntryPtr DiskTier::read(uint64_t key) {
     }
     std::fclose(f);
   }
+  std::lock_guard<std::mutex> lk(mu_);
+  auto it = index_.find(key);
   if (!ok) {  // corrupt, truncated, another engine's, or gone: a miss, and the file goes
     ++stats_.rejected;
-    forget(key);
+    if (it != index_.end() && it->second->second == size) forget(key);
     return nullptr;
   }
-  stats_.bytes_read += it->second->second;
-  order_.splice(order_.end(), order_, it->second);  // most recently used
+  stats_.bytes_read += size;
+  if (it != index_.end()) order_.splice(order_.end(), order_, it->second);  // most recently used
   return e;
 }
 

@@ -87,17 +87,84 @@ KvTiers::KvTiers(const KvTierConfig& cfg, uint64_t fingerprint, int world, int64
   if (!cfg.disk.root_dir.empty()) disk_ = std::make_unique<DiskTier>(cfg.disk, fingerprint);
   std::random_device rd;
   seed_ = disk_ ? disk_->seed() : (uint64_t(rd()) << 32) ^ rd();
+  const unsigned readers = disk_ ? std::clamp(std::thread::hardware_concurrency() / 2, 1u, 4u) : 0u;
+  for (unsigned i = 0; i < readers; ++i) readers_.emplace_back([this] { reader(); });
 }
 
-bool KvTiers::has(uint64_t key) const { return host_->contains(key) || (disk_ && disk_->contains(key)); }
+KvTiers::~KvTiers() {
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    stop_ = true;
+  }
+  read_cv_.notify_all();
+  for (std::thread& t : readers_) t.join();
+}
+
+bool KvTiers::has(uint64_t key) const {
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    if (host_->contains(key) || reading_.count(key)) return true;
+  }
+  return disk_ && disk_->contains(key);
+}
+
+std::vector<uint64_t> KvTiers::prefetch(const std::vector<uint64_t>& keys) {
+  std::vector<uint64_t> queued;
+  if (!disk_) return queued;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    for (uint64_t k : keys) {
+      if (host_->contains(k) || reading_.count(k) || !disk_->contains(k)) continue;
+      reading_.insert(k);
+      to_read_.push_back(k);
+      queued.push_back(k);
+    }
+  }
+  if (!queued.empty()) read_cv_.notify_one();
+  return queued;
+}
+
+bool KvTiers::loading(const std::vector<uint64_t>& keys) const {
+  std::lock_guard<std::mutex> lk(mu_);
+  return std::any_of(keys.begin(), keys.end(), [&](uint64_t k) { return reading_.count(k) > 0; });
+}
+
+void KvTiers::wait_for_reads(int milliseconds) {
+  std::unique_lock<std::mutex> lk(mu_);
+  if (reading_.empty()) return;
+  landed_cv_.wait_for(lk, std::chrono::milliseconds(milliseconds));
+}
+
+void KvTiers::reader() {
+  std::unique_lock<std::mutex> lk(mu_);
+  for (;;) {
+    read_cv_.wait(lk, [&] { return stop_ || !to_read_.empty(); });
+    if (stop_) return;
+    const uint64_t key = to_read_.front();
+    to_read_.pop_front();
+    lk.unlock();
+    TierEntryPtr e = disk_->read(key);  // checked; null: a miss (the file is gone)
+    lk.lock();
+    if (e) {
+      host_->put(e);
+      prefetched_.insert(key);
+    }
+    reading_.erase(key);
+    landed_cv_.notify_all();
+  }
+}
 
 TierEntryPtr KvTiers::fetch(uint64_t key) {
+  std::unique_lock<std::mutex> lk(mu_);
+  landed_cv_.wait(lk, [&] { return !reading_.count(key); });  // a read in flight: its result
   if (TierEntryPtr e = host_->get(key)) {
-    ++stats_.host_hits;
+    ++(prefetched_.erase(key) ? stats_.disk_hits : stats_.host_hits);
     return e;
   }
   if (!disk_) return nullptr;
+  lk.unlock();
   TierEntryPtr e = disk_->read(key);
+  lk.lock();
   if (!e) return nullptr;
   ++stats_.disk_hits;
   host_->put(e);
@@ -136,6 +203,7 @@ TierEntryPtr KvTiers::new_state(uint64_t key) const {
 }
 
 void KvTiers::finish(const std::vector<BlockTransfer>& transfers) {
+  std::lock_guard<std::mutex> lk(mu_);
   for (const BlockTransfer& t : transfers) {
     const bool save = is_save(t);
     (save ? stats_.bytes_offloaded : stats_.bytes_restored) += int64_t(t.entry->bytes.size());
@@ -150,6 +218,7 @@ void KvTiers::flush() {
 }
 
 KvTierStats KvTiers::stats() const {
+  std::lock_guard<std::mutex> lk(mu_);
   KvTierStats s = stats_;
   s.host_entries = int64_t(host_->size());
   s.host_bytes = host_->used_bytes();

@@ -7,7 +7,12 @@
 // hash. Entries hold every tensor-parallel rank's shard (rank order); each rank copies its own.
 #pragma once
 
+#include <condition_variable>
+#include <deque>
 #include <memory>
+#include <mutex>
+#include <thread>
+#include <unordered_set>
 #include <vector>
 
 #include "cache/disk_tier.h"
@@ -70,18 +75,34 @@ class KvTiers {
   // After every rank ran `transfers` (and their saves were waited for): the saved entries join the
   // tiers; counts bytes moved.
   void finish(const std::vector<BlockTransfer>& transfers);
+  // Disk reads ahead of need: the keys that only the disk tier holds are read by a background
+  // thread into the host tier (a later fetch finds them there, counted as disk hits). Returns the
+  // keys queued.
+  std::vector<uint64_t> prefetch(const std::vector<uint64_t>& keys);
+  bool loading(const std::vector<uint64_t>& keys) const;  // any of them still being read
+  void wait_for_reads(int milliseconds);  // until a prefetched read lands, or the time passes
   void flush();  // the disk tier's queued writes, done
   KvTierStats stats() const;
   int world() const { return world_; }
+  ~KvTiers();
 
  private:
   TierEntryPtr fetch(uint64_t key);
+  void reader();
   int world_;
   int64_t block_bytes_, state_bytes_;
   uint64_t seed_;
+  // mu_ guards the host tier, the stats and the prefetch queue: the reader thread adds to them.
+  mutable std::mutex mu_;
+  std::condition_variable read_cv_, landed_cv_;
   std::unique_ptr<HostTier> host_;
   std::unique_ptr<DiskTier> disk_;
   KvTierStats stats_;
+  std::deque<uint64_t> to_read_;
+  std::unordered_set<uint64_t> reading_;     // queued or being read
+  std::unordered_set<uint64_t> prefetched_;  // in the host tier by a prefetch, not yet fetched
+  bool stop_ = false;
+  std::vector<std::thread> readers_;  // a few: a file's read and checksum take a core
 };
 
 }  // namespace revolta

@@ -334,7 +334,10 @@ void Engine::Impl::loop() {
       }
       // A queued step holds its requests: read its tokens before anything joins or leaves.
       if (ahead && (!fresh.empty() || !aborts.empty())) run_step(false);
-      for (auto& r : fresh) scheduler->add(std::move(r));
+      for (auto& r : fresh) {
+        caches->manager().prefetch(*r);  // its prefix's disk reads start now, off this thread
+        scheduler->add(std::move(r));
+      }
       for (uint64_t id : aborts) {
         if (auto r = scheduler->remove(id)) {
           r->finish_reason = FinishReason::kAbort;
@@ -342,7 +345,12 @@ void Engine::Impl::loop() {
           emit(*r, true);
         }
       }
-      if (scheduler->has_work() || ahead) run_step(true);
+      if (scheduler->has_work() || ahead) {
+        const int64_t steps = live.num_steps;
+        run_step(true);
+        // Nothing ran: the requests left wait for their prefix's disk reads.
+        if (live.num_steps == steps && !ahead && tiers) tiers->wait_for_reads(2);
+      }
       if (!scheduler->has_work() && !ahead) move_kv_blocks(true);  // idle: the last step's blocks written through
       publish_stats();
       deliver();

@@ -38,6 +38,7 @@ struct Request {
   int32_t state_restore = -1;  // snapshot slot to copy into state_slot before the next forward
   int32_t snapshot_slot = -1;  // the snapshot this request last saved (superseded ones are freed)
   int32_t scratch_slot = -1;   // speculative decoding: its state before a verify step, for rollback
+  std::vector<uint64_t> tier_reads;  // KV offload: its prefix's entries being read from disk ahead of it
 
   Rng rng;
   std::vector<TokenOutput> pending;  // produced since the last output was emitted

@@ -65,9 +65,15 @@ SchedulerOutput Scheduler::schedule() {
     ++i;
   }
 
-  while (!preempted && budget > 0 && !waiting_.empty() &&
-         int32_t(running_.size()) < cfg_.max_num_seqs) {
-    Request* r = waiting_.front().get();
+  // Waiting requests in arrival order; one whose prefix is still being read from the KV offload
+  // disk tier is passed over until its reads land.
+  for (auto it = waiting_.begin(); !preempted && budget > 0 && it != waiting_.end() &&
+                                   int32_t(running_.size()) < cfg_.max_num_seqs;) {
+    Request* r = it->get();
+    if (r->num_computed_tokens == 0 && cache_.kv_loading(*r)) {
+      ++it;
+      continue;
+    }
     if (r->num_computed_tokens == 0) {
       int32_t hit = cache_.match_prefix(*r);
       if (r->num_cached_tokens < 0) r->num_cached_tokens = std::min(hit, r->num_prompt_tokens);
@@ -79,8 +85,8 @@ SchedulerOutput Scheduler::schedule() {
       break;
     }
     r->status = RequestStatus::kRunning;
-    running_.push_back(std::move(waiting_.front()));
-    waiting_.pop_front();
+    running_.push_back(std::move(*it));
+    it = waiting_.erase(it);
     out.scheduled.push_back({r, n});
     out.num_batched_tokens += n;
     budget -= n;
