@@ -164,6 +164,13 @@ void Engine::Impl::step(bool may_run_ahead) {
     SchedulerOutput plan = scheduler->schedule();
     if (plan.empty()) return;
     begin_step(plan.scheduled);
+    // Constrained rows that sample in this step: their masks are computed while the forward runs.
+    MaskJobs masks;
+    std::vector<GrammarMatcher*> guided;
+    for (const ScheduledRequest& s : plan.scheduled)
+      if (s.request->grammar && s.request->num_computed_tokens + s.num_new_tokens >= s.request->num_tokens())
+        guided.push_back(s.request->grammar.get());
+    masks.start(std::move(guided));
     StepLogits result = forward(plan);
     ++live.num_steps;
     commit(plan.scheduled);
@@ -171,6 +178,7 @@ void Engine::Impl::step(bool may_run_ahead) {
                            (result.logits.device() != Device::kCPU || async_scheduling) &&
                            std::all_of(result.samplers.begin(), result.samplers.end(), plain_greedy);
     if (!queueable) {
+      masks.wait();
       sample_now(result);
       return;
     }

@@ -129,11 +129,28 @@ std::string GrammarMatcher::error() const {
 }
 
 const std::vector<uint32_t>& GrammarMatcher::allowed() {
+  if (mask_current_) return mask_;
   if (api_.matcher_compute_mask_into(m_, mask_.data(), mask_.size() * 4) != 0) std::fill(mask_.begin(), mask_.end(), 0u);
+  mask_current_ = true;
   return mask_;
 }
 
-bool GrammarMatcher::consume(int32_t token) { return api_.matcher_consume_token(m_, uint32_t(token)) == 0; }
+bool GrammarMatcher::consume(int32_t token) {
+  mask_current_ = false;
+  return api_.matcher_consume_token(m_, uint32_t(token)) == 0;
+}
+
+void MaskJobs::start(std::vector<GrammarMatcher*> matchers) {
+  wait();
+  if (matchers.empty()) return;
+  thread_ = std::thread([m = std::move(matchers)] {
+    for (GrammarMatcher* g : m) g->allowed();
+  });
+}
+
+void MaskJobs::wait() {
+  if (thread_.joinable()) thread_.join();
+}
 
 bool GrammarMatcher::stopped() const { return api_.matcher_is_stopped(m_); }
 

@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 namespace revolta {
@@ -41,6 +42,8 @@ class GrammarMatcher {
   GrammarMatcher& operator=(const GrammarMatcher&) = delete;
   // The tokens allowed next, one bit each (token t: bit t % 32 of word t / 32); tokens past the
   // tokenizer's vocabulary are never allowed. Nothing is allowed when the matcher is in error.
+  // Computed once per state: the engine computes it on another thread while the step's forward
+  // runs (MaskJobs), and the sampler then reads it.
   const std::vector<uint32_t>& allowed();
   // False (and error() says why) when the token breaks the grammar.
   bool consume(int32_t token);
@@ -51,6 +54,20 @@ class GrammarMatcher {
   const GrammarApi& api_;
   void* m_ = nullptr;
   std::vector<uint32_t> mask_;
+  bool mask_current_ = false;  // mask_ is the current state's (cleared by consume)
+};
+
+// The masks of a step's constrained rows, computed on a thread of their own while the engine
+// thread runs the step's forward; wait() (or the destructor, so no matcher is freed under it)
+// joins it.
+class MaskJobs {
+ public:
+  void start(std::vector<GrammarMatcher*> matchers);
+  void wait();
+  ~MaskJobs() { wait(); }
+
+ private:
+  std::thread thread_;
 };
 
 }  // namespace revolta
