@@ -46,6 +46,7 @@ def test_json_object_regex_and_choice(llm):
     objects = sample(llm, "Reply with JSON.", {"json_object": True}, range(6))
     for o in objects:  # (an unbounded object may run to max_tokens: only finished ones must parse)
         assert o.finish_reason == "length" or isinstance(json.loads(o.text), dict), o.text
+        assert not re.search(r"\n[ \t]*\n", o.text), o.text  # whitespace is bounded: no blank lines
     assert sum(o.finish_reason == "stop" for o in objects) >= 3
     pattern = r"[A-Z][a-z]{2,8}-\d{3}"
     for o in sample(llm, "Give a code.", {"regex": pattern}, range(6), 20):

@@ -37,6 +37,8 @@ def test_plain_message_and_count_tokens(client):
     n = client.messages.count_tokens(model="smol", messages=MSG)
     assert r.usage.input_tokens == n.input_tokens > 0
     assert r.usage.output_tokens > 0
+    with pytest.raises(anthropic.BadRequestError, match="maximum context length"):  # as messages would answer
+        client.messages.count_tokens(model="smol", messages=[{"role": "user", "content": "word " * 600}])
 
 
 def test_streaming_event_sequence_matches_non_streaming(server, client):

@@ -117,6 +117,27 @@ def error_of(server, path, body, headers=None):
     return r.status_code, r.json()
 
 
+def test_protocol_details(server, client):
+    """Cached prompt tokens are reported; an EOS stop has stop_reason null (a stop_token_ids stop: the
+    id); a malformed body is a 400 that says so."""
+    long = [{"role": "user", "content": "Tell me about the history of Paris, from Roman times to today. " * 3}]
+    first = client.chat.completions.create(model="smol", messages=long, max_tokens=2)
+    again = client.chat.completions.create(model="smol", messages=long, max_tokens=2)
+    assert again.usage.prompt_tokens_details.cached_tokens >= 48 > first.usage.prompt_tokens_details.cached_tokens
+    r = client.completions.create(model="smol", prompt="The capital of France is", temperature=0, max_tokens=40)
+    assert r.choices[0].finish_reason == "stop" and r.choices[0].model_extra["stop_reason"] is None
+    eos = r.choices[0].text  # stop on the token after it instead, through stop_token_ids
+    ids = httpx.post(server.url + "/tokenize", json={"prompt": eos, "add_special_tokens": False},
+                     headers={"Authorization": f"Bearer {KEY}"}).json()["tokens"]
+    r = client.completions.create(model="smol", prompt="The capital of France is", temperature=0, max_tokens=40,
+                                  extra_body={"stop_token_ids": [ids[1]]})
+    assert r.choices[0].finish_reason == "stop" and r.choices[0].model_extra["stop_reason"] == ids[1]
+    bad = httpx.post(server.url + "/v1/chat/completions", content=b'{"model": "smol", "messages": [',
+                     headers={"Authorization": f"Bearer {KEY}", "Content-Type": "application/json"})
+    err = bad.json()["error"]
+    assert bad.status_code == 400 and err["message"].startswith("the request body is not valid JSON") and err["param"] is None
+
+
 def test_errors(server, client):
     with pytest.raises(openai.BadRequestError) as e:
         client.chat.completions.create(model="smol", messages=MSG, temperature=-1)

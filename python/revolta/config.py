@@ -60,6 +60,13 @@ class EngineOptions(BaseModel):
         None, description='speculative decoding, as JSON: {"method": "ngram", "num_speculative_tokens": 4, '
                           '"prompt_lookup_max": 4, "prompt_lookup_min": 1}')
 
+    generation_config: str = Field(
+        "auto", description="default sampling of requests that leave it out: auto: the model's "
+        "generation_config.json (temperature, top_p, top_k, min_p, repetition_penalty, max_new_tokens); vllm: "
+        "none (temperature 1.0, top_p 1.0); or a directory holding a generation_config.json")
+    override_generation_config: dict[str, Any] | None = Field(
+        None, description='sampling defaults on top of generation_config, as JSON: {"temperature": 0.2, "top_p": 0.9}')
+
     @field_validator("cuda_graph_sizes", mode="before")
     @classmethod
     def _sizes_from_text(cls, v: object) -> object:
@@ -75,14 +82,14 @@ class EngineOptions(BaseModel):
 
         return parse_disk(v)
 
-    @field_validator("speculative_config", mode="before")
+    @field_validator("speculative_config", "override_generation_config", mode="before")
     @classmethod
-    def _json_object(cls, v: object) -> object:
+    def _json_object(cls, v: object, info) -> object:
         if isinstance(v, str):
             try:
                 return json.loads(v)
             except ValueError as e:
-                raise ValueError(f"speculative_config is not valid JSON: {e}") from e
+                raise ValueError(f"{info.field_name} is not valid JSON: {e}") from e
         return v
 
     @model_validator(mode="after")

@@ -10,6 +10,9 @@ from pathlib import Path
 from typing import Any
 
 
+BOUNDED_WHITESPACE = r"[\x20\x09]{1,2}|\x0D?\x0A[\x20\x09]{0,32}"
+
+
 @dataclass
 class GuidedDecodingParams:
     json: str | dict[str, Any] | None = None  # a JSON schema
@@ -48,14 +51,20 @@ class GuidedDecodingParams:
             return "lark", "start: " + " | ".join(_json.dumps(c) for c in self.choice)
         if self.grammar is not None:
             return "lark", self.grammar
-        if self.disable_any_whitespace:
-            return "json", _json.dumps(self._spacing({"type": "object"}))
-        return "json_object", ""
+        return "json", _json.dumps(self._spacing({"type": "object"}))  # any JSON object
 
     def _spacing(self, schema: Any) -> Any:
-        if not self.disable_any_whitespace or not isinstance(schema, dict):
+        """Whitespace between JSON tokens: none with disable_any_whitespace; else a space or two, or
+        one line break and its indentation (enough for pretty-printed JSON), so that a model cannot
+        fill max_tokens with blank lines (JSON itself allows any run). A schema's own x-guidance
+        whitespace settings stay."""
+        if not isinstance(schema, dict):
             return schema
-        return {**schema, "x-guidance": {**schema.get("x-guidance", {}), "whitespace_flexible": False}}
+        own = schema.get("x-guidance", {})
+        if not self.disable_any_whitespace and ("whitespace_pattern" in own or "whitespace_flexible" in own):
+            return schema
+        spacing = {"whitespace_flexible": False} if self.disable_any_whitespace else {"whitespace_pattern": BOUNDED_WHITESPACE}
+        return {**schema, "x-guidance": {**own, **spacing}}
 
     @classmethod
     def of(cls, value: "GuidedDecodingParams | dict[str, Any]") -> "GuidedDecodingParams":

@@ -15,6 +15,7 @@ from revolta.kv_offload import apply_kv_offloading
 from revolta.models.resolve import resolve_model
 from revolta.models.tokenizer import IncrementalDetokenizer, Tokenizer
 from revolta.outputs import CompletionOutput, RequestOutput
+from revolta.generation_defaults import generation_defaults
 from revolta.sampling_params import SamplingParams
 from revolta.speculative import apply_speculative_config
 from revolta.stop_strings import StopStrings
@@ -61,8 +62,8 @@ class _Sequence:
                     return True
         if out.finished:
             self.finish_reason = out.finish_reason
-            if out.finish_reason == "stop" and out.stop_token_id >= 0:
-                self.stop_reason = out.stop_token_id
+            if out.finish_reason == "stop" and out.stop_token_id in self.params.stop_token_ids:
+                self.stop_reason = out.stop_token_id  # (EOS: None, as vLLM reports it)
         return False
 
 
@@ -103,8 +104,11 @@ class LLM:
         cuda_graph_sizes: list[int] | None = None,
         async_scheduling: str = "auto",
         speculative_config: dict[str, Any] | None = None,
+        generation_config: str = "auto",
+        override_generation_config: dict[str, Any] | None = None,
     ):
         self.model_path = resolve_model(model, load_format)
+        self.default_sampling = generation_defaults(self.model_path, generation_config, override_generation_config)
         cfg = _core.EngineConfig()
         cfg.model = self.model_path
         cfg.dtype = dtype
@@ -149,6 +153,11 @@ class LLM:
 
     # ---- public API -----------------------------------------------------------------------
 
+    def get_default_sampling_params(self) -> SamplingParams:
+        """SamplingParams with the model's defaults (generation_config), which generate and chat
+        use when given none."""
+        return SamplingParams(**self.default_sampling)
+
     def get_tokenizer(self) -> Tokenizer:
         if self.tokenizer is None:
             raise ValueError(f"no tokenizer.json in {self.model_path}; pass token ids instead of text")
@@ -161,7 +170,7 @@ class LLM:
     ) -> list[RequestOutput]:
         prompt_list = self._normalize_prompts(prompts)
         if sampling_params is None:
-            params_list = [SamplingParams()] * len(prompt_list)
+            params_list = [self.get_default_sampling_params()] * len(prompt_list)
         elif isinstance(sampling_params, SamplingParams):
             params_list = [sampling_params] * len(prompt_list)
         else:

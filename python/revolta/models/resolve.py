@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import importlib.util
+import json
 import os
 import subprocess
 import sys
@@ -74,8 +75,18 @@ def _imported(gguf: Path, out: Path, load_format: str) -> str:
 
 
 def demo_model(load_format: str = "auto") -> str:
-    """Path of the demo model as an HF-style directory (imported once, then cached)."""
-    return _imported(demo_gguf(), cache_dir() / "models" / DEMO_MODEL_NAME, load_format)
+    """Path of the demo model as an HF-style directory (imported once, then cached), whose
+    generation_config.json carries the sampling values its card recommends."""
+    from revolta.generation_defaults import DEMO_DEFAULTS
+
+    path = _imported(demo_gguf(), cache_dir() / "models" / DEMO_MODEL_NAME, load_format)
+    gen = Path(path) / "generation_config.json"
+    data = json.loads(gen.read_text()) if gen.is_file() else {}
+    if any(data.get(k) != v for k, v in DEMO_DEFAULTS.items()):
+        tmp = gen.with_suffix(".part")
+        tmp.write_text(json.dumps({**data, **DEMO_DEFAULTS}, indent=2))
+        os.replace(tmp, gen)
+    return path
 
 
 def resolve_model(model: str | os.PathLike | None, load_format: str = "auto") -> str:

@@ -61,11 +61,12 @@ class CheckedRoute(APIRoute):
         return checked
 
 
-def create_app(engine: AsyncEngine, tokenizer: Tokenizer, served_names: list[str], options: ServerOptions):
+def create_app(engine: AsyncEngine, tokenizer: Tokenizer, served_names: list[str], options: ServerOptions,
+               sampling_defaults: dict | None = None):
     app = FastAPI(title="ReVolta", version=revolta.__version__)
     app.router.route_class = CheckedRoute
     metrics = Metrics(engine)
-    pipeline = Pipeline(engine, tokenizer, served_names, options, metrics)
+    pipeline = Pipeline(engine, tokenizer, served_names, options, metrics, sampling_defaults)
     openai = OpenAIServing(pipeline)
     anthropic = AnthropicServing(pipeline)
     responses = ResponsesServing(pipeline)
@@ -88,6 +89,11 @@ def create_app(engine: AsyncEngine, tokenizer: Tokenizer, served_names: list[str
     @app.exception_handler(RequestValidationError)
     async def invalid(request: Request, e: RequestValidationError):
         first = e.errors()[0] if e.errors() else {}
+        if first.get("type") == "json_invalid":  # loc: ("body", offset)
+            msg = f"the request body is not valid JSON ({first.get('ctx', {}).get('error', 'decode error')} at " \
+                  f"character {first.get('loc', (None, '?'))[-1]})"
+            log.info("rejected request: %s", msg)
+            return json_error(request.url.path, 400, msg)
         param = ".".join(str(x) for x in first.get("loc", ())[1:]) or None
         msg = f"{param}: {first.get('msg', 'invalid request')}" if param else str(first.get("msg", "invalid request"))
         log.info("rejected request: %s", msg)

@@ -173,6 +173,9 @@ def build(settings):
     if e.calculate_kv_scales:
         cfg.calculate_kv_scales = True
         cfg.calibration_prompts = calibration_prompts(tokenizer)
+    from revolta.generation_defaults import describe, generation_defaults
+
+    defaults = generation_defaults(path, e.generation_config, e.override_generation_config)
     core = _core.Engine(cfg)
     info = core.model_info
     log.info("model %s on %s%s: %.2f GB of %s weights%s, KV cache %.2f GB (%s, %d tokens)%s", info.architecture,
@@ -183,11 +186,12 @@ def build(settings):
              if info.cuda_graph_batch_sizes else "")
     for warning in info.warnings:
         log.warning("%s", warning)
+    log.info("default sampling (generation_config %s): %s", e.generation_config, describe(defaults))
     engine = AsyncEngine(core, e.max_num_seqs)
     served = [e.served_model_name or (Path(e.model).name if e.model else "SmolLM2-135M-Instruct")]
     if e.model and e.model not in served:
         served.append(e.model)
-    return create_app(engine, tokenizer, served, settings.server), engine
+    return create_app(engine, tokenizer, served, settings.server, defaults), engine
 
 
 if __name__ == "__main__":

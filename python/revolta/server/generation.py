@@ -39,8 +39,10 @@ class Generation:
         include_stop_str: bool,
         skip_special_tokens: bool,
         router: ReasoningRouter | None,
+        stop_token_ids: list[int] | None = None,
     ):
         self.stops = StopStrings(stop, include_stop_str)
+        self.stop_token_ids = set(stop_token_ids or [])  # EOS is not a stop_reason (vLLM's null)
         self.router = router
         self.content_detok = IncrementalDetokenizer(tokenizer, skip_special_tokens)
         self.reasoning_detok = IncrementalDetokenizer(tokenizer, skip_special_tokens)
@@ -84,7 +86,7 @@ class Generation:
             self.emitted = safe
         if self.finish_reason is None and out.finished:
             self.finish_reason = out.finish_reason
-            if out.finish_reason == "stop" and out.stop_token_id >= 0:
+            if out.finish_reason == "stop" and out.stop_token_id in self.stop_token_ids:
                 self.stop_reason = out.stop_token_id
         delta.finish_reason = self.finish_reason
         delta.stop_reason = self.stop_reason

@@ -97,7 +97,8 @@ class Job:
         try:
             for i in range(params.n):
                 rid, q = s.engine.add_request(prompt_ids, params.to_core(params.max_tokens or 1, seed_offset=i))
-                gen = Generation(s.tok, params.stop, params.include_stop_str_in_output, params.skip_special_tokens, router_factory())
+                gen = Generation(s.tok, params.stop, params.include_stop_str_in_output, params.skip_special_tokens, router_factory(),
+                                 params.stop_token_ids)
                 new.append(Choice(index=index0 + i, prompt_no=prompt_no, rid=rid, queue=q, gen=gen, tool_parser=tool_factory()))
         except ValueError as e:
             g = params.guided_decoding

@@ -32,8 +32,10 @@ _RESERVED_TEMPLATE_VARS = frozenset({"messages", "tools", "add_generation_prompt
 log = logging.getLogger("revolta.server")
 
 class Pipeline:
-    def __init__(self, engine: AsyncEngine, tokenizer: Tokenizer, served_names: list[str], options: ServerOptions, metrics: Metrics):
+    def __init__(self, engine: AsyncEngine, tokenizer: Tokenizer, served_names: list[str], options: ServerOptions,
+                 metrics: Metrics, sampling_defaults: dict | None = None):
         self.engine = engine
+        self.defaults = dict(sampling_defaults or {})  # the model's (generation_config), for fields a request leaves out
         self.tok = tokenizer
         self.served_names = served_names
         self.opts = options
@@ -95,17 +97,24 @@ class Pipeline:
                                   req.guided_grammar)
         except ValueError as e:
             raise APIError(400, str(e), param=str(e).split(":")[0].split(" ")[0]) from e
+        d = self.defaults
+
+        def pick(value, name, fallback):
+            return value if value is not None else d.get(name, fallback)
+
+        if max_tokens is None and d.get("max_tokens") is not None:
+            max_tokens = min(int(d["max_tokens"]), room)
         try:
             return SamplingParams(
                 guided_decoding=guided,
                 n=req.n,
-                temperature=1.0 if req.temperature is None else req.temperature,
-                top_p=1.0 if req.top_p is None else req.top_p,
-                top_k=req.top_k or 0,
-                min_p=req.min_p or 0.0,
-                presence_penalty=req.presence_penalty or 0.0,
-                frequency_penalty=req.frequency_penalty or 0.0,
-                repetition_penalty=1.0 if req.repetition_penalty is None else req.repetition_penalty,
+                temperature=pick(req.temperature, "temperature", 1.0),
+                top_p=pick(req.top_p, "top_p", 1.0),
+                top_k=pick(req.top_k, "top_k", 0),
+                min_p=pick(req.min_p, "min_p", 0.0),
+                presence_penalty=pick(req.presence_penalty, "presence_penalty", 0.0),
+                frequency_penalty=pick(req.frequency_penalty, "frequency_penalty", 0.0),
+                repetition_penalty=pick(req.repetition_penalty, "repetition_penalty", 1.0),
                 seed=req.seed,
                 max_tokens=max_tokens if max_tokens is not None else room,
                 min_tokens=min(req.min_tokens, max_tokens or room),

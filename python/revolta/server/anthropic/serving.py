@@ -90,6 +90,8 @@ class AnthropicServing:
     async def count_tokens(self, req: CountTokensRequest) -> JSONResponse:
         self.p.check_model(req.model)
         _, prompt_ids, _, _ = await self.p.render_chat(self.to_chat(req))
+        if len(prompt_ids) >= self.p.max_model_len:  # as /v1/messages would answer it
+            raise self.p.context_error(len(prompt_ids))
         return JSONResponse({"input_tokens": len(prompt_ids)})
 
     async def messages(self, req: MessagesRequest, raw: Request | None = None):
