@@ -191,6 +191,10 @@ NB_MODULE(_core, m) {
           },
           "timeout_s"_a = 0.1, nb::call_guard<nb::gil_scoped_release>())
       .def("stats", &Engine::stats)
+      .def("activity", &Engine::activity)
+      .def("reset_prefix_cache", &Engine::reset_prefix_cache)
+      .def("set_paused", &Engine::set_paused, "paused"_a)
+      .def_prop_ro("paused", &Engine::paused)
       .def_prop_ro("model_info", &Engine::model_info, nb::rv_policy::reference_internal)
       .def("shutdown", &Engine::shutdown, nb::call_guard<nb::gil_scoped_release>());
 }

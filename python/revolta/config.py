@@ -127,6 +127,18 @@ class ServerOptions(BaseModel):
     allowed_headers: list[str] = Field(default_factory=lambda: ["*"], description="CORS request headers")
     allow_credentials: bool = Field(False, description="CORS: allow credentials")
     log_level: Literal["debug", "info", "warning", "error"] = "info"
+    dev_mode: bool = Field(False, description="serve the development endpoints /sleep, /wake_up, /is_sleeping, "
+                           "/reset_prefix_cache and /server_info")
+    watchdog_config: dict[str, Any] | None = Field(
+        None, description='dump every thread\'s stack and turn /health unhealthy when the engine runs no step for '
+        'timeout_s while it has requests, as JSON: {"timeout_s": 300, "check_interval_s": 10, "dump_dir": "/tmp"}')
+
+    @field_validator("watchdog_config", mode="before")
+    @classmethod
+    def _watchdog(cls, v: object) -> object:
+        from revolta.server.watchdog import parse_watchdog
+
+        return parse_watchdog(v)
 
     @field_validator("allowed_origins", "allowed_methods", "allowed_headers", mode="before")
     @classmethod

@@ -230,6 +230,15 @@ class Engine {
   EngineStats stats() const;
   const ModelInfo& model_info() const;
   const EngineConfig& config() const;
+  // What the engine thread is doing now and in which step ("step 812: forward of 3 requests"),
+  // readable while a step hangs (a watchdog's report). Thread-safe.
+  std::string activity() const;
+  // Thread-safe, done before the next step: forgets every cached prefix block no request holds
+  // (the offload tiers keep theirs).
+  void reset_prefix_cache();
+  // Thread-safe. Paused, no step runs: requests are accepted and wait; resumed, they go on.
+  void set_paused(bool paused);
+  bool paused() const;
   // Stops the engine thread; pending requests end with kAbort. Idempotent.
   void shutdown();
 

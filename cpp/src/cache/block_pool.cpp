@@ -46,6 +46,16 @@ void BlockPool::evict(int32_t b) {
   m.cached = false;
 }
 
+int32_t BlockPool::drop_unused_cache() {
+  int32_t n = 0;
+  for (int32_t b = 0; b < num_blocks_; ++b)
+    if (meta_[size_t(b)].ref == 0 && meta_[size_t(b)].cached) {
+      evict(b);
+      ++n;
+    }
+  return n;
+}
+
 std::optional<std::vector<int32_t>> BlockPool::allocate(int32_t n) {
   if (n > num_free_) return std::nullopt;
   std::vector<int32_t> out;

@@ -39,6 +39,8 @@ class BlockPool {
   // Registers a full, referenced block under hash. A second block with the same contents is not
   // registered (the first one stays canonical).
   void register_block(int32_t block, uint64_t hash, uint64_t parent_hash, const int32_t* tokens);
+  // Forgets the hashes of every cached block no request holds (reset_prefix_cache); returns how many.
+  int32_t drop_unused_cache();
 
  private:
   struct BlockMeta {

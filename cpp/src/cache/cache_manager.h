@@ -63,6 +63,7 @@ class KvCacheManager {
   bool has_transfers() const { return !transfers_.empty(); }
 
   const BlockPool& pool() const { return pool_; }
+  BlockPool& pool() { return pool_; }
   int32_t num_snapshots() const { return int32_t(snapshot_lru_.size()); }
   int64_t queries() const { return queries_; }
   int64_t hits() const { return hits_; }

@@ -325,8 +325,10 @@ void Engine::Impl::loop() {
       std::vector<uint64_t> aborts;
       {
         std::unique_lock<std::mutex> lk(in_mu);
+        enter("idle");
         in_cv.wait(lk, [&] {
-          return stopping || !inbox.empty() || !abort_box.empty() || scheduler->has_work() || ahead;
+          return stopping || !inbox.empty() || !abort_box.empty() || reset_prefix.load() ||
+                 (!paused && (scheduler->has_work() || ahead));
         });
         if (stopping) break;
         fresh.swap(inbox);
@@ -334,6 +336,7 @@ void Engine::Impl::loop() {
       }
       // A queued step holds its requests: read its tokens before anything joins or leaves.
       if (ahead && (!fresh.empty() || !aborts.empty())) run_step(false);
+      if (reset_prefix.exchange(false)) caches->manager().pool().drop_unused_cache();
       for (auto& r : fresh) {
         caches->manager().prefetch(*r);  // its prefix's disk reads start now, off this thread
         scheduler->add(std::move(r));
@@ -345,7 +348,12 @@ void Engine::Impl::loop() {
           emit(*r, true);
         }
       }
-      if (scheduler->has_work() || ahead) {
+      bool run = false;
+      {
+        std::lock_guard<std::mutex> lk(in_mu);
+        run = !paused || ahead;  // (a queued step is finished even when pausing)
+      }
+      if (run && (scheduler->has_work() || ahead)) {
         const int64_t steps = live.num_steps;
         run_step(true);
         // Nothing ran: the requests left wait for their prefix's disk reads.
@@ -497,6 +505,29 @@ EngineStats Engine::stats() const {
 
 const ModelInfo& Engine::model_info() const { return impl_->info; }
 const EngineConfig& Engine::config() const { return impl_->cfg; }
+
+std::string Engine::activity() const {
+  return str_cat("step ", impl_->phase_step.load(), ": ", impl_->phase.load(std::memory_order_acquire), " (",
+                 impl_->phase_requests.load(), " requests)");
+}
+
+void Engine::reset_prefix_cache() {
+  impl_->reset_prefix = true;
+  impl_->in_cv.notify_all();
+}
+
+void Engine::set_paused(bool paused) {
+  {
+    std::lock_guard<std::mutex> lk(impl_->in_mu);
+    impl_->paused = paused;
+  }
+  impl_->in_cv.notify_all();
+}
+
+bool Engine::paused() const {
+  std::lock_guard<std::mutex> lk(impl_->in_mu);
+  return impl_->paused;
+}
 
 void Engine::shutdown() {
   if (!impl_) return;

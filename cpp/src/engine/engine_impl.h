@@ -51,11 +51,22 @@ struct Engine::Impl {
   std::unique_ptr<TensorParallelRanks> tp;  // ranks 1.. of tensor_parallel_size > 1 (rank 0 is this thread)
   Rng seed_source;
 
-  std::mutex in_mu;
+  mutable std::mutex in_mu;
   std::condition_variable in_cv;
   std::deque<std::unique_ptr<Request>> inbox;
   std::vector<uint64_t> abort_box;
   bool stopping = false;
+  bool paused = false;                    // (in_mu) set_paused: no steps
+  std::atomic<bool> reset_prefix{false};  // reset_prefix_cache asked
+  // Engine::activity(): a phase name (static text) and the step it belongs to, set as the engine
+  // thread goes, read by other threads.
+  std::atomic<const char*> phase{"starting"};
+  std::atomic<int64_t> phase_step{0};
+  std::atomic<int32_t> phase_requests{0};
+  void enter(const char* what, int32_t requests = 0) {
+    phase_requests.store(requests, std::memory_order_relaxed);
+    phase.store(what, std::memory_order_release);
+  }
 
   std::mutex out_mu;
   std::condition_variable out_cv;

@@ -43,6 +43,8 @@ int32_t draft_room(const Request& r, const EngineConfig& cfg) {
 }  // namespace
 
 void Engine::Impl::speculative_step() {
+  phase_step = live.num_steps + 1;
+  enter("speculative step");
   using Clock = std::chrono::steady_clock;
   const auto t0 = Clock::now();
   propose_drafts();

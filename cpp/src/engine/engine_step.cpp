@@ -98,6 +98,8 @@ Engine::Impl::Queued Engine::Impl::run_ahead(const Queued& cur) {
     r->last_token_on_device = true;
   }
   SchedulerOutput plan = scheduler->schedule();
+  phase_step = live.num_steps + 1;
+  enter("forward (queued ahead)", int32_t(plan.scheduled.size()));
   begin_step(plan.scheduled);
   bool same = plan.scheduled.size() == cur.samplers.size();
   for (size_t i = 0; same && i < plan.scheduled.size(); ++i)
@@ -141,7 +143,10 @@ void Engine::Impl::settle_kv_saves() {
 }
 
 StepLogits Engine::Impl::forward(const SchedulerOutput& plan, const Tensor* fed_ids) {
+  const char* was = phase.load();
+  enter("kv offload copies", phase_requests.load());
   move_kv_blocks();  // blocks brought back before the forward reads them
+  enter(was, phase_requests.load());
   const std::vector<StateAction> actions = caches->prepare(plan.scheduled);
   if (!tp) return runner->execute(plan, actions, fed_ids);
   // The other ranks take the state snapshots rank 0 made after the last step, then this step's actions.
@@ -161,8 +166,11 @@ void Engine::Impl::step(bool may_run_ahead) {
     speculative_step();
     return;
   } else {
+    phase_step = live.num_steps + 1;
+    enter("scheduling");
     SchedulerOutput plan = scheduler->schedule();
     if (plan.empty()) return;
+    enter("forward", int32_t(plan.scheduled.size()));
     begin_step(plan.scheduled);
     // Constrained rows that sample in this step: their masks are computed while the forward runs.
     MaskJobs masks;
@@ -178,6 +186,7 @@ void Engine::Impl::step(bool may_run_ahead) {
                            (result.logits.device() != Device::kCPU || async_scheduling) &&
                            std::all_of(result.samplers.begin(), result.samplers.end(), plain_greedy);
     if (!queueable) {
+      enter("sampling", int32_t(result.samplers.size()));
       masks.wait();
       sample_now(result);
       return;

@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cstdlib>
 #include <string>
+#include <thread>
+#include <chrono>
 
 #include "core/error.h"
 
@@ -21,6 +23,14 @@ FaultInjection FaultInjection::from_env() {
     f.kind = Kind::kAcceptDrafts;
     f.accept_rate = std::stod(spec.substr(14));
     RV_CHECK_ARG(f.accept_rate >= 0.0, "REVOLTA_FAULT_INJECT accept-drafts:R needs R >= 0, got '", spec, "'");
+    return f;
+  }
+  if (spec.rfind("hang:", 0) == 0) {
+    const size_t second = spec.find(':', 5);
+    RV_CHECK_ARG(second != std::string::npos, "REVOLTA_FAULT_INJECT hang needs 'hang:TOKEN:SECONDS', got '", spec, "'");
+    f.kind = Kind::kHang;
+    f.token = std::stoi(spec.substr(5, second - 5));
+    f.hang_s = std::stod(spec.substr(second + 1));
     return f;
   }
   const size_t colon = spec.find(':');
@@ -45,6 +55,10 @@ void FaultInjection::check(const std::vector<ScheduledRequest>& scheduled) const
     const auto& t = s.request->tokens;
     if (std::find(t.begin(), t.begin() + s.request->num_prompt_tokens, token) == t.begin() + s.request->num_prompt_tokens)
       continue;
+    if (kind == Kind::kHang) {
+      std::this_thread::sleep_for(std::chrono::duration<double>(hang_s));
+      return;
+    }
     if (kind == Kind::kDevice) throw DeviceError(str_cat("injected device fault (token ", token, ")"));
     throw std::runtime_error(str_cat("injected step fault (token ", token, ")"));
   }

@@ -4,7 +4,8 @@
 // "accept-drafts" makes the speculative verifier keep every sampled draft (a wrong rule, which the
 // distribution test must catch); "accept-drafts:R" makes it keep R drafts a verify step on average
 // (whole counts around R, greedy and sampled alike), to measure speculation at a stated acceptance
-// where drafts cannot be right (dummy weights). Unset, as in production, it costs one comparison per step.
+// where drafts cannot be right (dummy weights); "hang:TOKEN:SECONDS" makes a step that schedules
+// such a request stall that long (the watchdog's test). Unset, as in production, it costs one comparison per step.
 #pragma once
 
 #include <cstdint>
@@ -15,10 +16,11 @@
 namespace revolta {
 
 struct FaultInjection {
-  enum class Kind { kNone, kStep, kDevice, kAcceptDrafts };
+  enum class Kind { kNone, kStep, kDevice, kAcceptDrafts, kHang };
   Kind kind = Kind::kNone;
   int32_t token = -1;
   double accept_rate = -1.0;  // accept-drafts:R
+  double hang_s = 0.0;        // hang:TOKEN:SECONDS
   double accepted_so_far = 0.0;
   int64_t verify_steps = 0;
 

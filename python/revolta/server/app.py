@@ -62,7 +62,7 @@ class CheckedRoute(APIRoute):
 
 
 def create_app(engine: AsyncEngine, tokenizer: Tokenizer, served_names: list[str], options: ServerOptions,
-               sampling_defaults: dict | None = None):
+               sampling_defaults: dict | None = None, server_info: dict | None = None):
     app = FastAPI(title="ReVolta", version=revolta.__version__)
     app.router.route_class = CheckedRoute
     metrics = Metrics(engine)
@@ -107,7 +107,12 @@ def create_app(engine: AsyncEngine, tokenizer: Tokenizer, served_names: list[str
     async def health():
         if engine.dead:
             return JSONResponse({"status": "dead", "error": engine.dead}, status_code=503)
+        if engine.stalled:
+            return JSONResponse({"status": "stalled", "error": engine.stalled}, status_code=503)
         return {"status": "ok"}
+
+    if options.dev_mode:
+        add_dev_routes(app, engine, server_info or {})
 
     @app.get("/version")
     async def version():
@@ -182,3 +187,38 @@ def create_app(engine: AsyncEngine, tokenizer: Tokenizer, served_names: list[str
         app.add_middleware(CORSMiddleware, allow_origins=options.allowed_origins, allow_methods=options.allowed_methods,
                            allow_headers=options.allowed_headers, allow_credentials=options.allow_credentials)
     return app
+
+
+def add_dev_routes(app: FastAPI, engine: AsyncEngine, server_info: dict) -> None:
+    """--dev-mode: vLLM's development endpoints. /sleep pauses the engine (requests are accepted and
+    wait; no memory is given back), /wake_up resumes it."""
+    core = engine.engine
+
+    @app.post("/sleep")
+    async def sleep():
+        core.set_paused(True)
+        return {"is_sleeping": True}
+
+    @app.post("/wake_up")
+    async def wake_up():
+        core.set_paused(False)
+        return {"is_sleeping": False}
+
+    @app.get("/is_sleeping")
+    async def is_sleeping():
+        return {"is_sleeping": core.paused}
+
+    @app.post("/reset_prefix_cache")
+    async def reset_prefix_cache():
+        core.reset_prefix_cache()
+        return {"status": "ok"}
+
+    @app.get("/server_info")
+    async def info():
+        m, s = core.model_info, core.stats()
+        model = {k: getattr(m, k) for k in ("architecture", "device", "max_model_len", "weight_dtype", "weight_bytes",
+                                            "kv_cache_dtype", "kv_cache_bytes", "kv_cache_tokens", "tensor_parallel_size")}
+        stats = {k: getattr(s, k) for k in ("num_running", "num_waiting", "num_steps", "num_blocks_used",
+                                            "num_blocks_total", "prefix_cache_hits", "prefix_cache_queries")}
+        return {"version": revolta.__version__, "model": model, "engine": {"activity": core.activity(),
+                "is_sleeping": core.paused, "stalled": engine.stalled, **stats}, **server_info}

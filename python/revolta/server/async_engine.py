@@ -31,6 +31,7 @@ class AsyncEngine:
         self._lock = threading.Lock()
         self._stop = False
         self.dead: str | None = None
+        self.stalled: str | None = None  # set by the watchdog while the engine runs no steps
         self._thread = threading.Thread(target=self._pump, name="revolta-pump", daemon=True)
         self._thread.start()
 

@@ -191,7 +191,13 @@ def build(settings):
     served = [e.served_model_name or (Path(e.model).name if e.model else "SmolLM2-135M-Instruct")]
     if e.model and e.model not in served:
         served.append(e.model)
-    return create_app(engine, tokenizer, served, settings.server, defaults), engine
+    info = {"config": settings.model_dump(mode="json"), "default_sampling": defaults}
+    app = create_app(engine, tokenizer, served, settings.server, defaults, info)
+    if settings.server.watchdog_config:
+        from revolta.server.watchdog import Watchdog
+
+        engine.watchdog = Watchdog(engine, settings.server.watchdog_config).start()
+    return app, engine
 
 
 if __name__ == "__main__":
