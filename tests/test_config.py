@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import signal
 import subprocess
+import time
 import sys
 
 import httpx
@@ -61,7 +62,8 @@ def test_startup_errors_before_any_weight_is_read(tmp_path):
 
 
 def test_default_model_and_sigterm(demo_model_dir):
-    srv = ServerProcess("--profile", "cpu-demo", "--max-model-len", "1024")  # no --model: the demo model
+    # no --model: the demo model; debug logging shows every option and its source
+    srv = ServerProcess("--profile", "cpu-demo", "--max-model-len", "1024", "--log-level", "debug")
     try:
         models = httpx.get(srv.url + "/v1/models").json()["data"]
         assert models[0]["id"] == "SmolLM2-135M-Instruct" and models[0]["max_model_len"] == 1024
@@ -69,7 +71,29 @@ def test_default_model_and_sigterm(demo_model_dir):
         assert srv.proc.wait(timeout=30) == 0
     finally:
         log = srv.stop()
+    assert "Traceback" not in log and f"serving SmolLM2-135M-Instruct at {srv.url}" in log
     line = next(l for l in log.splitlines() if "resolved_config" in l)
     report = json.loads(line[line.index("{"):])["options"]
     assert report["max_model_len"] == {"value": 1024, "source": "cli"}
     assert report["dtype"]["source"] == "profile:cpu-demo"
+
+
+def test_cli_help_version_and_early_signals():
+    r = run_cli("--help")
+    assert r.returncode == 0
+    for section in ("Model:", "Device and memory:", "Scheduling and caching:", "KV offload:", "Server:", "CORS:"):
+        assert section in r.stdout
+    assert "{cpu,cuda}" in r.stdout and "{qwen3_coder,hermes}" in r.stdout and "default: 2048" in r.stdout
+    assert "cpu-demo: The embedded demo model" in " ".join(r.stdout.split())  # --profile lists the profiles
+    assert run_cli("--version").stdout.startswith("revolta-server ")
+    r = run_cli("--device", "tpu")
+    assert r.returncode == 2 and "invalid choice: 'tpu'" in r.stderr
+    r = run_cli("--device", "cuda", "--dtype", "bfloat16")
+    assert r.returncode == 2 and "Value error" not in r.stderr and "settings:" not in r.stderr
+    # A signal while the model loads ends it with one line, no traceback.
+    p = subprocess.Popen([sys.executable, "-m", "revolta.server.cli", "--profile", "cpu-demo", "--port", "0"],
+                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    time.sleep(0.8)
+    p.send_signal(signal.SIGTERM)
+    out = p.communicate(timeout=60)[0]
+    assert p.returncode in (0, 130) and "Traceback" not in out, out

@@ -40,6 +40,16 @@ def available_profiles() -> list[str]:
     return sorted(names)
 
 
+def load_profile_description(name: str) -> str:
+    """A profile's one-line description ("" when it has none or cannot be read)."""
+    p = next((d / f"{name}.yaml" for d in profile_dirs() if (d / f"{name}.yaml").is_file()), None)
+    try:
+        data = yaml.safe_load(p.read_text()) if p else None
+    except (OSError, yaml.YAMLError):
+        return ""
+    return str(data.get("description", "")) if isinstance(data, dict) else ""
+
+
 def load_profile(name_or_path: str) -> dict[str, Any]:
     p = Path(name_or_path)
     if not p.is_file():
@@ -76,8 +86,12 @@ def _describe(e: Exception) -> str:
     if isinstance(e, ValidationError):
         parts = []
         for err in e.errors():
-            loc = ".".join(str(x) for x in err["loc"] if x not in ("engine", "server")) or "settings"
-            parts.append(f"{loc}: {err['msg']}")
+            loc = ".".join(str(x) for x in err["loc"] if x not in ("engine", "server"))
+            msg = str(err["msg"]).removeprefix("Value error, ")
+            # A validator's message that already starts with the option's name keeps it once.
+            if loc and not msg.startswith(loc):
+                msg = f"{loc} (--{loc.replace('_', '-')}): {msg}"
+            parts.append(msg)
         return "; ".join(parts)
     return str(e)
 

@@ -23,20 +23,99 @@ def _flag(name: str) -> str:
     return "--" + name.replace("_", "-")
 
 
+# --help sections, in order; an option not named here goes under "Other".
+GROUPS = {
+    "Model": ["model", "served_model_name", "tokenizer", "dtype", "load_format", "quantization", "generation_config",
+              "override_generation_config", "seed"],
+    "Device and memory": ["device", "gpu_memory_utilization", "kv_cache_memory_bytes", "kv_cache_dtype",
+                          "calculate_kv_scales", "enforce_eager", "cuda_graph_sizes", "num_threads"],
+    "Scheduling and caching": ["max_model_len", "max_num_seqs", "max_num_batched_tokens", "block_size",
+                               "enable_prefix_caching", "async_scheduling", "speculative_config"],
+    "KV offload": ["kv_offloading_size", "kv_offloading_eviction", "kv_offloading_disk"],
+    "Parallelism": ["tensor_parallel_size", "enable_expert_parallel"],
+    "Server": ["host", "port", "api_key", "reasoning_parser", "tool_call_parser", "log_level", "dev_mode",
+               "watchdog_config"],
+    "HTTP limits": ["max_request_bytes", "max_waiting_requests", "request_timeout_s", "shutdown_timeout_s",
+                    "max_connections", "header_timeout_s", "body_timeout_s", "write_timeout_s", "keep_alive_timeout_s",
+                    "sse_keepalive_s"],
+    "CORS": ["allowed_origins", "allowed_methods", "allowed_headers", "allow_credentials"],
+}
+
+
+def _choices(annotation) -> list[str] | None:
+    """The allowed values of a Literal option (None dropped: leaving the option out means none)."""
+    import typing
+
+    args = typing.get_args(annotation)
+    if typing.get_origin(annotation) is typing.Literal:
+        return [str(a) for a in args]
+    for a in args:  # Optional[Literal[...]]
+        if typing.get_origin(a) is typing.Literal:
+            return [str(x) for x in typing.get_args(a)]
+    return None
+
+
+def _help(field) -> str:
+    text = field.description or ""
+    default = field.default_factory() if field.default_factory else field.default
+    if default not in (None, [], {}) and "default:" not in text:
+        text = f"{text} (default: {default})" if text else f"default: {default}"
+    return text.replace("%", "%%")
+
+
+def _profiles_help() -> str:
+    from revolta.profiles import available_profiles, load_profile_description
+
+    names = available_profiles()
+    listed = "; ".join(f"{n}: {load_profile_description(n)}" for n in names) if names else "none found"
+    return f"a launch profile by name, or a YAML file (flags and REVOLTA_* variables override it). Profiles: {listed}"
+
+
 def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="revolta-server", description="Serve a model over an OpenAI-compatible HTTP API.")
-    ap.add_argument("--profile", default=None, help="launch profile name (configs/profiles/NAME.yaml) or a YAML path")
-    for model in (EngineOptions, ServerOptions):
-        for name, field in model.model_fields.items():
+    import revolta
+
+    ap = argparse.ArgumentParser(
+        prog="revolta-server", description="Serve a model over OpenAI- and Anthropic-compatible HTTP APIs. Every option "
+        "can also come from a profile or an environment variable REVOLTA_<OPTION> (flags win).")
+    ap.add_argument("--version", action="version", version=f"revolta-server {revolta.__version__}")
+    ap.add_argument("--profile", default=None, help=_profiles_help())
+    fields = {**EngineOptions.model_fields, **ServerOptions.model_fields}
+    placed = {name for names in GROUPS.values() for name in names}
+    sections = [*GROUPS.items(), ("Other", [n for n in fields if n not in placed])]
+    for title, names in sections:
+        group = ap.add_argument_group(title)
+        for name in names:
+            if name not in fields:
+                continue
+            field = fields[name]
             kind = field.annotation
             if kind is bool or str(kind) == "bool":
-                ap.add_argument(_flag(name), dest=name, default=None, action=argparse.BooleanOptionalAction, help=field.description)
+                group.add_argument(_flag(name), dest=name, default=None, action=argparse.BooleanOptionalAction,
+                                   help=_help(field))
             else:
-                ap.add_argument(_flag(name), dest=name, default=None, help=field.description)
+                group.add_argument(_flag(name), dest=name, default=None, choices=_choices(kind), help=_help(field),
+                                   metavar=None if _choices(kind) else name.split("_")[-1].upper())
     return ap
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Ctrl-C or SIGTERM before the server runs (while the model loads) ends it with one line; once it
+    runs, the server's own handlers drain requests first."""
+
+    def interrupted(signum, frame):
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, interrupted)
+    try:
+        return serve(argv)
+    except KeyboardInterrupt:
+        print("revolta-server: interrupted before it was serving", file=sys.stderr)
+        return 130
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def serve(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     from revolta.profiles import ConfigError, report_line, resolve
@@ -48,7 +127,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"revolta-server: error: {e}", file=sys.stderr)
         return 2
     logging.getLogger().setLevel(settings.server.log_level.upper())
-    log.info("%s", report_line(report))
+    log.debug("%s", report_line(report))  # every option with its source (also in /server_info with --dev-mode)
     s = settings.server
     try:
         sock = listen_socket(s.host, s.port)  # before the model loads: a busy port fails at once
@@ -66,6 +145,10 @@ def main(argv: list[str] | None = None) -> int:
     config = uvicorn.Config(app, log_level=s.log_level, http=guarded_protocol(s), timeout_keep_alive=s.keep_alive_timeout_s,
                             timeout_graceful_shutdown=_ERROR_GRACE_S)
     server = _Server(config, engine, s.shutdown_timeout_s)
+    host = f"[{s.host}]" if ":" in s.host else s.host
+    log.info("ReVolta %s serving %s at http://%s:%d (OpenAI /v1/..., Anthropic /v1/messages%s)", revolta_version(),
+             settings.engine.served_model_name or Path(settings.engine.model or "SmolLM2-135M-Instruct").name, host,
+             sock.getsockname()[1], ", development endpoints" if s.dev_mode else "")
     try:
         server.run(sockets=[sock])
     finally:
@@ -75,6 +158,12 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     log.info("revolta-server stopped")
     return 0
+
+
+def revolta_version() -> str:
+    import revolta
+
+    return revolta.__version__
 
 
 # After the drain, the time given to requests to send the error that ends them.
