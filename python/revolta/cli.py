@@ -1,5 +1,6 @@
 """Command line: `revolta generate` runs a prompt (or a chat turn) through the engine; `revolta
-quantize --awq | --fp8` writes a 4-bit AWQ or an FP8 copy of a model directory."""
+quantize --awq | --fp8` writes a 4-bit AWQ or an FP8 copy of a model directory; `revolta cache ls |
+rm` lists or removes what the cache holds (imported GGUF models, downloads)."""
 
 from __future__ import annotations
 
@@ -42,6 +43,43 @@ def _quantize(args: argparse.Namespace) -> int:
     return 0
 
 
+def _entries() -> list:
+    from revolta.models.resolve import cache_dir
+
+    root = cache_dir()
+    return [p for kind in ("models", "downloads") if (root / kind).is_dir() for p in sorted((root / kind).iterdir())]
+
+
+def _size(p) -> int:
+    return p.stat().st_size if p.is_file() else sum(f.stat().st_size for f in p.rglob("*") if f.is_file())
+
+
+def _cache(args: argparse.Namespace) -> int:
+    import shutil
+
+    from revolta.models.resolve import cache_dir
+
+    entries = _entries()
+    if args.action == "ls":
+        print(f"{cache_dir()} (REVOLTA_CACHE_DIR moves it)")
+        for p in entries:
+            print(f"{_size(p) / 2**20:10.1f} MiB  {p.parent.name}/{p.name}")
+        print(f"{sum(_size(p) for p in entries) / 2**20:10.1f} MiB  in all")
+        return 0
+    if not args.names and not args.all:
+        raise ValueError("cache rm: name entries (as `revolta cache ls` shows them) or give --all")
+    chosen = entries if args.all else []
+    for name in args.names:
+        match = [p for p in entries if name in (p.name, f"{p.parent.name}/{p.name}")]
+        if not match:
+            raise ValueError(f"cache rm: no entry '{name}' (see `revolta cache ls`)")
+        chosen += match
+    for p in chosen:
+        shutil.rmtree(p) if p.is_dir() else p.unlink()
+        print(f"removed {p.parent.name}/{p.name}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="revolta", description="ReVolta inference engine")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -63,9 +101,14 @@ def main(argv: list[str] | None = None) -> int:
     qz.add_argument("--fp8", action="store_true", help="FP8 E4M3 with a scale per 128 x 128 block (HF fp8 layout)")
     qz.add_argument("--group-size", type=int, default=128, choices=[32, 128], help="AWQ: values per scale and zero point")
     qz.add_argument("out", help="directory to write")
+    c = sub.add_parser("cache", help="list or remove what the cache holds (imported models, downloads)")
+    c.add_argument("action", choices=["ls", "rm"])
+    c.add_argument("names", nargs="*", help="rm: entries as `ls` shows them (models/NAME, or NAME)")
+    c.add_argument("--all", action="store_true", help="rm: every entry")
     args = parser.parse_args(argv)
+    run = {"generate": _generate, "quantize": _quantize, "cache": _cache}[args.command]
     try:
-        return _generate(args) if args.command == "generate" else _quantize(args)
+        return run(args)
     except (ValueError, FileNotFoundError, RuntimeError) as e:
         print(f"revolta: error: {e}", file=sys.stderr)
         return 2

@@ -7,6 +7,7 @@ import hashlib
 import importlib.util
 import json
 import os
+import struct
 import subprocess
 import sys
 import zipfile
@@ -70,7 +71,11 @@ def _imported(gguf: Path, out: Path, load_format: str) -> str:
     if not (out / ("gguf_weights.json" if quantized else "model.safetensors")).is_file():
         from revolta.models.gguf_import import import_gguf
 
-        import_gguf(gguf, out, weights=not quantized)
+        try:
+            import_gguf(gguf, out, weights=not quantized)
+        except (ValueError, IndexError, KeyError, EOFError, OSError, struct.error) as e:
+            raise ValueError(f"{gguf}: not a readable GGUF file ({gguf.stat().st_size} bytes; truncated or corrupt? "
+                             f"{type(e).__name__}: {e})") from None
     return str(out)
 
 
@@ -96,7 +101,11 @@ def resolve_model(model: str | os.PathLike | None, load_format: str = "auto") ->
         return demo_model(load_format)
     p = Path(model).expanduser()
     if not p.exists():
-        raise FileNotFoundError(f"model path '{model}' does not exist")
+        hint = ""
+        if str(model).count("/") == 1 and not str(model).startswith((".", "/", "~")):
+            hint = (f"; it looks like a Hugging Face Hub id, and ReVolta reads only local files: download it first "
+                    f"(huggingface-cli download {model} --local-dir DIR) and pass that directory")
+        raise FileNotFoundError(f"model path '{model}' does not exist{hint}")
     if p.is_file():
         if p.suffix != ".gguf":
             raise ValueError(f"model '{model}' is a file but not a .gguf; pass an HF model directory or a GGUF file")
