@@ -6,14 +6,16 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from pathlib import Path
 from typing import Callable
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import FileResponse, JSONResponse, Response
 from fastapi.routing import APIRoute
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.middleware.cors import CORSMiddleware
+from starlette.staticfiles import StaticFiles
 
 import revolta
 from revolta.config import ServerOptions
@@ -113,6 +115,14 @@ def create_app(engine: AsyncEngine, tokenizer: Tokenizer, served_names: list[str
 
     if options.dev_mode:
         add_dev_routes(app, engine, server_info or {})
+
+    static = Path(__file__).parent / "static"
+
+    @app.get("/", include_in_schema=False)
+    async def playground():  # the chat playground (static files, no build step)
+        return FileResponse(static / "index.html")
+
+    app.mount("/static", StaticFiles(directory=static), name="static")
 
     @app.get("/version")
     async def version():

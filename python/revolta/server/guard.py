@@ -16,7 +16,8 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from revolta.config import ServerOptions
 from revolta.server.errors import json_error
 
-OPEN_PATHS = frozenset({"/health", "/version", "/metrics"})
+# The playground's page and files are open: its requests to /v1 carry the key typed into it.
+OPEN_PATHS = frozenset({"/", "/health", "/version", "/metrics"})
 
 
 class _TooLarge(Exception):
@@ -63,7 +64,8 @@ class RequestGuard:
             await self.app(scope, receive, send)
             return
         path = scope["path"]
-        if self.key is not None and path not in OPEN_PATHS and scope["method"] != "OPTIONS" and not self.authorized(scope):
+        if (self.key is not None and path not in OPEN_PATHS and not path.startswith("/static/") and scope["method"] != "OPTIONS"
+                and not self.authorized(scope)):
             await json_error(path, 401, "Invalid or missing API key.")(scope, receive, send)
             return
         if scope["method"] not in ("POST", "PUT", "PATCH"):
