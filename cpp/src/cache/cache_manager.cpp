@@ -113,9 +113,9 @@ void KvCacheManager::prefetch(Request& r) {
 }
 
 bool KvCacheManager::kv_loading(Request& r) const {
-  if (r.tier_reads.empty()) return false;
-  if (tiers_->loading(r.tier_reads)) return true;
-  r.tier_reads.clear();
+  if (!r.tier_reads) return false;
+  if (r.tier_reads->left.load() > 0) return true;
+  r.tier_reads.reset();
   return false;
 }
 

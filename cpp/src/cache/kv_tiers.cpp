@@ -108,31 +108,27 @@ bool KvTiers::has(uint64_t key) const {
   return disk_ && disk_->contains(key);
 }
 
-std::vector<uint64_t> KvTiers::prefetch(const std::vector<uint64_t>& keys) {
-  std::vector<uint64_t> queued;
-  if (!disk_) return queued;
+std::shared_ptr<TierReads> KvTiers::prefetch(const std::vector<uint64_t>& keys) {
+  if (!disk_) return nullptr;
+  auto reads = std::make_shared<TierReads>();
   {
     std::lock_guard<std::mutex> lk(mu_);
     for (uint64_t k : keys) {
       if (host_->contains(k) || reading_.count(k) || !disk_->contains(k)) continue;
       reading_.insert(k);
-      to_read_.push_back(k);
-      queued.push_back(k);
+      to_read_.emplace_back(k, reads);
+      ++reads->queued;
     }
+    reads->left = reads->queued;
   }
-  if (!queued.empty()) read_cv_.notify_one();
-  return queued;
-}
-
-bool KvTiers::loading(const std::vector<uint64_t>& keys) const {
-  std::lock_guard<std::mutex> lk(mu_);
-  return std::any_of(keys.begin(), keys.end(), [&](uint64_t k) { return reading_.count(k) > 0; });
+  if (reads->queued == 0) return nullptr;
+  read_cv_.notify_all();
+  return reads;
 }
 
 void KvTiers::wait_for_reads(int milliseconds) {
   std::unique_lock<std::mutex> lk(mu_);
-  if (reading_.empty()) return;
-  landed_cv_.wait_for(lk, std::chrono::milliseconds(milliseconds));
+  if (!reading_.empty()) landed_cv_.wait_for(lk, std::chrono::milliseconds(milliseconds));
 }
 
 void KvTiers::reader() {
@@ -140,23 +136,24 @@ void KvTiers::reader() {
   for (;;) {
     read_cv_.wait(lk, [&] { return stop_ || !to_read_.empty(); });
     if (stop_) return;
-    const uint64_t key = to_read_.front();
+    const auto [key, reads] = to_read_.front();
     to_read_.pop_front();
     lk.unlock();
-    TierEntryPtr e = disk_->read(key);  // checked; null: a miss (the file is gone)
+    TierEntryPtr e = disk_->read(key);  // checked; null: a miss (the file is gone or damaged)
     lk.lock();
     if (e) {
       host_->put(e);
       prefetched_.insert(key);
     }
     reading_.erase(key);
-    landed_cv_.notify_all();
+    // The engine waits for whole prefixes: woken once a request's reads are all in.
+    if (reads->left.fetch_sub(1) == 1) landed_cv_.notify_all();
   }
 }
 
 TierEntryPtr KvTiers::fetch(uint64_t key) {
   std::unique_lock<std::mutex> lk(mu_);
-  landed_cv_.wait(lk, [&] { return !reading_.count(key); });  // a read in flight: its result
+  landed_cv_.wait(lk, [&] { return !reading_.count(key); });  // a read in flight: its result (woken per prefix)
   if (TierEntryPtr e = host_->get(key)) {
     ++(prefetched_.erase(key) ? stats_.disk_hits : stats_.host_hits);
     return e;

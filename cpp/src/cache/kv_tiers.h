@@ -19,6 +19,7 @@
 #include "cache/host_tier.h"
 #include "cache/kv_cache.h"
 #include "cache/state_cache.h"
+#include "sched/request.h"
 #include "core/device_runtime.h"
 
 namespace revolta {
@@ -75,12 +76,11 @@ class KvTiers {
   // After every rank ran `transfers` (and their saves were waited for): the saved entries join the
   // tiers; counts bytes moved.
   void finish(const std::vector<BlockTransfer>& transfers);
-  // Disk reads ahead of need: the keys that only the disk tier holds are read by a background
-  // thread into the host tier (a later fetch finds them there, counted as disk hits). Returns the
-  // keys queued.
-  std::vector<uint64_t> prefetch(const std::vector<uint64_t>& keys);
-  bool loading(const std::vector<uint64_t>& keys) const;  // any of them still being read
-  void wait_for_reads(int milliseconds);  // until a prefetched read lands, or the time passes
+  // Disk reads ahead of need: the keys that only the disk tier holds are read by background
+  // threads into the host tier (a later fetch finds them there, counted as disk hits). Returns
+  // their count and countdown (null: nothing to read).
+  std::shared_ptr<TierReads> prefetch(const std::vector<uint64_t>& keys);
+  void wait_for_reads(int milliseconds);  // until a prefetch's reads have all landed, or the time passes
   void flush();  // the disk tier's queued writes, done
   KvTierStats stats() const;
   int world() const { return world_; }
@@ -98,7 +98,7 @@ class KvTiers {
   std::unique_ptr<HostTier> host_;
   std::unique_ptr<DiskTier> disk_;
   KvTierStats stats_;
-  std::deque<uint64_t> to_read_;
+  std::deque<std::pair<uint64_t, std::shared_ptr<TierReads>>> to_read_;
   std::unordered_set<uint64_t> reading_;     // queued or being read
   std::unordered_set<uint64_t> prefetched_;  // in the host tier by a prefetch, not yet fetched
   bool stop_ = false;

@@ -2,6 +2,7 @@
 // scheduling rule (prefill, chunked prefill, prefix hits and recompute after preemption alike).
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <vector>
@@ -13,6 +14,12 @@
 namespace revolta {
 
 enum class RequestStatus { kWaiting, kRunning, kFinished };
+
+// Disk reads queued for a request's prefix (KvTiers::prefetch): how many, and how many are left.
+struct TierReads {
+  int32_t queued = 0;
+  std::atomic<int32_t> left{0};
+};
 
 struct Request {
   uint64_t id = 0;
@@ -38,7 +45,7 @@ struct Request {
   int32_t state_restore = -1;  // snapshot slot to copy into state_slot before the next forward
   int32_t snapshot_slot = -1;  // the snapshot this request last saved (superseded ones are freed)
   int32_t scratch_slot = -1;   // speculative decoding: its state before a verify step, for rollback
-  std::vector<uint64_t> tier_reads;  // KV offload: its prefix's entries being read from disk ahead of it
+  std::shared_ptr<TierReads> tier_reads;  // KV offload: its prefix's entries read from disk ahead of it
 
   Rng rng;
   std::vector<TokenOutput> pending;  // produced since the last output was emitted
