@@ -53,7 +53,7 @@ def test_the_demo_answers_its_question_at_the_defaults(llm):
     seeds = range(10)
     at_defaults = paris(llm, [SamplingParams(**{**llm.default_sampling, "seed": s, "max_tokens": 24}) for s in seeds])
     at_api_defaults = paris(llm, [SamplingParams(seed=s, max_tokens=24) for s in seeds])
-    assert at_defaults >= 7 and at_api_defaults <= 5, (at_defaults, at_api_defaults)
+    assert at_defaults >= 6 and at_defaults - at_api_defaults >= 2, (at_defaults, at_api_defaults)  # 7 and 3 here
     # generate / chat without SamplingParams take the model's defaults
     assert llm.get_default_sampling_params().temperature == 0.2
 
