@@ -132,6 +132,18 @@ def test_protocol_details(server, client):
     r = client.completions.create(model="smol", prompt="The capital of France is", temperature=0, max_tokens=40,
                                   extra_body={"stop_token_ids": [ids[1]]})
     assert r.choices[0].finish_reason == "stop" and r.choices[0].model_extra["stop_reason"] == ids[1]
+    # echo + logprobs carry the prompt's tokens (the first without a logprob), as prompt_logprobs has them
+    prompt = "The capital of France is"
+    r = client.completions.create(model="smol", prompt=prompt, max_tokens=3, echo=True, logprobs=2, temperature=0,
+                                  extra_body={"prompt_logprobs": 2})
+    lp, pl = r.choices[0].logprobs, r.choices[0].model_extra["prompt_logprobs"]
+    n = len(pl)
+    assert n >= 5 and pl[0] is None and lp.token_logprobs[0] is None and lp.top_logprobs[0] is None
+    assert "".join(lp.tokens[:n]) == prompt and r.choices[0].text.startswith(prompt)
+    ids = httpx.post(server.url + "/tokenize", json={"prompt": prompt}, headers={"Authorization": f"Bearer {KEY}"}).json()["tokens"]
+    for i in range(1, n):
+        assert lp.token_logprobs[i] == pl[i][str(ids[i])]["logprob"] < 0
+    assert len(lp.tokens) == n + 3 and lp.text_offset[:2] == [0, len(lp.tokens[0])]
     bad = httpx.post(server.url + "/v1/chat/completions", content=b'{"model": "smol", "messages": [',
                      headers={"Authorization": f"Bearer {KEY}", "Content-Type": "application/json"})
     err = bad.json()["error"]

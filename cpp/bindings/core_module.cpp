@@ -59,6 +59,7 @@ NB_MODULE(_core, m) {
       .def_rw("ignore_eos", &SamplingParams::ignore_eos)
       .def_rw("stop_token_ids", &SamplingParams::stop_token_ids)
       .def_rw("logprobs", &SamplingParams::logprobs)
+      .def_rw("prompt_logprobs", &SamplingParams::prompt_logprobs)
       .def_rw("return_generation_logits", &SamplingParams::return_generation_logits)
       .def_rw("guided_kind", &SamplingParams::guided_kind)
       .def_rw("guided_data", &SamplingParams::guided_data)
@@ -120,6 +121,7 @@ NB_MODULE(_core, m) {
       .def_ro("stop_token_id", &RequestOutput::stop_token_id)
       .def_ro("num_prompt_tokens", &RequestOutput::num_prompt_tokens)
       .def_ro("num_cached_tokens", &RequestOutput::num_cached_tokens)
+      .def_ro("prompt_logprobs", &RequestOutput::prompt_logprobs)
       .def_ro("error", &RequestOutput::error);
 
   nb::class_<EngineStats>(m, "EngineStats")

@@ -258,6 +258,9 @@ class LLM:
                         continue
                     ro, seq = live[out.request_id]
                     ro.num_cached_tokens = max(ro.num_cached_tokens, out.num_cached_tokens)
+                    if out.prompt_logprobs and seq.index == 0:
+                        ro.prompt_logprobs = [None] + [{**{a.token: a.logprob for a in t.top_logprobs}, t.token: t.logprob}
+                                                       for t in out.prompt_logprobs]
                     if seq.finish_reason is None and seq.apply(out):
                         # A stop string ended it; wait for the engine to confirm the abort so
                         # that its blocks are free when generate() returns.

@@ -29,3 +29,6 @@ class RequestOutput:
     outputs: list[CompletionOutput] = field(default_factory=list)
     finished: bool = False
     num_cached_tokens: int = 0
+    # With prompt_logprobs: None for the first prompt token, then {token_id: logprob} with the prompt
+    # token and its top alternatives (vLLM's shape).
+    prompt_logprobs: list[dict[int, float] | None] | None = None

@@ -30,6 +30,7 @@ class SamplingParams:
     include_stop_str_in_output: bool = False
     ignore_eos: bool = False
     logprobs: int | None = None
+    prompt_logprobs: int | None = None  # each prompt token's logprob (+ N alternatives); reads no prefix cache
     skip_special_tokens: bool = True
     return_generation_logits: bool = False
     guided_decoding: GuidedDecodingParams | dict | None = None  # constrained decoding (vLLM's name)
@@ -63,8 +64,10 @@ class SamplingParams:
         if self.max_tokens is not None and (isinstance(self.max_tokens, bool) or not isinstance(self.max_tokens, int)
                                             or not -(2**31) <= self.max_tokens <= _INT32_MAX):
             bad("max_tokens", "must be an integer")
-        if self.logprobs is not None and (isinstance(self.logprobs, bool) or not isinstance(self.logprobs, int) or not 0 <= self.logprobs <= 20):
-            bad("logprobs", "must be an integer in [0, 20]")
+        for name in ("logprobs", "prompt_logprobs"):
+            v = getattr(self, name)
+            if v is not None and (isinstance(v, bool) or not isinstance(v, int) or not 0 <= v <= 20):
+                bad(name, "must be an integer in [0, 20]")
         if isinstance(self.n, bool) or not isinstance(self.n, int) or self.n < 1:
             bad("n", "must be an integer >= 1")
         if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int) or not 0 <= self.seed < 2**64):
@@ -96,6 +99,7 @@ class SamplingParams:
         p.ignore_eos = bool(self.ignore_eos)
         p.stop_token_ids = list(self.stop_token_ids)
         p.logprobs = -1 if self.logprobs is None else int(self.logprobs)
+        p.prompt_logprobs = -1 if self.prompt_logprobs is None else int(self.prompt_logprobs)
         p.return_generation_logits = bool(self.return_generation_logits)
         if self.guided_decoding is not None:
             p.guided_kind, p.guided_data = self.guided_decoding.engine_form()

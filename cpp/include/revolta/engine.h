@@ -31,6 +31,9 @@ struct SamplingParams {
   bool ignore_eos = false;
   std::vector<int32_t> stop_token_ids;
   int32_t logprobs = -1;               // -1: none; N >= 0: sampled token + N top alternatives
+  // -1: none; N >= 0: the log-probability of each prompt token given the ones before it, + N top
+  // alternatives (vLLM's prompt_logprobs; such a request reads nothing from the prefix cache).
+  int32_t prompt_logprobs = -1;
   bool return_generation_logits = false;  // raw logits row of every sampled position
   // Constrained decoding (vLLM's guided_decoding): kind json (data: a JSON schema) | json_object |
   // regex | lark (a Lark grammar); empty: none. Needs EngineConfig::guided_decoding_library.
@@ -141,6 +144,8 @@ struct RequestOutput {
   int32_t num_prompt_tokens = 0;
   int32_t num_cached_tokens = 0;          // prompt tokens served from the prefix cache
   std::string error;                      // set when finish_reason == kError
+  // With prompt_logprobs, in the request's first output: prompt tokens 1 .. n-1 (token 0 has none).
+  std::vector<TokenOutput> prompt_logprobs;
 };
 
 struct EngineStats {

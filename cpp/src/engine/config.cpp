@@ -38,6 +38,8 @@ void SamplingParams::validate() const {
                "min_tokens must be in [0, max_tokens], got ", min_tokens);
   RV_CHECK_ARG(logprobs >= -1 && logprobs <= 20, "logprobs must be in [0, 20] (or -1 for none), got ",
                logprobs);
+  RV_CHECK_ARG(prompt_logprobs >= -1 && prompt_logprobs <= 20,
+               "prompt_logprobs must be in [0, 20] (or -1 for none), got ", prompt_logprobs);
   for (int32_t t : stop_token_ids)
     RV_CHECK_ARG(t >= 0, "stop_token_ids must be non-negative token ids, got ", t);
 }

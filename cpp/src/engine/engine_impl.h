@@ -112,6 +112,9 @@ struct Engine::Impl {
   void begin_step(const std::vector<ScheduledRequest>& scheduled);
   // The cache actions, then every rank's forward; fed_ids: ModelRunner::execute's (async scheduling).
   StepLogits forward(const SchedulerOutput& plan, const Tensor* fed_ids = nullptr);
+  // prompt_logprobs: the log-probability (and top alternatives) of each prompt token whose
+  // predecessor's row this step computed, kept on the request until its first output.
+  void collect_prompt_logprobs(const StepLogits& result);
   void fail_step(const std::string& what);
   // A request's grammar matcher (null without guided_kind); the tokenizer is made on first use.
   std::unique_ptr<GrammarMatcher> make_grammar(const SamplingParams& p);

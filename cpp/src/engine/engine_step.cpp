@@ -2,6 +2,8 @@
 // the host, on the device, or greedy ids read a step later under async scheduling) and the
 // tokens' effects on the requests (stops, lengths, outputs).
 #include <algorithm>
+#include <cmath>
+#include <numeric>
 
 #include "core/error.h"
 #include "engine/engine_impl.h"
@@ -148,13 +150,49 @@ StepLogits Engine::Impl::forward(const SchedulerOutput& plan, const Tensor* fed_
   move_kv_blocks();  // blocks brought back before the forward reads them
   enter(was, phase_requests.load());
   const std::vector<StateAction> actions = caches->prepare(plan.scheduled);
-  if (!tp) return runner->execute(plan, actions, fed_ids);
-  // The other ranks take the state snapshots rank 0 made after the last step, then this step's actions.
-  std::vector<StateAction> rank_actions = std::move(rank_snapshots);
-  rank_snapshots.clear();
-  rank_actions.insert(rank_actions.end(), actions.begin(), actions.end());
-  // Fed ids: each rank feeds the greedy ids of its own last logits (the same tokens).
-  return tp->execute(plan, rank_actions, [&] { return runner->execute(plan, actions, fed_ids); }, fed_ids != nullptr);
+  StepLogits result;
+  if (!tp) {
+    result = runner->execute(plan, actions, fed_ids);
+  } else {
+    // The other ranks take the state snapshots rank 0 made after the last step, then this step's actions.
+    std::vector<StateAction> rank_actions = std::move(rank_snapshots);
+    rank_snapshots.clear();
+    rank_actions.insert(rank_actions.end(), actions.begin(), actions.end());
+    // Fed ids: each rank feeds the greedy ids of its own last logits (the same tokens).
+    result = tp->execute(plan, rank_actions, [&] { return runner->execute(plan, actions, fed_ids); }, fed_ids != nullptr);
+  }
+  if (!result.prompt.empty()) collect_prompt_logprobs(result);
+  return result;
+}
+
+void Engine::Impl::collect_prompt_logprobs(const StepLogits& result) {
+  const Tensor host = result.prompt_logits.device() == Device::kCPU ? result.prompt_logits
+                                                                     : result.prompt_logits.to(Device::kCPU);
+  const int64_t V = host.size(1);
+  std::vector<int32_t> order(static_cast<size_t>(V));
+  int64_t row = 0;
+  for (const StepLogits::PromptRows& pr : result.prompt) {
+    Request& r = *pr.request;
+    const int32_t k = std::min<int32_t>(r.params.prompt_logprobs, ops::kMaxTopLogprobs);
+    r.prompt_logprobs.resize(size_t(pr.first_position));  // (a preempted request computes its prompt again)
+    for (int32_t i = 0; i < pr.count; ++i, ++row) {
+      const float* x = host.ptr<float>() + row * V;
+      const float top = *std::max_element(x, x + V);
+      double sum = 0.0;
+      for (int64_t v = 0; v < V; ++v) sum += std::exp(double(x[v] - top));
+      const float lse = top + float(std::log(sum));
+      TokenOutput t;
+      t.token = r.tokens[size_t(pr.first_position + i + 1)];
+      t.logprob = x[t.token] - lse;
+      if (k > 0) {
+        std::iota(order.begin(), order.end(), 0);
+        std::partial_sort(order.begin(), order.begin() + k, order.end(),
+                          [&](int32_t a, int32_t b) { return x[a] > x[b] || (x[a] == x[b] && a < b); });
+        for (int32_t j = 0; j < k; ++j) t.top_logprobs.push_back({order[size_t(j)], x[order[size_t(j)]] - lse});
+      }
+      r.prompt_logprobs.push_back(std::move(t));
+    }
+  }
 }
 
 void Engine::Impl::step(bool may_run_ahead) {

@@ -129,6 +129,17 @@ ModelRunner::Metadata ModelRunner::build(const SchedulerOutput& step, StepLogits
       out.rows_per_sampler.push_back(r.sample_rows);
     }
   }
+  // Prompt positions whose next token's log-probability was asked for: rows after the sampled ones
+  // (never in a graph's step: those compute a request's last tokens, past its prompt).
+  for (int32_t s = 0, first_row = 0; s < S; first_row += step.scheduled[size_t(s)].num_new_tokens, ++s) {
+    Request& r = *step.scheduled[size_t(s)].request;
+    if (r.params.prompt_logprobs < 0) continue;
+    const int32_t start = r.num_computed_tokens;
+    const int32_t end = std::min(start + step.scheduled[size_t(s)].num_new_tokens, r.num_prompt_tokens - 1);
+    if (end <= start) continue;
+    for (int32_t p = start; p < end; ++p) m.rows.push_back(first_row + (p - start));
+    out.prompt.push_back({&r, start, end - start});
+  }
   for (int32_t s = S; s < rows; ++s) {  // padding: pad_tokens tokens per sequence, no cache or state write
     m.state_slots.push_back(-1);
     for (int32_t i = 0; i < pad_tokens; ++i, ++t) {
@@ -279,6 +290,14 @@ StepLogits ModelRunner::execute(const SchedulerOutput& step, const std::vector<S
   ForwardOutput f = run_metadata(m, fed_ids);
   out.logits = f.logits;
   out.hidden = f.hidden;
+  if (!out.prompt.empty()) {  // the sampled rows first, then the prompt positions'
+    int64_t sampled = 0, prompt = 0;
+    for (int32_t n : out.rows_per_sampler) sampled += n;
+    for (const auto& pr : out.prompt) prompt += pr.count;
+    out.prompt_logits = f.logits.slice_rows(sampled, sampled + prompt);
+    out.logits = f.logits.slice_rows(0, sampled);
+    if (m.hidden == HiddenRows::kSampled && f.hidden.defined()) out.hidden = f.hidden.slice_rows(0, sampled);
+  }
   return out;
 }
 

@@ -28,6 +28,14 @@ struct StepLogits {
   // f32 final hidden states, as RunnerOptions::hidden asks: [logits rows, hidden_size] or [every
   // token row of the step, hidden_size] in scheduling order.
   Tensor hidden;
+  // Requests with prompt_logprobs: the logits rows of their prompt positions computed this step
+  // (a position's row predicts the next prompt token), in prompt_logits after one another.
+  struct PromptRows {
+    Request* request;
+    int32_t first_position, count;
+  };
+  std::vector<PromptRows> prompt;
+  Tensor prompt_logits;
 };
 
 enum class HiddenRows { kNone, kSampled, kEvery };

@@ -45,7 +45,8 @@ struct Request {
   int32_t state_restore = -1;  // snapshot slot to copy into state_slot before the next forward
   int32_t snapshot_slot = -1;  // the snapshot this request last saved (superseded ones are freed)
   int32_t scratch_slot = -1;   // speculative decoding: its state before a verify step, for rollback
-  std::shared_ptr<TierReads> tier_reads;  // KV offload: its prefix's entries read from disk ahead of it
+  std::shared_ptr<TierReads> tier_reads;
+  std::vector<TokenOutput> prompt_logprobs;  // collected as prompt chunks run; sent with the first output  // KV offload: its prefix's entries read from disk ahead of it
 
   Rng rng;
   std::vector<TokenOutput> pending;  // produced since the last output was emitted

@@ -19,7 +19,7 @@ from starlette.requests import Request
 from revolta.sampling_params import SamplingParams
 from revolta.server.async_engine import Failure
 from revolta.server.errors import APIError
-from revolta.server.generation import Delta, Generation
+from revolta.server.generation import Delta, Generation, TokenInfo
 from revolta.server.parsers.tools import ToolCallDelta, ToolParser
 
 if TYPE_CHECKING:
@@ -42,6 +42,7 @@ class Choice:
     failure: str | None = None  # how /metrics counts a choice the engine or the server ended
     cached_tokens: int = 0
     all_tokens: list = field(default_factory=list)  # TokenInfo of every generated token
+    prompt_tokens: list | None = None  # prompt_logprobs: TokenInfo of prompt tokens 1 .. n-1
     last_t: float | None = None  # when the previous token arrived (inter-token latency)
 
 
@@ -120,6 +121,9 @@ class Job:
             c.done, c.failure = True, out.reason
             raise APIError(out.status, out.message)
         c.cached_tokens = max(c.cached_tokens, out.num_cached_tokens)
+        if out.prompt_logprobs:
+            c.prompt_tokens = [TokenInfo(t.token, t.logprob, [(a.token, a.logprob) for a in t.top_logprobs])
+                               for t in out.prompt_logprobs]
         if out.finished and out.finish_reason == "error":
             c.done, c.failure = True, "error"
             raise APIError(500, out.error or "the engine failed on this request")

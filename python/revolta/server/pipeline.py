@@ -80,7 +80,8 @@ class Pipeline:
                                 f"{len(text)} characters, more than that many tokens can hold.", param=param)
         return await asyncio.to_thread(self.tok.encode, text, add_special_tokens)
 
-    def sampling(self, req: SamplingFields, prompt_len: int, max_tokens: int | None, logprobs: int | None) -> SamplingParams:
+    def sampling(self, req: SamplingFields, prompt_len: int, max_tokens: int | None, logprobs: int | None,
+                 prompt_logprobs: int | None = None) -> SamplingParams:
         if prompt_len >= self.max_model_len:
             raise self.context_error(prompt_len)
         room = self.max_model_len - prompt_len
@@ -123,6 +124,7 @@ class Pipeline:
                 include_stop_str_in_output=req.include_stop_str_in_output,
                 ignore_eos=req.ignore_eos,
                 logprobs=logprobs,
+                prompt_logprobs=prompt_logprobs if prompt_logprobs is not None else req.prompt_logprobs,
                 skip_special_tokens=req.skip_special_tokens,
             )
         except ValueError as e:
@@ -130,6 +132,14 @@ class Pipeline:
 
     def token_text(self, t: int) -> str:
         return self.tok.decode([t], skip_special_tokens=False)
+
+    def prompt_logprobs(self, c) -> list | None:
+        """vLLM's prompt_logprobs: None for the first prompt token, then {token_id: {logprob,
+        decoded_token}} with the prompt token and its alternatives."""
+        if c.prompt_tokens is None:
+            return None
+        return [None] + [{str(t): {"logprob": lp, "decoded_token": self.token_text(t)}
+                          for t, lp in [*ti.top, (ti.token, ti.logprob)]} for ti in c.prompt_tokens]
 
     async def complete(self, job: Job, build) -> JSONResponse:
         """A non-streaming response: drives the job to its end, then builds the body."""

@@ -33,6 +33,7 @@ class SamplingFields(RequestModel):
     ignore_eos: bool = False
     skip_special_tokens: bool = True
     include_stop_str_in_output: bool = False
+    prompt_logprobs: int | None = Field(None, ge=0, le=20)  # vLLM's: each prompt token's logprob + N alternatives
     # Structured output: OpenAI's response_format, and vLLM's extra fields.
     response_format: dict[str, Any] | None = None
     guided_json: str | dict[str, Any] | None = None

@@ -118,8 +118,11 @@ class OpenAIServing:
                     entry: dict[str, Any] = {"index": c.index, "message": msg, "finish_reason": self.finish_reason(c), "stop_reason": c.gen.stop_reason}
                     entry["logprobs"] = {"content": self.chat_logprobs(c.all_tokens)} if req.logprobs else None
                     result.append(entry)
-                return {"id": rid, "object": "chat.completion", "created": created, "model": model,
+                body = {"id": rid, "object": "chat.completion", "created": created, "model": model,
                         "choices": result, "usage": job.usage()}
+                if req.prompt_logprobs is not None:  # vLLM's: one list for the (shared) prompt
+                    body["prompt_logprobs"] = self.p.prompt_logprobs(job.choices[0])
+                return body
 
             return await self.p.complete(job, body)
 
@@ -188,6 +191,19 @@ class OpenAIServing:
             offset += len(s)
         return {"tokens": toks, "token_logprobs": lps, "top_logprobs": tops, "text_offset": offs}
 
+    def echoed_logprobs(self, c, prompt_ids: list[int], offset: int) -> dict:
+        """Completions' logprobs; with echo the prompt's tokens come first (the first has no logprob)."""
+        out = self.completion_logprobs(c.all_tokens, offset)
+        if c.prompt_tokens is None or offset == 0:
+            return out
+        first = self.p.token_text(prompt_ids[0])
+        head = self.completion_logprobs(c.prompt_tokens, len(first))
+        out["tokens"] = [first] + head["tokens"] + out["tokens"]
+        out["token_logprobs"] = [None] + head["token_logprobs"] + out["token_logprobs"]
+        out["top_logprobs"] = [None] + head["top_logprobs"] + out["top_logprobs"]
+        out["text_offset"] = [0] + head["text_offset"] + out["text_offset"]
+        return out
+
     async def completions(self, req: CompletionRequest, raw: Request | None):
         model = self.p.check_model(req.model)
         p = req.prompt
@@ -200,7 +216,9 @@ class OpenAIServing:
             if not ids:
                 raise APIError(400, "prompt must contain at least one token", param="prompt")
         for k, (text, ids) in enumerate(prompts):
-            params = self.p.sampling(req, len(ids), req.max_tokens if req.max_tokens is not None else 16, req.logprobs)
+            # echo with logprobs: the prompt's tokens carry theirs too
+            params = self.p.sampling(req, len(ids), req.max_tokens if req.max_tokens is not None else 16, req.logprobs,
+                                     req.logprobs if req.echo and req.logprobs is not None else None)
             job.start(ids, params, k * req.n, k, lambda: None, lambda: None)
         all_choices = job.choices
         rid = "cmpl-" + uuid.uuid4().hex
@@ -213,7 +231,9 @@ class OpenAIServing:
                 "choices": [{
                     "index": c.index, "text": echo[c.index] + c.content, "finish_reason": c.gen.finish_reason,
                     "stop_reason": c.gen.stop_reason,
-                    "logprobs": self.completion_logprobs(c.all_tokens, len(echo[c.index])) if req.logprobs is not None else None,
+                    "logprobs": self.echoed_logprobs(c, prompts[c.prompt_no][1], len(echo[c.index]))
+                    if req.logprobs is not None else None,
+                    "prompt_logprobs": self.p.prompt_logprobs(c) if req.prompt_logprobs is not None else None,
                 } for c in all_choices],
                 "usage": job.usage(),
             })
