@@ -30,7 +30,7 @@ class ScriptedEngine:
             q.put_nowait(SimpleNamespace(
                 tokens=[SimpleNamespace(token=t, logprob=-0.5, top_logprobs=[]) for t in chunk],
                 finished=last, finish_reason=("stop" if stop else "length") if last else "none",
-                stop_token_id=chunk[-1] if stop else -1, num_cached_tokens=0))
+                stop_token_id=chunk[-1] if stop else -1, num_cached_tokens=0, prompt_logprobs=[]))
         return len(self.prompts), q
 
     def abort(self, rid):

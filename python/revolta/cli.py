@@ -37,7 +37,7 @@ def _quantize(args: argparse.Namespace) -> int:
 
     if args.awq == args.fp8:
         raise ValueError("name one format: --awq or --fp8")
-    src = resolve_model(args.model)
+    src = resolve_model(args.model, device=None)  # float32 safetensors to quantize
     out = quantize_awq(src, args.out, args.group_size) if args.awq else quantize_fp8(src, args.out)
     print(f"wrote {out}")
     return 0

@@ -12,7 +12,7 @@ from revolta import _core
 from revolta.kv_calibration import calibration_prompts as calibration_prompts_of
 from revolta.guided import grammar_library
 from revolta.kv_offload import apply_kv_offloading
-from revolta.models.resolve import resolve_model
+from revolta.models.resolve import load_format_of, resolve_model
 from revolta.models.tokenizer import IncrementalDetokenizer, Tokenizer
 from revolta.outputs import CompletionOutput, RequestOutput
 from revolta.generation_defaults import generation_defaults
@@ -107,7 +107,8 @@ class LLM:
         generation_config: str = "auto",
         override_generation_config: dict[str, Any] | None = None,
     ):
-        self.model_path = resolve_model(model, load_format)
+        self.model_path = resolve_model(model, load_format, device)
+        load_format = load_format_of(self.model_path, load_format)
         self.default_sampling = generation_defaults(self.model_path, generation_config, override_generation_config)
         cfg = _core.EngineConfig()
         cfg.model = self.model_path

@@ -79,6 +79,14 @@ def _imported(gguf: Path, out: Path, load_format: str) -> str:
     return str(out)
 
 
+def load_format_of(path: str, load_format: str) -> str:
+    """The engine's load_format for a resolved directory: 'gguf' for a GGUF read in place."""
+    d = Path(path)
+    if load_format == "auto" and (d / "gguf_weights.json").is_file() and not any(d.glob("*.safetensors")):
+        return "gguf"
+    return load_format
+
+
 def demo_model(load_format: str = "auto") -> str:
     """Path of the demo model as an HF-style directory (imported once, then cached), whose
     generation_config.json carries the sampling values its card recommends."""
@@ -94,9 +102,13 @@ def demo_model(load_format: str = "auto") -> str:
     return path
 
 
-def resolve_model(model: str | os.PathLike | None, load_format: str = "auto") -> str:
-    """Returns a directory with config.json + safetensors (or, with load_format 'gguf', the GGUF
-    weight map) for the engine."""
+def resolve_model(model: str | os.PathLike | None, load_format: str = "auto", device: str | None = "cpu") -> str:
+    """Returns a directory with config.json + safetensors (or the GGUF weight map) for the engine.
+    A .gguf file is read in place (its quantized blocks kept, nothing but its metadata in the
+    cache) with load_format 'gguf', and with 'auto' on the CPU; for cuda, or device None (a caller
+    that wants float32 safetensors), it is imported as float32 once. The embedded demo model (no
+    model) is imported unless load_format is 'gguf': the tests hold it against HF transformers'
+    float32 reading of the same file."""
     if model is None:
         return demo_model(load_format)
     p = Path(model).expanduser()
@@ -111,7 +123,8 @@ def resolve_model(model: str | os.PathLike | None, load_format: str = "auto") ->
             raise ValueError(f"model '{model}' is a file but not a .gguf; pass an HF model directory or a GGUF file")
         st = p.stat()
         key = hashlib.sha256(f"{p.resolve()}:{st.st_size}:{st.st_mtime_ns}".encode()).hexdigest()[:16]
-        return _imported(p, cache_dir() / "models" / f"{p.stem}-{key}", load_format)
+        in_place = load_format == "gguf" or (load_format == "auto" and device == "cpu")
+        return _imported(p, cache_dir() / "models" / f"{p.stem}-{key}", "gguf" if in_place else "auto")
     if not (p / "config.json").is_file():
         raise FileNotFoundError(f"model directory '{model}' has no config.json")
     return str(p)

@@ -235,7 +235,7 @@ class _Server(uvicorn.Server):
 def build(settings):
     """Loads the engine and tokenizer and returns (app, async engine)."""
     from revolta import _core
-    from revolta.models.resolve import resolve_model
+    from revolta.models.resolve import load_format_of, resolve_model
     from revolta.kv_calibration import calibration_prompts
     from revolta.guided import grammar_library
     from revolta.kv_offload import apply_kv_offloading
@@ -245,7 +245,7 @@ def build(settings):
     from revolta.speculative import apply_speculative_config
 
     e = settings.engine
-    path = resolve_model(e.model, e.load_format)
+    path = resolve_model(e.model, e.load_format, e.device)
     cfg = _core.EngineConfig()
     for name in ("dtype", "kv_cache_dtype", "device", "max_model_len", "max_num_seqs", "max_num_batched_tokens",
                  "block_size", "kv_cache_memory_bytes", "enable_prefix_caching", "num_threads", "tensor_parallel_size",
@@ -253,6 +253,7 @@ def build(settings):
                  "seed", "load_format", "quantization", "gpu_memory_utilization", "enforce_eager", "async_scheduling"):
         setattr(cfg, name, getattr(e, name))
     cfg.model = path
+    cfg.load_format = load_format_of(path, e.load_format)
     cfg.cuda_graph_batch_sizes = e.cuda_graph_sizes
     apply_kv_offloading(cfg, e.kv_offloading_size, e.kv_offloading_eviction, e.kv_offloading_disk)
     apply_speculative_config(cfg, e.speculative_config)
