@@ -144,6 +144,11 @@ def test_protocol_details(server, client):
     for i in range(1, n):
         assert lp.token_logprobs[i] == pl[i][str(ids[i])]["logprob"] < 0
     assert len(lp.tokens) == n + 3 and lp.text_offset[:2] == [0, len(lp.tokens[0])]
+    chunks = list(client.completions.create(model="smol", prompt=prompt, max_tokens=3, echo=True, logprobs=2,
+                                            temperature=0, stream=True))
+    head = chunks[0].choices[0]
+    assert head.text == prompt and "".join(head.logprobs.tokens) == prompt and head.logprobs.token_logprobs[0] is None
+    assert head.logprobs.token_logprobs[1:] == lp.token_logprobs[1:n]
     bad = httpx.post(server.url + "/v1/chat/completions", content=b'{"model": "smol", "messages": [',
                      headers={"Authorization": f"Bearer {KEY}", "Content-Type": "application/json"})
     err = bad.json()["error"]

@@ -191,13 +191,14 @@ class OpenAIServing:
             offset += len(s)
         return {"tokens": toks, "token_logprobs": lps, "top_logprobs": tops, "text_offset": offs}
 
-    def echoed_logprobs(self, c, prompt_ids: list[int], offset: int) -> dict:
-        """Completions' logprobs; with echo the prompt's tokens come first (the first has no logprob)."""
-        out = self.completion_logprobs(c.all_tokens, offset)
-        if c.prompt_tokens is None or offset == 0:
+    def echoed_logprobs(self, tokens, prompt_tokens, prompt_ids: list[int], offset: int) -> dict:
+        """Completions' logprobs of `tokens`; with an echo (offset > 0) the prompt's tokens come
+        first, from prompt_tokens (prompt_logprobs), the first without a logprob."""
+        out = self.completion_logprobs(tokens, offset)
+        if prompt_tokens is None or offset == 0:
             return out
         first = self.p.token_text(prompt_ids[0])
-        head = self.completion_logprobs(c.prompt_tokens, len(first))
+        head = self.completion_logprobs(prompt_tokens, len(first))
         out["tokens"] = [first] + head["tokens"] + out["tokens"]
         out["token_logprobs"] = [None] + head["token_logprobs"] + out["token_logprobs"]
         out["top_logprobs"] = [None] + head["top_logprobs"] + out["top_logprobs"]
@@ -231,8 +232,8 @@ class OpenAIServing:
                 "choices": [{
                     "index": c.index, "text": echo[c.index] + c.content, "finish_reason": c.gen.finish_reason,
                     "stop_reason": c.gen.stop_reason,
-                    "logprobs": self.echoed_logprobs(c, prompts[c.prompt_no][1], len(echo[c.index]))
-                    if req.logprobs is not None else None,
+                    "logprobs": self.echoed_logprobs(c.all_tokens, c.prompt_tokens, prompts[c.prompt_no][1],
+                                                     len(echo[c.index])) if req.logprobs is not None else None,
                     "prompt_logprobs": self.p.prompt_logprobs(c) if req.prompt_logprobs is not None else None,
                 } for c in all_choices],
                 "usage": job.usage(),
@@ -244,14 +245,20 @@ class OpenAIServing:
 
         async def events() -> AsyncIterator[str]:
             offsets = {c.index: len(echo[c.index]) for c in all_choices}
+            # With logprobs the echoed prompt waits for the first output, which brings its logprobs.
+            echo_later = {c.index for c in all_choices if echo[c.index] and req.logprobs is not None}
             for c in all_choices:
-                if echo[c.index]:
+                if echo[c.index] and c.index not in echo_later:
                     yield chunk([{"index": c.index, "text": echo[c.index], "logprobs": None, "finish_reason": None}])
             try:
                 async for c, delta in job.deltas():
                     if delta is None:
                         yield ": keep-alive\n\n"
                         continue
+                    if c.index in echo_later:
+                        echo_later.discard(c.index)
+                        head = self.echoed_logprobs([], c.prompt_tokens, prompts[c.prompt_no][1], len(echo[c.index]))
+                        yield chunk([{"index": c.index, "text": echo[c.index], "logprobs": head, "finish_reason": None}])
                     if not delta.content and not c.done and not (req.logprobs is not None and delta.tokens):
                         continue
                     lp = self.completion_logprobs(delta.tokens, offsets[c.index]) if req.logprobs is not None else None
