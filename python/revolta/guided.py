@@ -20,8 +20,7 @@ class GuidedDecodingParams:
     choice: list[str] | None = None
     grammar: str | None = None  # a Lark grammar (llguidance's dialect)
     json_object: bool | None = None  # any JSON object
-    # JSON without whitespace between tokens (vLLM's name): a model that keeps emitting newlines
-    # between fields cannot run to max_tokens.
+    # JSON without any whitespace between tokens (vLLM's name); otherwise a bounded amount (_spacing).
     disable_any_whitespace: bool = False
     # Objects that do not say otherwise take no keys beyond their properties (vLLM's name; on for
     # OpenAI's strict json_schema): an unspecified additionalProperties lets a model wander off into

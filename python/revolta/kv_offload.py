@@ -4,8 +4,9 @@ vLLM's `kv_offloading_size` (GiB of host memory) and an LMCache-style disk tier 
 
 from __future__ import annotations
 
-import json
 from typing import Any
+
+from revolta.json_options import json_object
 
 DISK_KEYS = {"root_dir": "kv_offloading_disk_dir", "max_size_bytes": "kv_offloading_disk_max_bytes",
              "min_free_bytes": "kv_offloading_disk_min_free_bytes"}
@@ -13,20 +14,8 @@ DISK_KEYS = {"root_dir": "kv_offloading_disk_dir", "max_size_bytes": "kv_offload
 
 def parse_disk(disk: dict[str, Any] | str | None) -> dict[str, Any] | None:
     """The disk tier's options as a dict (JSON text accepted); unknown keys are refused by name."""
-    if disk is None or disk == "":
-        return None
-    if isinstance(disk, str):
-        try:
-            disk = json.loads(disk)
-        except ValueError as e:
-            raise ValueError(f"kv_offloading_disk is not valid JSON: {e}") from e
-    if not isinstance(disk, dict):
-        raise ValueError("kv_offloading_disk must be an object: {\"root_dir\": ..., \"max_size_bytes\": ..., "
-                         "\"min_free_bytes\": ...}")
-    unknown = sorted(set(disk) - set(DISK_KEYS))
-    if unknown:
-        raise ValueError(f"kv_offloading_disk: unknown key(s) {', '.join(unknown)}; known: {', '.join(DISK_KEYS)}")
-    if not disk.get("root_dir"):
+    disk = json_object(disk, "kv_offloading_disk", DISK_KEYS)
+    if disk is not None and not disk.get("root_dir"):
         raise ValueError("kv_offloading_disk: root_dir is required")
     return disk
 

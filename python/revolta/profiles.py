@@ -40,9 +40,14 @@ def available_profiles() -> list[str]:
     return sorted(names)
 
 
+def _named_profile(name: str) -> Path | None:
+    """configs/profiles/NAME.yaml (or an installed copy), the first found."""
+    return next((d / f"{name}.yaml" for d in profile_dirs() if (d / f"{name}.yaml").is_file()), None)
+
+
 def load_profile_description(name: str) -> str:
     """A profile's one-line description ("" when it has none or cannot be read)."""
-    p = next((d / f"{name}.yaml" for d in profile_dirs() if (d / f"{name}.yaml").is_file()), None)
+    p = _named_profile(name)
     try:
         data = yaml.safe_load(p.read_text()) if p else None
     except (OSError, yaml.YAMLError):
@@ -53,7 +58,7 @@ def load_profile_description(name: str) -> str:
 def load_profile(name_or_path: str) -> dict[str, Any]:
     p = Path(name_or_path)
     if not p.is_file():
-        p = next((d / f"{name_or_path}.yaml" for d in profile_dirs() if (d / f"{name_or_path}.yaml").is_file()), p)
+        p = _named_profile(name_or_path) or p
     if not p.is_file():
         raise ConfigError(f"profile '{name_or_path}' not found (available: {', '.join(available_profiles()) or 'none'})")
     data = yaml.safe_load(p.read_text()) or {}

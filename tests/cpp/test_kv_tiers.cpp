@@ -116,20 +116,26 @@ std::unique_ptr<Request> request(uint64_t id, int32_t n, int32_t first_token) {
   return r;
 }
 
+// A request of 13 tokens (tokens 100..) computed: its 3 full blocks are saved to the tiers.
+std::unique_ptr<Request> write_through_13_tokens(KvCacheManager& m, KvTiers& tiers, KvCache& kv) {
+  auto a = request(1, 13, 100);
+  EXPECT(m.allocate_slots(*a, 13));
+  a->num_computed_tokens = 13;
+  m.cache_full_blocks(*a);
+  const auto saves = m.take_transfers();
+  EXPECT(saves.size() == 3 && saves[0].kind == BlockTransfer::Kind::kSaveBlock);
+  EXPECT(run_transfers(saves, kv, nullptr, 0) == nullptr);  // the CPU copies at once
+  tiers.finish(saves);
+  return a;
+}
+
 // Full blocks are written through; a match past the evicted device blocks comes back from the tier.
 void test_manager_writes_through_and_brings_back() {
   KvCache kv({1, 1, 2, DType::kF32}, 4, 4);  // 4 blocks of 4 tokens, 32 bytes a block
   KvTiers tiers({1 << 20, TierEviction::kLru, {}}, 1, 1, kv_block_bytes(kv), 0);
   KvCacheManager m(4, 4, true);
   m.set_tiers(&tiers);
-  auto a = request(1, 13, 100);
-  EXPECT(m.allocate_slots(*a, 13));
-  a->num_computed_tokens = 13;
-  m.cache_full_blocks(*a);
-  auto saves = m.take_transfers();
-  EXPECT(saves.size() == 3 && saves[0].kind == BlockTransfer::Kind::kSaveBlock);
-  run_transfers(saves, kv, nullptr, 0);
-  tiers.finish(saves);
+  auto a = write_through_13_tokens(m, tiers, kv);
   m.free(*a);
   auto b = request(2, 16, 500);  // takes every block: a's are evicted from the device pool
   EXPECT(m.allocate_slots(*b, 16));
@@ -152,13 +158,7 @@ void test_disk_reads_ahead_of_the_match() {
     KvTiers tiers(cfg, 9, 1, kv_block_bytes(kv), 0);
     KvCacheManager m(4, 4, true);
     m.set_tiers(&tiers);
-    auto a = request(1, 13, 100);
-    EXPECT(m.allocate_slots(*a, 13));
-    a->num_computed_tokens = 13;
-    m.cache_full_blocks(*a);
-    const auto saves = m.take_transfers();
-    EXPECT(run_transfers(saves, kv, nullptr, 0) == nullptr);  // the CPU copies at once
-    tiers.finish(saves);
+    write_through_13_tokens(m, tiers, kv);
     tiers.flush();
   }
   KvTiers tiers(cfg, 9, 1, kv_block_bytes(kv), 0);  // restarted: the same seed, the files indexed

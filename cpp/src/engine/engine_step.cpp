@@ -145,10 +145,12 @@ void Engine::Impl::settle_kv_saves() {
 }
 
 StepLogits Engine::Impl::forward(const SchedulerOutput& plan, const Tensor* fed_ids) {
-  const char* was = phase.load();
-  enter("kv offload copies", phase_requests.load());
-  move_kv_blocks();  // blocks brought back before the forward reads them
-  enter(was, phase_requests.load());
+  if (tiers) {  // blocks brought back before the forward reads them
+    const char* was = phase.load();
+    enter("kv offload copies", phase_requests.load());
+    move_kv_blocks();
+    enter(was, phase_requests.load());
+  }
   const std::vector<StateAction> actions = caches->prepare(plan.scheduled);
   StepLogits result;
   if (!tp) {

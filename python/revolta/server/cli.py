@@ -93,8 +93,9 @@ def build_parser() -> argparse.ArgumentParser:
                 group.add_argument(_flag(name), dest=name, default=None, action=argparse.BooleanOptionalAction,
                                    help=_help(field))
             else:
-                group.add_argument(_flag(name), dest=name, default=None, choices=_choices(kind), help=_help(field),
-                                   metavar=None if _choices(kind) else name.split("_")[-1].upper())
+                choices = _choices(kind)
+                group.add_argument(_flag(name), dest=name, default=None, choices=choices, help=_help(field),
+                                   metavar=None if choices else name.split("_")[-1].upper())
     return ap
 
 
@@ -140,15 +141,16 @@ def serve(argv: list[str] | None = None) -> int:
         sock.close()
         print(f"revolta-server: error: {e}", file=sys.stderr)
         return 2
+    import revolta
     from revolta.server.connection import guarded_protocol
 
     config = uvicorn.Config(app, log_level=s.log_level, http=guarded_protocol(s), timeout_keep_alive=s.keep_alive_timeout_s,
                             timeout_graceful_shutdown=_ERROR_GRACE_S)
     server = _Server(config, engine, s.shutdown_timeout_s)
     host = f"[{s.host}]" if ":" in s.host else s.host
-    log.info("ReVolta %s serving %s at http://%s:%d (OpenAI /v1/..., Anthropic /v1/messages%s)", revolta_version(),
-             settings.engine.served_model_name or Path(settings.engine.model or "SmolLM2-135M-Instruct").name, host,
-             sock.getsockname()[1], ", development endpoints" if s.dev_mode else "")
+    log.info("ReVolta %s serving %s at http://%s:%d (OpenAI /v1/..., Anthropic /v1/messages%s)", revolta.__version__,
+             app.state.pipeline.served_names[0], host, sock.getsockname()[1],
+             ", development endpoints" if s.dev_mode else "")
     try:
         server.run(sockets=[sock])
     finally:
@@ -158,12 +160,6 @@ def serve(argv: list[str] | None = None) -> int:
         return 1
     log.info("revolta-server stopped")
     return 0
-
-
-def revolta_version() -> str:
-    import revolta
-
-    return revolta.__version__
 
 
 # After the drain, the time given to requests to send the error that ends them.

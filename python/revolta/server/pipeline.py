@@ -28,8 +28,8 @@ from revolta.server.parsers.tools import make_tool_parser
 # Template variables the server sets itself; chat_template_kwargs may not override them.
 _RESERVED_TEMPLATE_VARS = frozenset({"messages", "tools", "add_generation_prompt", "bos_token", "eos_token"})
 
-
 log = logging.getLogger("revolta.server")
+
 
 class Pipeline:
     def __init__(self, engine: AsyncEngine, tokenizer: Tokenizer, served_names: list[str], options: ServerOptions,

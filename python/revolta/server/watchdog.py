@@ -18,6 +18,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from revolta.json_options import json_object
+
 log = logging.getLogger("revolta.server")
 
 FIELDS = {"timeout_s": 300.0, "check_interval_s": 10.0, "dump_dir": None}
@@ -25,20 +27,9 @@ FIELDS = {"timeout_s": 300.0, "check_interval_s": 10.0, "dump_dir": None}
 
 def parse_watchdog(value: Any) -> dict[str, Any] | None:
     """The option's value checked: a dict (or JSON text) of timeout_s, check_interval_s, dump_dir."""
+    value = json_object(value, "watchdog_config", FIELDS)
     if value is None:
         return None
-    if isinstance(value, str):
-        import json
-
-        try:
-            value = json.loads(value)
-        except ValueError as e:
-            raise ValueError(f"watchdog_config is not valid JSON: {e}") from None
-    if not isinstance(value, dict):
-        raise ValueError("watchdog_config must be a JSON object")
-    unknown = sorted(set(value) - set(FIELDS))
-    if unknown:
-        raise ValueError(f"watchdog_config: unknown key(s) {', '.join(unknown)} (allowed: {', '.join(FIELDS)})")
     out = {**FIELDS, **value}
     for key in ("timeout_s", "check_interval_s"):
         if not isinstance(out[key], (int, float)) or out[key] <= 0:
