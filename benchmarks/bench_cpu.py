@@ -122,7 +122,8 @@ def main() -> None:
     ap.add_argument("--prefill-len", type=int, default=256)
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 2)
     ap.add_argument("--gguf-blocks", action="store_true",
-                    help="also the GGUF read in place with its quantized blocks kept (load_format gguf)")
+                    help="also the GGUF read in place with its quantized blocks kept (load_format gguf), with 16- and "
+                    "8-bit activations")
     args = ap.parse_args()
 
     import revolta
@@ -131,7 +132,7 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     if args.model is None or args.model.endswith(".gguf"):
         gguf = Path(args.model) if args.model else revolta.demo_gguf()
-        engine_dir = revolta.demo_model() if args.model is None else args.model
+        engine_dir = revolta.demo_model("safetensors") if args.model is None else args.model
         hf = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
     else:
         engine_dir = args.model
@@ -146,11 +147,11 @@ def main() -> None:
     ref = peer_figures(hf, prompts8, long_prompt, args.new_tokens)
     print(row("transformers float32", ref))
     del hf
-    runs = [("revolta " + dtype, dict(dtype=dtype)) for dtype in args.dtypes.split(",") if dtype]
+    runs = [("revolta " + dtype, dict(dtype=dtype, load_format="safetensors")) for dtype in args.dtypes.split(",") if dtype]
     if args.gguf_blocks:
-        runs.append(("revolta gguf blocks", dict(load_format="gguf")))
+        runs += [(f"revolta gguf blocks, {bits}-bit x", dict(load_format="gguf", block_activation_bits=bits)) for bits in (16, 8)]
     for label, opts in runs:
-        model = (args.model if label.endswith("blocks") else engine_dir)
+        model = args.model if "blocks" in label else engine_dir
         llm = revolta.LLM(model, num_threads=args.threads, kv_cache_memory_bytes=256 << 20, max_model_len=2048, **opts)
         got = engine_figures(llm, prompts8, long_prompt, args.new_tokens)
         llm.shutdown()

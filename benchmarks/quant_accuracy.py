@@ -5,8 +5,8 @@
 Reference: the demo SmolLM2-135M-Instruct imported to float32 (its GGUF's Q4_1 values, exactly).
 Each format is run teacher-forced on the reference's own greedy continuations of fixed prompts:
 at every continuation position, KL(reference || format) of the next-token distributions and
-whether the argmax agrees. Formats: the same GGUF read in place (blocks kept, 8-bit activations in
-decode-sized linear layers), and AWQ copies of the float32 import made by `revolta quantize --awq`
+whether the argmax agrees. Formats: the same GGUF read in place (blocks kept; 16- and 8-bit
+activations in decode-sized linear layers), and AWQ copies of the float32 import made by `revolta quantize --awq`
 in groups of 32 and 128 (round to nearest, so their error adds to the Q4_1 values'; with groups of
 128 only the projections whose input size is a multiple of 128 are quantized: SmolLM2's down
 projections, K = 1536, not its K = 576 ones), and an FP8 copy (E4M3, a scale per 128 x 128 block).
@@ -60,7 +60,7 @@ def main() -> None:
     ap.add_argument("--prompts", type=int, default=8)
     ap.add_argument("--tokens", type=int, default=24)
     args = ap.parse_args()
-    ref_dir = demo_model()
+    ref_dir = demo_model("safetensors")
     ref = LLM(ref_dir, kv_cache_memory_bytes=256 << 20, max_model_len=512)
     tok = ref.get_tokenizer()
     prompts = [tok.encode(p) for p in PROMPTS[: args.prompts]]
@@ -70,7 +70,8 @@ def main() -> None:
     want = log_softmax(position_logits(ref, contexts))
     ref.shutdown()
     with tempfile.TemporaryDirectory() as tmp:
-        formats = {"GGUF Q4_1 in place (load_format gguf)": (str(demo_gguf()), dict(load_format="gguf"))}
+        formats = {f"GGUF Q4_1 in place, {bits}-bit activations": (str(demo_gguf()), dict(block_activation_bits=bits))
+                   for bits in (16, 8)}
         for group in (32, 128):
             formats[f"AWQ int4 g{group} (revolta quantize)"] = (str(quantize_awq(ref_dir, f"{tmp}/g{group}", group)), {})
         formats["FP8 E4M3, 128x128 scales (revolta quantize)"] = (str(quantize_fp8(ref_dir, f"{tmp}/fp8")), {})

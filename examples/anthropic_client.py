@@ -15,7 +15,7 @@ args = ap.parse_args()
 client = anthropic.Anthropic(base_url=args.base_url, api_key="unused")
 
 msg = client.messages.create(model=args.model, max_tokens=48,
-                             messages=[{"role": "user", "content": "What is the capital of France?"}])
+                             messages=[{"role": "user", "content": "What is the capital of France? Answer in one sentence."}])
 print(msg.content[0].text, f"[{msg.stop_reason}, {msg.usage.input_tokens} in / {msg.usage.output_tokens} out]")
 
 with client.messages.stream(model=args.model, max_tokens=48,

@@ -19,6 +19,6 @@ outs = llm.generate(["The three primary colours are", "def fibonacci(n):"],
 for out in outs:
     print(repr(out.prompt), "->", repr(out.outputs[0].text))
 
-reply = llm.chat([{"role": "user", "content": "What is the capital of France?"}])[0]
+reply = llm.chat([{"role": "user", "content": "What is the capital of France? Answer in one sentence."}])[0]
 print("chat:", reply.outputs[0].text)
 llm.shutdown()

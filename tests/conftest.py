@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -134,6 +135,12 @@ def kv_bytes_per_token(model) -> int:
     head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
     types = getattr(c, "layer_types", None) or ["full_attention"] * c.num_hidden_layers
     return 2 * sum(t == "full_attention" for t in types) * c.num_key_value_heads * head_dim * 4
+
+
+def readme_question() -> str:
+    """The question the README's first request asks the demo server."""
+    text = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    return re.search(r'"role": "user", "content": "([^"]+)"', text).group(1)
 
 
 @pytest.fixture(scope="session")

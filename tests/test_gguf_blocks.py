@@ -97,16 +97,21 @@ def test_truncated_and_foreign_files_are_named(tmp_path):
         _core.gguf.tensors(str(other))
 
 
-INTEGER_DOT = {Q.Q4_0, Q.Q4_1, Q.Q8_0, Q.Q4_K, Q.Q5_K, Q.Q6_K}  # decode-sized inputs: 8-bit activations, integer dot products
+INTEGER_DOT = {Q.Q4_0, Q.Q4_1, Q.Q8_0, Q.Q4_K, Q.Q5_K, Q.Q6_K}  # decode-sized inputs: integer dot products
 
 
-def q8_activations(x: np.ndarray) -> np.ndarray:
+def quantized_activations(x: np.ndarray, bits: int) -> np.ndarray:
     """x as the integer-dot kernels see it: per 32 values, scale amax / 127, values rounded to
-    the nearest multiple (ties to even), in float32 as the kernel computes them."""
+    the nearest multiple (ties to even), in float32 as the kernel computes them; with 16 bits
+    each value's rounding residual too, in steps of 1 / 254."""
     blocks = x.reshape(x.shape[0], -1, 32)
     d = (np.abs(blocks).max(axis=-1, keepdims=True) / np.float32(127)).astype(np.float32)
     inv = np.where(d > 0, np.float32(1) / np.where(d > 0, d, 1), 0).astype(np.float32)
-    return (np.rint(blocks * inv) * d).reshape(x.shape)
+    u = (blocks * inv).astype(np.float32)
+    q = np.rint(u)
+    if bits == 16:
+        q = q + np.rint((u - q) * np.float32(254)) / 254
+    return (q * d).reshape(x.shape)
 
 
 @pytest.mark.parametrize("qtype", list(SCALES), ids=[q.name for q in SCALES])
@@ -119,16 +124,21 @@ def test_cpu_linear_and_embedding_over_blocks(qtype):
     N, K = 37, 512
     raw = random_blocks(qtype, N, K, rng)
     w = gguf.quants.dequantize(raw, qtype).reshape(N, K).astype(np.float64)
-    for M in (1, 3, 40):
+    for M, bits in ((1, 8), (1, 16), (3, 8), (3, 16), (40, 8)):
         x = rng.standard_normal((M, K)).astype(np.float32)
         out = np.zeros((M, N), np.float32)
-        _core.ops.linear_quantized(x, raw, qtype.name, out)
+        _core.ops.linear_quantized(x, raw, qtype.name, out, activation_bits=bits)
+        exact = x.astype(np.float64) @ w.T
         if qtype in INTEGER_DOT and M < 32:
-            # The weights meet x in 8-bit blocks, Q4_1's minimums included (with the exact sums of
-            # x they would no longer cancel the values' error).
-            want = q8_activations(x).astype(np.float64) @ w.T
+            # The weights meet x in 8- or 16-bit blocks, Q4_1's minimums included (with the exact
+            # sums of x they would no longer cancel the values' error).
+            want = quantized_activations(x, bits).astype(np.float64) @ w.T
+            if bits == 16:  # near the exact product too (8 bits: about 30x further off)
+                np.testing.assert_allclose(out, exact, rtol=1e-4, atol=1e-4 * np.abs(exact).max(), err_msg=f"M={M}")
+            else:
+                assert np.abs(out - exact).max() > 1e-3 * np.abs(exact).max()
         else:
-            want = x.astype(np.float64) @ w.T
+            want = exact
         np.testing.assert_allclose(out, want, rtol=1e-4, atol=1e-4 * np.abs(want).max(), err_msg=f"M={M}")
     ids = np.array([5, 0, 36, 5], np.int32)
     rows = np.zeros((4, K), np.float32)
@@ -137,21 +147,24 @@ def test_cpu_linear_and_embedding_over_blocks(qtype):
 
 
 def test_demo_read_in_place_with_blocks_kept():
-    """load_format 'gguf': the demo GGUF read by the engine itself, its Q4_1 / Q8_0 matrices kept in
-    their blocks (weights 96 MB instead of 538 MB). Decode-sized steps use 8-bit activations, so
-    logits move a little against the float32 import (bounded here; top-1 kept on these prompts)."""
+    """The demo GGUF read by the engine itself (what load_format auto does on the CPU), its Q4_1 /
+    Q8_0 matrices kept in their blocks (weights 96 MB instead of 538 MB), against the float32
+    import (load_format safetensors). With 16-bit activations (the default) decode-sized steps stay
+    near the import's logits; with 8 bits they move more (bounded here; top-1 kept on these prompts)."""
     from revolta import LLM, SamplingParams
 
-    prompts = [{"prompt_token_ids": [1, 504, 3458, 282, 4649, 314]}, {"prompt_token_ids": list(range(100, 140))}]
+    prompts = [{"prompt_token_ids": [1, 504, 3458, 282, 4649, 314]}, {"prompt_token_ids": list(range(100, 120))}]
     params = SamplingParams(temperature=0.0, max_tokens=1, return_generation_logits=True)
     logits, sizes = {}, {}
-    for fmt in ("auto", "gguf"):
-        with LLM(None, load_format=fmt, max_model_len=256, kv_cache_memory_bytes=32 << 20) as llm:
-            logits[fmt] = [np.asarray(o.outputs[0].generation_logits[0]) for o in llm.generate(prompts, params)]
-            sizes[fmt] = llm.model_info.weight_bytes
-    assert sizes["gguf"] < 0.2 * sizes["auto"]
-    for a, b in zip(logits["auto"], logits["gguf"]):
-        assert a.argmax() == b.argmax() and np.abs(a - b).max() < 3.0, np.abs(a - b).max()
+    for name, kw in {"float32": dict(load_format="safetensors"), "16": {}, "8": dict(block_activation_bits=8)}.items():
+        with LLM(None, max_model_len=256, kv_cache_memory_bytes=32 << 20, **kw) as llm:
+            logits[name] = [np.asarray(o.outputs[0].generation_logits[0]) for o in llm.generate(prompts, params)]
+            sizes[name] = llm.model_info.weight_bytes
+    assert sizes["16"] == sizes["8"] < 0.2 * sizes["float32"]
+    for a, fine, coarse in zip(logits["float32"], logits["16"], logits["8"]):
+        assert a.argmax() == fine.argmax() == coarse.argmax()
+        assert np.abs(a - fine).max() < 0.05 and np.abs(a - coarse).max() < 3.0, (np.abs(a - fine).max(), np.abs(a - coarse).max())
+        assert np.abs(a - coarse).max() > 5 * np.abs(a - fine).max()
 
 
 def cpu_flags() -> set[str]:
@@ -175,7 +188,7 @@ def test_block_kernels_picked_at_run_time(tmp_path):
     script.write_text(
         "import sys, numpy as np, gguf\n"
         f"sys.path.insert(0, {str(Path(__file__).parent)!r})\n"
-        "from test_gguf_blocks import random_blocks, q8_activations\n"
+        "from test_gguf_blocks import random_blocks, quantized_activations\n"
         "from revolta import _core\n"
         "print(_core.ops.block_kernels_isa())\n"
         "rng = np.random.default_rng(3)\n"
@@ -184,8 +197,8 @@ def test_block_kernels_picked_at_run_time(tmp_path):
         "    w = gguf.quants.dequantize(raw, qtype).reshape(37, 512).astype(np.float64)\n"
         "    x = rng.standard_normal((3, 512)).astype(np.float32)\n"
         "    out = np.zeros((3, 37), np.float32)\n"
-        "    _core.ops.linear_quantized(x, raw, qtype.name, out)\n"
-        "    xs = x if _core.ops.block_kernels_isa() == 'none' else q8_activations(x)\n"
+        "    _core.ops.linear_quantized(x, raw, qtype.name, out, activation_bits=8)\n"
+        "    xs = x if _core.ops.block_kernels_isa() == 'none' else quantized_activations(x, 8)\n"
         "    want = xs.astype(np.float64) @ w.T\n"
         "    np.testing.assert_allclose(out, want, rtol=1e-4, atol=1e-4 * np.abs(want).max())\n")
     for isa in runs:

@@ -5,6 +5,7 @@ saves a screenshot there (the README's)."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import time
@@ -13,6 +14,7 @@ import httpx
 import pytest
 
 from browser import Browser, chromium_binary
+from conftest import readme_question
 from server_fixture import ServerProcess
 
 KEY = "playground-key"
@@ -50,7 +52,7 @@ def test_playground_streams_an_answer_and_stops_a_long_one(server, browser):
            "document.getElementById('api-key').dispatchEvent(new Event('change')); true")
     b.wait(lambda: b.eval("document.getElementById('model').value") == "smol", what="the model list")
     b.eval("document.getElementById('temperature').value = '0'; "
-           "document.getElementById('prompt').value = 'What is the capital of France?'; "
+           f"document.getElementById('prompt').value = {json.dumps(readme_question())}; "
            "document.getElementById('ask').requestSubmit(); true")
     b.wait(lambda: last_reply(b, "dataset.state") == "done", what="the answer")
     assert "Paris" in last_reply(b, "textContent")

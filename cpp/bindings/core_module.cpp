@@ -93,6 +93,7 @@ NB_MODULE(_core, m) {
       .def_rw("kv_offloading_disk_max_bytes", &EngineConfig::kv_offloading_disk_max_bytes)
       .def_rw("kv_offloading_disk_min_free_bytes", &EngineConfig::kv_offloading_disk_min_free_bytes)
       .def_rw("num_threads", &EngineConfig::num_threads)
+      .def_rw("block_activation_bits", &EngineConfig::block_activation_bits)
       .def_rw("tensor_parallel_size", &EngineConfig::tensor_parallel_size)
       .def_rw("enable_expert_parallel", &EngineConfig::enable_expert_parallel)
       .def_rw("seed", &EngineConfig::seed)

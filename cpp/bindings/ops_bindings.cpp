@@ -44,13 +44,18 @@ void bind_ops(nb::module_& m) {
   };
   ops.def(
       "linear_quantized",
-      [blocks](F32Array x, U8Array raw, const std::string& dtype, F32Array out) {
+      [blocks](F32Array x, U8Array raw, const std::string& dtype, F32Array out, int activation_bits) {
+        RV_CHECK_ARG(activation_bits == 8 || activation_bits == 16, "activation_bits must be 8 or 16");
         Tensor o = wrap(out);
         const Tensor w = blocks(raw, dtype, int64_t(x.shape(x.ndim() - 1)));
         nb::gil_scoped_release release;
+        const int before = ops::cpu_block_activation_bits();
+        ops::set_cpu_block_activation_bits(activation_bits);
         ops::cpu::linear(wrap(x), w, nullptr, o);
+        ops::set_cpu_block_activation_bits(before);
       },
-      "x"_a, "raw"_a, "dtype"_a, "out"_a, "out[M, N] = x[M, K] . dequantized(raw)^T");
+      "x"_a, "raw"_a, "dtype"_a, "out"_a, "activation_bits"_a = 16,
+      "out[M, N] = x[M, K] . dequantized(raw)^T (decode-sized M: x in 8- or 16-bit blocks)");
   ops.def(
       "repack_awq",
       [](I32Array qweight, I32Array qzeros, nb::ndarray<uint16_t, nb::c_contig, nb::device::cpu> scales) {

@@ -87,7 +87,7 @@ def main(argv: list[str] | None = None) -> int:
     g.add_argument("--model", default=None, help="HF model directory or GGUF file (default: the demo model)")
     what = g.add_mutually_exclusive_group()
     what.add_argument("--prompt", default=None, help="raw text prompt")
-    what.add_argument("--chat", default="What is the capital of France?", help="user message, rendered with the chat template")
+    what.add_argument("--chat", default="What is the capital of France? Answer in one sentence.", help="user message, rendered with the chat template")
     g.add_argument("--max-tokens", type=int, default=64)
     g.add_argument("--temperature", type=float, default=0.0)
     g.add_argument("--top-p", type=float, default=1.0)

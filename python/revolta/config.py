@@ -23,9 +23,13 @@ class EngineOptions(BaseModel):
         "float32")
     calculate_kv_scales: bool = Field(False, description="fp8 KV cache: measure each layer's k / v scales with a "
                                       "pass over a few built-in prompts at startup instead of the checkpoint's")
-    load_format: Literal["auto", "dummy", "gguf"] = Field(
+    load_format: Literal["auto", "dummy", "gguf", "safetensors"] = Field(
         "auto", description="dummy: random weights of the config's shapes; gguf: a .gguf model read in place, its "
-        "quantized matrices kept in their blocks (CPU)")
+        "quantized matrices kept in their blocks (what auto does on the CPU); safetensors: a .gguf model (or the demo) "
+        "imported once into the cache as float32")
+    block_activation_bits: Literal[8, 16] = Field(
+        16, description="CPU, GGUF blocks read in place: 16 keeps decode within float32 rounding of the file's values; "
+        "8 is llama.cpp's scheme, about 1.3x faster decode, and a near-tie between two tokens can flip")
     quantization: Literal["auto", "awq", "fp8", "nvfp4"] = Field(
         "auto", description="auto: as the checkpoint's quantization_config says; awq (4-bit) / fp8 (E4M3) / nvfp4: a "
         "checkpoint of that format, or made-up linear layers of it with load_format dummy")

@@ -98,6 +98,7 @@ class LLM:
         calculate_kv_scales: bool = False,
         calibration_prompts: list[list[int]] | None = None,
         load_format: str = "auto",
+        block_activation_bits: int = 16,
         quantization: str = "auto",
         gpu_memory_utilization: float = 0.9,
         enforce_eager: bool = False,
@@ -140,6 +141,7 @@ class LLM:
             cfg.calculate_kv_scales = True
             cfg.calibration_prompts = calibration_prompts or calibration_prompts_of(self.tokenizer)
         cfg.load_format = load_format
+        cfg.block_activation_bits = block_activation_bits
         cfg.quantization = quantization
         cfg.gpu_memory_utilization = gpu_memory_utilization
         cfg.enforce_eager = enforce_eager

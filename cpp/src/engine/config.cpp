@@ -95,6 +95,8 @@ void EngineConfig::validate() const {
                "block_size must be a power of two in [1, 1024], got ", block_size);
   RV_CHECK_ARG(kv_cache_memory_bytes > 0, "kv_cache_memory_bytes must be > 0, got ",
                kv_cache_memory_bytes);
+  RV_CHECK_ARG(block_activation_bits == 8 || block_activation_bits == 16, "block_activation_bits must be 8 or 16, got ",
+               block_activation_bits);
   RV_CHECK_ARG(num_threads >= 0 && num_threads <= 1024, "num_threads must be in [0, 1024], got ",
                num_threads);
   RV_CHECK_ARG(tensor_parallel_size >= 1 && tensor_parallel_size <= 64, "tensor_parallel_size must be in [1, 64], got ",

@@ -138,7 +138,7 @@ Engine::Impl::Impl(const EngineConfig& c) : cfg(c), seed_source(c.seed) {
   RV_CHECK_ARG(world == 1 || device == Device::kCPU || has_gpu_communicators(), "tensor_parallel_size ", world,
                " on device 'cuda' needs NCCL, which this build did not find (install nvidia-nccl-cu12 or -cu13, or ",
                "set NCCL_ROOT, and rebuild)");
-  if (world > 1) tp = std::make_unique<TensorParallelRanks>(world, device, load, threads / world);
+  if (world > 1) tp = std::make_unique<TensorParallelRanks>(world, device, load, threads / world, cfg.block_activation_bits);
   model = load(tp ? tp->rank0() : nullptr);
   info.quantization = model_cfg.quantization.method.empty() ? std::string()
                        : model_cfg.quantization.method == "fp8"   ? std::string("fp8 e4m3, a scale per 128")
@@ -321,6 +321,7 @@ void Engine::Impl::fail_step(const std::string& what) {
 
 void Engine::Impl::loop() {
   ops::set_cpu_thread_pool(pool.get());
+  ops::set_cpu_block_activation_bits(cfg.block_activation_bits);
   try {
     for (;;) {
       std::deque<std::unique_ptr<Request>> fresh;

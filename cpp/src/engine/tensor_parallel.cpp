@@ -22,8 +22,9 @@ struct TensorParallelRanks::Worker {
   std::thread thread;
 };
 
-TensorParallelRanks::TensorParallelRanks(int world, Device device, const Loader& load, int threads_per_rank)
-    : device_(device) {
+TensorParallelRanks::TensorParallelRanks(int world, Device device, const Loader& load, int threads_per_rank,
+                                         int block_activation_bits)
+    : device_(device), block_activation_bits_(block_activation_bits) {
   if (device == Device::kCPU) {
     local_ = std::make_unique<LocalGroup>(world);
     for (int r = 0; r < world; ++r) comms_.push_back(local_->communicator(r));
@@ -142,6 +143,7 @@ void TensorParallelRanks::roll_back(const std::vector<StateAction>& restores, co
 
 void TensorParallelRanks::work(Worker& w) {
   ops::set_cpu_thread_pool(w.pool.get());
+  ops::set_cpu_block_activation_bits(block_activation_bits_);
   std::string failed;
   try {
     if (device_ != Device::kCPU) device_runtime(device_).use_device(w.rank);

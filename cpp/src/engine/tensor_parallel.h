@@ -30,7 +30,9 @@ class TensorParallelRanks {
   using Loader = std::function<std::unique_ptr<CausalLM>(Communicator*)>;
   // Starts ranks 1..world-1 on `device`, each loading its shard (load(its communicator)) on its own
   // thread; rank 0 loads its own with rank0().
-  TensorParallelRanks(int world, Device device, const Loader& load, int threads_per_rank);
+  // block_activation_bits: the workers' ops::set_cpu_block_activation_bits.
+  TensorParallelRanks(int world, Device device, const Loader& load, int threads_per_rank,
+                     int block_activation_bits = 16);
   ~TensorParallelRanks();
   Communicator* rank0() { return comms_[0].get(); }
   int64_t worker_weight_bytes() const;
@@ -74,6 +76,7 @@ class TensorParallelRanks {
   void work(Worker& w);
   void stop();  // ends and joins the workers' threads
   Device device_;
+  int block_activation_bits_;
   bool keep_ids_ = false;
   std::unique_ptr<LocalGroup> local_;  // CPU ranks' transport
   std::vector<std::unique_ptr<Communicator>> comms_;  // by rank

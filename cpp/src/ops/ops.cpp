@@ -11,6 +11,7 @@ namespace {
 
 const OpTable* g_tables[2] = {cpu::table(), nullptr};
 thread_local ThreadPool* t_pool = nullptr;
+thread_local int t_block_activation_bits = 16;
 
 const OpTable& table_for(Device d, Op op) {
   const OpTable* t = g_tables[int(d)];
@@ -82,6 +83,8 @@ bool supports_op(Device device, Op op, const OpShape& shape) {
 
 void set_cpu_thread_pool(ThreadPool* pool) { t_pool = pool; }
 ThreadPool* cpu_thread_pool() { return t_pool; }
+void set_cpu_block_activation_bits(int bits) { t_block_activation_bits = bits; }
+int cpu_block_activation_bits() { return t_block_activation_bits; }
 
 void embedding(const Tensor& ids, const Tensor& table, Tensor& out, const NormInto* norm) {
   RV_CHECK(!norm || (norm->weight->numel() == table.size(1) && norm->weight->dtype() == DType::kF32 &&

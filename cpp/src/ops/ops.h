@@ -196,6 +196,11 @@ bool supports_op(Device device, Op op, const OpShape& shape);
 // The CPU ops run their parallel sections on this pool (per calling thread; null = inline).
 void set_cpu_thread_pool(ThreadPool* pool);
 ThreadPool* cpu_thread_pool();
+// How decode-sized inputs meet quantized blocks in the CPU linear (per calling thread): 16 (the
+// default: 8-bit values plus an 8-bit residual, within float32 rounding of the dequantized weights)
+// or 8 (llama.cpp's scheme: faster, and near-ties between tokens can flip).
+void set_cpu_block_activation_bits(int bits);
+int cpu_block_activation_bits();
 
 // ids: int32 [T]; table: [vocab, hidden] any float dtype; out: f32 [T, hidden]. With norm, also
 // norm->normed = rms_norm(out) * norm->weight (the first block's input norm, fused where a backend can).

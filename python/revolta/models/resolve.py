@@ -62,10 +62,14 @@ def demo_gguf() -> Path:
     return target
 
 
-def _imported(gguf: Path, out: Path, load_format: str) -> str:
-    """The HF-style directory of a GGUF file: with load_format 'gguf' only its config, tokenizer
+def _in_place(load_format: str, device: str | None) -> bool:
+    """Whether a GGUF file is read in place: asked for, or auto on the CPU (cuda has no GGUF kernels)."""
+    return load_format == "gguf" or (load_format == "auto" and device == "cpu")
+
+
+def _imported(gguf: Path, out: Path, quantized: bool) -> str:
+    """The HF-style directory of a GGUF file: read in place (quantized), only its config, tokenizer
     and weight map (the engine reads the file), else float32 weights too (imported once, cached)."""
-    quantized = load_format == "gguf"
     if quantized:
         out = out.with_name(out.name + "-gguf")
     if not (out / ("gguf_weights.json" if quantized else "model.safetensors")).is_file():
@@ -80,19 +84,22 @@ def _imported(gguf: Path, out: Path, load_format: str) -> str:
 
 
 def load_format_of(path: str, load_format: str) -> str:
-    """The engine's load_format for a resolved directory: 'gguf' for a GGUF read in place."""
+    """The engine's load_format for a resolved directory: 'gguf' for a GGUF read in place, 'auto' for
+    safetensors (which only decides how a GGUF file is resolved)."""
     d = Path(path)
+    if load_format == "safetensors":
+        return "auto"
     if load_format == "auto" and (d / "gguf_weights.json").is_file() and not any(d.glob("*.safetensors")):
         return "gguf"
     return load_format
 
 
-def demo_model(load_format: str = "auto") -> str:
-    """Path of the demo model as an HF-style directory (imported once, then cached), whose
-    generation_config.json carries the sampling values its card recommends."""
+def demo_model(load_format: str = "auto", device: str | None = "cpu") -> str:
+    """Path of the demo model as an HF-style directory (resolved as any GGUF file is, then cached),
+    whose generation_config.json carries the sampling values its card recommends."""
     from revolta.generation_defaults import DEMO_DEFAULTS
 
-    path = _imported(demo_gguf(), cache_dir() / "models" / DEMO_MODEL_NAME, load_format)
+    path = _imported(demo_gguf(), cache_dir() / "models" / DEMO_MODEL_NAME, _in_place(load_format, device))
     gen = Path(path) / "generation_config.json"
     data = json.loads(gen.read_text()) if gen.is_file() else {}
     if any(data.get(k) != v for k, v in DEMO_DEFAULTS.items()):
@@ -104,13 +111,12 @@ def demo_model(load_format: str = "auto") -> str:
 
 def resolve_model(model: str | os.PathLike | None, load_format: str = "auto", device: str | None = "cpu") -> str:
     """Returns a directory with config.json + safetensors (or the GGUF weight map) for the engine.
-    A .gguf file is read in place (its quantized blocks kept, nothing but its metadata in the
-    cache) with load_format 'gguf', and with 'auto' on the CPU; for cuda, or device None (a caller
-    that wants float32 safetensors), it is imported as float32 once. The embedded demo model (no
-    model) is imported unless load_format is 'gguf': the tests hold it against HF transformers'
-    float32 reading of the same file."""
+    A .gguf file, the embedded demo model (no model) included, is read in place (its quantized
+    blocks kept, nothing but its metadata in the cache) with load_format 'gguf', and with 'auto' on
+    the CPU; with 'safetensors', for cuda, or device None (a caller that wants float32 safetensors),
+    it is imported as float32 once."""
     if model is None:
-        return demo_model(load_format)
+        return demo_model(load_format, device)
     p = Path(model).expanduser()
     if not p.exists():
         hint = ""
@@ -123,8 +129,7 @@ def resolve_model(model: str | os.PathLike | None, load_format: str = "auto", de
             raise ValueError(f"model '{model}' is a file but not a .gguf; pass an HF model directory or a GGUF file")
         st = p.stat()
         key = hashlib.sha256(f"{p.resolve()}:{st.st_size}:{st.st_mtime_ns}".encode()).hexdigest()[:16]
-        in_place = load_format == "gguf" or (load_format == "auto" and device == "cpu")
-        return _imported(p, cache_dir() / "models" / f"{p.stem}-{key}", "gguf" if in_place else "auto")
+        return _imported(p, cache_dir() / "models" / f"{p.stem}-{key}", _in_place(load_format, device))
     if not (p / "config.json").is_file():
         raise FileNotFoundError(f"model directory '{model}' has no config.json")
     return str(p)

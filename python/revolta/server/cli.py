@@ -25,7 +25,8 @@ def _flag(name: str) -> str:
 
 # --help sections, in order; an option not named here goes under "Other".
 GROUPS = {
-    "Model": ["model", "served_model_name", "tokenizer", "dtype", "load_format", "quantization", "generation_config",
+    "Model": ["model", "served_model_name", "tokenizer", "dtype", "load_format", "block_activation_bits", "quantization",
+              "generation_config",
               "override_generation_config", "seed"],
     "Device and memory": ["device", "gpu_memory_utilization", "kv_cache_memory_bytes", "kv_cache_dtype",
                           "calculate_kv_scales", "enforce_eager", "cuda_graph_sizes", "num_threads"],
@@ -245,7 +246,7 @@ def build(settings):
     cfg = _core.EngineConfig()
     for name in ("dtype", "kv_cache_dtype", "device", "max_model_len", "max_num_seqs", "max_num_batched_tokens",
                  "block_size", "kv_cache_memory_bytes", "enable_prefix_caching", "num_threads", "tensor_parallel_size",
-                 "enable_expert_parallel",
+                 "enable_expert_parallel", "block_activation_bits",
                  "seed", "load_format", "quantization", "gpu_memory_utilization", "enforce_eager", "async_scheduling"):
         setattr(cfg, name, getattr(e, name))
     cfg.model = path

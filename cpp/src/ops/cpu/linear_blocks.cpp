@@ -27,11 +27,13 @@ struct QuantizedRow {
   // same x as its values, or their errors stop cancelling (the exact float sum tripled the error
   // of SmolLM2's projections: 2.4% against 0.7%).
   std::vector<float> sum;
-  BlockRow view() const { return {q.data(), scale.data(), sum.data()}; }
+  std::vector<int8_t> lo;  // 16-bit activations: each value's rounding residual, times 254
+  BlockRow view(bool fine) const { return {q.data(), fine ? lo.data() : nullptr, scale.data(), sum.data()}; }
 };
 
-void quantize_row(const float* x, int64_t K, QuantizedRow& r) {
+void quantize_row(const float* x, int64_t K, bool fine, QuantizedRow& r) {
   r.q.resize(size_t(K));
+  if (fine) r.lo.resize(size_t(K));
   r.scale.resize(size_t(K / kBlock));
   r.sum.resize(size_t(K / kBlock));
   for (int64_t b = 0; b < K / kBlock; ++b) {
@@ -39,14 +41,20 @@ void quantize_row(const float* x, int64_t K, QuantizedRow& r) {
     float amax = 0.0f;
     for (int64_t j = 0; j < kBlock; ++j) amax = std::max(amax, std::fabs(v[j]));
     const float d = amax / 127.0f, inv = d > 0.0f ? 1.0f / d : 0.0f;
-    int32_t sum = 0;
+    int32_t sum = 0, residuals = 0;
     for (int64_t j = 0; j < kBlock; ++j) {
-      const int8_t q = int8_t(std::lrintf(v[j] * inv));
+      const float u = v[j] * inv;
+      const int8_t q = int8_t(std::lrintf(u));
       r.q[size_t(b * kBlock + j)] = q;
       sum += q;
+      if (fine) {
+        const int8_t lo = int8_t(std::lrintf((u - float(q)) * 254.0f));
+        r.lo[size_t(b * kBlock + j)] = lo;
+        residuals += lo;
+      }
     }
     r.scale[size_t(b)] = d;
-    r.sum[size_t(b)] = d * float(sum);
+    r.sum[size_t(b)] = d * (float(sum) + float(residuals) / 254.0f);
   }
 }
 
@@ -87,11 +95,12 @@ bool linear_blocks_int8(const float* x, int64_t M, int64_t K, const Tensor& w, i
   if (!dots || !integer_dots || K % dtype_block_values(t))
     return false;
   // Reused by the calling thread (the workers see it through this reference, not their own copy).
+  const bool fine = cpu_block_activation_bits() == 16;
   thread_local std::vector<QuantizedRow> buffers;
   std::vector<QuantizedRow>& rows = buffers;
   rows.resize(size_t(M));
   std::vector<BlockRow> views(static_cast<size_t>(M));
-  for (int64_t m = 0; m < M; ++m) quantize_row(x + m * K, K, rows[size_t(m)]), views[size_t(m)] = rows[size_t(m)].view();
+  for (int64_t m = 0; m < M; ++m) quantize_row(x + m * K, K, fine, rows[size_t(m)]), views[size_t(m)] = rows[size_t(m)].view(fine);
   const int64_t row_bytes = dtype_bytes(t, K), blocks = K / kBlock, per_task = 16;
   const auto* base = static_cast<const uint8_t*>(w.data());
   parallel_tasks((N + per_task - 1) / per_task, [&](int64_t task) {
