@@ -16,7 +16,7 @@ def test_a_gguf_file_is_read_in_place(tmp_path, monkeypatch):
     llm = LLM(str(gguf), max_model_len=256)
     try:
         (entry,) = list((tmp_path / "cache" / "models").iterdir())
-        assert entry.name.endswith("-gguf") and not list(entry.glob("*.safetensors"))
+        assert entry.name.startswith("smol-") and not list(entry.glob("*.safetensors"))
         held = sum(f.stat().st_size for f in entry.rglob("*") if f.is_file())
         assert held < 10 << 20  # metadata and tokenizer, against 517 MB of float32 weights
         assert llm.model_info.weight_bytes < 150 << 20  # the Q4_1 / Q8_0 blocks, not 4 bytes a weight
@@ -27,3 +27,5 @@ def test_a_gguf_file_is_read_in_place(tmp_path, monkeypatch):
     path = resolve_model(str(gguf), "auto", "cpu")
     assert load_format_of(path, "auto") == "gguf" and load_format_of(path, "dummy") == "dummy"
     assert resolve_model(str(gguf), "gguf", "cuda") == path  # asked for explicitly: in place anywhere
+    imported = resolve_model(str(gguf), "safetensors", "cpu")
+    assert imported == path + "-float32" and load_format_of(imported, "safetensors") == "auto"

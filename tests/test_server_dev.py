@@ -1,5 +1,5 @@
-"""Development endpoints (--dev-mode: /sleep, /wake_up, /is_sleeping, /reset_prefix_cache,
-/server_info) and the engine watchdog (--watchdog-config), which a step made to hang
+"""Development endpoints (--dev-mode: /reset_prefix_cache, /server_info; /sleep and /wake_up are in
+test_sleep_mode.py) and the engine watchdog (--watchdog-config), which a step made to hang
 (REVOLTA_FAULT_INJECT=hang:TOKEN:SECONDS) sets off: a dump with the engine thread's activity and
 every thread's stack, /health unhealthy, then healthy again once steps run."""
 
@@ -41,20 +41,6 @@ def test_server_info_and_prefix_cache_reset(dev):
         r = client.chat.completions.create(model="smol", messages=LONG, max_tokens=1)
         cached.append(r.usage.prompt_tokens_details.cached_tokens)
     assert cached[0] >= 48 and cached[1] == 0, cached
-
-
-def test_sleep_holds_requests_until_wake_up(dev):
-    assert httpx.post(dev.url + "/sleep").json() == {"is_sleeping": True}
-    assert httpx.get(dev.url + "/is_sleeping").json() == {"is_sleeping": True}
-    done = []
-    t = threading.Thread(target=lambda: done.append(httpx.post(
-        dev.url + "/v1/completions", json={"prompt": "Hello", "max_tokens": 2}, timeout=60).status_code))
-    t.start()
-    time.sleep(1.0)
-    assert not done  # accepted, waiting
-    assert httpx.post(dev.url + "/wake_up").json() == {"is_sleeping": False}
-    t.join(30)
-    assert done == [200]
 
 
 def test_dev_endpoints_are_off_by_default(demo_model_dir):

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from conftest import hf_greedy, make_hf_model, state_bytes_per_slot
+import revolta
 from revolta import LLM, SamplingParams
 
 PROMPTS = [[1, 17, 93, 4, 250, 61, 8, 140], [1, 5, 5, 200, 31], [1, 77] * 9, [1, 17, 93, 4, 250, 61, 8, 140, 3, 9]]
@@ -137,11 +138,13 @@ def test_async_scheduling_under_tensor_parallelism(kind, tmp_path):
     assert tokens[2] == tokens[1] and ahead > 0, ahead
 
 
-def test_demo_model_over_three_ranks(demo_model_dir):
-    """The real weights over 3 ranks (9 heads, 3 KV heads, a 49,152-token vocabulary split in three)."""
+def test_demo_model_over_three_ranks():
+    """The real weights (the float32 import) over 3 ranks (9 heads, 3 KV heads, a 49,152-token
+    vocabulary split in three)."""
     prompts = [[1, 504, 3458, 282, 4649, 314], list(range(100, 140))]
-    want, want_logits, _, _, one = run(demo_model_dir, 1, prompts, n=8)
-    got, logits, _, _, info = run(demo_model_dir, 3, prompts, n=8)
+    path = revolta.demo_model("safetensors")
+    want, want_logits, _, _, one = run(path, 1, prompts, n=8)
+    got, logits, _, _, info = run(path, 3, prompts, n=8)
     assert got == want and info.tensor_parallel_size == 3
     # Every weight but the norms is split, the tied 49,152-token embedding and head included.
     assert info.weight_bytes < 1.01 * one.weight_bytes, (info.weight_bytes, one.weight_bytes)
@@ -150,19 +153,22 @@ def test_demo_model_over_three_ranks(demo_model_dir):
 
 
 def test_demo_gguf_blocks_cut_along_k():
-    """load_format gguf keeps the Q4_1 / Q8_0 blocks: o and down are cut at whole blocks (576 / 3 and
-    1536 / 3 columns), so each rank holds a third of them, still quantized. The prefill step's float
-    activations give the unsharded logits; decode steps quantize activations to 8 bits per row of
-    each rank's slice, so there the logits are held against the float32 import as load_format gguf
-    itself is (tests/test_gguf_blocks.py), over the steps whose context the runs share."""
+    """The demo read in place keeps the Q4_1 / Q8_0 blocks: o and down are cut at whole blocks (576 / 3
+    and 1536 / 3 columns), so each rank holds a third of them, still quantized. Decode steps meet
+    them with 16-bit activations per row of each rank's slice, so the sharded logits stay near the
+    unsharded ones and the float32 import's, over the steps whose context the runs share; 8-bit
+    activations (block_activation_bits 8) move them further (and may flip a near-tie later on)."""
     prompts = [[1, 504, 3458, 282, 4649, 314], list(range(100, 140))]
     kw = dict(n=8, max_model_len=256)
-    _, exact, _, _, _ = run(None, 1, prompts, **kw)
-    _, want, _, _, one = run(None, 1, prompts, load_format="gguf", **kw)
-    _, got, _, _, three = run(None, 3, prompts, load_format="gguf", **kw)
+    _, exact, _, _, _ = run(None, 1, prompts, load_format="safetensors", **kw)
+    _, want, _, _, one = run(None, 1, prompts, **kw)
+    _, got, _, _, three = run(None, 3, prompts, **kw)
     for e, a, b in zip(exact, want, got):
-        assert np.abs(a[0] - b[0]).max() < 1e-3
-        assert np.abs(b[:2] - e[:2]).max() < 1.0 and b[1].argmax() == e[1].argmax()
+        assert np.abs(a[0] - b[0]).max() < 1e-3 and np.abs(a[:2] - b[:2]).max() < 1e-2
+        assert np.abs(b[:2] - e[:2]).max() < 0.05 and b[1].argmax() == e[1].argmax()
+    _, coarse, _, _, _ = run(None, 3, prompts, block_activation_bits=8, **kw)
+    for e, c in zip(exact, coarse):
+        assert np.abs(c[0] - e[0]).max() < 1.0 and c[0].argmax() == e[0].argmax()
     assert three.weight_bytes < 1.01 * one.weight_bytes  # split, still in blocks
 
 

@@ -198,6 +198,9 @@ NB_MODULE(_core, m) {
       .def("reset_prefix_cache", &Engine::reset_prefix_cache)
       .def("set_paused", &Engine::set_paused, "paused"_a)
       .def_prop_ro("paused", &Engine::paused)
+      .def("sleep", &Engine::sleep, "level"_a = 1, nb::call_guard<nb::gil_scoped_release>())
+      .def("wake_up", &Engine::wake_up, nb::call_guard<nb::gil_scoped_release>())
+      .def_prop_ro("sleep_level", &Engine::sleep_level)
       .def_prop_ro("model_info", &Engine::model_info, nb::rv_policy::reference_internal)
       .def("shutdown", &Engine::shutdown, nb::call_guard<nb::gil_scoped_release>());
 }

@@ -337,6 +337,10 @@ class Runtime final : public DeviceRuntime {
     std::lock_guard<std::mutex> lk(pool->mu);
     *free_bytes += pool->cached_bytes;
   }
+  void release_cached() override {
+    RV_CUDA_CHECK(cudaStreamSynchronize(stream()));
+    device_pool()->release();
+  }
   std::shared_ptr<GraphMemory> graph_memory() override { return std::make_shared<GraphArena>(); }
   std::unique_ptr<DeviceGraph> capture(const std::function<void()>& work,
                                        const std::shared_ptr<GraphMemory>& shared) override {

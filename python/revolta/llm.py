@@ -201,6 +201,14 @@ class LLM:
     def stats(self) -> _core.EngineStats:
         return self.engine.stats()
 
+    def sleep(self, level: int = 1) -> None:
+        """Frees memory until wake_up (vLLM's sleep mode): level 1 the KV cache and CUDA graphs,
+        level 2 the weights too (read from the model files again on wake_up)."""
+        self.engine.sleep(level)
+
+    def wake_up(self) -> None:
+        self.engine.wake_up()
+
     def shutdown(self) -> None:
         self.engine.shutdown()
 

@@ -248,10 +248,19 @@ class Engine {
   // Thread-safe. Paused, no step runs: requests are accepted and wait; resumed, they go on.
   void set_paused(bool paused);
   bool paused() const;
+  // Sleep mode (vLLM's): frees memory while nothing should run. Level 1 frees the KV cache, the
+  // offload tiers' host memory (the disk tier stays) and the CUDA graphs with their buffers; level 2
+  // the weights too, which wake_up reads from the model files again. Running requests are
+  // preempted and recomputed after wake_up; requests that arrive meanwhile wait. Both return once
+  // the engine thread has done it (thread-safe; throws if the engine stops meanwhile).
+  void sleep(int level);
+  void wake_up();
+  int sleep_level() const;  // 0: awake
   // Stops the engine thread; pending requests end with kAbort. Idempotent.
   void shutdown();
 
  private:
+  void change_sleep_level(int level);
   struct Impl;
   std::unique_ptr<Impl> impl_;
 };

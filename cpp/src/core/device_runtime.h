@@ -63,6 +63,8 @@ struct DeviceRuntime {
   virtual void synchronize() = 0;
   // Free and total device memory; cached (freed, reusable) blocks count as free.
   virtual void memory_info(size_t* free_bytes, size_t* total_bytes) = 0;
+  // Gives the calling thread's device the freed blocks its allocator keeps for reuse.
+  virtual void release_cached() {}
   // Runs `work` once to size its buffers, then records it into a graph. Its buffers come from
   // `shared` when given (graph_memory()), else they are the graph's own.
   virtual std::shared_ptr<GraphMemory> graph_memory() = 0;

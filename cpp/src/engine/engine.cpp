@@ -6,6 +6,9 @@
 #include <algorithm>
 #include <filesystem>
 #include <limits>
+#if defined(__GLIBC__)  // (defined by the headers above)
+#include <malloc.h>
+#endif
 
 #include "core/error.h"
 #include "engine/engine_impl.h"
@@ -128,18 +131,13 @@ Engine::Impl::Impl(const EngineConfig& c) : cfg(c), seed_source(c.seed) {
   }
   CachePlan plan = plan_caches(groups, limits, budget, by_utilization ? "gpu_memory_utilization" : "kv_cache_memory_bytes");
 
-  int threads = cfg.num_threads > 0 ? cfg.num_threads : int(std::thread::hardware_concurrency());
-  auto load = [&](Communicator* comm) {
-    return load_model(cfg.model, model_cfg, parse_dtype(dt), device, cfg.load_format == "dummy",
-                      cfg.load_format == "gguf", comm, ep);
-  };
-  RunnerOptions ropts;
+  threads = cfg.num_threads > 0 ? cfg.num_threads : int(std::thread::hardware_concurrency());
+  dev = device, weight_dtype = dt, this->world = world, this->ep = ep;
   ropts.max_model_len = cfg.max_model_len;
   RV_CHECK_ARG(world == 1 || device == Device::kCPU || has_gpu_communicators(), "tensor_parallel_size ", world,
                " on device 'cuda' needs NCCL, which this build did not find (install nvidia-nccl-cu12 or -cu13, or ",
                "set NCCL_ROOT, and rebuild)");
-  if (world > 1) tp = std::make_unique<TensorParallelRanks>(world, device, load, threads / world, cfg.block_activation_bits);
-  model = load(tp ? tp->rank0() : nullptr);
+  load_models();
   info.quantization = model_cfg.quantization.method.empty() ? std::string()
                        : model_cfg.quantization.method == "fp8"   ? std::string("fp8 e4m3, a scale per 128")
                        : model_cfg.quantization.method == "nvfp4" ? std::string("nvfp4 e2m1, an e4m3 scale per 16")
@@ -153,7 +151,7 @@ Engine::Impl::Impl(const EngineConfig& c) : cfg(c), seed_source(c.seed) {
     device_runtime(device).memory_info(&free_b, &total_b);
     plan.shrink_to(int64_t(double(total_b) * cfg.gpu_memory_utilization) - int64_t(total_b - free_b) - activation_bytes);
   }
-  std::vector<std::pair<float, float>> kv_scales = model->kv_scales();
+  kv_scales = model->kv_scales();
   if (cfg.calculate_kv_scales) {  // under TP each rank measures its KV heads; a layer takes the largest
     auto calibrate = [&](CausalLM& m) {
       return calibrate_kv_scales(m, groups, cfg.calibration_prompts, cfg.block_size, cfg.max_model_len);
@@ -169,25 +167,14 @@ Engine::Impl::Impl(const EngineConfig& c) : cfg(c), seed_source(c.seed) {
           kv_scales[l] = {std::max(kv_scales[l].first, r[l].first), std::max(kv_scales[l].second, r[l].second)};
     }
   }
-  caches = std::make_unique<CacheCoordinator>(plan, limits, device);
-  if (const int32_t missing = set_kv_scales(kv_scales, caches->kv()); missing > 0)
+  cache_plan = std::make_unique<CachePlan>(plan);
+  cache_limits = std::make_unique<CacheLimits>(limits);
+  if (mtp) ropts.hidden = HiddenRows::kEvery;  // the MTP layer reads the hidden state of every computed position
+  if (device == Device::kCUDA && !cfg.enforce_eager) ropts.graph_batch_sizes = graph_batch_sizes(cfg);
+  if (const int32_t missing = build_serving(); missing > 0)
     info.warnings.push_back(str_cat("kv_cache_dtype ", cfg.kv_cache_dtype, ": ", cfg.model, " carries no k_scale / v_scale for ",
                                     missing, " of its ", caches->kv().quant.size(),
                                     " attention layers; they scale by 1.0 (values past 448 saturate)"));
-  tiers = make_kv_tiers(cfg, kv_fingerprint(cfg, model_cfg, dt, dtype_name(plan.kv.dtype), kv_scales), world,
-                        caches->kv(), caches->states());
-  caches->manager().set_tiers(tiers.get());
-  scheduler = std::make_unique<Scheduler>(
-      SchedulerConfig{cfg.max_num_seqs, cfg.max_num_batched_tokens, cfg.max_model_len}, caches->manager());
-  if (mtp) ropts.hidden = HiddenRows::kEvery;  // the MTP layer reads the hidden state of every computed position
-  ropts.keep_verify_rows = speculative && caches->states();  // rollback by replaying the recurrences
-  if (device == Device::kCUDA && !cfg.enforce_eager) ropts.graph_batch_sizes = graph_batch_sizes(cfg);
-  if (tp) tp->make_runners(plan, limits, ropts, kv_scales);
-  runner = std::make_unique<ModelRunner>(*model, caches->kv(), caches->states(), ropts);
-  // Recorded now rather than when a size first comes: no step waits for a recording, and their
-  // memory is taken before serving starts (the plan counted it in the activations).
-  if (tp) tp->capture_graphs([&] { runner->capture_graphs(); });
-  else runner->capture_graphs();
   // A step queued ahead is one token of each request: it cannot carry drafts.
   async_scheduling = !speculative && (cfg.async_scheduling == "on" || (cfg.async_scheduling == "auto" && device != Device::kCPU));
   if (tp) tp->keep_greedy_ids(async_scheduling);
@@ -215,32 +202,109 @@ Engine::Impl::Impl(const EngineConfig& c) : cfg(c), seed_source(c.seed) {
   thread = std::thread([this] { loop(); });
 }
 
+void Engine::Impl::load_models() {
+  auto load = [&](Communicator* comm) {
+    return load_model(cfg.model, model_cfg, parse_dtype(weight_dtype), dev, cfg.load_format == "dummy",
+                      cfg.load_format == "gguf", comm, ep);
+  };
+  if (world > 1) tp = std::make_unique<TensorParallelRanks>(world, dev, load, threads / world, cfg.block_activation_bits);
+  model = load(tp ? tp->rank0() : nullptr);
+}
+
+int32_t Engine::Impl::build_serving() {
+  caches = std::make_unique<CacheCoordinator>(*cache_plan, *cache_limits, dev);
+  const int32_t missing = set_kv_scales(kv_scales, caches->kv());
+  tiers = make_kv_tiers(cfg, kv_fingerprint(cfg, model_cfg, weight_dtype, dtype_name(cache_plan->kv.dtype), kv_scales), world,
+                        caches->kv(), caches->states());
+  caches->manager().set_tiers(tiers.get());
+  scheduler = std::make_unique<Scheduler>(
+      SchedulerConfig{cfg.max_num_seqs, cfg.max_num_batched_tokens, cfg.max_model_len}, caches->manager());
+  ropts.keep_verify_rows = speculative && caches->states();  // rollback by replaying the recurrences
+  if (tp) tp->make_runners(*cache_plan, *cache_limits, ropts, kv_scales);
+  runner = std::make_unique<ModelRunner>(*model, caches->kv(), caches->states(), ropts);
+  // Recorded now rather than when a size first comes: no step waits for a recording, and their
+  // memory is taken before serving starts (the plan counted it in the activations).
+  if (tp) tp->capture_graphs([&] { runner->capture_graphs(); });
+  else runner->capture_graphs();
+  return missing;
+}
+
+void Engine::Impl::change_sleep(int level) {
+  if (level > 0 && sleep_level == 0) {
+    // Every request waits outside the scheduler, its KV given back: it is recomputed after wake_up.
+    move_kv_blocks(true);
+    if (tiers) tiers->flush();
+    for (uint64_t id : scheduler->all_ids()) {
+      std::unique_ptr<Request> r = scheduler->remove(id);
+      r->drop_drafts();
+      r->num_computed_tokens = 0;
+      r->tier_reads.reset();
+      parked.push_back(std::move(r));
+    }
+    publish_stats();
+    dropped = live;  // the counters of what goes now
+    runner.reset();
+    scheduler.reset();
+    tiers.reset();
+    caches.reset();
+  }
+  if (level > 0 && tp) tp->drop(level == 2);  // (each rank gives its device's cached blocks back)
+  if (level == 2) {
+    model.reset();  // (before the ranks: rank 0's model holds their communicator)
+    tp.reset();
+  }
+  if (level > 0 && dev != Device::kCPU) device_runtime(dev).release_cached();
+#if defined(__GLIBC__)
+  if (level > 0) malloc_trim(0);  // the host's freed pages back to the system, not kept by the allocator
+#endif
+  if (level == 0 && sleep_level > 0) {
+    if (!model) load_models();
+    build_serving();
+    if (tp) tp->keep_greedy_ids(async_scheduling);
+    for (auto& r : parked) {
+      caches->manager().prefetch(*r);
+      scheduler->add(std::move(r));
+    }
+    parked.clear();
+  }
+  {
+    std::lock_guard<std::mutex> lk(in_mu);
+    sleep_level = level;
+  }
+  sleep_cv.notify_all();
+}
+
 void Engine::Impl::publish_stats() {
   live.num_running = scheduler ? scheduler->num_running() : 0;
-  live.num_waiting = scheduler ? scheduler->num_waiting() : 0;
+  live.num_waiting = scheduler ? scheduler->num_waiting() : int64_t(parked.size());
+  const EngineStats& d = dropped;  // counters go on from where the parts that sleep freed left them
   if (caches) {
     const KvCacheManager& m = caches->manager();
     live.num_blocks_free = m.pool().num_free();
     live.num_blocks_used = live.num_blocks_total - live.num_blocks_free;
-    live.prefix_cache_queries = m.queries();
-    live.prefix_cache_hits = m.hits();
-    live.kv_offload_hit_tokens = m.tier_hits();
+    live.prefix_cache_queries = d.prefix_cache_queries + m.queries();
+    live.prefix_cache_hits = d.prefix_cache_hits + m.hits();
+    live.kv_offload_hit_tokens = d.kv_offload_hit_tokens + m.tier_hits();
+  } else {
+    live.num_blocks_free = live.num_blocks_used = 0;
   }
   if (tiers) {
     const KvTierStats t = tiers->stats();
-    live.kv_offload_host_hits = t.host_hits;
-    live.kv_offload_disk_hits = t.disk_hits;
-    live.kv_offload_bytes_offloaded = t.bytes_offloaded;
-    live.kv_offload_bytes_restored = t.bytes_restored;
+    live.kv_offload_host_hits = d.kv_offload_host_hits + t.host_hits;
+    live.kv_offload_disk_hits = d.kv_offload_disk_hits + t.disk_hits;
+    live.kv_offload_bytes_offloaded = d.kv_offload_bytes_offloaded + t.bytes_offloaded;
+    live.kv_offload_bytes_restored = d.kv_offload_bytes_restored + t.bytes_restored;
     live.kv_offload_host_bytes = t.host_bytes;
     live.kv_offload_disk_bytes = t.disk.bytes;
-    live.kv_offload_disk_bytes_written = t.disk.bytes_written;
-    live.kv_offload_disk_bytes_read = t.disk.bytes_read;
-    live.kv_offload_disk_rejected = t.disk.rejected;
-    live.kv_offload_disk_write_skips = t.disk.write_skips;
+    live.kv_offload_disk_bytes_written = d.kv_offload_disk_bytes_written + t.disk.bytes_written;
+    live.kv_offload_disk_bytes_read = d.kv_offload_disk_bytes_read + t.disk.bytes_read;
+    live.kv_offload_disk_rejected = d.kv_offload_disk_rejected + t.disk.rejected;
+    live.kv_offload_disk_write_skips = d.kv_offload_disk_write_skips + t.disk.write_skips;
+  } else {
+    live.kv_offload_host_bytes = 0;
   }
-  if (scheduler) live.num_preemptions = scheduler->num_preemptions();
-  if (runner) live.graph_replays = runner->graph_replays();
+  if (scheduler) live.num_preemptions = d.num_preemptions + scheduler->num_preemptions();
+  if (runner) live.graph_replays = d.graph_replays + runner->graph_replays();
   std::lock_guard<std::mutex> lk(stats_mu);
   stats = live;
   {
@@ -326,26 +390,44 @@ void Engine::Impl::loop() {
     for (;;) {
       std::deque<std::unique_ptr<Request>> fresh;
       std::vector<uint64_t> aborts;
+      int level = 0;
       {
         std::unique_lock<std::mutex> lk(in_mu);
-        enter("idle");
+        enter(sleep_level ? "asleep" : "idle");
         in_cv.wait(lk, [&] {
-          return stopping || !inbox.empty() || !abort_box.empty() || reset_prefix.load() ||
-                 (!paused && (scheduler->has_work() || ahead));
+          return stopping || !inbox.empty() || !abort_box.empty() || reset_prefix.load() || sleep_wanted != sleep_level ||
+                 (!paused && scheduler && (scheduler->has_work() || ahead));
         });
         if (stopping) break;
         fresh.swap(inbox);
         aborts.swap(abort_box);
+        level = sleep_wanted;
       }
       // A queued step holds its requests: read its tokens before anything joins or leaves.
-      if (ahead && (!fresh.empty() || !aborts.empty())) run_step(false);
-      if (reset_prefix.exchange(false)) caches->manager().pool().drop_unused_cache();
+      if (ahead && (!fresh.empty() || !aborts.empty() || level > 0)) run_step(false);
+      if (level != sleep_level) {
+        enter(level ? "going to sleep" : "waking up");
+        change_sleep(level);
+      }
+      if (reset_prefix.exchange(false) && caches) caches->manager().pool().drop_unused_cache();
       for (auto& r : fresh) {
+        if (!scheduler) {  // asleep: held until wake_up
+          parked.push_back(std::move(r));
+          continue;
+        }
         caches->manager().prefetch(*r);  // its prefix's disk reads start now, off this thread
         scheduler->add(std::move(r));
       }
       for (uint64_t id : aborts) {
-        if (auto r = scheduler->remove(id)) {
+        std::unique_ptr<Request> r;
+        if (scheduler) {
+          r = scheduler->remove(id);
+        } else if (auto it = std::find_if(parked.begin(), parked.end(), [&](const auto& p) { return p->id == id; });
+                   it != parked.end()) {
+          r = std::move(*it);
+          parked.erase(it);
+        }
+        if (r) {
           r->finish_reason = FinishReason::kAbort;
           ++live.requests_finished;
           emit(*r, true);
@@ -354,7 +436,7 @@ void Engine::Impl::loop() {
       bool run = false;
       {
         std::lock_guard<std::mutex> lk(in_mu);
-        run = !paused || ahead;  // (a queued step is finished even when pausing)
+        run = scheduler && (!paused || ahead);  // (a queued step is finished even when pausing)
       }
       if (run && (scheduler->has_work() || ahead)) {
         const int64_t steps = live.num_steps;
@@ -362,7 +444,7 @@ void Engine::Impl::loop() {
         // Nothing ran: the requests left wait for their prefix's disk reads.
         if (live.num_steps == steps && !ahead && tiers) tiers->wait_for_reads(2);
       }
-      if (!scheduler->has_work() && !ahead) move_kv_blocks(true);  // idle: the last step's blocks written through
+      if (scheduler && !scheduler->has_work() && !ahead) move_kv_blocks(true);  // idle: the last step's blocks written through
       publish_stats();
       deliver();
     }
@@ -386,16 +468,19 @@ void Engine::Impl::loop() {
     stopping = true;
     fresh.swap(inbox);
   }
-  for (auto& r : fresh) scheduler->add(std::move(r));
-  for (uint64_t id : scheduler->all_ids()) {
-    auto r = scheduler->remove(id);
+  for (auto& r : fresh) parked.push_back(std::move(r));
+  if (scheduler)
+    for (uint64_t id : scheduler->all_ids()) parked.push_back(scheduler->remove(id));
+  for (auto& r : parked) {
     r->finish_reason = fatal ? FinishReason::kError : FinishReason::kAbort;
     if (fatal) r->error = fatal_error;
     emit(*r, true);
   }
+  parked.clear();
   publish_stats();
   deliver();
   out_cv.notify_all();
+  sleep_cv.notify_all();
 }
 
 Engine::Engine(const EngineConfig& config) : impl_(std::make_unique<Impl>(config)) {}
@@ -525,6 +610,33 @@ void Engine::set_paused(bool paused) {
     impl_->paused = paused;
   }
   impl_->in_cv.notify_all();
+}
+
+void Engine::sleep(int level) {
+  RV_CHECK_ARG(level == 1 || level == 2, "sleep level must be 1 (the KV cache) or 2 (the weights too), got ", level);
+  change_sleep_level(level);
+}
+
+void Engine::wake_up() { change_sleep_level(0); }
+
+void Engine::change_sleep_level(int level) {
+  std::unique_lock<std::mutex> lk(impl_->in_mu);
+  // (a deeper sleep stays: waking is what brings memory back)
+  impl_->sleep_wanted = level == 0 ? 0 : std::max(level, impl_->sleep_wanted);
+  const int want = impl_->sleep_wanted;
+  impl_->in_cv.notify_all();
+  impl_->sleep_cv.wait(lk, [&] { return impl_->stopping || impl_->sleep_level == want || impl_->sleep_wanted != want; });
+  if (impl_->stopping) {
+    lk.unlock();
+    std::lock_guard<std::mutex> out(impl_->out_mu);
+    RV_CHECK(impl_->fatal_error.empty(), "the engine failed: ", impl_->fatal_error);
+    RV_CHECK(false, "the engine is shut down");
+  }
+}
+
+int Engine::sleep_level() const {
+  std::lock_guard<std::mutex> lk(impl_->in_mu);
+  return impl_->sleep_level;
 }
 
 bool Engine::paused() const {

@@ -86,6 +86,25 @@ struct Engine::Impl {
 
   explicit Impl(const EngineConfig& c);
   void loop();
+
+  // What construction decided, kept to rebuild what sleep frees.
+  Device dev = Device::kCPU;
+  std::string weight_dtype;
+  int world = 1, threads = 1;
+  bool ep = false;
+  std::unique_ptr<CachePlan> cache_plan;
+  std::unique_ptr<CacheLimits> cache_limits;
+  RunnerOptions ropts;
+  std::vector<std::pair<float, float>> kv_scales;
+  void load_models();      // model (and the ranks' models)
+  int32_t build_serving();  // caches, tiers, scheduler, runners, graphs; returns the layers without KV scales
+  // Sleep mode (Engine::sleep / wake_up): the engine thread moves sleep_level to sleep_wanted.
+  int sleep_wanted = 0;  // (in_mu)
+  int sleep_level = 0;   // (in_mu; written by the engine thread)
+  std::condition_variable sleep_cv;
+  std::deque<std::unique_ptr<Request>> parked;  // engine thread: the requests held while asleep
+  EngineStats dropped;  // the counters of the caches, tiers, scheduler and runner that sleep freed
+  void change_sleep(int level);
   // A step whose device work is queued and whose greedy tokens are on their way to the host; row
   // i of ids belongs to samplers[i], null once that request has finished.
   struct Queued {

@@ -81,6 +81,20 @@ void TensorParallelRanks::make_runners(const CachePlan& plan, const CacheLimits&
       [] {});
 }
 
+void TensorParallelRanks::drop(bool models) {
+  run_all(
+      [&](Worker& w) {
+        w.runner.reset();
+        w.caches.reset();
+        w.step_hidden = Tensor();
+        w.ids = Tensor();
+        w.draft = ForwardOutput();
+        if (models) w.model.reset();
+        if (device_ != Device::kCPU) device_runtime(device_).release_cached();
+      },
+      [] {});
+}
+
 void TensorParallelRanks::capture_graphs(const std::function<void()>& rank0) {
   run_all([](Worker& w) { w.runner->capture_graphs(); }, rank0);
 }

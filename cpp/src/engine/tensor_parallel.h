@@ -39,6 +39,9 @@ class TensorParallelRanks {
   // Each worker's caches of `plan` (rank 0's, once final), with rank 0's KV scales, and runner.
   void make_runners(const CachePlan& plan, const CacheLimits& limits, const RunnerOptions& ropts,
                     const std::vector<std::pair<float, float>>& kv_scales);
+  // Sleep mode: every worker frees its runner and caches (with models, its model too) and gives its
+  // device's cached blocks back.
+  void drop(bool models);
   // Rank 0's forward (`run`) with every worker's forward of the same step beside it (its state
   // `actions` first: the step's and the snapshots rank 0 took since the last one). A failing rank
   // aborts the group, so the others' collectives fail instead of waiting; the first error is

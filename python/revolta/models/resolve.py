@@ -69,9 +69,13 @@ def _in_place(load_format: str, device: str | None) -> bool:
 
 def _imported(gguf: Path, out: Path, quantized: bool) -> str:
     """The HF-style directory of a GGUF file: read in place (quantized), only its config, tokenizer
-    and weight map (the engine reads the file), else float32 weights too (imported once, cached)."""
-    if quantized:
-        out = out.with_name(out.name + "-gguf")
+    and weight map (the engine reads the file), else float32 weights too (imported once, cached,
+    under NAME-float32: the model's own name is the one read in place, which servers show)."""
+    float32 = out.with_name(out.name + "-float32")
+    if (out / "model.safetensors").is_file() and not float32.exists():
+        os.replace(out, float32)  # an import made where earlier versions kept it
+    if not quantized:
+        out = float32
     if not (out / ("gguf_weights.json" if quantized else "model.safetensors")).is_file():
         from revolta.models.gguf_import import import_gguf
 

@@ -200,23 +200,26 @@ def create_app(engine: AsyncEngine, tokenizer: Tokenizer, served_names: list[str
 
 
 def add_dev_routes(app: FastAPI, engine: AsyncEngine, server_info: dict) -> None:
-    """--dev-mode: vLLM's development endpoints. /sleep pauses the engine (requests are accepted and
-    wait; no memory is given back), /wake_up resumes it."""
+    """--dev-mode: vLLM's development endpoints. /sleep?level=1 frees the KV cache (and CUDA graphs),
+    level=2 the weights too (Engine::sleep); running requests are recomputed after /wake_up, and
+    requests that arrive meanwhile are accepted and wait."""
     core = engine.engine
 
     @app.post("/sleep")
-    async def sleep():
-        core.set_paused(True)
-        return {"is_sleeping": True}
+    async def sleep(level: int = 1):
+        if level not in (1, 2):
+            raise APIError(400, f"level must be 1 (the KV cache) or 2 (the weights too), got {level}", param="level")
+        await asyncio.to_thread(core.sleep, level)
+        return {"is_sleeping": True, "level": core.sleep_level}
 
     @app.post("/wake_up")
     async def wake_up():
-        core.set_paused(False)
+        await asyncio.to_thread(core.wake_up)
         return {"is_sleeping": False}
 
     @app.get("/is_sleeping")
     async def is_sleeping():
-        return {"is_sleeping": core.paused}
+        return {"is_sleeping": core.sleep_level > 0}
 
     @app.post("/reset_prefix_cache")
     async def reset_prefix_cache():
@@ -231,4 +234,4 @@ def add_dev_routes(app: FastAPI, engine: AsyncEngine, server_info: dict) -> None
         stats = {k: getattr(s, k) for k in ("num_running", "num_waiting", "num_steps", "num_blocks_used",
                                             "num_blocks_total", "prefix_cache_hits", "prefix_cache_queries")}
         return {"version": revolta.__version__, "model": model, "engine": {"activity": core.activity(),
-                "is_sleeping": core.paused, "stalled": engine.stalled, **stats}, **server_info}
+                "is_sleeping": core.sleep_level > 0, "sleep_level": core.sleep_level, "paused": core.paused, "stalled": engine.stalled, **stats}, **server_info}

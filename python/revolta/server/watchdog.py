@@ -3,7 +3,7 @@ engine thread has moved on (Engine::activity: the step and its phase); after tim
 phase of one step (waiting idle does not count) it writes a dump
 (what the engine thread is doing, its statistics, every Python thread's stack, and every native
 thread's stack when gdb is installed) to dump_dir, logs it, and turns /health unhealthy until
-it moves again. A paused engine (/sleep) waits idle: it is not stalled."""
+it moves again. A paused or sleeping engine (/sleep) waits idle: it is not stalled."""
 
 from __future__ import annotations
 
@@ -61,7 +61,7 @@ class Watchdog:
         while not self._stop.wait(self.interval_s):
             activity = core.activity()  # "step N: phase (k requests)": any progress changes it
             now = time.monotonic()
-            if activity != last or ": idle " in activity:
+            if activity != last or ": idle " in activity or ": asleep " in activity:
                 if self.engine.stalled:
                     log.warning("watchdog: the engine runs steps again (%s)", activity)
                     self.engine.stalled = None
