@@ -39,7 +39,7 @@ def test_sleep_gives_device_memory_back_and_wakes_up_the_same(tmp_path, kind):
         level1 = free_bytes()
         assert level1 - awake > 0.95 * kv, (level1 - awake, kv)
         llm.wake_up()
-        assert free_bytes() < awake + 0.05 * kv
+        assert level1 - free_bytes() > 0.95 * kv  # the pool is back (the allocator's cache from startup is not)
         got = [o.outputs[0].token_ids for o in llm.generate([{"prompt_token_ids": p} for p in PROMPTS], greedy)]
         assert got == want and llm.stats().graph_replays > replays  # graphs recorded again, counters go on
         awake = free_bytes()
