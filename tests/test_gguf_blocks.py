@@ -155,11 +155,12 @@ def test_demo_read_in_place_with_blocks_kept():
 
     prompts = [{"prompt_token_ids": [1, 504, 3458, 282, 4649, 314]}, {"prompt_token_ids": list(range(100, 120))}]
     params = SamplingParams(temperature=0.0, max_tokens=1, return_generation_logits=True)
-    logits, sizes = {}, {}
+    logits, sizes, said = {}, {}, {}
     for name, kw in {"float32": dict(load_format="safetensors"), "16": {}, "8": dict(block_activation_bits=8)}.items():
         with LLM(None, max_model_len=256, kv_cache_memory_bytes=32 << 20, **kw) as llm:
             logits[name] = [np.asarray(o.outputs[0].generation_logits[0]) for o in llm.generate(prompts, params)]
-            sizes[name] = llm.model_info.weight_bytes
+            sizes[name], said[name] = llm.model_info.weight_bytes, llm.model_info.quantization
+    assert said == {"float32": "", "16": "gguf blocks, 16-bit activations", "8": "gguf blocks, 8-bit activations"}
     assert sizes["16"] == sizes["8"] < 0.2 * sizes["float32"]
     for a, fine, coarse in zip(logits["float32"], logits["16"], logits["8"]):
         assert a.argmax() == fine.argmax() == coarse.argmax()

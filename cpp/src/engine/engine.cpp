@@ -142,6 +142,7 @@ Engine::Impl::Impl(const EngineConfig& c) : cfg(c), seed_source(c.seed) {
                        : model_cfg.quantization.method == "fp8"   ? std::string("fp8 e4m3, a scale per 128")
                        : model_cfg.quantization.method == "nvfp4" ? std::string("nvfp4 e2m1, an e4m3 scale per 16")
                                                                   : str_cat(model_cfg.quantization.method, " int4 g", model_cfg.quantization.group_size);
+  if (cfg.load_format == "gguf") info.quantization = str_cat("gguf blocks, ", cfg.block_activation_bits, "-bit activations");
   RV_CHECK_ARG(!mtp || model->num_mtp_layers() == model_cfg.num_mtp_layers, "speculative_config: method 'mtp' needs ",
                "the checkpoint's multi-token-prediction layers, and ", cfg.model, " (", model_cfg.architecture,
                ") carries ", model->num_mtp_layers(), " of the ", model_cfg.num_mtp_layers,
