@@ -87,6 +87,7 @@ def test_server_sleep_preempts_running_requests_and_holds_new_ones(server):
     assert r.json() == {"is_sleeping": True, "level": 1}
     assert awake - resident_bytes(pid) > 0.9 * KV_BYTES
     assert httpx.get(server.url + "/is_sleeping").json() == {"is_sleeping": True}
+    time.sleep(0.5)  # (tokens emitted before the engine slept may still be on their way)
     before = len(streamed)
     late: list[str] = []
     t2 = threading.Thread(target=lambda: late.append(client.completions.create(prompt=PROMPTS[2], **kw).choices[0].text))

@@ -268,6 +268,7 @@ void Engine::Impl::change_sleep(int level) {
     }
     parked.clear();
   }
+  publish_stats();  // (a caller of sleep / wake_up sees the stats of the new state)
   {
     std::lock_guard<std::mutex> lk(in_mu);
     sleep_level = level;
