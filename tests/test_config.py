@@ -29,6 +29,8 @@ def test_resolution_order(monkeypatch):
     assert settings.engine.max_num_seqs == 7 and report["max_num_seqs"]["source"] == "env"
     assert settings.engine.dtype == "bfloat16" and report["dtype"]["source"] == "profile:cpu-demo"
     assert report["block_size"] == {"value": 16, "source": "default"}
+    monkeypatch.setenv("REVOLTA_BLOCK_ACTIVATION_BITS", "8")
+    assert resolve({})[0].engine.block_activation_bits == 8  # (text from the environment or a flag)
 
 
 def test_invalid_values_name_the_option(tmp_path):
@@ -38,6 +40,8 @@ def test_invalid_values_name_the_option(tmp_path):
         resolve({"block_size": 24})
     with pytest.raises(ConfigError, match="tool_call_parser"):
         resolve({"tool_call_parser": "nope"})
+    with pytest.raises(ConfigError, match="block_activation_bits"):
+        resolve({"block_activation_bits": "12"})
     with pytest.raises(ConfigError, match="unknown option.*max_sequences"):
         resolve({"max_sequences": 4})
     bad = tmp_path / "bad.yaml"

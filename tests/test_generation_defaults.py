@@ -13,6 +13,7 @@ import pytest
 
 from revolta import LLM, SamplingParams
 from revolta.generation_defaults import generation_defaults
+from revolta.profiles import load_profile
 from conftest import readme_question
 from server_fixture import ServerProcess
 
@@ -37,7 +38,8 @@ def test_defaults_come_from_the_file_with_overrides(tmp_path):
 
 @pytest.fixture(scope="module")
 def llm(demo_model_dir):
-    engine = LLM(demo_model_dir, max_model_len=512)
+    """The demo as the README's `--profile cpu-demo` runs it (its weight dtype)."""
+    engine = LLM(demo_model_dir, max_model_len=512, dtype=load_profile("cpu-demo")["dtype"])
     yield engine
     engine.shutdown()
 
@@ -60,7 +62,7 @@ def test_the_demo_answers_its_question_at_the_defaults(llm):
 
 
 def test_server_applies_the_defaults_and_the_request_wins(llm, demo_model_dir):
-    srv = ServerProcess("--model", demo_model_dir, "--served-model-name", "smol", "--max-model-len", "512",
+    srv = ServerProcess("--profile", "cpu-demo", "--model", demo_model_dir, "--served-model-name", "smol", "--max-model-len", "512",
                         "--kv-cache-memory-bytes", str(32 << 20))
     try:
         client = openai.OpenAI(base_url=srv.url + "/v1", api_key="x", max_retries=0)

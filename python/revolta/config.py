@@ -79,6 +79,11 @@ class EngineOptions(BaseModel):
             return json.loads(text) if text.startswith("[") else [x.strip() for x in text.split(",") if x.strip()]
         return v
 
+    @field_validator("block_activation_bits", mode="before")
+    @classmethod
+    def _bits_from_text(cls, v: object) -> object:
+        return int(v) if isinstance(v, str) and v.strip().isdigit() else v  # (flags and environment give text)
+
     @field_validator("kv_offloading_disk", mode="before")
     @classmethod
     def _disk_tier(cls, v: object) -> object:

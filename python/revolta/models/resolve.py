@@ -7,6 +7,7 @@ import hashlib
 import importlib.util
 import json
 import os
+import shutil
 import struct
 import subprocess
 import sys
@@ -72,8 +73,8 @@ def _imported(gguf: Path, out: Path, quantized: bool) -> str:
     and weight map (the engine reads the file), else float32 weights too (imported once, cached,
     under NAME-float32: the model's own name is the one read in place, which servers show)."""
     float32 = out.with_name(out.name + "-float32")
-    if (out / "model.safetensors").is_file() and not float32.exists():
-        os.replace(out, float32)  # an import made where earlier versions kept it
+    if (out / "model.safetensors").is_file():  # an import made where earlier versions kept it
+        shutil.rmtree(out) if float32.exists() else os.replace(out, float32)
     if not quantized:
         out = float32
     if not (out / ("gguf_weights.json" if quantized else "model.safetensors")).is_file():
