@@ -197,11 +197,12 @@ def test_block_kernels_picked_at_run_time(tmp_path):
         "    raw = random_blocks(qtype, 37, 512, rng)\n"
         "    w = gguf.quants.dequantize(raw, qtype).reshape(37, 512).astype(np.float64)\n"
         "    x = rng.standard_normal((3, 512)).astype(np.float32)\n"
-        "    out = np.zeros((3, 37), np.float32)\n"
-        "    _core.ops.linear_quantized(x, raw, qtype.name, out, activation_bits=8)\n"
-        "    xs = x if _core.ops.block_kernels_isa() == 'none' else quantized_activations(x, 8)\n"
-        "    want = xs.astype(np.float64) @ w.T\n"
-        "    np.testing.assert_allclose(out, want, rtol=1e-4, atol=1e-4 * np.abs(want).max())\n")
+        "    for bits in (8, 16):\n"
+        "        out = np.zeros((3, 37), np.float32)\n"
+        "        _core.ops.linear_quantized(x, raw, qtype.name, out, activation_bits=bits)\n"
+        "        xs = x if _core.ops.block_kernels_isa() == 'none' else quantized_activations(x, bits)\n"
+        "        want = xs.astype(np.float64) @ w.T\n"
+        "        np.testing.assert_allclose(out, want, rtol=1e-4, atol=1e-4 * np.abs(want).max())\n")
     for isa in runs:
         done = subprocess.run([sys.executable, str(script)], env={**os.environ, "REVOLTA_CPU_ISA": isa},
                               capture_output=True, text=True, timeout=120)

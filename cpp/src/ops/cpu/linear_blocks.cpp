@@ -53,7 +53,7 @@ void quantize_row(const float* x, int64_t K, bool fine, QuantizedRow& r) {
         residuals += lo;
       }
     }
-    r.scale[size_t(b)] = d;
+    r.scale[size_t(b)] = fine ? d / 254.0f : d;  // (the kernels' dots then count in residual steps)
     r.sum[size_t(b)] = d * (float(sum) + float(residuals) / 254.0f);
   }
 }

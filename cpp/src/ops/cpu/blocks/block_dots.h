@@ -10,7 +10,7 @@
 namespace revolta::ops::cpu {
 
 // An input row quantized to 8-bit blocks of 32: x ~ q * scale[b], or with the residual plane lo
-// (16-bit activations) x ~ (q + lo / 254) * scale[b]; sum[b] is the block's quantized values
+// (16-bit activations) x ~ (254 q + lo) * scale[b] (scale then 254 times smaller); sum[b] is the block's quantized values
 // summed, times its scale (Q4_1's and Q4_K's minimums meet it). Every row of a call has lo or none does.
 struct BlockRow {
   const int8_t* q;
