@@ -235,11 +235,8 @@ void Engine::Impl::change_sleep(int level) {
     // Every request waits outside the scheduler, its KV given back: it is recomputed after wake_up.
     move_kv_blocks(true);
     if (tiers) tiers->flush();
-    for (uint64_t id : scheduler->all_ids()) {
-      std::unique_ptr<Request> r = scheduler->remove(id);
-      r->drop_drafts();
-      r->num_computed_tokens = 0;
-      r->tier_reads.reset();
+    for (auto& r : scheduler->take_all()) {
+      r->tier_reads.reset();  // (the tiers go too)
       parked.push_back(std::move(r));
     }
     publish_stats();

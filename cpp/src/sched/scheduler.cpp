@@ -12,11 +12,15 @@ void Scheduler::add(std::unique_ptr<Request> r) {
   waiting_.push_back(std::move(r));
 }
 
+void Scheduler::release_for_recompute(Request& r) {
+  r.drop_drafts();
+  cache_.free(r);
+  r.num_computed_tokens = 0;
+  r.status = RequestStatus::kWaiting;
+}
+
 void Scheduler::preempt(Request* r) {
-  r->drop_drafts();
-  cache_.free(*r);
-  r->num_computed_tokens = 0;
-  r->status = RequestStatus::kWaiting;
+  release_for_recompute(*r);
   ++preemptions_;
   auto it = std::find_if(running_.begin(), running_.end(),
                          [&](const auto& p) { return p.get() == r; });
@@ -115,6 +119,16 @@ std::vector<Request*> Scheduler::running() const {
   std::vector<Request*> out;
   for (const auto& r : running_) out.push_back(r.get());
   return out;
+}
+
+std::vector<std::unique_ptr<Request>> Scheduler::take_all() {
+  std::vector<std::unique_ptr<Request>> all;
+  for (auto& r : running_) all.push_back(std::move(r));
+  for (auto& r : waiting_) all.push_back(std::move(r));
+  running_.clear();
+  waiting_.clear();
+  for (auto& r : all) release_for_recompute(*r);
+  return all;
 }
 
 std::vector<uint64_t> Scheduler::all_ids() const {

@@ -47,9 +47,13 @@ class Scheduler {
   std::vector<Request*> running() const;
   // Every live request, for shutdown.
   std::vector<uint64_t> all_ids() const;
+  // Every request, running ones first, each as preemption leaves it (blocks freed, to be
+  // recomputed when added again): the engine's sleep mode.
+  std::vector<std::unique_ptr<Request>> take_all();
 
  private:
   void preempt(Request* r);
+  void release_for_recompute(Request& r);  // drafts dropped, blocks freed, progress reset
 
   SchedulerConfig cfg_;
   KvCacheManager& cache_;
