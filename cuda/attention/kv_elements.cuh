@@ -54,7 +54,7 @@ __device__ __forceinline__ float to_raw(Fp8 v) { return fp8x2_raw(v.bits).x; }
 
 // 16 bytes of cache elements as raw floats (16 / sizeof(C) of them).
 template <typename C>
-__device__ __forceinline__ void unpack_raw(const uint4& raw, float* v) {
+__device__ __forceinline__ void unpack_raw(const uint4 raw, float* v) {
   if constexpr (std::is_same_v<C, Fp8>) {
     const uint32_t w[4] = {raw.x, raw.y, raw.z, raw.w};
 #pragma unroll

@@ -56,7 +56,10 @@ __device__ __forceinline__ void load_slice(const C* __restrict__ p, int first, i
   } else if constexpr (kVec) {
     constexpr int kPerVec = 16 / sizeof(C);
 #pragma unroll
-    for (int i = 0; i < EPL; i += kPerVec) unpack_raw<C>(*reinterpret_cast<const uint4*>(p + first + i), v + i);
+    for (int i = 0; i < EPL; i += kPerVec) {
+      const uint4 raw = *reinterpret_cast<const uint4*>(p + first + i);  // one 16-byte load (unpack8's note)
+      unpack_raw<C>(raw, v + i);
+    }
   } else {
 #pragma unroll
     for (int i = 0; i < EPL; ++i) v[i] = first + i < D ? to_raw(p[first + i]) : 0.0f;

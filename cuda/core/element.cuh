@@ -48,7 +48,10 @@ __device__ __forceinline__ void load8_input(const float* p, float (&w)[8]) {
   split8(load_input4(p), load_input4(p + 4), w);
 }
 
-__device__ __forceinline__ void unpack8(const uint4& raw, float (&w)[8]) {
+// raw by value: taken by reference from a dereferenced global pointer, the element reads below
+// became eight 2-byte loads in place of one 16-byte load (decode attention read its KV cache at a
+// tenth of the bandwidth so).
+__device__ __forceinline__ void unpack8(const uint4 raw, float (&w)[8]) {
   const __half2* h = reinterpret_cast<const __half2*>(&raw);
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
