@@ -10,7 +10,7 @@
 //    qkv_rope_attention whole (see Fresh): the step's q, k and v from the fused projection, one
 //    kernel where qkv_rope_cache + attention were two.
 //  - Sequences with several query tokens (prefill chunks, on top of any cached prefix) use
-//    flash-style tiles on tensor cores (prefill_attention.cuh) when head_dim is 64 or 128.
+//    flash-style tiles on tensor cores (prefill_attention.cuh) when head_dim is 64, 128 or 256.
 #include <cuda_fp16.h>
 
 #include <algorithm>
@@ -244,8 +244,8 @@ __device__ __forceinline__ void decode_attention(
     m = m_new;
   };
   // The first round apart, so that the loop keeps its loads at the top of each round (with the
-  // first round's loads folded into it, 8K-token prefills of head_dim 256, which run this kernel
-  // per token, measured 16% slower on the H200).
+  // first round's loads folded into it, 8K-token runs of this kernel at head_dim 256 measured 16%
+  // slower on the H200).
   round(kv0, vv0, ks0, vs0, j0, jr);
   for (int jb = j0 + P * kGroups; jb < jr; jb += P * kGroups) {
     float kv[P][EPL], vv[P][EPL], ks[P], vs[P];
@@ -465,7 +465,7 @@ void run(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, const op
     const int32_t q0 = b.query_start[s], q1 = b.query_start[s + 1];
     max_ctx = std::max(max_ctx, b.seq_lens[s]);
     if (q1 - q0 > 1 && tiles_ok) {
-      for (int32_t r = 0; r < q1 - q0; r += kPrefillRows) tiles.push_back(s), tiles.push_back(r);
+      for (int32_t r = 0; r < q1 - q0; r += prefill_rows(int(sh.D))) tiles.push_back(s), tiles.push_back(r);
     } else {
       for (int32_t t = q0; t < q1; ++t) decode_rows.push_back(t);
     }

@@ -112,7 +112,7 @@ void test_qkv_rope_cache(int64_t T, int H, int KVH, int D, double partial, bool 
 }
 
 // paged_attention over a pool the CPU wrote: decode rows (host or device metadata: the graph's
-// path, split-K for long contexts) and prefill tiles (tensor cores for head_dim 64 / 128).
+// path, split-K for long contexts) and prefill tiles (tensor cores for head_dim 64 / 128 / 256).
 void test_attention(std::vector<std::pair<int, int>> seqs, int H, int KVH, int D, DType dt, bool device_metadata,
                     bool gated = false) {
   const int bs = 16;
@@ -135,7 +135,7 @@ void test_attention(std::vector<std::pair<int, int>> seqs, int H, int KVH, int D
                           "/KV" + std::to_string(KVH) + " D" + std::to_string(D) + " " + dt_tag(dt) +
                           (device_metadata ? " dev-meta" : "") + (gated ? " gated" : "");
   perf("paged_attention " + tag, double(kv_bytes), run);
-  const bool tensor_cores = !tb.all_decode && (D == 64 || D == 128);
+  const bool tensor_cores = !tb.all_decode && (D == 64 || D == 128 || D == 256);
   report("paged_attention " + tag, max_abs_diff(cuda::to_host(dout), ref), tensor_cores ? 2e-2f : 1e-4f);
 }
 
@@ -179,7 +179,8 @@ void run_kv_quant_cases() {
     test_attention({{300, 130}, {0, 1}, {50, 64}, {7, 2}}, 12, 4, 64, dt, false);
     test_attention({{100, 1}, {20, 1}, {3000, 1}}, 32, 8, 128, dt, true);  // the graph's path, split-K
     test_attention({{40, 1}, {5000, 1}}, 16, 2, 256, dt, true, true);      // Qwen3-Next's heads, gated
-    test_attention({{40, 3}}, 16, 2, 256, dt, false);                       // head_dim 256: no tiles
+    test_attention({{40, 3}}, 16, 2, 256, dt, false);                       // head_dim 256: 32-row tiles
+    test_attention({{300, 130}, {0, 1}, {7, 2}, {0, 33}}, 16, 2, 256, dt, false);
     test_attention({{100, 1}, {7, 1}}, 8, 2, 32, dt, true);                 // head_dim 32: scalar loads
     test_attention({{300, 1}, {0, 4}}, 6, 2, 80, dt, false);                // head_dim 80: no vector loads
     test_rope_attention({{40, 1}, {3000, 1}}, 16, 2, 256, 0.25, dt);
