@@ -9,7 +9,7 @@
 //                 [--concurrency 1,2,4,8,16,32] [--prefill 2048,8192] [--prompt 128] [--decode 128]
 //                 [--eager] [--no-dependent-launch] [--async-scheduling auto|on|off] [--json FILE]
 //                 [--probe FILE] [--max-model-len N] [--quantization awq] [--tensor-parallel-size N]
-//                 [--kv-cache-dtype auto|fp8|int8]
+//                 [--kv-cache-dtype auto|fp8|int8] [--speculative-method mtp|ngram --num-speculative-tokens K]
 //
 // qwen3-next-80b is Qwen3-Next-80B-A3B's shape (hidden 2048, 512 experts top-10, its attention and
 // Gated DeltaNet dimensions); its 48 layers in fp16 do not fit one 141 GB GPU, so it runs 32 unless
@@ -25,6 +25,9 @@
 // --quantization awq: the linear layers in 4-bit groups of 128 (made-up values), the byte counts
 // with them (the hybrid decoder's input projections stay 16-bit).
 // --kv-cache-dtype fp8|int8: the KV cache in E4M3 / int8 (made-up scales of 1), the KV bytes with it.
+// --speculative-method mtp: the hybrid shape with one made-up MTP layer drafting K tokens a step
+// (made-up weights accept nothing: REVOLTA_FAULT_INJECT=accept-drafts:R forces R accepted a step);
+// each decode figure then carries the drafts accepted per verify step.
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -71,8 +74,10 @@ std::vector<int> parse_list(const std::string& s) {
   return out;
 }
 
-std::string write_config(const std::string& name, const Shape& s) {
-  const auto dir = std::filesystem::temp_directory_path() / ("revolta-bench-" + name + "-" + std::to_string(s.layers));
+// mtp_layers: the checkpoint's multi-token-prediction layers (hybrid shapes; made up like the rest).
+std::string write_config(const std::string& name, const Shape& s, int mtp_layers) {
+  const auto dir = std::filesystem::temp_directory_path() /
+                   ("revolta-bench-" + name + "-" + std::to_string(s.layers) + (mtp_layers ? "-mtp" : ""));
   std::filesystem::create_directories(dir);
   std::ofstream f(dir / "config.json");
   f << "{\"hidden_size\": " << s.hidden << ", \"intermediate_size\": " << s.intermediate
@@ -88,7 +93,7 @@ std::string write_config(const std::string& name, const Shape& s) {
       << " \"linear_num_key_heads\": " << s.lin_k_heads << ", \"linear_num_value_heads\": " << s.lin_v_heads
       << ", \"linear_key_head_dim\": " << s.lin_k_dim << ", \"linear_value_head_dim\": " << s.lin_v_dim
       << ", \"linear_conv_kernel_dim\": 4, \"full_attention_interval\": " << s.attn_every
-      << ", \"bos_token_id\": 151643, \"eos_token_id\": 151645}\n";
+      << ", \"mtp_num_hidden_layers\": " << mtp_layers << ", \"bos_token_id\": 151643, \"eos_token_id\": 151645}\n";
   } else {
     f << "\"architectures\": [\"LlamaForCausalLM\"], \"model_type\": \"llama\", \"max_position_embeddings\": 131072,"
       << " \"rms_norm_eps\": 1e-5, \"rope_theta\": 500000.0, \"rope_scaling\": {\"rope_type\": \"llama3\", \"factor\": 32.0,"
@@ -221,7 +226,8 @@ int run(int argc, char** argv) {
               kv_cache_dtype = "auto";
   int layers = 0;
   std::vector<int> conc = {1, 2, 4, 8, 16, 32}, prefill = {2048, 8192};
-  int prompt = 128, decode = 128, max_model_len = 0, tensor_parallel = 1;
+  std::string speculative_method;
+  int prompt = 128, decode = 128, max_model_len = 0, tensor_parallel = 1, speculative_tokens = 0;
   bool eager = false, dependent_launch = true;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
@@ -242,6 +248,8 @@ int run(int argc, char** argv) {
     else if (a == "--quantization") quantization = next();
     else if (a == "--tensor-parallel-size") tensor_parallel = std::stoi(next());
     else if (a == "--kv-cache-dtype") kv_cache_dtype = next();
+    else if (a == "--speculative-method") speculative_method = next();
+    else if (a == "--num-speculative-tokens") speculative_tokens = std::stoi(next());
     else {
       std::fprintf(stderr, "unknown argument %s\n", a.c_str());
       return 2;
@@ -255,6 +263,7 @@ int run(int argc, char** argv) {
   if (layers > 0) s.layers = layers;
   else if (s.hybrid()) s.layers = quantization == "awq" ? 48 : 32;  // 48 layers of fp16 experts exceed one 141 GB GPU
   double read_bw = 0;
+  std::string gpu;  // the device's name (the performance gate keeps a baseline per GPU)
   Roofline roof;
 #if REVOLTA_WITH_CUDA
   if (device == "cuda") {
@@ -262,6 +271,7 @@ int run(int argc, char** argv) {
     if (!probe_path.empty()) cuda::probe_enable();  // before the first kernel
     read_bw = cuda::measure_read_bandwidth(size_t(4) << 30);
     roof.read_bw = read_bw;
+    gpu = cuda::device_name();
     roof.mma_flops = cuda::measure_mma884_flops(true);
     roof.wmma_flops = cuda::measure_wmma_flops();
     std::printf("device: %s\nmeasured streaming-read bandwidth: %.0f GB/s\ndependent kernel launch: %s\n",
@@ -276,7 +286,13 @@ int run(int argc, char** argv) {
   if (s.hybrid()) std::printf("%s with %d of its layers\n", shape_name.c_str(), s.layers);
 
   EngineConfig cfg;
-  cfg.model = write_config(shape_name, s);
+  if (speculative_method == "mtp" && !s.hybrid()) {
+    std::fprintf(stderr, "--speculative-method mtp needs a hybrid shape (qwen3-next-80b)\n");
+    return 2;
+  }
+  cfg.model = write_config(shape_name, s, speculative_method == "mtp" ? 1 : 0);
+  cfg.speculative_method = speculative_method;
+  cfg.num_speculative_tokens = speculative_tokens;
   cfg.device = device;
   cfg.load_format = "dummy";
   cfg.quantization = quantization;
@@ -319,7 +335,7 @@ int run(int argc, char** argv) {
   }
   std::mt19937 rng(1);
   std::ostringstream js;
-  js << "{\"shape\": \"" << shape_name << "\", \"device\": \"" << info.device << "\", \"read_bw_gbs\": " << read_bw / 1e9
+  js << "{\"shape\": \"" << shape_name << "\", \"device\": \"" << info.device << "\", \"gpu\": \"" << gpu << "\", \"read_bw_gbs\": " << read_bw / 1e9
      << ", \"weight_bytes\": " << info.weight_bytes << ", \"max_model_len\": " << cfg.max_model_len << ", \"decode\": [";
   run_decode(engine, {random_prompt(prompt, s.vocab, rng)}, 8);  // warm-up: graphs, allocator
   std::printf("%-12s %12s %12s %16s %10s %10s %17s %8s %8s %18s\n", "concurrency", "tok/s", "ms/step", "GB read/step",
@@ -336,6 +352,8 @@ int run(int argc, char** argv) {
     const EngineStats after = engine.stats();
     const double graphs = double(after.graph_replays - before.graph_replays) / std::max(1, decode - 1);
     const double ahead = double(after.steps_run_ahead - before.steps_run_ahead) / std::max(1, decode - 1);
+    const int64_t drafts = after.spec_num_drafts - before.spec_num_drafts;
+    const double accepted = drafts ? double(after.spec_num_accepted_tokens - before.spec_num_accepted_tokens) / double(drafts) : 0.0;
     const double tps = toks / secs, step_s = c / tps;
     // A step reads the shared weights once, the experts its tokens picked (for random routing
     // E (1 - (1 - K/E)^c) distinct ones per layer), each sequence's state and KV.
@@ -351,7 +369,7 @@ int run(int argc, char** argv) {
     js << (i ? ", " : "") << "{\"concurrency\": " << c << ", \"tok_s\": " << tps << ", \"step_ms\": " << step_s * 1e3
        << ", \"bytes_per_step\": " << bytes << ", \"flops_per_step\": " << flops << ", \"bw_fraction\": " << frac
        << ", \"sm70_roofline_fraction\": " << roof_s / step_s << ", \"v100_est_tok_s\": [" << v100_lo << ", " << v100_hi << "], \"graph_steps\": " << graphs
-       << ", \"steps_run_ahead\": " << ahead << ", \"greedy_digest\": \"" << std::hex << digest << std::dec << "\"}";
+       << ", \"steps_run_ahead\": " << ahead << ", \"accepted_per_verify\": " << accepted << ", \"greedy_digest\": \"" << std::hex << digest << std::dec << "\"}";
   }
 #if REVOLTA_WITH_CUDA
   if (!probe_path.empty() && device == "cuda") {
