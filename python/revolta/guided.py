@@ -5,6 +5,7 @@ computes each step's token mask through llguidance's C API itself (sample/gramma
 from __future__ import annotations
 
 import json as _json
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -103,12 +104,33 @@ def closed_objects(schema: Any) -> Any:
     return out
 
 
+# The first llguidance whose C API has every function the engine calls (llg_new_tokenizer_v2 came
+# in 1.7.0); pyproject.toml requires the same.
+LLGUIDANCE_MIN = (1, 7, 0)
+
+
+def _version_tuple(text: str) -> tuple[int, ...]:
+    """'1.10.2rc1' -> (1, 10, 2): each release part's leading digits."""
+    return tuple(int(m.group()) if (m := re.match(r"\d+", piece)) else 0 for piece in text.split(".")[:3])
+
+
 def grammar_library() -> str:
-    """The llguidance wheel's library, whose C functions the engine calls; "" when not installed."""
+    """The llguidance wheel's library, whose C functions the engine calls; "" when not installed. An
+    llguidance older than LLGUIDANCE_MIN is a startup error naming both versions."""
     try:
         import llguidance._lib as lib
     except ImportError:
         return ""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        installed = version("llguidance")
+    except PackageNotFoundError:  # a source tree on the path: nothing to check against
+        installed = ""
+    if installed and _version_tuple(installed) < LLGUIDANCE_MIN:
+        need = ".".join(map(str, LLGUIDANCE_MIN))
+        raise ValueError(f"llguidance {installed} is installed; guided decoding calls llguidance's C API as of {need} "
+                         f"(llg_new_tokenizer_v2): pip install 'llguidance>={need}'")
     return str(Path(lib.__file__).resolve())
 
 

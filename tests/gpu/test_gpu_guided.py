@@ -8,13 +8,12 @@ from __future__ import annotations
 import json
 import re
 
+import jsonschema
 import pytest
 
 from conftest import make_hf_model, save_byte_tokenizer
 
 pytestmark = pytest.mark.gpu
-
-jsonschema = pytest.importorskip("jsonschema")
 
 PERSON = {
     "type": "object",

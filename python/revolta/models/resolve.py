@@ -119,7 +119,7 @@ def resolve_model(model: str | os.PathLike | None, load_format: str = "auto", de
     A .gguf file, the embedded demo model (no model) included, is read in place (its quantized
     blocks kept, nothing but its metadata in the cache) with load_format 'gguf', and with 'auto' on
     the CPU; with 'safetensors', for cuda, or device None (a caller that wants float32 safetensors),
-    it is imported as float32 once."""
+    it is imported as float32 once (a read-in-place directory given for cuda too)."""
     if model is None:
         return demo_model(load_format, device)
     p = Path(model).expanduser()
@@ -137,4 +137,22 @@ def resolve_model(model: str | os.PathLike | None, load_format: str = "auto", de
         return _imported(p, cache_dir() / "models" / f"{p.stem}-{key}", _in_place(load_format, device))
     if not (p / "config.json").is_file():
         raise FileNotFoundError(f"model directory '{model}' has no config.json")
+    if load_format_of(str(p), "auto") == "gguf" and not _in_place(load_format, device):
+        return _float32_of_in_place(p)
     return str(p)
+
+
+def _float32_of_in_place(d: Path) -> str:
+    """A GGUF read-in-place directory given where its blocks cannot be read (cuda): the float32
+    import of the file it names, beside it in the cache (or in the cache, for one made elsewhere),
+    with its generation_config.json (the demo's sampling defaults)."""
+    gguf = Path(json.loads((d / "gguf_weights.json").read_text())["file"])
+    models = cache_dir() / "models"
+    out = d
+    if d.parent.resolve() != models.resolve():
+        out = models / f"{d.name}-{hashlib.sha256(str(d.resolve()).encode()).hexdigest()[:16]}"
+    path = Path(_imported(gguf, out, quantized=False))
+    gen = d / "generation_config.json"
+    if gen.is_file() and not (path / gen.name).is_file():
+        shutil.copyfile(gen, path / gen.name)
+    return str(path)
