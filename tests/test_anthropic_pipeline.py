@@ -116,8 +116,8 @@ def test_error_inside_a_stream_is_an_error_event(think_tokenizer):
     svc, engine = serving(think_tokenizer, "hello")
     original = engine.add_request
 
-    def dying(prompt_ids, params):
-        rid, q = original(prompt_ids, params)
+    def dying(prompt_ids, params, tag=None):
+        rid, q = original(prompt_ids, params, tag)
         while not q.empty():
             q.get_nowait()
         q.put_nowait(Failure(500, "boom"))

@@ -4,6 +4,7 @@
 #include <nanobind/stl/chrono.h>
 #include <nanobind/stl/function.h>
 #include <nanobind/stl/optional.h>
+#include <nanobind/stl/pair.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
 
@@ -65,6 +66,17 @@ NB_MODULE(_core, m) {
       .def_rw("guided_data", &SamplingParams::guided_data)
       .def("validate", &SamplingParams::validate);
 
+  nb::class_<SchedulingTag>(m, "SchedulingTag")
+      .def(nb::init<>())
+      .def("__init__",
+           [](SchedulingTag* t, int32_t priority, uint64_t group, uint64_t client) {
+             new (t) SchedulingTag{priority, group, client};
+           },
+           "priority"_a = 0, "group"_a = 0, "client"_a = 0)
+      .def_rw("priority", &SchedulingTag::priority)
+      .def_rw("group", &SchedulingTag::group)
+      .def_rw("client", &SchedulingTag::client);
+
   nb::class_<EngineConfig>(m, "EngineConfig")
       .def(nb::init<>())
       .def_rw("model", &EngineConfig::model)
@@ -83,6 +95,7 @@ NB_MODULE(_core, m) {
       .def_rw("cuda_graph_batch_sizes", &EngineConfig::cuda_graph_batch_sizes)
       .def_rw("max_model_len", &EngineConfig::max_model_len)
       .def_rw("max_num_seqs", &EngineConfig::max_num_seqs)
+      .def_rw("scheduling_policy", &EngineConfig::scheduling_policy)
       .def_rw("max_num_batched_tokens", &EngineConfig::max_num_batched_tokens)
       .def_rw("block_size", &EngineConfig::block_size)
       .def_rw("kv_cache_memory_bytes", &EngineConfig::kv_cache_memory_bytes)
@@ -155,6 +168,7 @@ NB_MODULE(_core, m) {
       .def_ro("spec_num_draft_tokens", &EngineStats::spec_num_draft_tokens)
       .def_ro("spec_num_accepted_tokens", &EngineStats::spec_num_accepted_tokens)
       .def_ro("spec_accepted_per_position", &EngineStats::spec_accepted_per_position)
+      .def_ro("waiting_by_priority", &EngineStats::waiting_by_priority)
       .def_ro("spec_draft_time_us", &EngineStats::spec_draft_time_us)
       .def_ro("spec_verify_time_us", &EngineStats::spec_verify_time_us);
 
@@ -181,11 +195,11 @@ NB_MODULE(_core, m) {
       .def(nb::init<const EngineConfig&>(), "config"_a, nb::call_guard<nb::gil_scoped_release>())
       .def(
           "add_request",
-          [](Engine& e, std::vector<int32_t> prompt, const SamplingParams& p) {
-            return e.add_request(std::move(prompt), p);
+          [](Engine& e, std::vector<int32_t> prompt, const SamplingParams& p, const SchedulingTag& tag) {
+            return e.add_request(std::move(prompt), p, nullptr, tag);
           },
-          "prompt_token_ids"_a, "params"_a)
-      .def("add_requests", &Engine::add_requests, "prompts"_a, "params"_a)
+          "prompt_token_ids"_a, "params"_a, "tag"_a = SchedulingTag{})
+      .def("add_requests", &Engine::add_requests, "prompts"_a, "params"_a, "tags"_a = std::vector<SchedulingTag>{})
       .def("abort", &Engine::abort, "request_id"_a)
       .def(
           "await_outputs",

@@ -44,6 +44,10 @@ class EngineOptions(BaseModel):
     max_model_len: int = Field(0, ge=0, description="0: the model's max_position_embeddings")
     max_num_seqs: int = Field(64, ge=1, le=4096)
     max_num_batched_tokens: int = Field(2048, ge=1)
+    scheduling_policy: Literal["fair", "fcfs", "priority"] = Field(
+        "fair", description="which waiting request a free slot goes to: fair (round robin across API keys, then across "
+        "requests: one request's fan-out cannot hold the others back) | fcfs (arrival) | priority (the request's "
+        "`priority`, lower first, then arrival; vLLM's)")
     block_size: int = Field(16, ge=1, le=1024)
     kv_cache_memory_bytes: int = Field(1 << 30, gt=0)
     enable_prefix_caching: bool = True
@@ -122,8 +126,13 @@ class ServerOptions(BaseModel):
     tool_call_parser: Literal["qwen3_coder", "hermes"] | None = None
     sse_keepalive_s: float | None = Field(None, gt=0, description="send ': keep-alive' after this many idle seconds")
     max_request_bytes: int = Field(16 << 20, gt=0, description="larger request bodies get HTTP 413 (counted as they arrive)")
-    max_waiting_requests: int = Field(
-        0, ge=0, description="engine requests (n x prompts) that may wait beyond max_num_seqs; more get HTTP 429 (0: no limit)")
+    max_waiting_requests: int | None = Field(
+        None, ge=0, description="engine requests (n x prompts) that may wait beyond max_num_seqs; more get HTTP 429 "
+        "with Retry-After (none: 512 x the sequences that can run at once, max_num_seqs or fewer if the KV cache "
+        "holds fewer blocks; 0: no limit)")
+    max_seqs_per_request: int | None = Field(
+        None, ge=1, description="engine requests one request may ask for (n x prompts); more get HTTP 400 (none: half "
+        "of max_num_seqs + max_waiting_requests, so no single request can fill the queue)")
     request_timeout_s: float | None = Field(None, gt=0, description="abort a request still generating after this many seconds")
     shutdown_timeout_s: float = Field(20.0, ge=0, description="on SIGTERM, let in-flight requests finish this long, then end them")
     max_connections: int = Field(1024, ge=1, description="open connections beyond this are closed at once")

@@ -82,6 +82,7 @@ class LLM:
         max_model_len: int = 0,
         max_num_seqs: int = 64,
         max_num_batched_tokens: int = 2048,
+        scheduling_policy: str = "fair",
         block_size: int = 16,
         kv_cache_memory_bytes: int = 1 << 30,
         enable_prefix_caching: bool = True,
@@ -117,6 +118,7 @@ class LLM:
         cfg.max_model_len = max_model_len
         cfg.max_num_seqs = max_num_seqs
         cfg.max_num_batched_tokens = max_num_batched_tokens
+        cfg.scheduling_policy = self.scheduling_policy = scheduling_policy
         cfg.block_size = block_size
         cfg.kv_cache_memory_bytes = kv_cache_memory_bytes
         cfg.enable_prefix_caching = enable_prefix_caching
@@ -170,8 +172,16 @@ class LLM:
         self,
         prompts: PromptType | Sequence[PromptType],
         sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+        priority: Sequence[int] | None = None,
     ) -> list[RequestOutput]:
+        """priority (vLLM's): one per prompt, lower first; needs scheduling_policy "priority"."""
         prompt_list = self._normalize_prompts(prompts)
+        if priority is not None:
+            priority = list(priority)
+            if len(priority) != len(prompt_list):
+                raise ValueError(f"got {len(priority)} priorities for {len(prompt_list)} prompts")
+            if any(priority) and self.scheduling_policy != "priority":
+                raise ValueError("priority needs LLM(..., scheduling_policy='priority')")
         if sampling_params is None:
             params_list = [self.get_default_sampling_params()] * len(prompt_list)
         elif isinstance(sampling_params, SamplingParams):
@@ -181,7 +191,7 @@ class LLM:
             if len(params_list) != len(prompt_list):
                 raise ValueError(f"got {len(params_list)} sampling_params for {len(prompt_list)} prompts")
         encoded = [self._encode(p) for p in prompt_list]
-        return self._run(encoded, params_list)
+        return self._run(encoded, params_list, priority)
 
     def chat(
         self,
@@ -243,24 +253,29 @@ class LLM:
             raise ValueError("a token-id prompt must be a list of ints")
         return None, ids
 
-    def _run(self, encoded: list[tuple[str | None, list[int]]], params_list: list[SamplingParams]) -> list[RequestOutput]:
+    def _run(self, encoded: list[tuple[str | None, list[int]]], params_list: list[SamplingParams],
+             priority: list[int] | None = None) -> list[RequestOutput]:
         max_len = self.model_info.max_model_len
         results: list[RequestOutput] = []
         live: dict[int, tuple[RequestOutput, _Sequence]] = {}
         added: list[int] = []
         try:
-            prompts, core_params, seqs = [], [], []
-            for (text, ids), params in zip(encoded, params_list):
-                ro = RequestOutput(request_id=str(next(self._ids)), prompt=text, prompt_token_ids=ids)
+            prompts, core_params, seqs, tags = [], [], [], []
+            for k, ((text, ids), params) in enumerate(zip(encoded, params_list)):
+                rid = next(self._ids)
+                ro = RequestOutput(request_id=str(rid), prompt=text, prompt_token_ids=ids)
                 results.append(ro)
+                # A prompt's n sequences are one group, which the fair policy shares slots across.
+                tag = _core.SchedulingTag(priority=priority[k] if priority else 0, group=rid + 1)
                 for i in range(params.n):
                     prompts.append(ids)
+                    tags.append(tag)
                     core_params.append(params.to_core(max_tokens_cap=max(1, max_len - len(ids)), seed_offset=i))
                     detok = IncrementalDetokenizer(self.tokenizer, params.skip_special_tokens) if self.tokenizer else None
                     seqs.append((ro, _Sequence(params=params, detok=detok, index=i)))
                     ro.outputs.append(None)  # type: ignore[arg-type]  # filled in below
             # One call: the engine sees the whole batch in the same step.
-            added = self.engine.add_requests(prompts, core_params)
+            added = self.engine.add_requests(prompts, core_params, tags)
             live = dict(zip(added, seqs))
             pending = set(live)
             while pending:

@@ -12,6 +12,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace revolta {
@@ -42,6 +43,13 @@ struct SamplingParams {
 
   // Throws std::invalid_argument naming the offending field.
   void validate() const;
+};
+
+// Whose request it is, for the scheduling policy (EngineConfig::scheduling_policy).
+struct SchedulingTag {
+  int32_t priority = 0;  // vLLM's: lower is served first (policy "priority")
+  uint64_t group = 0;    // requests of one parent (an API call's n x prompts); 0: a group of its own
+  uint64_t client = 0;   // who sent it (an API key, hashed); 0: the anonymous client
 };
 
 // Engine options. Validated before any weight is read.
@@ -86,6 +94,11 @@ struct EngineConfig {
   int32_t max_model_len = 0;         // 0: the model's max_position_embeddings
   int32_t max_num_seqs = 64;
   int32_t max_num_batched_tokens = 2048;
+  // Which waiting request a free running slot goes to (sched/scheduler.h states the rule): fair
+  // (clients, then parent requests, by the fewest running) | fcfs (arrival) | priority (vLLM's:
+  // SchedulingTag::priority, then arrival). fair and priority also pick the preemption victim and
+  // may preempt a running request for a waiting one they rank far ahead of it.
+  std::string scheduling_policy = "fair";
   int32_t block_size = 16;
   int64_t kv_cache_memory_bytes = int64_t(1) << 30;
   bool enable_prefix_caching = true;
@@ -161,6 +174,7 @@ struct EngineStats {
   int64_t prefix_cache_queries = 0;       // prompt tokens looked up
   int64_t prefix_cache_hits = 0;          // prompt tokens found
   int64_t num_preemptions = 0;
+  std::vector<std::pair<int32_t, int64_t>> waiting_by_priority;  // (priority, requests waiting), ascending
   // KV offload tiers: prompt tokens whose blocks came back from a tier, entries found per tier,
   // bytes moved (device -> host, host -> device, to and from disk), what each tier holds, and disk
   // files rejected (checksum, header) or writes skipped (min_free_bytes, a failed write).
@@ -226,11 +240,13 @@ class Engine {
   // With a callback, this request's outputs go to the callback (on the engine thread) instead
   // of the await_outputs() queue.
   uint64_t add_request(std::vector<int32_t> prompt_token_ids, const SamplingParams& params,
-                       OutputCallback callback = nullptr);
+                       OutputCallback callback = nullptr, const SchedulingTag& tag = {});
   // Several requests at once: the engine sees all of them in the same step (or none, if any is
-  // invalid: then std::invalid_argument names the first bad one and nothing is queued).
+  // invalid: then std::invalid_argument names the first bad one and nothing is queued). tags:
+  // one per prompt, or none (each request a group of its own, priority 0).
   std::vector<uint64_t> add_requests(const std::vector<std::vector<int32_t>>& prompts,
-                                     const std::vector<SamplingParams>& params);
+                                     const std::vector<SamplingParams>& params,
+                                     const std::vector<SchedulingTag>& tags = {});
   // Thread-safe; unknown or finished ids are ignored. The request ends with kAbort.
   void abort(uint64_t request_id);
   // Waits up to timeout for outputs; returns all that are queued (possibly none).

@@ -101,6 +101,8 @@ void EngineConfig::validate() const {
                num_threads);
   RV_CHECK_ARG(tensor_parallel_size >= 1 && tensor_parallel_size <= 64, "tensor_parallel_size must be in [1, 64], got ",
                tensor_parallel_size);
+  RV_CHECK_ARG(scheduling_policy == "fair" || scheduling_policy == "fcfs" || scheduling_policy == "priority",
+               "scheduling_policy must be fair, fcfs or priority; got '", scheduling_policy, "'");
   RV_CHECK_ARG(speculative_method.empty() || speculative_method == "ngram" || speculative_method == "mtp",
                "speculative_config: method must be 'ngram' or 'mtp', got '", speculative_method, "'");
   RV_CHECK_ARG(draft_sample_method == "greedy" || draft_sample_method == "probabilistic",

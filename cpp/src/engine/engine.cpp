@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <filesystem>
 #include <limits>
+#include <map>
 #if defined(__GLIBC__)  // (defined by the headers above)
 #include <malloc.h>
 #endif
@@ -219,7 +220,9 @@ int32_t Engine::Impl::build_serving() {
                         caches->kv(), caches->states());
   caches->manager().set_tiers(tiers.get());
   scheduler = std::make_unique<Scheduler>(
-      SchedulerConfig{cfg.max_num_seqs, cfg.max_num_batched_tokens, cfg.max_model_len}, caches->manager());
+      SchedulerConfig{cfg.max_num_seqs, cfg.max_num_batched_tokens, cfg.max_model_len,
+                      parse_scheduling_policy(cfg.scheduling_policy)},
+      caches->manager());
   ropts.keep_verify_rows = speculative && caches->states();  // rollback by replaying the recurrences
   if (tp) tp->make_runners(*cache_plan, *cache_limits, ropts, kv_scales);
   runner = std::make_unique<ModelRunner>(*model, caches->kv(), caches->states(), ropts);
@@ -276,6 +279,12 @@ void Engine::Impl::change_sleep(int level) {
 void Engine::Impl::publish_stats() {
   live.num_running = scheduler ? scheduler->num_running() : 0;
   live.num_waiting = scheduler ? scheduler->num_waiting() : int64_t(parked.size());
+  std::map<int32_t, int64_t> by_priority;
+  if (scheduler) {
+    for (auto [priority, n] : scheduler->waiting_by_priority()) by_priority[priority] += n;
+  } else {
+    for (const auto& r : parked) ++by_priority[r->tag.priority];
+  }
   const EngineStats& d = dropped;  // counters go on from where the parts that sleep freed left them
   if (caches) {
     const KvCacheManager& m = caches->manager();
@@ -309,7 +318,9 @@ void Engine::Impl::publish_stats() {
   {
     std::lock_guard<std::mutex> in_lk(in_mu);
     stats.num_waiting += int64_t(inbox.size());
+    for (const auto& r : inbox) ++by_priority[r->tag.priority];
   }
+  stats.waiting_by_priority.assign(by_priority.begin(), by_priority.end());
 }
 
 void Engine::Impl::emit(Request& r, bool finished) {
@@ -516,13 +527,14 @@ std::unique_ptr<GrammarMatcher> Engine::Impl::make_grammar(const SamplingParams&
 }
 
 uint64_t Engine::add_request(std::vector<int32_t> prompt, const SamplingParams& params,
-                             OutputCallback callback) {
+                             OutputCallback callback, const SchedulingTag& tag) {
   validate_prompt(prompt, params, impl_->info);
   auto r = std::make_unique<Request>();
   r->id = impl_->next_id.fetch_add(1);
   r->num_prompt_tokens = int32_t(prompt.size());
   r->tokens = std::move(prompt);
   r->params = params;
+  r->tag = tag;
   r->grammar = impl_->make_grammar(params);
   r->callback = std::move(callback);
   const uint64_t id = r->id;
@@ -537,9 +549,12 @@ uint64_t Engine::add_request(std::vector<int32_t> prompt, const SamplingParams& 
 }
 
 std::vector<uint64_t> Engine::add_requests(const std::vector<std::vector<int32_t>>& prompts,
-                                           const std::vector<SamplingParams>& params) {
+                                           const std::vector<SamplingParams>& params,
+                                           const std::vector<SchedulingTag>& tags) {
   RV_CHECK_ARG(prompts.size() == params.size(), "add_requests: ", prompts.size(), " prompts but ",
                params.size(), " sampling params");
+  RV_CHECK_ARG(tags.empty() || tags.size() == prompts.size(), "add_requests: ", prompts.size(), " prompts but ",
+               tags.size(), " scheduling tags");
   for (size_t i = 0; i < prompts.size(); ++i) validate_prompt(prompts[i], params[i], impl_->info);
   std::vector<std::unique_ptr<Request>> batch;
   std::vector<uint64_t> ids;
@@ -549,6 +564,7 @@ std::vector<uint64_t> Engine::add_requests(const std::vector<std::vector<int32_t
     r->num_prompt_tokens = int32_t(prompts[i].size());
     r->tokens = prompts[i];
     r->params = params[i];
+    if (!tags.empty()) r->tag = tags[i];
     r->grammar = impl_->make_grammar(params[i]);
     ids.push_back(r->id);
     batch.push_back(std::move(r));

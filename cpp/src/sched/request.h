@@ -30,6 +30,7 @@ struct Request {
   bool last_token_on_device = false;
   int32_t num_prompt_tokens = 0;
   SamplingParams params;
+  SchedulingTag tag;
   OutputCallback callback;
   RequestStatus status = RequestStatus::kWaiting;
 
@@ -45,8 +46,8 @@ struct Request {
   int32_t state_restore = -1;  // snapshot slot to copy into state_slot before the next forward
   int32_t snapshot_slot = -1;  // the snapshot this request last saved (superseded ones are freed)
   int32_t scratch_slot = -1;   // speculative decoding: its state before a verify step, for rollback
-  std::shared_ptr<TierReads> tier_reads;
-  std::vector<TokenOutput> prompt_logprobs;  // collected as prompt chunks run; sent with the first output  // KV offload: its prefix's entries read from disk ahead of it
+  std::shared_ptr<TierReads> tier_reads;  // KV offload: its prefix's entries read from disk ahead of it
+  std::vector<TokenOutput> prompt_logprobs;  // collected as prompt chunks run; sent with the first output
 
   Rng rng;
   std::vector<TokenOutput> pending;  // produced since the last output was emitted

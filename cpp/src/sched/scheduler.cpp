@@ -2,13 +2,48 @@
 
 #include <algorithm>
 
+#include "core/error.h"
+
 namespace revolta {
+
+SchedulingPolicy parse_scheduling_policy(const std::string& name) {
+  if (name == "fair") return SchedulingPolicy::kFair;
+  if (name == "fcfs") return SchedulingPolicy::kFcfs;
+  RV_CHECK_ARG(name == "priority", "scheduling_policy must be fair, fcfs or priority; got '", name, "'");
+  return SchedulingPolicy::kPriority;
+}
 
 Scheduler::Scheduler(const SchedulerConfig& config, KvCacheManager& cache)
     : cfg_(config), cache_(cache) {}
 
+uint64_t Scheduler::group_of(const Request& r) const {
+  return r.tag.group ? r.tag.group : (r.id | (uint64_t(1) << 63));  // a group of its own
+}
+
+const Scheduler::Share& Scheduler::share(const std::unordered_map<uint64_t, Share>& m, uint64_t key) const {
+  static const Share none;
+  auto it = m.find(key);
+  return it == m.end() ? none : it->second;
+}
+
+// Moves r between the counts: running and waiting deltas of +1 / -1; an admission (running +1,
+// waiting -1) also stamps its client and group as the most recently admitted from.
+void Scheduler::count(const Request& r, int32_t running, int32_t waiting) {
+  const bool admitted = running > 0 && waiting < 0;
+  if (admitted) ++admissions_;
+  for (auto [m, key] : {std::pair{&clients_, r.tag.client}, std::pair{&groups_, group_of(r)}}) {
+    Share& s = (*m)[key];
+    s.running += running;
+    s.waiting += waiting;
+    if (admitted) s.last_admitted = admissions_;
+    if (s.running == 0 && s.waiting == 0) m->erase(key);
+  }
+  if (waiting != 0 && (waiting_per_priority_[r.tag.priority] += waiting) == 0) waiting_per_priority_.erase(r.tag.priority);
+}
+
 void Scheduler::add(std::unique_ptr<Request> r) {
   r->status = RequestStatus::kWaiting;
+  count(*r, 0, 1);
   waiting_.push_back(std::move(r));
 }
 
@@ -24,8 +59,85 @@ void Scheduler::preempt(Request* r) {
   ++preemptions_;
   auto it = std::find_if(running_.begin(), running_.end(),
                          [&](const auto& p) { return p.get() == r; });
+  count(*r, -1, 1);
   waiting_.push_front(std::move(*it));
   running_.erase(it);
+}
+
+Scheduler::Rank Scheduler::rank(const Request& r) const {
+  switch (cfg_.policy) {
+    case SchedulingPolicy::kFcfs:
+      return {0, 0, 0, 0};
+    case SchedulingPolicy::kPriority:
+      return {r.tag.priority, 0, 0, 0};
+    case SchedulingPolicy::kFair:
+      break;
+  }
+  const Share &c = share(clients_, r.tag.client), &g = share(groups_, group_of(r));
+  return {c.running, c.last_admitted, g.running, g.last_admitted};
+}
+
+Scheduler::Queue::iterator Scheduler::pick_waiting() {
+  auto best = waiting_.end();
+  Rank best_rank{};
+  for (auto it = waiting_.begin(); it != waiting_.end(); ++it) {
+    Request& r = **it;
+    // One whose prefix is still being read from the KV offload disk tier is passed over until
+    // its reads land.
+    if (r.num_computed_tokens == 0 && cache_.kv_loading(r)) continue;
+    if (cfg_.policy == SchedulingPolicy::kFcfs) return it;
+    Rank k = rank(r);
+    if (best == waiting_.end() || k < best_rank) {
+      best = it;
+      best_rank = k;
+    }
+  }
+  return best;
+}
+
+Request* Scheduler::pick_victim() const {
+  Request* victim = nullptr;
+  Rank worst{};
+  for (const auto& p : running_) {
+    Rank k = rank(*p);
+    if (!victim || k >= worst) {  // ties: the later admitted
+      victim = p.get();
+      worst = k;
+    }
+  }
+  return victim;
+}
+
+bool Scheduler::displaces(const Request& w, const Request& v) const {
+  switch (cfg_.policy) {
+    case SchedulingPolicy::kFcfs:
+      return false;
+    case SchedulingPolicy::kPriority:
+      return w.tag.priority < v.tag.priority;
+    case SchedulingPolicy::kFair:
+      break;
+  }
+  if (w.tag.client != v.tag.client)
+    return share(clients_, v.tag.client).running >= share(clients_, w.tag.client).running + 2;
+  const uint64_t wg = group_of(w), vg = group_of(v);
+  return wg != vg && share(groups_, vg).running >= share(groups_, wg).running + 2;
+}
+
+void Scheduler::unschedule(Request* r, SchedulerOutput& out, int32_t& budget) {
+  auto it = std::find_if(out.scheduled.begin(), out.scheduled.end(),
+                         [&](const ScheduledRequest& s) { return s.request == r; });
+  if (it == out.scheduled.end()) return;
+  budget += it->num_new_tokens;
+  out.num_batched_tokens -= it->num_new_tokens;
+  out.scheduled.erase(it);
+}
+
+bool Scheduler::displace_for(const Request& waiting, SchedulerOutput& out, int32_t& budget) {
+  Request* victim = pick_victim();
+  if (!victim || !displaces(waiting, *victim)) return false;
+  unschedule(victim, out, budget);
+  preempt(victim);
+  return true;
 }
 
 SchedulerOutput Scheduler::schedule() {
@@ -46,21 +158,18 @@ SchedulerOutput Scheduler::schedule() {
     }
     bool scheduled = true;
     while (!cache_.allocate_slots(*r, n)) {
-      Request* victim = running_.back().get();
-      // A victim scheduled earlier in this step gives its tokens back.
-      auto it = std::find_if(out.scheduled.begin(), out.scheduled.end(),
-                             [&](const ScheduledRequest& s) { return s.request == victim; });
-      if (it != out.scheduled.end()) {
-        budget += it->num_new_tokens;
-        out.num_batched_tokens -= it->num_new_tokens;
-        out.scheduled.erase(it);
-      }
+      Request* victim = pick_victim();
+      // Requests before r in running_ keep their place: a victim among them moves r down by one.
+      const bool before = std::find_if(running_.begin(), running_.begin() + i,
+                                       [&](const auto& p) { return p.get() == victim; }) != running_.begin() + i;
+      unschedule(victim, out, budget);  // a victim scheduled earlier in this step gives its tokens back
       preempt(victim);
       preempted = true;
       if (victim == r) {
         scheduled = false;
         break;
       }
+      if (before) --i;
     }
     if (!scheduled) continue;  // r left running_; index i now names the next request
     out.scheduled.push_back({r, n});
@@ -69,14 +178,16 @@ SchedulerOutput Scheduler::schedule() {
     ++i;
   }
 
-  // Waiting requests in arrival order; one whose prefix is still being read from the KV offload
-  // disk tier is passed over until its reads land.
-  for (auto it = waiting_.begin(); !preempted && budget > 0 && it != waiting_.end() &&
-                                   int32_t(running_.size()) < cfg_.max_num_seqs;) {
+  // Free slots go to waiting requests in the policy's order; a preemption above means blocks
+  // are short, so nothing is admitted this step.
+  for (int32_t displaced = 0; !preempted && budget > 0;) {
+    auto it = pick_waiting();
+    if (it == waiting_.end()) break;
     Request* r = it->get();
-    if (r->num_computed_tokens == 0 && cache_.kv_loading(*r)) {
-      ++it;
-      continue;
+    if (int32_t(running_.size()) >= cfg_.max_num_seqs) {
+      if (displaced >= cfg_.max_num_seqs || !displace_for(*r, out, budget)) break;
+      ++displaced;
+      continue;  // the victim went to the waiting queue; r still ranks first
     }
     if (r->num_computed_tokens == 0) {
       int32_t hit = cache_.match_prefix(*r);
@@ -86,11 +197,14 @@ SchedulerOutput Scheduler::schedule() {
     if (!cache_.allocate_slots(*r, n)) {
       cache_.free(*r);  // give back the prefix blocks it took; they stay cached
       r->num_computed_tokens = 0;
-      break;
+      if (displaced >= cfg_.max_num_seqs || !displace_for(*r, out, budget)) break;
+      ++displaced;
+      continue;
     }
     r->status = RequestStatus::kRunning;
+    count(*r, 1, -1);
     running_.push_back(std::move(*it));
-    it = waiting_.erase(it);
+    waiting_.erase(it);
     out.scheduled.push_back({r, n});
     out.num_batched_tokens += n;
     budget -= n;
@@ -104,15 +218,21 @@ std::unique_ptr<Request> Scheduler::remove(uint64_t id) {
   if (rit != running_.end()) {
     r = std::move(*rit);
     running_.erase(rit);
+    count(*r, -1, 0);
   } else {
     auto wit = std::find_if(waiting_.begin(), waiting_.end(), [&](const auto& p) { return p->id == id; });
     if (wit == waiting_.end()) return nullptr;
     r = std::move(*wit);
     waiting_.erase(wit);
+    count(*r, 0, -1);
   }
   cache_.free(*r);
   r->status = RequestStatus::kFinished;
   return r;
+}
+
+std::vector<std::pair<int32_t, int64_t>> Scheduler::waiting_by_priority() const {
+  return {waiting_per_priority_.begin(), waiting_per_priority_.end()};
 }
 
 std::vector<Request*> Scheduler::running() const {
@@ -127,6 +247,9 @@ std::vector<std::unique_ptr<Request>> Scheduler::take_all() {
   for (auto& r : waiting_) all.push_back(std::move(r));
   running_.clear();
   waiting_.clear();
+  clients_.clear();
+  groups_.clear();
+  waiting_per_priority_.clear();
   for (auto& r : all) release_for_recompute(*r);
   return all;
 }

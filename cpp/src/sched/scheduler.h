@@ -1,11 +1,28 @@
-// The scheduler: one rule (DESIGN 4.1). Each step it gives every running request, then waiting
-// requests in arrival order, as many new tokens as it still lacks, within a token budget
-// (max_num_batched_tokens) and a sequence limit (max_num_seqs). When blocks run out, the most
-// recently admitted running request is preempted: its blocks are freed and it recomputes later.
+// The scheduler: one rule. Each step it gives every running request, in admission order, as many
+// new tokens as it still lacks, within a token budget (max_num_batched_tokens); then it fills free
+// running slots (max_num_seqs) from the waiting queue, one at a time, with the request the policy
+// ranks first:
+//   fcfs      the queue's order (arrival; preempted requests go back to its front);
+//   priority  the lowest SchedulingTag::priority, then the queue's order (vLLM's);
+//   fair      the client with the fewest running requests, within it the parent request (group)
+//             with the fewest, each tie going to the one admitted from least recently, then the
+//             queue's order: round robin across clients and their requests, so no one request's
+//             fan-out holds the others back.
+// When blocks run out, the policy's victim is preempted (its blocks freed, recomputed later):
+// fcfs the last admitted; priority the last admitted of the highest priority value; fair the last
+// admitted of the most-served group of the most-served client. A waiting request that finds no
+// slot or no blocks displaces that victim only when it ranks far ahead of it: priority, a strictly
+// lower priority value; fair, the victim's client (the same client: its group) runs at least two
+// more requests than the waiting one's, so a swap never reverses the order. fcfs never displaces.
 #pragma once
 
+#include <array>
 #include <deque>
+#include <map>
 #include <memory>
+#include <string>
+#include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "cache/cache_manager.h"
@@ -13,10 +30,15 @@
 
 namespace revolta {
 
+enum class SchedulingPolicy { kFair, kFcfs, kPriority };
+// "fair" | "fcfs" | "priority"; throws std::invalid_argument naming the option otherwise.
+SchedulingPolicy parse_scheduling_policy(const std::string& name);
+
 struct SchedulerConfig {
   int32_t max_num_seqs = 64;
   int32_t max_num_batched_tokens = 2048;
   int32_t max_model_len = 2048;
+  SchedulingPolicy policy = SchedulingPolicy::kFair;
 };
 
 struct ScheduledRequest {
@@ -43,6 +65,8 @@ class Scheduler {
   int64_t num_waiting() const { return int64_t(waiting_.size()); }
   int64_t num_preemptions() const { return preemptions_; }
   bool has_work() const { return !running_.empty() || !waiting_.empty(); }
+  // (priority, requests waiting), ascending by priority.
+  std::vector<std::pair<int32_t, int64_t>> waiting_by_priority() const;
   // The running requests in the order a step schedules them.
   std::vector<Request*> running() const;
   // Every live request, for shutdown.
@@ -52,13 +76,35 @@ class Scheduler {
   std::vector<std::unique_ptr<Request>> take_all();
 
  private:
+  using Queue = std::deque<std::unique_ptr<Request>>;
+  using Rank = std::array<int64_t, 4>;  // the policy's key, smaller first (ties: queue order)
+  // Per client and per group: requests running and waiting, and when it was last admitted from
+  // (an admission count), kept while it has requests.
+  struct Share {
+    int32_t running = 0, waiting = 0;
+    int64_t last_admitted = 0;
+  };
+
+  Rank rank(const Request& r) const;
+  Queue::iterator pick_waiting();  // the first ready waiting request by the policy, or end()
+  Request* pick_victim() const;    // the running request the policy gives up first
+  bool displaces(const Request& waiting, const Request& victim) const;
+  // Preempts the victim for `waiting` when the policy lets it (its tokens of this step given back).
+  bool displace_for(const Request& waiting, SchedulerOutput& out, int32_t& budget);
+  void unschedule(Request* r, SchedulerOutput& out, int32_t& budget);
   void preempt(Request* r);
   void release_for_recompute(Request& r);  // drafts dropped, blocks freed, progress reset
+  void count(const Request& r, int32_t running, int32_t waiting);
+  uint64_t group_of(const Request& r) const;
+  const Share& share(const std::unordered_map<uint64_t, Share>& m, uint64_t key) const;
 
   SchedulerConfig cfg_;
   KvCacheManager& cache_;
   std::vector<std::unique_ptr<Request>> running_;  // admission order
-  std::deque<std::unique_ptr<Request>> waiting_;
+  Queue waiting_;
+  std::unordered_map<uint64_t, Share> clients_, groups_;
+  std::map<int32_t, int64_t> waiting_per_priority_;
+  int64_t admissions_ = 0;
   int64_t preemptions_ = 0;
 };
 

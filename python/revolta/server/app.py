@@ -191,7 +191,7 @@ def create_app(engine: AsyncEngine, tokenizer: Tokenizer, served_names: list[str
         pipeline.check_model(req.model)
         return {"prompt": await pipeline.decode(req.tokens, "tokens")}
 
-    app.add_middleware(RequestGuard, options=options)
+    app.add_middleware(RequestGuard, options=options, on_reject=metrics.reject)
     if options.allowed_origins:
         # Added last, so outermost: preflight requests are answered without an API key.
         app.add_middleware(CORSMiddleware, allow_origins=options.allowed_origins, allow_methods=options.allowed_methods,

@@ -23,10 +23,12 @@ class Failure:
 
 
 class AsyncEngine:
-    def __init__(self, engine: _core.Engine, max_num_seqs: int):
+    def __init__(self, engine: _core.Engine, max_num_seqs: int, block_size: int = 16, scheduling_policy: str = "fair"):
         self.engine = engine
         self.model_info = engine.model_info
         self.max_num_seqs = max_num_seqs
+        self.block_size = block_size
+        self.scheduling_policy = scheduling_policy
         self._queues: dict[int, tuple[asyncio.AbstractEventLoop, asyncio.Queue]] = {}
         self._lock = threading.Lock()
         self._stop = False
@@ -35,7 +37,8 @@ class AsyncEngine:
         self._thread = threading.Thread(target=self._pump, name="revolta-pump", daemon=True)
         self._thread.start()
 
-    def add_request(self, prompt_ids: list[int], params: _core.SamplingParams) -> tuple[int, asyncio.Queue]:
+    def add_request(self, prompt_ids: list[int], params: _core.SamplingParams,
+                    tag: _core.SchedulingTag | None = None) -> tuple[int, asyncio.Queue]:
         """Raises ValueError for bad input (nothing is queued then)."""
         if self.dead:
             raise RuntimeError(f"engine is dead: {self.dead}")
@@ -43,7 +46,7 @@ class AsyncEngine:
         queue: asyncio.Queue = asyncio.Queue()
         # Held across add_request so the pump cannot see an output before its queue exists.
         with self._lock:
-            rid = self.engine.add_request(prompt_ids, params)
+            rid = self.engine.add_request(prompt_ids, params, tag or _core.SchedulingTag())
             self._queues[rid] = (loop, queue)
         return rid, queue
 

@@ -31,12 +31,12 @@ GROUPS = {
     "Device and memory": ["device", "gpu_memory_utilization", "kv_cache_memory_bytes", "kv_cache_dtype",
                           "calculate_kv_scales", "enforce_eager", "cuda_graph_sizes", "num_threads"],
     "Scheduling and caching": ["max_model_len", "max_num_seqs", "max_num_batched_tokens", "block_size",
-                               "enable_prefix_caching", "async_scheduling", "speculative_config"],
+                               "scheduling_policy", "enable_prefix_caching", "async_scheduling", "speculative_config"],
     "KV offload": ["kv_offloading_size", "kv_offloading_eviction", "kv_offloading_disk"],
     "Parallelism": ["tensor_parallel_size", "enable_expert_parallel"],
     "Server": ["host", "port", "api_key", "reasoning_parser", "tool_call_parser", "log_level", "dev_mode",
                "watchdog_config"],
-    "HTTP limits": ["max_request_bytes", "max_waiting_requests", "request_timeout_s", "shutdown_timeout_s",
+    "HTTP limits": ["max_request_bytes", "max_waiting_requests", "max_seqs_per_request", "request_timeout_s", "shutdown_timeout_s",
                     "max_connections", "header_timeout_s", "body_timeout_s", "write_timeout_s", "keep_alive_timeout_s",
                     "sse_keepalive_s"],
     "CORS": ["allowed_origins", "allowed_methods", "allowed_headers", "allow_credentials"],
@@ -247,7 +247,8 @@ def build(settings):
     for name in ("dtype", "kv_cache_dtype", "device", "max_model_len", "max_num_seqs", "max_num_batched_tokens",
                  "block_size", "kv_cache_memory_bytes", "enable_prefix_caching", "num_threads", "tensor_parallel_size",
                  "enable_expert_parallel", "block_activation_bits",
-                 "seed", "load_format", "quantization", "gpu_memory_utilization", "enforce_eager", "async_scheduling"):
+                 "seed", "load_format", "quantization", "gpu_memory_utilization", "enforce_eager", "async_scheduling",
+                 "scheduling_policy"):
         setattr(cfg, name, getattr(e, name))
     cfg.model = path
     cfg.load_format = load_format_of(path, e.load_format)
@@ -274,7 +275,7 @@ def build(settings):
     for warning in info.warnings:
         log.warning("%s", warning)
     log.info("default sampling (generation_config %s): %s", e.generation_config, describe(defaults))
-    engine = AsyncEngine(core, e.max_num_seqs)
+    engine = AsyncEngine(core, e.max_num_seqs, block_size=e.block_size, scheduling_policy=e.scheduling_policy)
     served = [e.served_model_name or (Path(e.model).name if e.model else "SmolLM2-135M-Instruct")]
     if e.model and e.model not in served:
         served.append(e.model)

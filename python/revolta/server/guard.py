@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import hmac
+from typing import Callable
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -42,9 +43,16 @@ def _header(scope: Scope, name: bytes) -> str | None:
     return None
 
 
+def client_key(authorization: str | None, x_api_key: str | None) -> str | None:
+    """The API key a request presents (Authorization: Bearer, or Anthropic's x-api-key)."""
+    auth = authorization or ""
+    return auth[7:] if auth[:7].lower() == "bearer " else x_api_key
+
+
 class RequestGuard:
-    def __init__(self, app: ASGIApp, options: ServerOptions):
+    def __init__(self, app: ASGIApp, options: ServerOptions, on_reject: Callable[[str], None] = lambda reason: None):
         self.app = app
+        self.on_reject = on_reject  # each refusal's reason, for /metrics
         self.key = options.api_key.encode() if options.api_key else None
         self.max_bytes = options.max_request_bytes
         self.body_timeout = options.body_timeout_s
@@ -54,8 +62,7 @@ class RequestGuard:
         self.held = 0
 
     def authorized(self, scope: Scope) -> bool:
-        auth = _header(scope, b"authorization") or ""
-        key = auth[7:] if auth[:7].lower() == "bearer " else _header(scope, b"x-api-key")
+        key = client_key(_header(scope, b"authorization"), _header(scope, b"x-api-key"))
         # Constant time, so the key cannot be found a byte at a time by timing the 401s.
         return key is not None and hmac.compare_digest(key.encode(), self.key)
 
@@ -66,6 +73,7 @@ class RequestGuard:
         path = scope["path"]
         if (self.key is not None and path not in OPEN_PATHS and not path.startswith("/static/") and scope["method"] != "OPTIONS"
                 and not self.authorized(scope)):
+            self.on_reject("unauthorized")
             await json_error(path, 401, "Invalid or missing API key.")(scope, receive, send)
             return
         if scope["method"] not in ("POST", "PUT", "PATCH"):
@@ -75,6 +83,7 @@ class RequestGuard:
         # A 413 keeps the connection: closing it while the client still sends would reset it and
         # lose the response; the protocol discards the rest of the body (for body_timeout_s at most).
         if declared and declared.isdigit() and int(declared) > self.max_bytes:
+            self.on_reject("body_too_large")
             await json_error(path, 413, f"request body of {declared} bytes exceeds {self.max_bytes}")(scope, receive, send)
             return
         held = [0]  # bytes of this body counted in self.held until the request ends
@@ -82,13 +91,16 @@ class RequestGuard:
             try:
                 body = await asyncio.wait_for(self._read_body(receive, held), self.body_timeout)
             except _TooLarge:
+                self.on_reject("body_too_large")
                 await json_error(path, 413, f"request body exceeds {self.max_bytes} bytes")(scope, receive, send)
                 return
             except _Busy:
+                self.on_reject("bodies_held")
                 await json_error(path, 503, "the server holds too many request bodies at once; retry later",
                                  headers={"Retry-After": "1", "connection": "close"})(scope, receive, send)
                 return
             except asyncio.TimeoutError:
+                self.on_reject("body_timeout")
                 await json_error(path, 408, f"request body not received within {self.body_timeout:g} s",
                                  headers={"connection": "close"})(scope, receive, send)
                 return

@@ -10,16 +10,21 @@ server ends it (shutdown, engine failure).
 from __future__ import annotations
 
 import asyncio
+import hashlib
+import math
 import time
+from collections import deque
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, AsyncIterator, Callable
 
 from starlette.requests import Request
 
+from revolta import _core
 from revolta.sampling_params import SamplingParams
 from revolta.server.async_engine import Failure
 from revolta.server.errors import APIError
 from revolta.server.generation import Delta, Generation, TokenInfo
+from revolta.server.guard import client_key
 from revolta.server.parsers.tools import ToolCallDelta, ToolParser
 
 if TYPE_CHECKING:
@@ -48,23 +53,79 @@ class Choice:
 
 class Admission:
     """Counts engine requests from acceptance to release, so that a burst is judged before any of
-    it reaches the engine: up to max_num_seqs running plus max_waiting_requests waiting."""
+    it reaches the engine: up to `capacity` at once (max_num_seqs running plus max_waiting_requests
+    waiting) and `per_request` for one request; None: no limit. Each refusal is reported to
+    on_reject with its reason, for /metrics."""
 
-    def __init__(self, limit: int | None):
-        self.limit = limit
+    _WINDOW_S = 30.0  # releases this recent give the drain rate behind Retry-After
+
+    def __init__(self, capacity: int | None, per_request: int | None = None,
+                 on_reject: Callable[[str], None] = lambda reason: None):
+        self.capacity = capacity
+        self.per_request = per_request
+        self.on_reject = on_reject
         self.live = 0
+        self._released: deque[tuple[float, int]] = deque()
+        self._released_sum = 0
 
     def acquire(self, k: int) -> None:
-        if self.limit is not None:
-            if k > self.limit:
-                raise APIError(400, f"this request needs {k} engine requests (n x prompts); the server admits at most {self.limit}", param="n")
-            if self.live + k > self.limit:
-                raise APIError(429, f"the server is at capacity ({self.live} of {self.limit} engine requests); retry later",
-                               headers={"Retry-After": "1"})
+        if self.per_request is not None and k > self.per_request:
+            self.on_reject("request_too_large")
+            raise APIError(400, f"this request needs {k} engine requests (n x prompts); one request may have at most "
+                                f"{self.per_request} (max_seqs_per_request)", param="n")
+        if self.capacity is not None and self.live + k > self.capacity:
+            self.on_reject("queue_full")
+            raise APIError(429, f"the server is at capacity ({self.live} of {self.capacity} engine requests); retry later",
+                           headers={"Retry-After": str(self.retry_after(self.live + k - self.capacity))})
         self.live += k
 
     def release(self, k: int) -> None:
         self.live -= k
+        now = time.monotonic()
+        self._released.append((now, k))
+        self._released_sum += k
+        self._forget(now)
+
+    def retry_after(self, short: int) -> int:
+        """Seconds until `short` engine requests are likely to have ended, at the recent rate (1 to 60)."""
+        now = time.monotonic()
+        self._forget(now)
+        if not self._released:
+            return 1
+        rate = self._released_sum / max(now - self._released[0][0], 1.0)
+        return max(1, min(60, math.ceil(short / rate)))
+
+    def _forget(self, now: float) -> None:
+        while self._released and now - self._released[0][0] > self._WINDOW_S:
+            self._released_sum -= self._released.popleft()[1]
+
+
+# Deep enough for batch work (a few thousand prompts behind a small batch), finite so that a
+# runaway client meets a 429 instead of a queue that outlives it.
+WAITING_PER_SLOT = 512
+
+
+def admission_limits(max_num_seqs: int, kv_blocks: int, max_waiting: int | None,
+                     per_request: int | None) -> tuple[int | None, int | None]:
+    """(capacity, per-request limit) from the options; None picks the defaults: a queue of
+    WAITING_PER_SLOT per sequence that can run at once (max_num_seqs, or the KV blocks if fewer:
+    each needs one), and half the capacity for one request, so that no request fills it alone.
+    max_waiting 0: no queue limit."""
+    if max_waiting is None:
+        runnable = min(max_num_seqs, kv_blocks) if kv_blocks > 0 else max_num_seqs
+        max_waiting = WAITING_PER_SLOT * max(1, runnable)
+    capacity = max_num_seqs + max_waiting if max_waiting else None
+    if per_request is None and capacity is not None:
+        per_request = max(1, capacity // 2)
+    return capacity, per_request
+
+
+def client_of(raw: Request | None) -> int:
+    """Whom a request counts against for fair scheduling: its API key, hashed; 0: anonymous."""
+    key = client_key(raw.headers.get("authorization"), raw.headers.get("x-api-key")) if raw is not None else None
+    if not key:
+        return 0
+    return int.from_bytes(hashlib.blake2b(key.encode(), digest_size=8).digest(), "little") or 1
 
 
 class ClientGone(Exception):
@@ -77,8 +138,10 @@ async def _wait_disconnect(raw: Request) -> None:
 
 
 class Job:
-    def __init__(self, serving: "Pipeline", raw: Request | None, slots: int):
+    def __init__(self, serving: "Pipeline", raw: Request | None, slots: int, priority: int = 0):
         serving.admission.acquire(slots)
+        # Its engine requests are one group: the fair policy shares slots across groups and clients.
+        self.tag = _core.SchedulingTag(priority=priority, group=next(serving.groups), client=client_of(raw))
         self.serving = serving
         self.raw = raw
         self.slots = slots
@@ -97,7 +160,7 @@ class Job:
         new: list[Choice] = []
         try:
             for i in range(params.n):
-                rid, q = s.engine.add_request(prompt_ids, params.to_core(params.max_tokens or 1, seed_offset=i))
+                rid, q = s.engine.add_request(prompt_ids, params.to_core(params.max_tokens or 1, seed_offset=i), self.tag)
                 gen = Generation(s.tok, params.stop, params.include_stop_str_in_output, params.skip_special_tokens, router_factory(),
                                  params.stop_token_ids)
                 new.append(Choice(index=index0 + i, prompt_no=prompt_no, rid=rid, queue=q, gen=gen, tool_parser=tool_factory()))

@@ -15,6 +15,11 @@ class Metrics:
         p = "revolta:"
         self.running = Gauge(p + "num_requests_running", "requests in the engine's running set", registry=r)
         self.waiting = Gauge(p + "num_requests_waiting", "requests waiting to be scheduled", registry=r)
+        self.waiting_by_priority = Gauge(p + "num_requests_waiting_by_priority", "requests waiting, by their priority",
+                                         ["priority"], registry=r)
+        self.rejected = Counter(p + "requests_rejected", "requests refused before they reached the engine, by reason: "
+                                "queue_full (429), request_too_large (400: n x prompts), body_too_large (413), "
+                                "body_timeout (408), bodies_held (503), unauthorized (401)", ["reason"], registry=r)
         self.kv_usage = Gauge(p + "kv_cache_usage_perc", "fraction of KV blocks in use", registry=r)
         self.prefix_hit_rate = Gauge(p + "prefix_cache_hit_rate", "prefix-cache hits / queries (tokens)", registry=r)
         self.prefix_queries = Gauge(p + "prefix_cache_queries", "prompt tokens looked up in the prefix cache", registry=r)
@@ -48,10 +53,17 @@ class Metrics:
         self.ttft = Histogram(p + "time_to_first_token_seconds", "time to first token", buckets=_LATENCY_BUCKETS, registry=r)
         self.itl = Histogram(p + "inter_token_latency_seconds", "time between tokens", buckets=_LATENCY_BUCKETS, registry=r)
 
+    def reject(self, reason: str) -> None:
+        self.rejected.labels(reason=reason).inc()
+
     def render(self) -> bytes:
         s = self.engine.stats()
         self.running.set(s.num_running)
         self.waiting.set(s.num_waiting)
+        self.waiting_by_priority.clear()
+        self.waiting_by_priority.labels(priority="0").set(0)  # the default priority's queue, even when empty
+        for priority, n in getattr(s, "waiting_by_priority", []):
+            self.waiting_by_priority.labels(priority=str(priority)).set(n)
         self.kv_usage.set(s.num_blocks_used / s.num_blocks_total if s.num_blocks_total else 0.0)
         self.prefix_queries.set(s.prefix_cache_queries)
         self.prefix_hits.set(s.prefix_cache_hits)

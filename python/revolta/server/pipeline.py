@@ -5,6 +5,7 @@ parameters with the context checks, admission, and jobs that drive engine reques
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import logging
 from typing import Awaitable, Callable
@@ -18,7 +19,7 @@ from revolta.models.tokenizer import ChatTemplateError, Tokenizer
 from revolta.sampling_params import SamplingParams
 from revolta.server.async_engine import AsyncEngine
 from revolta.server.errors import APIError
-from revolta.server.job import Admission, Job
+from revolta.server.job import Admission, Job, admission_limits
 from revolta.server.metrics import Metrics
 from revolta.server.openai.protocol import ChatCompletionRequest, SamplingFields
 from revolta.server.parsers.reasoning import ReasoningRouter, prompt_opens_reasoning, qwen3_reasoning_tokens
@@ -51,18 +52,31 @@ class Pipeline:
         if self.tools_in_prompt:
             log.warning("the chat template does not render tools; the server adds them to the system prompt in the %s "
                         "format", options.tool_call_parser)
-        limit = options.max_waiting_requests
-        self.admission = Admission(engine.max_num_seqs + limit if limit else None)
+        info = engine.model_info
+        kv_blocks = getattr(info, "kv_cache_tokens", 0) // getattr(engine, "block_size", 16)
+        capacity, per_request = admission_limits(engine.max_num_seqs, kv_blocks, options.max_waiting_requests,
+                                                 options.max_seqs_per_request)
+        self.admission = Admission(capacity, per_request, metrics.reject)
+        self.groups = itertools.count(1)  # one per job: its engine requests' SchedulingTag group
+        self.scheduling_policy = getattr(engine, "scheduling_policy", "fair")
+        log.info("admission: %d running (max_num_seqs) + %s waiting (max_waiting_requests%s), at most %s per request "
+                 "(max_seqs_per_request); scheduling_policy %s", engine.max_num_seqs,
+                 capacity - engine.max_num_seqs if capacity is not None else "unlimited",
+                 "" if options.max_waiting_requests is not None else ", derived", per_request if per_request else "any",
+                 self.scheduling_policy)
 
     def check_model(self, model: str | None) -> str:
         if model is None or model in self.served_names:
             return self.served_names[0]
         raise APIError(404, f"The model `{model}` does not exist.", param="model", code="model_not_found")
 
-    async def run_job(self, raw: Request | None, slots: int, handler: Callable[[Job], Awaitable]):
+    async def run_job(self, raw: Request | None, slots: int, handler: Callable[[Job], Awaitable], priority: int = 0):
         """Runs handler with a new job (admitted for `slots` engine requests). The job ends when
         the handler fails or completes a non-streaming response; a stream ends it as it closes."""
-        job = Job(self, raw, slots)
+        if priority and self.scheduling_policy != "priority":
+            raise APIError(400, f"priority {priority} needs the server started with --scheduling-policy priority "
+                                f"(it runs {self.scheduling_policy})", param="priority")
+        job = Job(self, raw, slots, priority)
         try:
             return await handler(job)
         except BaseException:

@@ -16,6 +16,8 @@ STRICT = ConfigDict(strict=True, extra="allow")
 
 TokenId = Annotated[int, Field(ge=0, le=INT32_MAX)]
 Count = Annotated[int, Field(ge=1, le=INT32_MAX)]
+# vLLM's request `priority`: lower is served first (with --scheduling-policy priority).
+Priority = Annotated[int, Field(ge=-INT32_MAX - 1, le=INT32_MAX)]
 
 
 class RequestModel(BaseModel):

@@ -46,17 +46,24 @@ std::vector<float> sample_weights(const float* raw, int64_t V, const SampleRow& 
     std::vector<int32_t> idx;
     for (int64_t i = 0; i < V; ++i)
       if (keep[size_t(i)]) idx.push_back(int32_t(i));
-    std::sort(idx.begin(), idx.end(), [&](int32_t a, int32_t b) {
+    const auto better = [&](int32_t a, int32_t b) {
       return w[size_t(a)] > w[size_t(b)] || (w[size_t(a)] == w[size_t(b)] && a < b);
-    });
+    };
+    // The nucleus is usually a few tokens: order a growing head of the candidates, not all of them
+    // (a strict order, so the kept set is the one a full sort gives).
+    const double target = double(p.top_p) * sum;
+    size_t n = idx.size(), sorted = 0;
     double cum = 0.0;
-    size_t n = idx.size();
-    for (size_t i = 0; i < idx.size(); ++i) {
-      cum += prob[size_t(idx[i])];
-      if (cum >= double(p.top_p) * sum) {
-        n = i + 1;
-        break;
+    for (size_t head = std::min<size_t>(64, idx.size()); n == idx.size(); head = std::min(head * 8, idx.size())) {
+      std::partial_sort(idx.begin() + sorted, idx.begin() + head, idx.end(), better);
+      for (; sorted < head; ++sorted) {
+        cum += prob[size_t(idx[sorted])];
+        if (cum >= target) {
+          n = sorted + 1;
+          break;
+        }
       }
+      if (head == idx.size()) break;
     }
     for (size_t i = n; i < idx.size(); ++i) keep[size_t(idx[i])] = 0;
   }

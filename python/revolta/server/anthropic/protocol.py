@@ -6,7 +6,7 @@ from typing import Annotated, Any, Literal, Union
 
 from pydantic import Field
 
-from revolta.server.schema import INT32_MAX, Count, RequestModel
+from revolta.server.schema import INT32_MAX, Count, Priority, RequestModel
 
 
 class Tool(RequestModel):
@@ -88,6 +88,7 @@ class MessagesRequest(RequestModel):
     thinking: Thinking | None = None
     stream: bool = False
     metadata: dict[str, Any] | None = None
+    priority: Priority = 0  # vLLM's, as on the OpenAI endpoints
 
 
 class CountTokensRequest(RequestModel):

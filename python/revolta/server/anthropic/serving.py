@@ -96,7 +96,7 @@ class AnthropicServing:
 
     async def messages(self, req: MessagesRequest, raw: Request | None = None):
         model = self.p.check_model(req.model)
-        return await self.p.run_job(raw, 1, lambda job: self._messages(req, job, model))
+        return await self.p.run_job(raw, 1, lambda job: self._messages(req, job, model), req.priority)
 
     async def _messages(self, req: MessagesRequest, job: Job, model: str):
         p = self.p

@@ -6,7 +6,7 @@ from typing import Annotated, Any, Literal, Union
 
 from pydantic import Discriminator, Field, Tag
 
-from revolta.server.schema import INT32_MAX, Count, RequestModel, TokenId
+from revolta.server.schema import INT32_MAX, Count, Priority, RequestModel, TokenId
 
 
 class StreamOptions(RequestModel):
@@ -40,6 +40,7 @@ class SamplingFields(RequestModel):
     guided_regex: str | None = None
     guided_choice: list[str] | None = None
     guided_grammar: str | None = None
+    priority: Priority = 0
 
 
 class ContentPart(RequestModel):
@@ -176,3 +177,4 @@ class ResponsesRequest(RequestModel):
     text: dict[str, Any] | None = None  # {"format": {"type": "json_schema", "schema": ...}} (structured output)
     stream: bool = False
     previous_response_id: str | None = None
+    priority: Priority = 0

@@ -88,7 +88,7 @@ class ResponsesServing:
 
     async def create(self, req: ResponsesRequest, raw: Request | None = None):
         model = self.p.check_model(req.model)
-        return await self.p.run_job(raw, 1, lambda job: self._create(req, job, model))
+        return await self.p.run_job(raw, 1, lambda job: self._create(req, job, model), req.priority)
 
     async def _create(self, req: ResponsesRequest, job: Job, model: str):
         p = self.p

@@ -54,7 +54,7 @@ class OpenAIServing:
 
     async def chat(self, req: ChatCompletionRequest, raw: Request | None):
         model = self.p.check_model(req.model)
-        return await self.p.run_job(raw, req.n, lambda job: self._chat(req, job, model))
+        return await self.p.run_job(raw, req.n, lambda job: self._chat(req, job, model), req.priority)
 
     def force_tool_calls(self, req: ChatCompletionRequest, tools: list[dict] | None, thinking: bool,
                          params: SamplingParams) -> None:
@@ -209,7 +209,8 @@ class OpenAIServing:
         model = self.p.check_model(req.model)
         p = req.prompt
         num_prompts = 1 if isinstance(p, str) or (p and all(isinstance(x, int) for x in p)) else len(p)
-        return await self.p.run_job(raw, max(1, num_prompts) * req.n, lambda job: self._completions(req, job, model))
+        return await self.p.run_job(raw, max(1, num_prompts) * req.n, lambda job: self._completions(req, job, model),
+                                    req.priority)
 
     async def _completions(self, req: CompletionRequest, job: Job, model: str):
         prompts = await self.completion_prompts(req)
