@@ -128,8 +128,8 @@ class ServerOptions(BaseModel):
     max_request_bytes: int = Field(16 << 20, gt=0, description="larger request bodies get HTTP 413 (counted as they arrive)")
     max_waiting_requests: int | None = Field(
         None, ge=0, description="engine requests (n x prompts) that may wait beyond max_num_seqs; more get HTTP 429 "
-        "with Retry-After (none: 512 x the sequences that can run at once, max_num_seqs or fewer if the KV cache "
-        "holds fewer blocks; 0: no limit)")
+        "with Retry-After (none: 64 x the sequences that can run at once, max_num_seqs or fewer if the KV cache "
+        "holds fewer blocks, and at least 4096; 0: no limit)")
     max_seqs_per_request: int | None = Field(
         None, ge=1, description="engine requests one request may ask for (n x prompts); more get HTTP 400 (none: half "
         "of max_num_seqs + max_waiting_requests, so no single request can fill the queue)")

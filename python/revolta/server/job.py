@@ -102,18 +102,18 @@ class Admission:
 
 # Deep enough for batch work (a few thousand prompts behind a small batch), finite so that a
 # runaway client meets a 429 instead of a queue that outlives it.
-WAITING_PER_SLOT = 512
+WAITING_FLOOR, WAITING_PER_SLOT = 4096, 64
 
 
 def admission_limits(max_num_seqs: int, kv_blocks: int, max_waiting: int | None,
                      per_request: int | None) -> tuple[int | None, int | None]:
     """(capacity, per-request limit) from the options; None picks the defaults: a queue of
     WAITING_PER_SLOT per sequence that can run at once (max_num_seqs, or the KV blocks if fewer:
-    each needs one), and half the capacity for one request, so that no request fills it alone.
-    max_waiting 0: no queue limit."""
+    each needs one), at least WAITING_FLOOR, and half the capacity for one request, so that no
+    request fills it alone. max_waiting 0: no queue limit."""
     if max_waiting is None:
         runnable = min(max_num_seqs, kv_blocks) if kv_blocks > 0 else max_num_seqs
-        max_waiting = WAITING_PER_SLOT * max(1, runnable)
+        max_waiting = max(WAITING_FLOOR, WAITING_PER_SLOT * runnable)
     capacity = max_num_seqs + max_waiting if max_waiting else None
     if per_request is None and capacity is not None:
         per_request = max(1, capacity // 2)
