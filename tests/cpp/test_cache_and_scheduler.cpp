@@ -27,6 +27,7 @@ void run_speculative_tests();  // test_speculative.cpp
 void run_communicator_tests();  // test_communicator.cpp
 void run_kv_tier_tests();  // test_kv_tiers.cpp
 void run_scheduling_policy_tests();  // test_scheduling_policy.cpp
+void run_engine_plan_tests();  // test_engine_plan.cpp
 
 static std::unique_ptr<Request> make_request(uint64_t id, int n_tokens, int first = 100) {
   auto r = std::make_unique<Request>();
@@ -178,6 +179,7 @@ int main() {
   run_communicator_tests();
   run_kv_tier_tests();
   run_scheduling_policy_tests();
+  run_engine_plan_tests();
   std::printf("%d passed, %d failed\n", g_passed, g_failed);
   return g_failed == 0 ? 0 : 1;
 }

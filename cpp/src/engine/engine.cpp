@@ -15,35 +15,17 @@
 #include "engine/engine_impl.h"
 #include "engine/kv_offload.h"
 #include "engine/kv_calibration.h"
-#include "model/memory_estimate.h"
-#include "ops/ops.h"
-#include "quant/int4_groups.h"
+#include "engine/plan.h"
 
 namespace revolta {
 namespace fs = std::filesystem;
 
 namespace {
 
-std::vector<int32_t> graph_batch_sizes(const EngineConfig& cfg) {
-  std::vector<int32_t> sizes;
-  if (cfg.cuda_graph_batch_sizes.empty()) {
-    for (int32_t b = 1; b <= 512; b = b < 8 ? (b == 4 ? 8 : 2 * b) : b + (b < 256 ? 8 : 16)) sizes.push_back(b);
-    if (cfg.max_num_seqs <= 1024) sizes.push_back(cfg.max_num_seqs);
-  } else {
-    sizes = cfg.cuda_graph_batch_sizes;
-  }
-  std::vector<int32_t> kept;
-  for (int32_t b : sizes)
-    if (b <= cfg.max_num_seqs && std::find(kept.begin(), kept.end(), b) == kept.end()) kept.push_back(b);
-  return kept;
-}
-
-// The KV cache's element type: auto is float32 on the CPU and float16 on CUDA.
-DType kv_cache_dtype_of(const std::string& name, Device device) {
-  if (name == "fp8" || name == "fp8_e4m3") return DType::kF8E4M3;
-  if (name == "int8") return DType::kI8;
-  if (name == "float16" || name == "fp16" || (name == "auto" && device == Device::kCUDA)) return DType::kF16;
-  return DType::kF32;
+DeviceMemory measure_memory(Device device) {
+  size_t free_b = 0, total_b = 0;
+  device_runtime(device).memory_info(&free_b, &total_b);
+  return {int64_t(total_b), int64_t(free_b)};
 }
 
 }  // namespace
@@ -53,110 +35,31 @@ Engine::Impl::Impl(const EngineConfig& c) : cfg(c), seed_source(c.seed) {
   RV_CHECK_ARG(fs::is_directory(cfg.model), "model: '", cfg.model, "' is not a directory");
   const std::string cfg_path = (fs::path(cfg.model) / "config.json").string();
   RV_CHECK_ARG(fs::exists(cfg_path), "model: no config.json in '", cfg.model, "'");
-  model_cfg = ModelConfig::from_file(cfg_path);
-  check_architecture(model_cfg, cfg.model);
-  if (cfg.quantization != "auto" && model_cfg.quantization.method != cfg.quantization) {
-    RV_CHECK_ARG(cfg.load_format == "dummy", "quantization '", cfg.quantization, "': ", cfg.model, " has no ",
-                 cfg.quantization, " quantization_config in its config.json (",
-                 cfg.quantization == "awq" ? "make one with `revolta quantize --awq`, or " : "",
-                 "use load_format dummy for made-up weights)");
-    model_cfg.quantization = {cfg.quantization, cfg.quantization == "nvfp4" ? 16 : 128};
-  }
-  if (!model_cfg.quantization.method.empty()) {
-    const std::string& method = model_cfg.quantization.method;
-    const DType blocks = method == "fp8"     ? DType::kF8G128
-                         : method == "nvfp4" ? DType::kNVFP4
-                                             : int4_group_dtype(model_cfg.quantization.group_size, "quantization awq");
-    RV_CHECK_ARG(ops::supports_op(cfg.device == "cuda" ? Device::kCUDA : Device::kCPU, ops::Op::kLinear, ops::OpShape{blocks, 0, 0}), "quantization '",
-                 model_cfg.quantization.method, "': device '", cfg.device, "' has no linear kernel for ", dtype_name(blocks),
-                 " weights");
-  }
-  if (cfg.max_model_len == 0) cfg.max_model_len = model_cfg.max_position_embeddings;
-  RV_CHECK_ARG(cfg.max_model_len <= model_cfg.max_position_embeddings, "max_model_len (",
-               cfg.max_model_len, ") exceeds the model's max_position_embeddings (",
-               model_cfg.max_position_embeddings, ")");
-  model_cfg.max_positions = std::max(model_cfg.max_position_embeddings, cfg.max_model_len);
-
-  const Device device = cfg.device == "cuda" ? Device::kCUDA : Device::kCPU;
-  check_device_limits(model_cfg, device);
-  std::string dt = cfg.dtype;
-  if (dt == "auto") {
-    dt = model_cfg.torch_dtype;
-    if (dt != "float16" && dt != "bfloat16") dt = "float32";
-    if (device == Device::kCUDA) dt = "float16";  // bf16 checkpoints are converted with a range check
-  }
-  // The model declares its cache groups; the engine picks the KV element type and the budget
-  // (cache/ splits it). On CUDA with gpu_memory_utilization the budget is what the weights and
-  // activations leave under it, checked from the config before any weight is read.
-  // Each rank caches its own KV heads and DeltaNet states in blocks of the same numbering; the
-  // budget is a rank's.
-  const int world = cfg.tensor_parallel_size;
-  const bool ep = world > 1 && cfg.enable_expert_parallel;
-  CacheSpecs groups = cache_specs_for(rank_config(model_cfg, world, ep));
-  const DType kv_dtype = kv_cache_dtype_of(cfg.kv_cache_dtype, device);
-  RV_CHECK_ARG(ops::supports_op(device, ops::Op::kQkvRopeAttention, ops::OpShape{kv_dtype, 0, 0}), "kv_cache_dtype '",
-               cfg.kv_cache_dtype, "': device '", cfg.device, "' has no attention kernels for a ", dtype_name(kv_dtype),
-               " KV cache yet (use auto or float16)");
-  for (CacheGroupSpec& g : groups)
-    if (g.kind == CacheGroupSpec::Kind::kPagedKv) g.kv.dtype = kv_dtype;
-  const CacheLimits limits{cfg.block_size, cfg.max_num_seqs, cfg.max_model_len, cfg.enable_prefix_caching};
-  speculative = !cfg.speculative_method.empty();
-  mtp = cfg.speculative_method == "mtp";
-  RV_CHECK_ARG(!mtp || model_cfg.num_mtp_layers > 0, "speculative_config: method 'mtp' needs multi-token-prediction ",
-               "layers, and ", cfg.model, "/config.json names none (mtp_num_hidden_layers); use 'ngram'");
-  // The MTP layers keep K/V like attention layers, after the model's own.
-  for (CacheGroupSpec& g : groups)
-    if (mtp && g.kind == CacheGroupSpec::Kind::kPagedKv) g.kv.num_layers += model_cfg.num_mtp_layers;
-  // A drafting request of a recurrent model holds a second state slot: its state before the
-  // verify step, restored when drafts are rejected.
-  for (CacheGroupSpec& g : groups)
-    if (speculative && g.kind == CacheGroupSpec::Kind::kRecurrentState) g.slots_per_request = 2;
-  const bool by_utilization = device == Device::kCUDA && cfg.gpu_memory_utilization > 0.0f;
-  int64_t budget = cfg.kv_cache_memory_bytes;
-  int64_t activation_bytes = 0;
-  if (by_utilization) {
-    size_t free_b = 0, total_b = 0;
-    device_runtime(device).memory_info(&free_b, &total_b);
-    activation_bytes = estimate_activation_bytes(model_cfg, cfg);
-    // a rank's share (its GPU is measured as rank 0's: the ranks' GPUs are taken to be alike)
-    ModelConfig share = rank_config(model_cfg, world, ep);
-    if (ep) share.num_experts /= world;  // (a rank's experts; the router is whole, a rounding error here)
-    const int64_t weights = estimate_weight_bytes(share, dtype_size(parse_dtype(dt)));
-    budget = int64_t(double(total_b) * cfg.gpu_memory_utilization) - int64_t(total_b - free_b) - weights - activation_bytes;
-    const int64_t need = plan_shape(groups, limits).min_bytes();
-    RV_CHECK_ARG(budget >= need, "gpu_memory_utilization (", cfg.gpu_memory_utilization, ") of ", total_b >> 20, " MiB (",
-                 free_b >> 20, " MiB free) leaves ", std::max<int64_t>(0, budget) >> 20, " MiB for the KV cache after ",
-                 weights >> 20, " MiB of weights and ", activation_bytes >> 20, " MiB of activations; one request of ",
-                 "max_model_len (", cfg.max_model_len, ") needs ", need >> 20,
-                 " MiB: raise gpu_memory_utilization or lower max_model_len / max_num_seqs");
-  }
-  CachePlan plan = plan_caches(groups, limits, budget, by_utilization ? "gpu_memory_utilization" : "kv_cache_memory_bytes");
-
-  threads = cfg.num_threads > 0 ? cfg.num_threads : int(std::thread::hardware_concurrency());
-  dev = device, weight_dtype = dt, this->world = world, this->ep = ep;
-  ropts.max_model_len = cfg.max_model_len;
-  RV_CHECK_ARG(world == 1 || device == Device::kCPU || has_gpu_communicators(), "tensor_parallel_size ", world,
+  const ModelConfig read = ModelConfig::from_file(cfg_path);
+  check_architecture(read, cfg.model);
+  DeviceMemory memory;
+  if (cfg.device == "cuda" && cfg.gpu_memory_utilization > 0.0f) memory = measure_memory(Device::kCUDA);
+  EnginePlan p = plan_engine(cfg, read, memory, int(std::thread::hardware_concurrency()));
+  cfg = p.cfg;
+  model_cfg = p.model;
+  RV_CHECK_ARG(p.world == 1 || p.device == Device::kCPU || has_gpu_communicators(), "tensor_parallel_size ", p.world,
                " on device 'cuda' needs NCCL, which this build did not find (install nvidia-nccl-cu12 or -cu13, or ",
                "set NCCL_ROOT, and rebuild)");
+  dev = p.device, weight_dtype = p.weight_dtype, world = p.world, ep = p.expert_parallel, threads = p.threads;
+  speculative = p.speculative, mtp = p.mtp;
+  ropts = p.runner;
   load_models();
-  info.quantization = model_cfg.quantization.method.empty() ? std::string()
-                       : model_cfg.quantization.method == "fp8"   ? std::string("fp8 e4m3, a scale per 128")
-                       : model_cfg.quantization.method == "nvfp4" ? std::string("nvfp4 e2m1, an e4m3 scale per 16")
-                                                                  : str_cat(model_cfg.quantization.method, " int4 g", model_cfg.quantization.group_size);
-  if (cfg.load_format == "gguf") info.quantization = str_cat("gguf blocks, ", cfg.block_activation_bits, "-bit activations");
+  info.quantization = p.quantization;
   RV_CHECK_ARG(!mtp || model->num_mtp_layers() == model_cfg.num_mtp_layers, "speculative_config: method 'mtp' needs ",
                "the checkpoint's multi-token-prediction layers, and ", cfg.model, " (", model_cfg.architecture,
                ") carries ", model->num_mtp_layers(), " of the ", model_cfg.num_mtp_layers,
                " its config names (no mtp.* tensors); use 'ngram'");
-  if (by_utilization) {  // now measured: what the weights really left
-    size_t free_b = 0, total_b = 0;
-    device_runtime(device).memory_info(&free_b, &total_b);
-    plan.shrink_to(int64_t(double(total_b) * cfg.gpu_memory_utilization) - int64_t(total_b - free_b) - activation_bytes);
-  }
+  CachePlan plan = p.caches;
+  if (p.by_utilization) plan.shrink_to(cache_budget_after_load(p, measure_memory(dev)));  // what the weights really left
   kv_scales = model->kv_scales();
   if (cfg.calculate_kv_scales) {  // under TP each rank measures its KV heads; a layer takes the largest
     auto calibrate = [&](CausalLM& m) {
-      return calibrate_kv_scales(m, groups, cfg.calibration_prompts, cfg.block_size, cfg.max_model_len);
+      return calibrate_kv_scales(m, p.groups, cfg.calibration_prompts, cfg.block_size, cfg.max_model_len);
     };
     if (!tp) {
       kv_scales = calibrate(*model);
@@ -170,15 +73,12 @@ Engine::Impl::Impl(const EngineConfig& c) : cfg(c), seed_source(c.seed) {
     }
   }
   cache_plan = std::make_unique<CachePlan>(plan);
-  cache_limits = std::make_unique<CacheLimits>(limits);
-  if (mtp) ropts.hidden = HiddenRows::kEvery;  // the MTP layer reads the hidden state of every computed position
-  if (device == Device::kCUDA && !cfg.enforce_eager) ropts.graph_batch_sizes = graph_batch_sizes(cfg);
+  cache_limits = std::make_unique<CacheLimits>(p.limits);
   if (const int32_t missing = build_serving(); missing > 0)
     info.warnings.push_back(str_cat("kv_cache_dtype ", cfg.kv_cache_dtype, ": ", cfg.model, " carries no k_scale / v_scale for ",
                                     missing, " of its ", caches->kv().quant.size(),
                                     " attention layers; they scale by 1.0 (values past 448 saturate)"));
-  // A step queued ahead is one token of each request: it cannot carry drafts.
-  async_scheduling = !speculative && (cfg.async_scheduling == "on" || (cfg.async_scheduling == "auto" && device != Device::kCPU));
+  async_scheduling = p.async_scheduling;
   if (tp) tp->keep_greedy_ids(async_scheduling);
   live.spec_accepted_per_position.assign(size_t(speculative ? cfg.num_speculative_tokens : 0), 0);
   pool = std::make_unique<ThreadPool>(std::max(1, threads / world));
@@ -193,7 +93,7 @@ Engine::Impl::Impl(const EngineConfig& c) : cfg(c), seed_source(c.seed) {
   info.weight_bytes = model->weight_bytes() + (tp ? tp->worker_weight_bytes() : 0);  // every rank's
   info.kv_cache_bytes = caches->nbytes() * world;  // every rank holds the same blocks
   info.tensor_parallel_size = world;
-  info.device = device == Device::kCPU ? "cpu" : device_runtime(device).name();
+  info.device = dev == Device::kCPU ? "cpu" : device_runtime(dev).name();
   info.kv_cache_dtype = dtype_name(plan.kv.dtype);
   info.kv_cache_tokens = plan.num_blocks * cfg.block_size;
   info.cuda_graph_batch_sizes = runner->recorded_batch_sizes();
@@ -223,7 +123,6 @@ int32_t Engine::Impl::build_serving() {
       SchedulerConfig{cfg.max_num_seqs, cfg.max_num_batched_tokens, cfg.max_model_len,
                       parse_scheduling_policy(cfg.scheduling_policy)},
       caches->manager());
-  ropts.keep_verify_rows = speculative && caches->states();  // rollback by replaying the recurrences
   if (tp) tp->make_runners(*cache_plan, *cache_limits, ropts, kv_scales);
   runner = std::make_unique<ModelRunner>(*model, caches->kv(), caches->states(), ropts);
   // Recorded now rather than when a size first comes: no step waits for a recording, and their

@@ -102,9 +102,15 @@ void check_device_limits(const ModelConfig& config, Device device);
 std::vector<std::string> supported_architectures();
 // Throws std::invalid_argument naming the architecture when no file implements it.
 void check_architecture(const ModelConfig& config, const std::string& dir);
+// What speculative decoding adds to a model's caches: the MTP layers' K/V (run as drafters), and a
+// second recurrent-state slot per request, which holds its state before a verify step for rollback.
+struct SpeculativeCacheNeeds {
+  int32_t mtp_layers = 0;
+  bool rollback_states = false;
+};
 // The cache groups a model of this config declares, known before any weight is read: paged KV of
 // its attention layers (float32; the engine picks the element type), recurrent state of its
-// Gated DeltaNet layers.
-CacheSpecs cache_specs_for(const ModelConfig& config);
+// Gated DeltaNet layers, and what speculative decoding adds to them.
+CacheSpecs cache_specs_for(const ModelConfig& config, const SpeculativeCacheNeeds& speculative = {});
 
 }  // namespace revolta

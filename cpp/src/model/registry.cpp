@@ -38,10 +38,10 @@ void check_architecture(const ModelConfig& config, const std::string& dir) {
   }
 }
 
-CacheSpecs cache_specs_for(const ModelConfig& c) {
+CacheSpecs cache_specs_for(const ModelConfig& c, const SpeculativeCacheNeeds& spec) {
   CacheSpecs groups;
-  if (c.num_attention_layers() > 0)
-    groups.push_back(CacheGroupSpec::paged_kv({c.num_attention_layers(), c.num_kv_heads, c.head_dim, DType::kF32}));
+  if (c.num_attention_layers() > 0)  // the MTP layers keep K/V like attention layers, after the model's own
+    groups.push_back(CacheGroupSpec::paged_kv({c.num_attention_layers() + spec.mtp_layers, c.num_kv_heads, c.head_dim, DType::kF32}));
   if (c.num_linear_layers() > 0) {
     StateSpec s;
     s.num_layers = c.num_linear_layers();
@@ -51,6 +51,7 @@ CacheSpecs cache_specs_for(const ModelConfig& c) {
     s.k_dim = c.linear_key_head_dim;
     s.v_dim = c.linear_value_head_dim;
     groups.push_back(CacheGroupSpec::recurrent_state(s));
+    if (spec.rollback_states) groups.back().slots_per_request = 2;  // its state before a verify step
   }
   return groups;
 }
