@@ -1,4 +1,4 @@
-// The cache side of the engine in one place (DESIGN 4.2): how one memory budget is split between
+// The cache side of the engine in one place: how one memory budget is split between
 // the model's cache groups, the storage of each group, every request's block table and state
 // slots (through the KvCacheManager, which the scheduler asks), and the decisions about
 // recurrent states: which slots are zeroed or restored before a forward (actions the runner

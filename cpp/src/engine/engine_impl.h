@@ -1,6 +1,6 @@
-// The engine's state behind the public Engine (pimpl), shared by engine.cpp (construction, the
-// thread's loop, the public calls) and engine_step.cpp (one scheduler step: sampling, async
-// scheduling and the bookkeeping after a forward).
+// The engine's state behind the public Engine (pimpl): the thread's inbox and outbox (engine.cpp),
+// construction and sleep (engine_build.cpp), one scheduler step (engine_step.cpp; with speculation,
+// engine_spec.cpp over spec/), and the stats it publishes (engine_stats.cpp).
 #pragma once
 
 #include <atomic>
@@ -20,22 +20,17 @@
 #include "core/device_runtime.h"
 #include "core/thread_pool.h"
 #include "engine/fault_injection.h"
+#include "engine/serving.h"
 #include "engine/tensor_parallel.h"
 #include "model/model.h"
 #include "revolta/engine.h"
 #include "runtime/model_runner.h"
 #include "sample/rng.h"
 #include "sched/scheduler.h"
+#include "spec/drafter.h"
+#include "spec/verifier.h"
 
 namespace revolta {
-
-// Greedy with nothing that needs the logits or the token history on the host: its token is the
-// argmax, so it can be read a step later (async scheduling) or checked against drafts.
-inline bool plain_greedy(const Request* r) {
-  const SamplingParams& p = r->params;
-  return p.temperature == 0.0f && p.guided_kind.empty() && p.logprobs < 0 && !p.return_generation_logits && p.repetition_penalty == 1.0f &&
-         p.presence_penalty == 0.0f && p.frequency_penalty == 0.0f && r->num_output_tokens() >= p.min_tokens;
-}
 
 struct Engine::Impl {
   EngineConfig cfg;
@@ -43,10 +38,7 @@ struct Engine::Impl {
   ModelConfig model_cfg;
   std::unique_ptr<CausalLM> model;
   std::unique_ptr<GrammarTokenizer> grammar_tokenizer;  // guided decoding (null: not configured)
-  std::unique_ptr<KvTiers> tiers;  // KV offload below the device pool (null: none); outlives caches
-  std::unique_ptr<CacheCoordinator> caches;  // storage, blocks, slots and state decisions of every cache group
-  std::unique_ptr<Scheduler> scheduler;
-  std::unique_ptr<ModelRunner> runner;
+  std::unique_ptr<Serving> serving;  // caches, tiers, scheduler, runner (null: asleep)
   std::unique_ptr<ThreadPool> pool;
   std::unique_ptr<TensorParallelRanks> tp;  // ranks 1.. of tensor_parallel_size > 1 (rank 0 is this thread)
   Rng seed_source;
@@ -97,7 +89,7 @@ struct Engine::Impl {
   RunnerOptions ropts;
   std::vector<std::pair<float, float>> kv_scales;
   void load_models();      // model (and the ranks' models)
-  int32_t build_serving();  // caches, tiers, scheduler, runners, graphs; returns the layers without KV scales
+  int32_t build_serving();  // `serving` (and the ranks' runners); returns the layers without KV scales
   // Sleep mode (Engine::sleep / wake_up): the engine thread moves sleep_level to sleep_wanted.
   int sleep_wanted = 0;  // (in_mu)
   int sleep_level = 0;   // (in_mu; written by the engine thread)
@@ -152,24 +144,18 @@ struct Engine::Impl {
   bool can_run_ahead(const Queued& cur);
   Queued run_ahead(const Queued& cur);
   void sample_now(StepLogits& result);
-  // Speculative decoding (engine_spec.cpp): drafts for the running plain-greedy requests before a
-  // step; after it, each draft checked against the target's argmax, accepted ones kept, the rest
-  // and their KV slots given back, and the step committed with what was accepted.
+  // Speculative decoding (engine_spec.cpp): a drafter proposes, the forward computes the drafts
+  // with each request's last token, the verifier keeps what the target confirms.
   bool speculative = false;
   bool mtp = false;  // drafts from the checkpoint's MTP layers (else n-gram lookup)
-  // A step with speculation on: drafts proposed, the forward, verification, and (mtp) the MTP
-  // layer's pass over what the step computed, which leaves the next step's drafts.
+  std::unique_ptr<Drafter> drafter;
+  std::unique_ptr<Verifier> verifier;
+  std::unordered_map<uint64_t, std::vector<std::vector<float>>> drawn_q;  // this step's drafts drawn from a distribution
+  void make_speculation();
   void speculative_step();
-  // Where each scheduled request's rows lie in the step: its first position and first row.
-  struct StepRows {
-    int32_t start = 0, row = 0, count = 0;
-  };
-  void draft_with_mtp(const std::unordered_map<const Request*, StepRows>& rows, const Tensor& hidden);
   void propose_drafts();
   void finish_speculative_step(const std::vector<ScheduledRequest>& scheduled, StepLogits& result);
-  static ops::SampleRow draft_row(const SamplingParams& p);
-  int32_t force_acceptance(const Request& r, const int32_t* draft, int32_t k, int32_t a, std::vector<int32_t>& emitted);
-  std::vector<int32_t> verify_sampled_drafts(Request& r, const Tensor& logits, int32_t first_row);
+  void force_acceptance(const int32_t* draft, Verdict& v);
   void commit_one(Request& r, int32_t num_new_tokens);
   // Appends a sampled token; finishes the request (true) or emits it.
   bool accept(Request& r, TokenOutput tok);

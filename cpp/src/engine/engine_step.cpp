@@ -20,7 +20,7 @@ void Engine::Impl::commit_one(Request& r, int32_t num_new_tokens) {
   const int32_t before = r.num_computed_tokens;
   r.num_computed_tokens += num_new_tokens;
   live.prompt_tokens_computed += std::max(0, std::min(r.num_computed_tokens, r.num_prompt_tokens) - before);
-  const StateAction snapshot = caches->commit(r);
+  const StateAction snapshot = serving->caches->commit(r);
   if (tp && snapshot.to >= 0) rank_snapshots.push_back(snapshot);
 }
 
@@ -75,15 +75,15 @@ void Engine::Impl::Queued::drop(Request* r) {
 }
 
 bool Engine::Impl::can_run_ahead(const Queued& cur) {
-  if (!async_scheduling || scheduler->num_waiting() > 0) return false;
+  if (!async_scheduling || serving->scheduler->num_waiting() > 0) return false;
   {
     std::lock_guard<std::mutex> lk(in_mu);  // new requests or aborts: settle the queued step first
     if (stopping || !inbox.empty() || !abort_box.empty()) return false;
   }
   // Exactly the running requests, in the order the next step schedules them, so row i of cur's ids
   // is the input of the next step's request i.
-  if (scheduler->running() != cur.samplers) return false;
-  const BlockPool& pool = caches->manager().pool();
+  if (serving->scheduler->running() != cur.samplers) return false;
+  const BlockPool& pool = serving->caches->manager().pool();
   const int32_t bs = pool.block_size();
   int32_t new_blocks = 0;
   for (const Request* r : cur.samplers) {
@@ -99,7 +99,7 @@ Engine::Impl::Queued Engine::Impl::run_ahead(const Queued& cur) {
     r->tokens.push_back(0);  // a placeholder until cur's tokens are read
     r->last_token_on_device = true;
   }
-  SchedulerOutput plan = scheduler->schedule();
+  SchedulerOutput plan = serving->scheduler->schedule();
   phase_step = live.num_steps + 1;
   enter("forward (queued ahead)", int32_t(plan.scheduled.size()));
   begin_step(plan.scheduled);
@@ -119,19 +119,19 @@ void Engine::Impl::begin_step(const std::vector<ScheduledRequest>& scheduled) {
 }
 
 void Engine::Impl::move_kv_blocks(bool settle) {
-  if (!tiers) return;
+  if (!serving->tiers) return;
   settle_kv_saves();  // the last batch's downloads were queued before the forward since: long done
-  if (caches->manager().has_transfers()) {
-    std::vector<BlockTransfer> t = caches->manager().take_transfers();
+  if (serving->caches->manager().has_transfers()) {
+    std::vector<BlockTransfer> t = serving->caches->manager().take_transfers();
     if (!tp) {
-      kv_saves.pending.push_back(run_transfers(t, caches->kv(), caches->states(), 0));
+      kv_saves.pending.push_back(run_transfers(t, serving->caches->kv(), serving->caches->states(), 0));
     } else {  // the other ranks first repeat rank 0's snapshots, which state saves read
-      kv_saves.pending = tp->run_transfers(t, rank_snapshots, [&] { return run_transfers(t, caches->kv(), caches->states(), 0); });
+      kv_saves.pending = tp->run_transfers(t, rank_snapshots, [&] { return run_transfers(t, serving->caches->kv(), serving->caches->states(), 0); });
       rank_snapshots.clear();
     }
     std::vector<BlockTransfer> loads;
     for (BlockTransfer& x : t) (is_save(x) ? kv_saves.transfers : loads).push_back(std::move(x));
-    tiers->finish(loads);
+    serving->tiers->finish(loads);
   }
   if (settle) settle_kv_saves();
 }
@@ -140,28 +140,28 @@ void Engine::Impl::settle_kv_saves() {
   for (auto& p : kv_saves.pending)
     if (p) p->wait();
   kv_saves.pending.clear();
-  tiers->finish(kv_saves.transfers);
+  serving->tiers->finish(kv_saves.transfers);
   kv_saves.transfers.clear();
 }
 
 StepLogits Engine::Impl::forward(const SchedulerOutput& plan, const Tensor* fed_ids) {
-  if (tiers) {  // blocks brought back before the forward reads them
+  if (serving->tiers) {  // blocks brought back before the forward reads them
     const char* was = phase.load();
     enter("kv offload copies", phase_requests.load());
     move_kv_blocks();
     enter(was, phase_requests.load());
   }
-  const std::vector<StateAction> actions = caches->prepare(plan.scheduled);
+  const std::vector<StateAction> actions = serving->caches->prepare(plan.scheduled);
   StepLogits result;
   if (!tp) {
-    result = runner->execute(plan, actions, fed_ids);
+    result = serving->runner->execute(plan, actions, fed_ids);
   } else {
     // The other ranks take the state snapshots rank 0 made after the last step, then this step's actions.
     std::vector<StateAction> rank_actions = std::move(rank_snapshots);
     rank_snapshots.clear();
     rank_actions.insert(rank_actions.end(), actions.begin(), actions.end());
     // Fed ids: each rank feeds the greedy ids of its own last logits (the same tokens).
-    result = tp->execute(plan, rank_actions, [&] { return runner->execute(plan, actions, fed_ids); }, fed_ids != nullptr);
+    result = tp->execute(plan, rank_actions, [&] { return serving->runner->execute(plan, actions, fed_ids); }, fed_ids != nullptr);
   }
   if (!result.prompt.empty()) collect_prompt_logprobs(result);
   return result;
@@ -208,7 +208,7 @@ void Engine::Impl::step(bool may_run_ahead) {
   } else {
     phase_step = live.num_steps + 1;
     enter("scheduling");
-    SchedulerOutput plan = scheduler->schedule();
+    SchedulerOutput plan = serving->scheduler->schedule();
     if (plan.empty()) return;
     enter("forward", int32_t(plan.scheduled.size()));
     begin_step(plan.scheduled);

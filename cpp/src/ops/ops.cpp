@@ -1,6 +1,7 @@
 #include "ops/ops.h"
 
 #include "core/error.h"
+#include "ops/cpu/cpu_ops.h"
 
 namespace revolta::ops {
 namespace cpu {
@@ -256,5 +257,11 @@ void sample(const Tensor& logits, const std::vector<SampleRow>& rows, const std:
             std::vector<SampleResult>& out) {
   table_for(logits.device(), Op::kSample).sample(logits, rows, adjust, out);
 }
+
+std::vector<float> sample_weights(const float* logits, int64_t vocab, const SampleRow& row, const SampleAdjust* adjust) {
+  return cpu::sample_weights(logits, vocab, row, adjust);
+}
+
+int32_t draw_index_order(const std::vector<float>& weights, double uniform) { return cpu::draw_index_order(weights, uniform); }
 
 }  // namespace revolta::ops

@@ -340,6 +340,12 @@ void moe_route_experts(const Tensor& x, const Tensor& router, int64_t num_expert
 // not the same token for the same uniform.
 void sample(const Tensor& logits, const std::vector<SampleRow>& rows, const std::vector<SampleAdjust>& adjust,
             std::vector<SampleResult>& out);
+// One row's distribution on the host, as `sample` draws from it: at temperature 0 the adjusted
+// logits; else the kept tokens' unnormalised probabilities (0: dropped). Speculative verification
+// compares a target's rows with a drafter's through it.
+std::vector<float> sample_weights(const float* logits, int64_t vocab, const SampleRow& row, const SampleAdjust* adjust);
+// The token at `uniform` of the weights' mass, walking the kept tokens in index order.
+int32_t draw_index_order(const std::vector<float>& weights, double uniform);
 
 
 // The value fill_uniform puts at index i: a splitmix64-style hash mapped to [0, 1).

@@ -56,14 +56,8 @@ struct Request {
   std::string error;
 
   // Draft tokens at the end of `tokens`, proposed for this step and verified by its forward; the
-  // scheduling rule counts them (num_tokens), the output does not.
+  // scheduling rule counts them (num_tokens), the output does not. (Drafters keep their own state.)
   int32_t num_draft_tokens = 0;
-  // MTP drafting: the drafts made after the step that ended with num_tokens() == mtp_drafts_at.
-  std::vector<int32_t> mtp_drafts;
-  int32_t mtp_drafts_at = -1;
-  // Probabilistic drafts: the drafter's distribution each was drawn from (unnormalised, as
-  // ops::cpu::sample_weights gives it), for the MTP drafts and for this step's drafts.
-  std::vector<std::vector<float>> mtp_draft_q, draft_q;
 
   int32_t num_tokens() const { return int32_t(tokens.size()); }
   int32_t num_output_tokens() const { return num_tokens() - num_prompt_tokens - num_draft_tokens; }
@@ -72,8 +66,15 @@ struct Request {
     tokens.resize(tokens.size() - size_t(num_draft_tokens));
     num_draft_tokens = 0;
     sample_rows = 1;
-    draft_q.clear();
   }
 };
+
+// Greedy with nothing that needs the logits or the token history on the host: its token is the
+// argmax, so it can be read a step later (async scheduling) or checked against drafts.
+inline bool plain_greedy(const Request* r) {
+  const SamplingParams& p = r->params;
+  return p.temperature == 0.0f && p.guided_kind.empty() && p.logprobs < 0 && !p.return_generation_logits && p.repetition_penalty == 1.0f &&
+         p.presence_penalty == 0.0f && p.frequency_penalty == 0.0f && r->num_output_tokens() >= p.min_tokens;
+}
 
 }  // namespace revolta

@@ -3,7 +3,7 @@
 #include <algorithm>
 
 #include "core/error.h"
-#include "ops/cpu/cpu_ops.h"
+#include "ops/ops.h"
 
 namespace revolta {
 
@@ -21,7 +21,7 @@ DraftVerdict verify_sampled_draft(const std::vector<float>& p, const std::vector
   double mass = 0.0;
   for (size_t i = 0; i < p.size(); ++i) mass += residual[i] = float(std::max(0.0, double(p[i]) / sp - double(q[i]) / sq));
   if (!(mass > 0.0)) return {true, draft};  // p and q equal up to rounding
-  return {false, ops::cpu::draw_index_order(residual, u_residual)};
+  return {false, ops::draw_index_order(residual, u_residual)};
 }
 
 }  // namespace revolta

@@ -15,7 +15,7 @@ struct DraftVerdict {
 };
 
 // p and q: the target's and the drafter's unnormalised probabilities over the vocabulary
-// (ops::cpu::sample_weights); q(draft) > 0. u_accept and u_residual: uniforms in [0, 1).
+// (ops::sample_weights); q(draft) > 0. u_accept and u_residual: uniforms in [0, 1).
 DraftVerdict verify_sampled_draft(const std::vector<float>& p, const std::vector<float>& q, int32_t draft,
                                   double u_accept, double u_residual);
 

@@ -97,10 +97,10 @@ void sample(const Tensor& logits, const std::vector<SampleRow>& rows, const std:
   for (int64_t r = 0; r < R; ++r) {
     const SampleRow& p = rows[size_t(r)];
     const float* raw = logits.ptr<float>() + r * V;
-    const std::vector<float> w = sample_weights(raw, V, p, adjust.data());
+    const std::vector<float> w = cpu::sample_weights(raw, V, p, adjust.data());
     SampleResult& o = out[size_t(r)];
     if (p.temperature <= 1e-5f) o.token = int32_t(std::max_element(w.begin(), w.end()) - w.begin());
-    else o.token = draw_index_order(w, double(p.uniform));
+    else o.token = cpu::draw_index_order(w, double(p.uniform));
     if (p.num_logprobs >= 0) {
       const float mx = *std::max_element(raw, raw + V);
       double s = 0.0;
