@@ -93,6 +93,11 @@ void test_errors_name_the_option() {
   c.load_format = "dummy";  // made-up weights of the asked format
   const EnginePlan p = plan_engine(c, dense(), {}, 2);
   EXPECT(p.model.quantization.method == "awq" && p.model.quantization.group_size == 128 && p.quantization == "awq int4 g128");
+  c.quantization = "nvfp4";  // each format's own group and label (quant/formats.h)
+  const EnginePlan f = plan_engine(c, dense(), {}, 2);
+  EXPECT(f.model.quantization.group_size == 16 && f.quantization == "nvfp4 e2m1, an e4m3 scale per 16");
+  c.quantization = "int3";
+  EXPECT(throws_naming([&] { plan_engine(c, dense(), {}, 2); }, "quantization 'int3' is not a weight format (awq, fp8, nvfp4)"));
   c = options();
   c.kv_cache_memory_bytes = 1024;  // not one request of max_model_len
   EXPECT(throws_naming([&] { plan_engine(c, dense(), {}, 2); }, "kv_cache_memory_bytes"));

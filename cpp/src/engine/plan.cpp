@@ -5,7 +5,7 @@
 #include "core/error.h"
 #include "model/memory_estimate.h"
 #include "ops/ops.h"
-#include "quant/int4_groups.h"
+#include "quant/formats.h"
 
 namespace revolta {
 namespace {
@@ -36,19 +36,9 @@ DType kv_cache_dtype_of(const std::string& name, Device device) {
   return DType::kF32;
 }
 
-// The quantized linear layers' element type for a checkpoint's quantization_config.
-DType quantized_dtype(const WeightQuantization& q) {
-  if (q.method == "fp8") return DType::kF8G128;
-  if (q.method == "nvfp4") return DType::kNVFP4;
-  return int4_group_dtype(q.group_size, "quantization awq");
-}
-
 std::string quantization_label(const EngineConfig& cfg, const WeightQuantization& q) {
   if (cfg.load_format == "gguf") return str_cat("gguf blocks, ", cfg.block_activation_bits, "-bit activations");
-  if (q.method.empty()) return "";
-  if (q.method == "fp8") return "fp8 e4m3, a scale per 128";
-  if (q.method == "nvfp4") return "nvfp4 e2m1, an e4m3 scale per 16";
-  return str_cat(q.method, " int4 g", q.group_size);
+  return q.method.empty() ? "" : weight_format_label(q.method, q.group_size);
 }
 
 }  // namespace
@@ -65,11 +55,11 @@ EnginePlan plan_engine(const EngineConfig& config, const ModelConfig& model_conf
                  cfg.quantization, " quantization_config in its config.json (",
                  cfg.quantization == "awq" ? "make one with `revolta quantize --awq`, or " : "",
                  "use load_format dummy for made-up weights)");
-    mc.quantization = {cfg.quantization, cfg.quantization == "nvfp4" ? 16 : 128};
+    mc.quantization = {cfg.quantization, weight_format(cfg.quantization, "quantization").default_group};
   }
   p.device = cfg.device == "cuda" ? Device::kCUDA : Device::kCPU;
   if (!mc.quantization.method.empty()) {
-    const DType blocks = quantized_dtype(mc.quantization);
+    const DType blocks = weight_format(mc.quantization.method, "quantization").blocks(mc.quantization.group_size);
     RV_CHECK_ARG(ops::supports_op(p.device, ops::Op::kLinear, ops::OpShape{blocks, 0, 0}), "quantization '",
                  mc.quantization.method, "': device '", cfg.device, "' has no linear kernel for ", dtype_name(blocks),
                  " weights");

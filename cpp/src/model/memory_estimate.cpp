@@ -2,20 +2,15 @@
 
 #include <algorithm>
 
+#include "quant/formats.h"
+
 namespace revolta {
 
 int64_t estimate_weight_bytes(const ModelConfig& c, size_t bpe) {
   const int64_t H = c.hidden_size, D = c.head_dim, b = int64_t(bpe);
-  // Quantized linear layers (the embedding and head stay): 4-bit values with a 4-byte scale and zero
-  // point per group, FP8 values with a 4-byte scale per 128, or NVFP4's 40-byte blocks of 64.
-  const int64_t group = c.quantization.group_size;
-  const std::string& method = c.quantization.method;
-  const auto linear = [&](int64_t values) {
-    if (group == 0) return values * b;
-    if (method == "fp8") return values + values / group * 4;
-    if (method == "nvfp4") return values / 64 * 40;
-    return values / 2 + values / group * 4;
-  };
+  // Quantized linear layers (the embedding and head stay) in their format's bytes.
+  const WeightFormat* format = c.quantization.method.empty() ? nullptr : &weight_format(c.quantization.method, "quantization");
+  const auto linear = [&](int64_t values) { return format ? format->bytes(values, c.quantization.group_size) : values * b; };
   // Qwen3-Next and Qwen3.5 attention projects a gate beside q.
   const bool gated = c.architecture.rfind("Qwen3Next", 0) == 0 || c.architecture.rfind("Qwen3_5", 0) == 0;
   // The hybrid decoder (MoE or DeltaNet layers) keeps its input projections, DeltaNet's output and

@@ -2,7 +2,7 @@
 
 #include "core/error.h"
 #include "model/architectures.h"
-#include "quant/int4_groups.h"
+#include "quant/formats.h"
 
 namespace revolta {
 namespace {
@@ -78,10 +78,8 @@ std::unique_ptr<CausalLM> load_model(const std::string& dir, const ModelConfig& 
   // placed by place().
   WeightLoader weights(dir, device, dummy, gguf);
   if (tp) weights.set_tensor_parallel(tp, expert_parallel);
-  if (dummy && config.quantization.method == "awq")
-    weights.set_dummy_blocks(int4_group_dtype(config.quantization.group_size, "quantization awq"));
-  if (dummy && config.quantization.method == "fp8") weights.set_dummy_blocks(DType::kF8G128);
-  if (dummy && config.quantization.method == "nvfp4") weights.set_dummy_blocks(DType::kNVFP4);
+  if (dummy && !config.quantization.method.empty())
+    weights.set_dummy_blocks(weight_format(config.quantization.method, "quantization").blocks(config.quantization.group_size));
   auto model = registry().at(config.architecture)(weights, config, weight_dtype);
   model->place(device);
   return model;
