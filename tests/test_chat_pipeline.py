@@ -10,7 +10,7 @@ import pytest
 
 from revolta.config import ServerOptions
 from revolta.server.metrics import Metrics
-from revolta.server.openai.protocol import ChatCompletionRequest
+from revolta.server.requests import ChatCompletionRequest
 from revolta.server.openai.serving import OpenAIServing
 from revolta.server.pipeline import Pipeline
 from scripted_engine import ScriptedEngine

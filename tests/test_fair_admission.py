@@ -25,6 +25,9 @@ def server():
     yield srv
     log = srv.stop()
     assert "Traceback" not in log, log
+    # The limits are printed at startup: the profile's 4 running, the default queue and fan-out.
+    assert "admission: 4 running (max_num_seqs) + 4096 waiting (max_waiting_requests, derived), at most 2050 per " \
+           "request (max_seqs_per_request); scheduling_policy fair" in log, log
 
 
 def metrics(server) -> dict[str, float]:

@@ -27,7 +27,8 @@ from revolta.server.errors import APIError, error_response, json_error
 from revolta.server.guard import RequestGuard
 from revolta.server.job import ClientGone
 from revolta.server.metrics import Metrics
-from revolta.server.openai.protocol import ChatCompletionRequest, CompletionRequest, DetokenizeRequest, ResponsesRequest, TokenizeRequest
+from revolta.server.openai.protocol import CompletionRequest, DetokenizeRequest, ResponsesRequest, TokenizeRequest
+from revolta.server.requests import ChatCompletionRequest
 from revolta.server.openai.responses import ResponsesServing
 from revolta.server.openai.serving import OpenAIServing
 from revolta.server.pipeline import Pipeline

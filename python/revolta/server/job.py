@@ -11,24 +11,25 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import itertools
 import math
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, AsyncIterator, Callable
+from typing import AsyncIterator, Callable, Iterator
 
 from starlette.requests import Request
 
 from revolta import _core
 from revolta.sampling_params import SamplingParams
-from revolta.server.async_engine import Failure
+from revolta.config import ServerOptions
+from revolta.models.tokenizer import Tokenizer
+from revolta.server.async_engine import AsyncEngine, Failure
 from revolta.server.errors import APIError
 from revolta.server.generation import Delta, Generation, TokenInfo
 from revolta.server.guard import client_key
+from revolta.server.metrics import Metrics
 from revolta.server.parsers.tools import ToolCallDelta, ToolParser
-
-if TYPE_CHECKING:
-    from revolta.server.pipeline import Pipeline
 
 
 @dataclass
@@ -128,6 +129,19 @@ def client_of(raw: Request | None) -> int:
     return int.from_bytes(hashlib.blake2b(key.encode(), digest_size=8).digest(), "little") or 1
 
 
+@dataclass
+class JobContext:
+    """What jobs share: the engine, the tokenizer, the server's options, its metrics, admission, and
+    the numbering of jobs (each job's engine requests are one SchedulingTag group)."""
+
+    engine: AsyncEngine
+    tok: Tokenizer
+    opts: ServerOptions
+    metrics: Metrics
+    admission: Admission
+    groups: Iterator[int] = field(default_factory=lambda: itertools.count(1))
+
+
 class ClientGone(Exception):
     """The client of a non-streaming request disconnected; its work was aborted."""
 
@@ -138,7 +152,7 @@ async def _wait_disconnect(raw: Request) -> None:
 
 
 class Job:
-    def __init__(self, serving: "Pipeline", raw: Request | None, slots: int, priority: int = 0):
+    def __init__(self, serving: JobContext, raw: Request | None, slots: int, priority: int = 0):
         serving.admission.acquire(slots)
         # Its engine requests are one group: the fair policy shares slots across groups and clients.
         self.tag = _core.SchedulingTag(priority=priority, group=next(serving.groups), client=client_of(raw))

@@ -5,7 +5,6 @@ parameters with the context checks, admission, and jobs that drive engine reques
 from __future__ import annotations
 
 import asyncio
-import itertools
 import json
 import logging
 from typing import Awaitable, Callable
@@ -19,9 +18,9 @@ from revolta.models.tokenizer import ChatTemplateError, Tokenizer
 from revolta.sampling_params import SamplingParams
 from revolta.server.async_engine import AsyncEngine
 from revolta.server.errors import APIError
-from revolta.server.job import Admission, Job, admission_limits
+from revolta.server.job import Admission, Job, JobContext, admission_limits
 from revolta.server.metrics import Metrics
-from revolta.server.openai.protocol import ChatCompletionRequest, SamplingFields
+from revolta.server.requests import ChatCompletionRequest, SamplingFields
 from revolta.server.parsers.reasoning import ReasoningRouter, prompt_opens_reasoning, qwen3_reasoning_tokens
 from revolta.server.parsers.tool_prompt import template_renders_tools, with_tools_section
 from revolta.server.parsers.tools import make_tool_parser
@@ -57,7 +56,7 @@ class Pipeline:
         capacity, per_request = admission_limits(engine.max_num_seqs, kv_blocks, options.max_waiting_requests,
                                                  options.max_seqs_per_request)
         self.admission = Admission(capacity, per_request, metrics.reject)
-        self.groups = itertools.count(1)  # one per job: its engine requests' SchedulingTag group
+        self.jobs = JobContext(engine, tokenizer, options, metrics, self.admission)
         self.scheduling_policy = getattr(engine, "scheduling_policy", "fair")
         log.info("admission: %d running (max_num_seqs) + %s waiting (max_waiting_requests%s), at most %s per request "
                  "(max_seqs_per_request); scheduling_policy %s", engine.max_num_seqs,
@@ -76,7 +75,7 @@ class Pipeline:
         if priority and self.scheduling_policy != "priority":
             raise APIError(400, f"priority {priority} needs the server started with --scheduling-policy priority "
                                 f"(it runs {self.scheduling_policy})", param="priority")
-        job = Job(self, raw, slots, priority)
+        job = Job(self.jobs, raw, slots, priority)
         try:
             return await handler(job)
         except BaseException:

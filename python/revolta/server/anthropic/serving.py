@@ -12,7 +12,7 @@ from fastapi.responses import JSONResponse
 from revolta.guided import GuidedDecodingParams
 from revolta.server.errors import APIError, anthropic_error_body
 from revolta.server.generation import Delta
-from revolta.server.openai.protocol import ChatCompletionRequest, SamplingFields
+from revolta.server.requests import ChatCompletionRequest, SamplingFields
 from revolta.server.job import Choice, Job
 from revolta.server.pipeline import Pipeline
 from revolta.server.parsers.tool_grammar import tool_call_grammar

@@ -11,7 +11,8 @@ from fastapi import Request
 
 from revolta.server.errors import APIError
 from revolta.server.generation import Delta
-from revolta.server.openai.protocol import ChatCompletionRequest, ResponsesRequest, SamplingFields
+from revolta.server.openai.protocol import ResponsesRequest
+from revolta.server.requests import ChatCompletionRequest, SamplingFields
 from revolta.server.job import Choice, Job
 from revolta.server.pipeline import Pipeline
 from revolta.server.parsers.tools import assemble

@@ -14,7 +14,8 @@ from revolta.guided import GuidedDecodingParams
 from revolta.sampling_params import SamplingParams
 from revolta.server.errors import APIError, sse_error
 from revolta.server.job import Choice, Job
-from revolta.server.openai.protocol import ChatCompletionRequest, CompletionRequest
+from revolta.server.openai.protocol import CompletionRequest
+from revolta.server.requests import ChatCompletionRequest
 from revolta.server.parsers.tool_grammar import tool_call_grammar
 from revolta.server.parsers.tools import ToolCallDelta, assemble
 from revolta.server.pipeline import Pipeline, forced_name
