@@ -144,6 +144,14 @@ def readme_question() -> str:
 
 
 @pytest.fixture(scope="session")
+def tiny_llama_dir(tmp_path_factory) -> str:
+    """A tiny random Llama checkpoint (make_hf_model), made once per test session."""
+    d = tmp_path_factory.mktemp("llama")
+    make_hf_model("llama", d)
+    return str(d)
+
+
+@pytest.fixture(scope="session")
 def demo_model_dir() -> str:
     import revolta
 

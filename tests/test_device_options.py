@@ -8,10 +8,8 @@ from conftest import make_hf_model
 
 
 @pytest.fixture(scope="module")
-def tiny_dir(tmp_path_factory):
-    d = tmp_path_factory.mktemp("llama")
-    make_hf_model("llama", d)
-    return str(d)
+def tiny_dir(tiny_llama_dir):
+    return tiny_llama_dir
 
 
 def test_dummy_weights_are_deterministic_and_not_the_checkpoint(tiny_dir):

@@ -77,45 +77,37 @@ NB_MODULE(_core, m) {
       .def_rw("group", &SchedulingTag::group)
       .def_rw("client", &SchedulingTag::client);
 
-  nb::class_<EngineConfig>(m, "EngineConfig")
-      .def(nb::init<>())
+  nb::class_<EngineConfig> config(m, "EngineConfig");
+  config.def(nb::init<>())
       .def_rw("model", &EngineConfig::model)
-      .def_rw("dtype", &EngineConfig::dtype)
-      .def_rw("kv_cache_dtype", &EngineConfig::kv_cache_dtype)
-      .def_rw("calculate_kv_scales", &EngineConfig::calculate_kv_scales)
       .def_rw("calibration_prompts", &EngineConfig::calibration_prompts)
-      .def_rw("device", &EngineConfig::device)
-      .def_rw("load_format", &EngineConfig::load_format)
       .def_rw("guided_decoding_library", &EngineConfig::guided_decoding_library)
       .def_rw("tokenizer_json", &EngineConfig::tokenizer_json)
-      .def_rw("quantization", &EngineConfig::quantization)
-      .def_rw("gpu_memory_utilization", &EngineConfig::gpu_memory_utilization)
-      .def_rw("enforce_eager", &EngineConfig::enforce_eager)
-      .def_rw("async_scheduling", &EngineConfig::async_scheduling)
       .def_rw("cuda_graph_batch_sizes", &EngineConfig::cuda_graph_batch_sizes)
-      .def_rw("max_model_len", &EngineConfig::max_model_len)
-      .def_rw("max_num_seqs", &EngineConfig::max_num_seqs)
-      .def_rw("scheduling_policy", &EngineConfig::scheduling_policy)
-      .def_rw("max_num_batched_tokens", &EngineConfig::max_num_batched_tokens)
-      .def_rw("block_size", &EngineConfig::block_size)
-      .def_rw("kv_cache_memory_bytes", &EngineConfig::kv_cache_memory_bytes)
-      .def_rw("enable_prefix_caching", &EngineConfig::enable_prefix_caching)
-      .def_rw("kv_offloading_size", &EngineConfig::kv_offloading_size)
-      .def_rw("kv_offloading_eviction", &EngineConfig::kv_offloading_eviction)
       .def_rw("kv_offloading_disk_dir", &EngineConfig::kv_offloading_disk_dir)
       .def_rw("kv_offloading_disk_max_bytes", &EngineConfig::kv_offloading_disk_max_bytes)
       .def_rw("kv_offloading_disk_min_free_bytes", &EngineConfig::kv_offloading_disk_min_free_bytes)
-      .def_rw("num_threads", &EngineConfig::num_threads)
-      .def_rw("block_activation_bits", &EngineConfig::block_activation_bits)
-      .def_rw("tensor_parallel_size", &EngineConfig::tensor_parallel_size)
-      .def_rw("enable_expert_parallel", &EngineConfig::enable_expert_parallel)
-      .def_rw("seed", &EngineConfig::seed)
       .def_rw("speculative_method", &EngineConfig::speculative_method)
       .def_rw("num_speculative_tokens", &EngineConfig::num_speculative_tokens)
       .def_rw("prompt_lookup_min", &EngineConfig::prompt_lookup_min)
       .def_rw("prompt_lookup_max", &EngineConfig::prompt_lookup_max)
       .def_rw("draft_sample_method", &EngineConfig::draft_sample_method)
+      .def("validate_options", &EngineConfig::validate_options)
       .def("validate", &EngineConfig::validate);
+#define REVOLTA_OPTION(type, name, fallback, group, choices, min, max, help) config.def_rw(#name, &EngineConfig::name, help);
+#include "revolta/engine_options.def"
+#undef REVOLTA_OPTION
+  // The option table's rows (the Python layer makes its schema, flags and reference from them).
+  m.def("engine_options", [] {
+    nb::list rows;
+    for (const EngineOptionInfo& o : engine_options()) {
+      nb::dict row;
+      row["name"] = o.name, row["type"] = o.type, row["group"] = o.group, row["choices"] = o.choices;
+      row["min"] = o.min, row["max"] = o.max, row["help"] = o.help;
+      rows.append(row);
+    }
+    return rows;
+  });
 
   nb::class_<TokenLogprob>(m, "TokenLogprob")
       .def_ro("token", &TokenLogprob::token)

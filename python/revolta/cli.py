@@ -80,6 +80,13 @@ def _cache(args: argparse.Namespace) -> int:
     return 0
 
 
+def _options(args) -> int:
+    from revolta.config import options_reference
+
+    print(options_reference(), end="")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="revolta", description="ReVolta inference engine")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -105,8 +112,9 @@ def main(argv: list[str] | None = None) -> int:
     c.add_argument("action", choices=["ls", "rm"])
     c.add_argument("names", nargs="*", help="rm: entries as `ls` shows them (models/NAME, or NAME)")
     c.add_argument("--all", action="store_true", help="rm: every entry")
+    sub.add_parser("options", help="print the option reference (docs/options.md) as Markdown")
     args = parser.parse_args(argv)
-    run = {"generate": _generate, "quantize": _quantize, "cache": _cache}[args.command]
+    run = {"generate": _generate, "quantize": _quantize, "cache": _cache, "options": _options}[args.command]
     try:
         return run(args)
     except (ValueError, FileNotFoundError, RuntimeError) as e:

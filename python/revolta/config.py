@@ -1,73 +1,50 @@
 """The option schema: every engine, cache, scheduler and server option, validated before any
-weight is read. Names follow vLLM's where the meaning is the same."""
+weight is read. Names follow vLLM's where the meaning is the same. The engine's own options come
+from its option table, read through the binding: an option is a row there (and the code that
+uses it), and the schema, `LLM(...)`, the server's flags and docs/options.md follow."""
 
 from __future__ import annotations
 
 import json
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, create_model, field_validator, model_validator
+
+from revolta import _core
 
 
-class EngineOptions(BaseModel):
+# The engine's option table (cpp/include/revolta/engine_options.def), one dict per option: name,
+# type (bool | int | float | str), group, choices (space-separated; "": any), min, max (NaN: none), help.
+ENGINE_TABLE: list[dict[str, Any]] = _core.engine_options()
+_TYPES = {"bool": bool, "int": int, "float": float, "str": str}
+
+
+def choices_of(row: dict[str, Any]) -> list[str]:
+    return row["choices"].split()
+
+
+def _default(name: str) -> object:
+    value = getattr(_core.EngineConfig(), name)
+    return round(value, 6) if isinstance(value, float) else value  # (a C++ float's 0.9 reads 0.8999999761...)
+
+
+class _EngineOptionsBase(BaseModel):
+    """The options the Python layer adds, or spells its own way, beside the table's."""
+
     model_config = ConfigDict(extra="forbid", protected_namespaces=())
 
     model: str | None = Field(None, description="HF model directory or GGUF file; none: the demo model")
     served_model_name: str | None = Field(None, description="name clients use; default: the model's directory name")
     tokenizer: str | None = Field(None, description="directory with tokenizer.json; default: the model's")
-    device: Literal["cpu", "cuda"] = "cpu"
-    dtype: Literal["auto", "float32", "float16", "bfloat16"] = "auto"
-    kv_cache_dtype: Literal["auto", "float32", "float16", "fp16", "fp8", "fp8_e4m3", "int8"] = Field(
-        "auto", description="auto: float32 on the CPU, float16 on cuda; fp8 (E4M3, the checkpoint's per-layer "
-        "k_scale / v_scale or 1.0) and int8 (a scale per token and KV head) hold about 2x / 4x the tokens of float16 / "
-        "float32")
-    calculate_kv_scales: bool = Field(False, description="fp8 KV cache: measure each layer's k / v scales with a "
-                                      "pass over a few built-in prompts at startup instead of the checkpoint's")
-    load_format: Literal["auto", "dummy", "gguf", "safetensors"] = Field(
-        "auto", description="dummy: random weights of the config's shapes; gguf: a .gguf model read in place, its "
-        "quantized matrices kept in their blocks (what auto does on the CPU); safetensors: a .gguf model (or the demo) "
-        "imported once into the cache as float32")
-    block_activation_bits: Literal[8, 16] = Field(
-        16, description="CPU, GGUF blocks read in place: 16 keeps decode within float32 rounding of the file's values; "
-        "8 is llama.cpp's scheme, about 1.3x faster decode, and a near-tie between two tokens can flip")
-    quantization: Literal["auto", "awq", "fp8", "nvfp4"] = Field(
-        "auto", description="auto: as the checkpoint's quantization_config says; awq (4-bit) / fp8 (E4M3) / nvfp4: a "
-        "checkpoint of that format, or made-up linear layers of it with load_format dummy")
-    gpu_memory_utilization: float = Field(0.9, ge=0, le=0.99, description="cuda: share of device memory to use "
-                                          "(0: size the KV pool by kv_cache_memory_bytes)")
-    enforce_eager: bool = Field(False, description="cuda: no decode graphs")
     cuda_graph_sizes: list[int] = Field(
         default_factory=list, description="cuda: decode batch sizes recorded as graphs at startup (JSON list or "
         "comma-separated); none: 1, 2, 4, multiples of 8 up to 256, of 16 up to 512, and max_num_seqs")
-    async_scheduling: Literal["auto", "on", "off"] = Field(
-        "auto", description="queue a greedy decode step before the host reads the previous one's tokens (auto: on with cuda)")
-    max_model_len: int = Field(0, ge=0, description="0: the model's max_position_embeddings")
-    max_num_seqs: int = Field(64, ge=1, le=4096)
-    max_num_batched_tokens: int = Field(2048, ge=1)
-    scheduling_policy: Literal["fair", "fcfs", "priority"] = Field(
-        "fair", description="which waiting request a free slot goes to: fair (round robin across API keys, then across "
-        "requests: one request's fan-out cannot hold the others back) | fcfs (arrival) | priority (the request's "
-        "`priority`, lower first, then arrival; vLLM's)")
-    block_size: int = Field(16, ge=1, le=1024)
-    kv_cache_memory_bytes: int = Field(1 << 30, gt=0)
-    enable_prefix_caching: bool = True
-    kv_offloading_size: float = Field(0.0, ge=0, description="GiB of host memory that full KV blocks are also "
-                                      "written to, so prefixes evicted from the device pool are brought back instead "
-                                      "of recomputed (vLLM's name); 0: none")
-    kv_offloading_eviction: Literal["lru", "arc"] = Field("lru", description="the host tier's eviction")
     kv_offloading_disk: dict[str, Any] | None = Field(
-        None, description='a disk tier below it, kept across restarts, as JSON: {"root_dir": "/var/cache/revolta", '
-                          '"max_size_bytes": 68719476736, "min_free_bytes": 1073741824}')
-    num_threads: int = Field(0, ge=0, le=1024, description="0: all cores (shared by the tensor-parallel ranks)")
-    tensor_parallel_size: int = Field(1, ge=1, le=64, description="ranks the model is sharded over (heads, DeltaNet "
-                                      "heads, MLP and expert intermediates split): threads on the CPU, or a GPU each")
-    enable_expert_parallel: bool = Field(False, description="MoE models: each rank holds whole experts, a "
-                                         "1 / tensor_parallel_size share of them, instead of a share of every expert")
-    seed: int = Field(0, ge=0)
+        None, description='a disk tier below the host tier, kept across restarts, as JSON: {"root_dir": '
+                          '"/var/cache/revolta", "max_size_bytes": 68719476736, "min_free_bytes": 1073741824}')
     speculative_config: dict[str, Any] | None = Field(
         None, description='speculative decoding, as JSON: {"method": "ngram", "num_speculative_tokens": 4, '
                           '"prompt_lookup_max": 4, "prompt_lookup_min": 1}')
-
     generation_config: str = Field(
         "auto", description="default sampling of requests that leave it out: auto: the model's "
         "generation_config.json (temperature, top_p, top_k, min_p, repetition_penalty, max_new_tokens); vllm: "
@@ -82,11 +59,6 @@ class EngineOptions(BaseModel):
             text = v.strip()
             return json.loads(text) if text.startswith("[") else [x.strip() for x in text.split(",") if x.strip()]
         return v
-
-    @field_validator("block_activation_bits", mode="before")
-    @classmethod
-    def _bits_from_text(cls, v: object) -> object:
-        return int(v) if isinstance(v, str) and v.strip().isdigit() else v  # (flags and environment give text)
 
     @field_validator("kv_offloading_disk", mode="before")
     @classmethod
@@ -106,24 +78,37 @@ class EngineOptions(BaseModel):
         return v
 
     @model_validator(mode="after")
-    def _cross_field(self) -> "EngineOptions":
-        if self.block_size & (self.block_size - 1):
-            raise ValueError(f"block_size must be a power of two, got {self.block_size}")
-        if self.max_model_len and self.max_num_batched_tokens < 1:
-            raise ValueError("max_num_batched_tokens must be >= 1")
-        if self.device == "cuda" and self.dtype == "bfloat16":
-            raise ValueError("dtype bfloat16 is not supported with device=cuda (SM70 has no bf16): use auto or float16")
+    def _table_checks(self) -> "_EngineOptionsBase":
+        table_config(self).validate_options()  # the table's choices and bounds, checked by the engine itself
         return self
+
+
+def table_config(options: BaseModel) -> _core.EngineConfig:
+    """An EngineConfig holding the table's options as `options` has them (the rest at their defaults)."""
+    cfg = _core.EngineConfig()
+    for row in ENGINE_TABLE:
+        name, value = row["name"], getattr(options, row["name"])
+        try:
+            setattr(cfg, name, value)
+        except TypeError:  # (a value the field's C++ type cannot hold, such as a negative seed)
+            raise ValueError(f"{name} must be >= {row['min']:g}, got {value}" if row["min"] == row["min"]
+                             else f"{name}: {value!r} is not a {row['type']}") from None
+    return cfg
+
+
+EngineOptions = create_model(
+    "EngineOptions", __base__=_EngineOptionsBase, __doc__="Every engine option: the table's and the Python layer's.",
+    **{row["name"]: (_TYPES[row["type"]], Field(_default(row["name"]), description=row["help"])) for row in ENGINE_TABLE})
 
 
 class ServerOptions(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    host: str = "127.0.0.1"
-    port: int = Field(8000, ge=0, le=65535)
+    host: str = Field("127.0.0.1", description="address to listen on")
+    port: int = Field(8000, ge=0, le=65535, description="port to listen on (0: any free one)")
     api_key: str | None = Field(None, description="require 'Authorization: Bearer KEY'")
-    reasoning_parser: Literal["qwen3"] | None = None
-    tool_call_parser: Literal["qwen3_coder", "hermes"] | None = None
+    reasoning_parser: Literal["qwen3"] | None = Field(None, description="split the model's thinking into reasoning_content")
+    tool_call_parser: Literal["qwen3_coder", "hermes"] | None = Field(None, description="the model's tool-call syntax")
     sse_keepalive_s: float | None = Field(None, gt=0, description="send ': keep-alive' after this many idle seconds")
     max_request_bytes: int = Field(16 << 20, gt=0, description="larger request bodies get HTTP 413 (counted as they arrive)")
     max_waiting_requests: int | None = Field(
@@ -144,7 +129,7 @@ class ServerOptions(BaseModel):
     allowed_methods: list[str] = Field(default_factory=lambda: ["*"], description="CORS methods")
     allowed_headers: list[str] = Field(default_factory=lambda: ["*"], description="CORS request headers")
     allow_credentials: bool = Field(False, description="CORS: allow credentials")
-    log_level: Literal["debug", "info", "warning", "error"] = "info"
+    log_level: Literal["debug", "info", "warning", "error"] = Field("info", description="the server log's level")
     dev_mode: bool = Field(False, description="serve the development endpoints /sleep, /wake_up, /is_sleeping, "
                            "/reset_prefix_cache and /server_info")
     watchdog_config: dict[str, Any] | None = Field(
@@ -177,6 +162,33 @@ class Settings(BaseModel):
     server: ServerOptions = ServerOptions()
 
 
+# --help sections of the options outside the engine's table (the table's rows name their own),
+# in order; an option placed nowhere goes under "Other".
+GROUPS = {
+    "Model": ["model", "served_model_name", "tokenizer", "generation_config", "override_generation_config"],
+    "Device and memory": ["cuda_graph_sizes"],
+    "Scheduling and caching": ["speculative_config"],
+    "KV offload": ["kv_offloading_disk"],
+    "Parallelism": [],
+    "Server": ["host", "port", "api_key", "reasoning_parser", "tool_call_parser", "log_level", "dev_mode",
+               "watchdog_config"],
+    "HTTP limits": ["max_request_bytes", "max_waiting_requests", "max_seqs_per_request", "request_timeout_s", "shutdown_timeout_s",
+                    "max_connections", "header_timeout_s", "body_timeout_s", "write_timeout_s", "keep_alive_timeout_s",
+                    "sse_keepalive_s"],
+    "CORS": ["allowed_origins", "allowed_methods", "allowed_headers", "allow_credentials"],
+}
+
+
+def option_groups() -> dict[str, list[str]]:
+    """Every option's --help section: the table's rows by their group, then the others."""
+    groups: dict[str, list[str]] = {}
+    for row in ENGINE_TABLE:
+        groups.setdefault(row["group"], []).append(row["name"])
+    for title, names in GROUPS.items():
+        groups.setdefault(title, []).extend(names)
+    return groups
+
+
 # Flat option name -> (section, field). Profiles, environment variables and flags use flat names.
 OPTION_SECTIONS: dict[str, str] = {
     **{name: "engine" for name in EngineOptions.model_fields},
@@ -193,3 +205,43 @@ def build_settings(flat: dict[str, object]) -> Settings:
     for name, value in flat.items():
         sections[OPTION_SECTIONS[name]][name] = value
     return Settings(engine=EngineOptions(**sections["engine"]), server=ServerOptions(**sections["server"]))
+
+
+def literal_values(annotation) -> list[str] | None:
+    """The allowed values of a Literal option (None dropped: leaving the option out means none)."""
+    import typing
+
+    args = typing.get_args(annotation)
+    if typing.get_origin(annotation) is typing.Literal:
+        return [str(a) for a in args]
+    for a in args:  # Optional[Literal[...]]
+        if typing.get_origin(a) is typing.Literal:
+            return [str(x) for x in typing.get_args(a)]
+    return None
+
+
+def options_reference() -> str:
+    """docs/options.md: every option by section, with its flag, default, allowed values and meaning."""
+    fields = {**EngineOptions.model_fields, **ServerOptions.model_fields}
+    table = {row["name"]: row for row in ENGINE_TABLE}
+    lines = ["# Options", "",
+             "Every option of `revolta-server` (as `--flag-name`), of a launch profile and of `REVOLTA_<NAME>` "
+             "environment variables (flags win over the environment, which wins over the profile); the engine "
+             "options are also `revolta.LLM(...)` keywords. Generated from the option schema "
+             "(`revolta options > docs/options.md`).", ""]
+    for title, names in option_groups().items():
+        names = [n for n in names if n in fields]
+        if not names:
+            continue
+        lines += [f"## {title}", "", "| option | default | values | meaning |", "|---|---|---|---|"]
+        for name in names:
+            field = fields[name]
+            default = field.default_factory() if field.default_factory else field.default
+            row = table.get(name)
+            values = ", ".join(row["choices"].split() if row else literal_values(field.annotation) or [])
+            if row and not values and row["min"] == row["min"]:
+                values = f">= {row['min']:g}" + (f", <= {row['max']:g}" if row["max"] == row["max"] else "")
+            text = (field.description or "").replace("|", "\\|")
+            lines.append(f"| `--{name.replace('_', '-')}` | `{default}` | {values} | {text} |")
+        lines.append("")
+    return "\n".join(lines)

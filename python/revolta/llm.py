@@ -2,22 +2,21 @@
 
 from __future__ import annotations
 
+import inspect
 import itertools
 import logging
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Sequence
 
 from revolta import _core
 from revolta.kv_calibration import calibration_prompts as calibration_prompts_of
-from revolta.guided import grammar_library
-from revolta.kv_offload import apply_kv_offloading
-from revolta.models.resolve import load_format_of, resolve_model
+from revolta.config import EngineOptions
+from revolta.engine_setup import engine_config
+from revolta.models.resolve import resolve_model
 from revolta.models.tokenizer import IncrementalDetokenizer, Tokenizer
 from revolta.outputs import CompletionOutput, RequestOutput
 from revolta.generation_defaults import generation_defaults
 from revolta.sampling_params import SamplingParams
-from revolta.speculative import apply_speculative_config
 from revolta.stop_strings import StopStrings
 
 PromptType = str | Sequence[int] | dict[str, Any]
@@ -71,85 +70,28 @@ class LLM:
     """An engine plus its tokenizer, for batch generation from Python.
 
     model: an HF directory (config.json + safetensors), a .gguf file, or None for the embedded
-    demo model. The remaining options are the engine's (see EngineConfig in the C++ API).
+    demo model. The remaining options are the engine's, as docs/options.md lists them.
     """
 
-    def __init__(
-        self,
-        model: str | None = None,
-        *,
-        dtype: str = "auto",
-        max_model_len: int = 0,
-        max_num_seqs: int = 64,
-        max_num_batched_tokens: int = 2048,
-        scheduling_policy: str = "fair",
-        block_size: int = 16,
-        kv_cache_memory_bytes: int = 1 << 30,
-        enable_prefix_caching: bool = True,
-        kv_offloading_size: float = 0.0,
-        kv_offloading_eviction: str = "lru",
-        kv_offloading_disk: dict[str, Any] | None = None,
-        num_threads: int = 0,
-        tensor_parallel_size: int = 1,
-        enable_expert_parallel: bool = False,
-        seed: int = 0,
-        tokenizer: str | None = None,
-        device: str = "cpu",
-        kv_cache_dtype: str = "auto",
-        calculate_kv_scales: bool = False,
-        calibration_prompts: list[list[int]] | None = None,
-        load_format: str = "auto",
-        block_activation_bits: int = 16,
-        quantization: str = "auto",
-        gpu_memory_utilization: float = 0.9,
-        enforce_eager: bool = False,
-        cuda_graph_sizes: list[int] | None = None,
-        async_scheduling: str = "auto",
-        speculative_config: dict[str, Any] | None = None,
-        generation_config: str = "auto",
-        override_generation_config: dict[str, Any] | None = None,
-    ):
-        self.model_path = resolve_model(model, load_format, device)
-        load_format = load_format_of(self.model_path, load_format)
-        self.default_sampling = generation_defaults(self.model_path, generation_config, override_generation_config)
-        cfg = _core.EngineConfig()
-        cfg.model = self.model_path
-        cfg.dtype = dtype
-        cfg.max_model_len = max_model_len
-        cfg.max_num_seqs = max_num_seqs
-        cfg.max_num_batched_tokens = max_num_batched_tokens
-        cfg.scheduling_policy = self.scheduling_policy = scheduling_policy
-        cfg.block_size = block_size
-        cfg.kv_cache_memory_bytes = kv_cache_memory_bytes
-        cfg.enable_prefix_caching = enable_prefix_caching
-        apply_kv_offloading(cfg, kv_offloading_size, kv_offloading_eviction, kv_offloading_disk)
-        cfg.num_threads = num_threads
-        cfg.tensor_parallel_size = tensor_parallel_size
-        cfg.enable_expert_parallel = enable_expert_parallel
-        cfg.seed = seed
-        cfg.device = device
-        cfg.kv_cache_dtype = kv_cache_dtype
-        tok_dir = tokenizer or self.model_path
-        cfg.guided_decoding_library = grammar_library()
-        cfg.tokenizer_json = str(Path(tok_dir) / "tokenizer.json")
+    def __init__(self, model: str | None = None, *, calibration_prompts: list[list[int]] | None = None, **options: Any):
+        """options: any engine option by name (EngineOptions: the engine's option table and the
+        Python layer's, as the server's flags have them). calibration_prompts: token ids for
+        calculate_kv_scales (default: a few built-in prompts through the tokenizer)."""
+        e = EngineOptions(model=model, **options)
+        self.model_path = resolve_model(e.model, e.load_format, e.device)
+        self.default_sampling = generation_defaults(self.model_path, e.generation_config, e.override_generation_config)
+        self.scheduling_policy = e.scheduling_policy
+        cfg = engine_config(e, self.model_path)
+        tok_dir = e.tokenizer or self.model_path
         try:
             self.tokenizer: Tokenizer | None = Tokenizer(tok_dir)
         except FileNotFoundError:
             self.tokenizer = None
-        if calculate_kv_scales:
+        if e.calculate_kv_scales:
             if calibration_prompts is None and self.tokenizer is None:
                 raise ValueError(f"calculate_kv_scales: no tokenizer.json in {tok_dir} to make the calibration "
                                  "prompts of; pass calibration_prompts (token ids)")
-            cfg.calculate_kv_scales = True
             cfg.calibration_prompts = calibration_prompts or calibration_prompts_of(self.tokenizer)
-        cfg.load_format = load_format
-        cfg.block_activation_bits = block_activation_bits
-        cfg.quantization = quantization
-        cfg.gpu_memory_utilization = gpu_memory_utilization
-        cfg.enforce_eager = enforce_eager
-        cfg.cuda_graph_batch_sizes = list(cuda_graph_sizes or [])
-        cfg.async_scheduling = async_scheduling
-        apply_speculative_config(cfg, speculative_config)
         self.engine = _core.Engine(cfg)
         self.model_info = self.engine.model_info
         for warning in self.model_info.warnings:
@@ -312,3 +254,18 @@ class LLM:
             )
             ro.finished = True
         return results
+
+
+def _init_signature() -> inspect.Signature:
+    """LLM(...)'s keywords as the option schema has them, for help() and editors."""
+    P = inspect.Parameter
+    params = [P("self", P.POSITIONAL_OR_KEYWORD), P("model", P.POSITIONAL_OR_KEYWORD, default=None)]
+    for name, field in EngineOptions.model_fields.items():
+        if name != "model":
+            default = field.default_factory() if field.default_factory else field.default
+            params.append(P(name, P.KEYWORD_ONLY, default=default, annotation=field.annotation))
+    params.append(P("calibration_prompts", P.KEYWORD_ONLY, default=None))
+    return inspect.Signature(params)
+
+
+LLM.__init__.__signature__ = _init_signature()

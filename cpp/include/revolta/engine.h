@@ -52,74 +52,41 @@ struct SchedulingTag {
   uint64_t client = 0;   // who sent it (an API key, hashed); 0: the anonymous client
 };
 
+// One row of the option table (engine_options.def), for the layers that present options.
+struct EngineOptionInfo {
+  const char* name;
+  const char* type;     // bool | int | float | str
+  const char* group;    // the --help section
+  const char* choices;  // allowed values separated by spaces; "": any
+  double min, max;      // bounds of a number; NaN: none
+  const char* help;
+};
+const std::vector<EngineOptionInfo>& engine_options();
+
 // Engine options. Validated before any weight is read.
 struct EngineConfig {
-  std::string model;                 // HF-style directory: config.json + *.safetensors
-  std::string dtype = "auto";        // weight storage: auto | float32 | float16 | bfloat16 (CPU only)
-  // auto (float32 on the CPU, float16 on CUDA) | float32 | float16 (fp16) | fp8 (fp8_e4m3: E4M3 with the
-  // checkpoint's per-layer k_scale / v_scale, else 1.0) | int8 (a scale per token and KV head)
-  std::string kv_cache_dtype = "auto";
-  // fp8: the per-layer scales from a pass over calibration_prompts (token ids) at startup instead of
-  // the checkpoint's (vLLM's calculate_kv_scales; revolta.LLM and the server supply the prompts).
-  bool calculate_kv_scales = false;
+#define REVOLTA_OPTION(type, name, fallback, group, choices, min, max, help) type name = fallback;
+#include "revolta/engine_options.def"
+#undef REVOLTA_OPTION
+
+  // Set by the layer in front (the Python layer: from the model path, speculative_config,
+  // kv_offloading_disk and cuda_graph_sizes, which it spells its own way).
+  std::string model;  // HF-style directory: config.json + *.safetensors
+  // fp8 with calculate_kv_scales: the calibration pass's prompts (token ids).
   std::vector<std::vector<int32_t>> calibration_prompts;
-  std::string device = "cpu";        // cpu | cuda
-  // auto: safetensors | dummy: random weights of the config's shapes | gguf: the GGUF file the model
-  // directory names (gguf_weights.json), quantized matrices kept in their blocks (CPU)
-  std::string load_format = "auto";
-  // CPU, quantized blocks (GGUF read in place): decode-sized inputs meet the blocks as 16-bit values
-  // (two 8-bit planes: within float32 rounding of the dequantized weights) or 8-bit (llama.cpp's
-  // scheme: about 1.3x faster decode; a near-tie between two tokens can flip).
-  int32_t block_activation_bits = 16;
   // The llguidance library (the `llguidance` wheel's _lib.abi3.so, which the Python layer finds)
   // and the tokenizer.json its token masks are built from; empty: requests with guided_kind are
   // refused.
   std::string guided_decoding_library;
   std::string tokenizer_json;
-  // auto: as the checkpoint's quantization_config says | awq: 4-bit weights | fp8: E4M3 weights |
-  // nvfp4: E2M1 weights (the checkpoint must be of that format; with load_format dummy, the linear
-  // layers get made-up weights of it: 4-bit groups of 128, FP8 with a scale per 128, NVFP4)
-  std::string quantization = "auto";
-  // CUDA: the fraction of device memory the engine may use (weights + activations + KV); the KV
-  // pool gets what is left. 0: size the KV pool by kv_cache_memory_bytes instead.
-  float gpu_memory_utilization = 0.9f;
-  bool enforce_eager = false;        // CUDA: no decode graphs
-  // auto (on with cuda) | on | off. On: a decode step of greedy requests is queued before the host
-  // has read the previous step's tokens (the device feeds them to it), so the device does not idle
-  // while the host checks stops and schedules. A request that stops costs one discarded step.
-  std::string async_scheduling = "auto";
   // Decode batch sizes recorded as graphs at startup; empty: 1, 2, 4, then every multiple of 8
   // up to 256 and of 16 up to 512, and max_num_seqs itself (as vLLM). Capped by max_num_seqs.
   std::vector<int32_t> cuda_graph_batch_sizes;
-  int32_t max_model_len = 0;         // 0: the model's max_position_embeddings
-  int32_t max_num_seqs = 64;
-  int32_t max_num_batched_tokens = 2048;
-  // Which waiting request a free running slot goes to (sched/scheduler.h states the rule): fair
-  // (clients, then parent requests, by the fewest running) | fcfs (arrival) | priority (vLLM's:
-  // SchedulingTag::priority, then arrival). fair and priority also pick the preemption victim and
-  // may preempt a running request for a waiting one they rank far ahead of it.
-  std::string scheduling_policy = "fair";
-  int32_t block_size = 16;
-  int64_t kv_cache_memory_bytes = int64_t(1) << 30;
-  bool enable_prefix_caching = true;
-  // KV offload (vLLM's --kv-offloading-size): GiB of host memory that every full KV block is also
-  // written to, evicted lru | arc, so a prefix evicted from the device pool is brought back
-  // instead of recomputed. 0: no host tier.
-  double kv_offloading_size = 0.0;
-  std::string kv_offloading_eviction = "lru";
-  // A disk tier below it (LMCache's local disk: root_dir, max_size_bytes, min_free_bytes): blocks
-  // are written there too, kept across restarts. Empty: none.
+  // A disk tier below the host tier (LMCache's local disk: root_dir, max_size_bytes,
+  // min_free_bytes): blocks are written there too, kept across restarts. Empty: none.
   std::string kv_offloading_disk_dir;
   int64_t kv_offloading_disk_max_bytes = int64_t(64) << 30;
   int64_t kv_offloading_disk_min_free_bytes = int64_t(1) << 30;
-  int32_t num_threads = 0;           // 0: hardware concurrency (shared by the ranks)
-  // Ranks the model is sharded over (Megatron layout: heads and MLP intermediates split, partial
-  // outputs summed): threads of this process, on the CPU or a GPU each (NCCL).
-  int32_t tensor_parallel_size = 1;
-  // MoE models: each rank holds whole experts, E / tensor_parallel_size of them, instead of a share
-  // of every expert's intermediates (vLLM's enable_expert_parallel).
-  bool enable_expert_parallel = false;
-  uint64_t seed = 0;                 // seeds requests that bring no seed of their own
   // Speculative decoding (vLLM's speculative_config): "" (off) | "ngram" (prompt lookup: drafts
   // copied from where the request's last n tokens, prompt_lookup_max >= n >= prompt_lookup_min,
   // occurred before) | "mtp" (the checkpoint's multi-token-prediction layers, run
@@ -132,7 +99,10 @@ struct EngineConfig {
   // under their sampling parameters and verify them against it.
   std::string draft_sample_method = "greedy";
 
-  // Throws std::invalid_argument naming the offending option(s).
+  // The options alone: the table's choices and bounds, and what options require of one another;
+  // throws std::invalid_argument naming the option.
+  void validate_options() const;
+  // validate_options, and what the layer in front sets (the model, calibration prompts).
   void validate() const;
 };
 

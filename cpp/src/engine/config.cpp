@@ -1,9 +1,12 @@
 // Validation of the public value types: every message names the option it is about.
 #include <cmath>
+#include <sstream>
+#include <type_traits>
 
 #include "core/device_runtime.h"
 #include "core/error.h"
 #include "revolta/engine.h"
+#include "quant/formats.h"
 
 namespace revolta {
 
@@ -44,25 +47,74 @@ void SamplingParams::validate() const {
     RV_CHECK_ARG(t >= 0, "stop_token_ids must be non-negative token ids, got ", t);
 }
 
-void EngineConfig::validate() const {
-  RV_CHECK_ARG(!model.empty(), "model: a model directory is required");
-  RV_CHECK_ARG(dtype == "auto" || dtype == "float32" || dtype == "float16" || dtype == "bfloat16",
-               "dtype must be one of auto, float32, float16, bfloat16; got '", dtype, "'");
-  RV_CHECK_ARG(device == "cpu" || device == "cuda", "device must be cpu or cuda; got '", device, "'");
+namespace {
+
+template <class T>
+constexpr const char* option_type() {
+  if constexpr (std::is_same_v<T, bool>) return "bool";
+  else if constexpr (std::is_integral_v<T>) return "int";
+  else if constexpr (std::is_floating_point_v<T>) return "float";
+  else return "str";
+}
+
+std::string text_of(const std::string& v) { return v; }
+template <class T>
+std::string text_of(T v) {
+  std::ostringstream o;
+  o << v;
+  return o.str();
+}
+
+// "a, b or c" from "a b c".
+std::string listed(const std::string& choices) {
+  std::vector<std::string> words;
+  std::istringstream in(choices);
+  for (std::string w; in >> w;) words.push_back(w);
+  std::string out;
+  for (size_t i = 0; i < words.size(); ++i) out += (i == 0 ? "" : i + 1 == words.size() ? " or " : ", ") + words[i];
+  return out;
+}
+
+bool among(const std::string& value, const std::string& choices) {
+  std::istringstream in(choices);
+  for (std::string w; in >> w;)
+    if (w == value) return true;
+  return false;
+}
+
+template <class T>
+void check_option(const char* name, const T& value, const char* choices, double lo, double hi) {
+  if (*choices) RV_CHECK_ARG(among(text_of(value), choices), name, " must be ", listed(choices), "; got '", text_of(value), "'");
+  if constexpr (std::is_arithmetic_v<T> && !std::is_same_v<T, bool>) {
+    const double v = double(value);
+    RV_CHECK_ARG(std::isnan(lo) || v >= lo, name, std::isnan(hi) ? str_cat(" must be >= ", lo) : str_cat(" must be in [", lo, ", ", hi, "]"),
+                 ", got ", text_of(value));
+    RV_CHECK_ARG(std::isnan(hi) || v <= hi, name, std::isnan(lo) ? str_cat(" must be <= ", hi) : str_cat(" must be in [", lo, ", ", hi, "]"),
+                 ", got ", text_of(value));
+  }
+}
+
+}  // namespace
+
+const std::vector<EngineOptionInfo>& engine_options() {
+  static const std::vector<EngineOptionInfo> rows = {
+#define REVOLTA_OPTION(type, name, fallback, group, choices, min, max, help) \
+  {#name, option_type<type>(), group, choices, double(min), double(max), help},
+#include "revolta/engine_options.def"
+#undef REVOLTA_OPTION
+  };
+  return rows;
+}
+
+void EngineConfig::validate_options() const {
+#define REVOLTA_OPTION(type, name, fallback, group, choices, min, max, help) \
+  check_option(#name, name, choices, double(min), double(max));
+#include "revolta/engine_options.def"
+#undef REVOLTA_OPTION
   RV_CHECK_ARG(device == "cpu" || has_device(Device::kCUDA),
                "device 'cuda': this build has no CUDA backend (build with REVOLTA_CUDA=ON)");
-  RV_CHECK_ARG(kv_cache_dtype == "auto" || kv_cache_dtype == "float32" || kv_cache_dtype == "float16" ||
-                   kv_cache_dtype == "fp16" || kv_cache_dtype == "fp8" || kv_cache_dtype == "fp8_e4m3" ||
-                   kv_cache_dtype == "int8",
-               "kv_cache_dtype must be one of auto, float32, float16 (fp16), fp8 (fp8_e4m3), int8; got '",
-               kv_cache_dtype, "'");
   RV_CHECK_ARG(!calculate_kv_scales || kv_cache_dtype == "fp8" || kv_cache_dtype == "fp8_e4m3",
                "calculate_kv_scales measures the scales of an fp8 KV cache; kv_cache_dtype is '", kv_cache_dtype, "'");
-  RV_CHECK_ARG(!calculate_kv_scales || !calibration_prompts.empty(),
-               "calculate_kv_scales needs calibration_prompts (token ids of a few prompts)");
-  RV_CHECK_ARG(kv_offloading_size >= 0.0, "kv_offloading_size must be >= 0 GiB; got ", kv_offloading_size);
-  RV_CHECK_ARG(kv_offloading_eviction == "lru" || kv_offloading_eviction == "arc",
-               "kv_offloading_eviction must be lru or arc; got '", kv_offloading_eviction, "'");
   RV_CHECK_ARG((kv_offloading_size == 0.0 && kv_offloading_disk_dir.empty()) || enable_prefix_caching,
                "kv_offloading_size / kv_offloading_disk keep prefix blocks, so they need enable_prefix_caching");
   RV_CHECK_ARG(kv_offloading_disk_dir.empty() || kv_offloading_disk_max_bytes > 0,
@@ -72,37 +124,14 @@ void EngineConfig::validate() const {
   RV_CHECK_ARG(device == "cpu" || dtype != "bfloat16",
                "dtype bfloat16 is not supported with device cuda (SM70 has no bf16 arithmetic): use auto or float16, "
                "bf16 checkpoints are converted to float16 with a range check");
-  RV_CHECK_ARG(load_format == "auto" || load_format == "dummy" || load_format == "gguf",
-               "load_format must be auto, dummy or gguf; got '", load_format, "'");
   RV_CHECK_ARG(load_format != "gguf" || device == "cpu", "load_format 'gguf' keeps weights in quantized blocks, ",
                "which only the CPU runs so far; use load_format 'auto' (float16 weights) with device '", device, "'");
-  RV_CHECK_ARG(quantization == "auto" || quantization == "awq" || quantization == "fp8" || quantization == "nvfp4",
-               "quantization must be auto, awq, fp8 or nvfp4; got '", quantization, "'");
+  if (quantization != "auto") weight_format(quantization, "quantization");  // (auto: the checkpoint's)
   RV_CHECK_ARG(quantization == "auto" || load_format != "gguf", "quantization '", quantization, "' and load_format 'gguf' exclude each other ",
                "(a GGUF file carries its own block formats)");
-  RV_CHECK_ARG(async_scheduling == "auto" || async_scheduling == "on" || async_scheduling == "off",
-               "async_scheduling must be auto, on or off; got '", async_scheduling, "'");
-  RV_CHECK_ARG(gpu_memory_utilization >= 0.0f && gpu_memory_utilization <= 0.99f,
-               "gpu_memory_utilization must be in [0, 0.99] (0: size the KV pool by kv_cache_memory_bytes), got ",
-               gpu_memory_utilization);
   for (int32_t b : cuda_graph_batch_sizes)
     RV_CHECK_ARG(b >= 1 && b <= 1024, "cuda_graph_batch_sizes must hold sizes in [1, 1024], got ", b);
-  RV_CHECK_ARG(max_model_len >= 0, "max_model_len must be >= 0 (0: from the model), got ", max_model_len);
-  RV_CHECK_ARG(max_num_seqs >= 1, "max_num_seqs must be >= 1, got ", max_num_seqs);
-  RV_CHECK_ARG(max_num_batched_tokens >= 1, "max_num_batched_tokens must be >= 1, got ",
-               max_num_batched_tokens);
-  RV_CHECK_ARG(block_size >= 1 && block_size <= 1024 && (block_size & (block_size - 1)) == 0,
-               "block_size must be a power of two in [1, 1024], got ", block_size);
-  RV_CHECK_ARG(kv_cache_memory_bytes > 0, "kv_cache_memory_bytes must be > 0, got ",
-               kv_cache_memory_bytes);
-  RV_CHECK_ARG(block_activation_bits == 8 || block_activation_bits == 16, "block_activation_bits must be 8 or 16, got ",
-               block_activation_bits);
-  RV_CHECK_ARG(num_threads >= 0 && num_threads <= 1024, "num_threads must be in [0, 1024], got ",
-               num_threads);
-  RV_CHECK_ARG(tensor_parallel_size >= 1 && tensor_parallel_size <= 64, "tensor_parallel_size must be in [1, 64], got ",
-               tensor_parallel_size);
-  RV_CHECK_ARG(scheduling_policy == "fair" || scheduling_policy == "fcfs" || scheduling_policy == "priority",
-               "scheduling_policy must be fair, fcfs or priority; got '", scheduling_policy, "'");
+  RV_CHECK_ARG((block_size & (block_size - 1)) == 0, "block_size must be a power of two in [1, 1024], got ", block_size);
   RV_CHECK_ARG(speculative_method.empty() || speculative_method == "ngram" || speculative_method == "mtp",
                "speculative_config: method must be 'ngram' or 'mtp', got '", speculative_method, "'");
   RV_CHECK_ARG(draft_sample_method == "greedy" || draft_sample_method == "probabilistic",
@@ -117,6 +146,13 @@ void EngineConfig::validate() const {
                  "speculative_config: need 1 <= prompt_lookup_min <= prompt_lookup_max <= 64, got ", prompt_lookup_min,
                  " and ", prompt_lookup_max);
   }
+}
+
+void EngineConfig::validate() const {
+  validate_options();
+  RV_CHECK_ARG(!model.empty(), "model: a model directory is required");
+  RV_CHECK_ARG(!calculate_kv_scales || !calibration_prompts.empty(),
+               "calculate_kv_scales needs calibration_prompts (token ids of a few prompts)");
 }
 
 }  // namespace revolta

@@ -14,46 +14,13 @@ from pathlib import Path
 
 import uvicorn
 
-from revolta.config import EngineOptions, ServerOptions
+from revolta.config import ENGINE_TABLE, EngineOptions, ServerOptions, literal_values, option_groups
 
 log = logging.getLogger("revolta.server")
 
 
 def _flag(name: str) -> str:
     return "--" + name.replace("_", "-")
-
-
-# --help sections, in order; an option not named here goes under "Other".
-GROUPS = {
-    "Model": ["model", "served_model_name", "tokenizer", "dtype", "load_format", "block_activation_bits", "quantization",
-              "generation_config",
-              "override_generation_config", "seed"],
-    "Device and memory": ["device", "gpu_memory_utilization", "kv_cache_memory_bytes", "kv_cache_dtype",
-                          "calculate_kv_scales", "enforce_eager", "cuda_graph_sizes", "num_threads"],
-    "Scheduling and caching": ["max_model_len", "max_num_seqs", "max_num_batched_tokens", "block_size",
-                               "scheduling_policy", "enable_prefix_caching", "async_scheduling", "speculative_config"],
-    "KV offload": ["kv_offloading_size", "kv_offloading_eviction", "kv_offloading_disk"],
-    "Parallelism": ["tensor_parallel_size", "enable_expert_parallel"],
-    "Server": ["host", "port", "api_key", "reasoning_parser", "tool_call_parser", "log_level", "dev_mode",
-               "watchdog_config"],
-    "HTTP limits": ["max_request_bytes", "max_waiting_requests", "max_seqs_per_request", "request_timeout_s", "shutdown_timeout_s",
-                    "max_connections", "header_timeout_s", "body_timeout_s", "write_timeout_s", "keep_alive_timeout_s",
-                    "sse_keepalive_s"],
-    "CORS": ["allowed_origins", "allowed_methods", "allowed_headers", "allow_credentials"],
-}
-
-
-def _choices(annotation) -> list[str] | None:
-    """The allowed values of a Literal option (None dropped: leaving the option out means none)."""
-    import typing
-
-    args = typing.get_args(annotation)
-    if typing.get_origin(annotation) is typing.Literal:
-        return [str(a) for a in args]
-    for a in args:  # Optional[Literal[...]]
-        if typing.get_origin(a) is typing.Literal:
-            return [str(x) for x in typing.get_args(a)]
-    return None
 
 
 def _help(field) -> str:
@@ -81,8 +48,10 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--version", action="version", version=f"revolta-server {revolta.__version__}")
     ap.add_argument("--profile", default=None, help=_profiles_help())
     fields = {**EngineOptions.model_fields, **ServerOptions.model_fields}
-    placed = {name for names in GROUPS.values() for name in names}
-    sections = [*GROUPS.items(), ("Other", [n for n in fields if n not in placed])]
+    table = {row["name"]: row for row in ENGINE_TABLE}
+    groups = option_groups()
+    placed = {name for names in groups.values() for name in names}
+    sections = [*groups.items(), ("Other", [n for n in fields if n not in placed])]
     for title, names in sections:
         group = ap.add_argument_group(title)
         for name in names:
@@ -94,7 +63,8 @@ def build_parser() -> argparse.ArgumentParser:
                 group.add_argument(_flag(name), dest=name, default=None, action=argparse.BooleanOptionalAction,
                                    help=_help(field))
             else:
-                choices = _choices(kind)
+                choices = table[name]["choices"].split() if name in table else literal_values(kind)
+                choices = choices or None
                 group.add_argument(_flag(name), dest=name, default=None, choices=choices, help=_help(field),
                                    metavar=None if choices else name.split("_")[-1].upper())
     return ap
@@ -232,34 +202,18 @@ class _Server(uvicorn.Server):
 def build(settings):
     """Loads the engine and tokenizer and returns (app, async engine)."""
     from revolta import _core
-    from revolta.models.resolve import load_format_of, resolve_model
+    from revolta.engine_setup import engine_config
     from revolta.kv_calibration import calibration_prompts
-    from revolta.guided import grammar_library
-    from revolta.kv_offload import apply_kv_offloading
+    from revolta.models.resolve import resolve_model
     from revolta.models.tokenizer import Tokenizer
     from revolta.server.app import create_app
     from revolta.server.async_engine import AsyncEngine
-    from revolta.speculative import apply_speculative_config
 
     e = settings.engine
     path = resolve_model(e.model, e.load_format, e.device)
-    cfg = _core.EngineConfig()
-    for name in ("dtype", "kv_cache_dtype", "device", "max_model_len", "max_num_seqs", "max_num_batched_tokens",
-                 "block_size", "kv_cache_memory_bytes", "enable_prefix_caching", "num_threads", "tensor_parallel_size",
-                 "enable_expert_parallel", "block_activation_bits",
-                 "seed", "load_format", "quantization", "gpu_memory_utilization", "enforce_eager", "async_scheduling",
-                 "scheduling_policy"):
-        setattr(cfg, name, getattr(e, name))
-    cfg.model = path
-    cfg.load_format = load_format_of(path, e.load_format)
-    cfg.cuda_graph_batch_sizes = e.cuda_graph_sizes
-    apply_kv_offloading(cfg, e.kv_offloading_size, e.kv_offloading_eviction, e.kv_offloading_disk)
-    apply_speculative_config(cfg, e.speculative_config)
+    cfg = engine_config(e, path)
     tokenizer = Tokenizer(e.tokenizer or path)
-    cfg.guided_decoding_library = grammar_library()
-    cfg.tokenizer_json = str(Path(e.tokenizer or path) / "tokenizer.json")
     if e.calculate_kv_scales:
-        cfg.calculate_kv_scales = True
         cfg.calibration_prompts = calibration_prompts(tokenizer)
     from revolta.generation_defaults import describe, generation_defaults
 
