@@ -11,22 +11,6 @@
 
 namespace revolta {
 
-void Engine::Impl::emit(Request& r, bool finished) {
-  RequestOutput o;
-  o.request_id = r.id;
-  o.tokens = std::move(r.pending);
-  r.pending.clear();
-  o.finished = finished;
-  o.finish_reason = r.finish_reason;
-  o.stop_token_id = r.stop_token_id;
-  o.num_prompt_tokens = r.num_prompt_tokens;
-  o.num_cached_tokens = std::max(0, r.num_cached_tokens);
-  o.error = r.error;
-  // Sent once, with the first output, which comes after the prompt's last chunk.
-  if (!r.prompt_logprobs.empty() && r.num_computed_tokens >= r.num_prompt_tokens) o.prompt_logprobs = std::move(r.prompt_logprobs);
-  staged.emplace_back(std::move(o), r.callback);
-}
-
 void Engine::Impl::deliver() {
   if (staged.empty()) return;
   {
@@ -44,14 +28,6 @@ void Engine::Impl::deliver() {
     }
   }
   staged.clear();
-}
-
-void Engine::Impl::finish(Request& r, FinishReason reason, int32_t stop_token) {
-  r.finish_reason = reason;
-  r.stop_token_id = stop_token;
-  auto owned = serving->scheduler->remove(r.id);  // frees its blocks
-  ++live.requests_finished;
-  emit(*owned, true);
 }
 
 void Engine::Impl::run_step(bool may_run_ahead) {
@@ -181,7 +157,9 @@ void Engine::Impl::loop() {
   sleep_cv.notify_all();
 }
 
-Engine::Engine(const EngineConfig& config) : impl_(std::make_unique<Impl>(config)) {}
+Engine::Engine(const EngineConfig& config) : impl_(std::make_unique<Impl>(config)) {
+  impl_->thread = std::thread([impl = impl_.get()] { impl->loop(); });  // (built: now it serves)
+}
 
 Engine::~Engine() { shutdown(); }
 

@@ -98,7 +98,6 @@ Engine::Impl::Impl(const EngineConfig& c) : cfg(c), seed_source(c.seed) {
   live.num_blocks_total = plan.num_blocks;
   live.num_blocks_free = plan.num_blocks;
   publish_stats();
-  thread = std::thread([this] { loop(); });
 }
 
 void Engine::Impl::load_models() {

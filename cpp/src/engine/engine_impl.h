@@ -1,6 +1,9 @@
-// The engine's state behind the public Engine (pimpl): the thread's inbox and outbox (engine.cpp),
-// construction and sleep (engine_build.cpp), one scheduler step (engine_step.cpp; with speculation,
-// engine_spec.cpp over spec/), and the stats it publishes (engine_stats.cpp).
+// The engine's state behind the public Engine (pimpl). Its files call downwards only:
+// engine.cpp (the public calls, the thread's loop, inbox and outbox) -> engine_build.cpp
+// (construction, sleep) and engine_step.cpp (one scheduler step) -> engine_spec.cpp (a step with
+// speculation, over spec/) -> engine_forward.cpp (the forward and its KV copies) and
+// engine_requests.cpp (commits, tokens taken, finishes, staged outputs); engine_stats.cpp
+// publishes the stats.
 #pragma once
 
 #include <atomic>
