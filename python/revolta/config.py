@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, create_model, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model, field_validator, model_validator
 
 from revolta import _core
 
@@ -205,6 +205,21 @@ def build_settings(flat: dict[str, object]) -> Settings:
     for name, value in flat.items():
         sections[OPTION_SECTIONS[name]][name] = value
     return Settings(engine=EngineOptions(**sections["engine"]), server=ServerOptions(**sections["server"]))
+
+
+def describe_errors(e: Exception) -> str:
+    """A validation error as one line per option, each naming the option (and its flag)."""
+    if isinstance(e, ValidationError):
+        parts = []
+        for err in e.errors():
+            loc = ".".join(str(x) for x in err["loc"] if x not in ("engine", "server"))
+            msg = str(err["msg"]).removeprefix("Value error, ")
+            # A validator's message that already starts with the option's name keeps it once.
+            if loc and not msg.startswith(loc):
+                msg = f"{loc} (--{loc.replace('_', '-')}): {msg}"
+            parts.append(msg)
+        return "; ".join(parts)
+    return str(e)
 
 
 def literal_values(annotation) -> list[str] | None:

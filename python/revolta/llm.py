@@ -8,9 +8,11 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
+from pydantic import ValidationError
+
 from revolta import _core
+from revolta.config import EngineOptions, describe_errors
 from revolta.kv_calibration import calibration_prompts as calibration_prompts_of
-from revolta.config import EngineOptions
 from revolta.engine_setup import engine_config
 from revolta.models.resolve import resolve_model
 from revolta.models.tokenizer import IncrementalDetokenizer, Tokenizer
@@ -77,7 +79,10 @@ class LLM:
         """options: any engine option by name (EngineOptions: the engine's option table and the
         Python layer's, as the server's flags have them). calibration_prompts: token ids for
         calculate_kv_scales (default: a few built-in prompts through the tokenizer)."""
-        e = EngineOptions(model=model, **options)
+        try:
+            e = EngineOptions(model=model, **options)
+        except ValidationError as err:
+            raise ValueError(describe_errors(err)) from None
         self.model_path = resolve_model(e.model, e.load_format, e.device)
         self.default_sampling = generation_defaults(self.model_path, e.generation_config, e.override_generation_config)
         self.scheduling_policy = e.scheduling_policy

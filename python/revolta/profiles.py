@@ -14,7 +14,7 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
-from revolta.config import OPTION_SECTIONS, EngineOptions, ServerOptions, Settings, build_settings
+from revolta.config import OPTION_SECTIONS, describe_errors, EngineOptions, ServerOptions, Settings, build_settings
 
 ENV_PREFIX = "REVOLTA_"
 
@@ -74,7 +74,7 @@ def load_profile(name_or_path: str) -> dict[str, Any]:
     try:
         build_settings(flat)  # a profile must be valid on its own
     except (ValidationError, ValueError) as e:
-        raise ConfigError(f"profile {p}: {_describe(e)}") from e
+        raise ConfigError(f"profile {p}: {describe_errors(e)}") from e
     return flat
 
 
@@ -85,20 +85,6 @@ def _env_values() -> dict[str, Any]:
         if raw is not None:
             out[name] = raw
     return out
-
-
-def _describe(e: Exception) -> str:
-    if isinstance(e, ValidationError):
-        parts = []
-        for err in e.errors():
-            loc = ".".join(str(x) for x in err["loc"] if x not in ("engine", "server"))
-            msg = str(err["msg"]).removeprefix("Value error, ")
-            # A validator's message that already starts with the option's name keeps it once.
-            if loc and not msg.startswith(loc):
-                msg = f"{loc} (--{loc.replace('_', '-')}): {msg}"
-            parts.append(msg)
-        return "; ".join(parts)
-    return str(e)
 
 
 def resolve(cli: dict[str, Any], profile: str | None = None) -> tuple[Settings, dict[str, dict[str, Any]]]:
@@ -117,7 +103,7 @@ def resolve(cli: dict[str, Any], profile: str | None = None) -> tuple[Settings, 
     try:
         settings = build_settings(merged)
     except (ValidationError, ValueError) as e:
-        raise ConfigError(f"invalid configuration: {_describe(e)}") from e
+        raise ConfigError(f"invalid configuration: {describe_errors(e)}") from e
     report = {}
     for section, model in (("engine", settings.engine), ("server", settings.server)):
         for name in type(model).model_fields:
