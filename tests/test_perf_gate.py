@@ -56,6 +56,16 @@ def test_new_figures_and_gains_pass(tmp_path, capsys):
     assert code == 0 and "| llama-8b c64 | - | 2,800.0 | - | new |" in out
 
 
+def test_the_fp16_hybrid_cases_fit_a_smaller_gpu():
+    cases = {c.name: c.args for c in perf_gate.SUITE}
+    for name in ("qwen3-next", "qwen3-next-mtp4"):
+        small = perf_gate.fitted(cases[name], 80.0)
+        assert small[small.index("--layers") + 1] == "16" and len(small) == len(cases[name])
+        assert perf_gate.fitted(cases[name], 141.0) == cases[name] and perf_gate.fitted(cases[name], None) == cases[name]
+    assert perf_gate.fitted(cases["qwen3-next-awq"], 80.0) == cases["qwen3-next-awq"]  # int4: 45 GB at 48 layers
+    assert perf_gate.fitted(cases["llama-8b"], 80.0) == cases["llama-8b"]
+
+
 FAKE_BENCH = textwrap.dedent("""\
     #!{python}
     # A stand-in for revolta_bench: tok/s = SPEED x concurrency (prefill: SPEED x 10), as its JSON line.
