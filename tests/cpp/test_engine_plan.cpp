@@ -4,6 +4,7 @@
 #include <string>
 
 #include "engine/plan.h"
+#include "config_dir.h"
 #include "expect.h"
 
 using namespace revolta;
@@ -11,10 +12,7 @@ using namespace revolta;
 namespace {
 
 ModelConfig config_of(const std::string& name, const std::string& json) {
-  const auto dir = std::filesystem::temp_directory_path() / ("revolta-engine-plan-" + name);
-  std::filesystem::create_directories(dir);
-  std::ofstream(dir / "config.json") << json;
-  return ModelConfig::from_file((dir / "config.json").string());
+  return config_dir("engine-plan-" + name, json).config;
 }
 
 const std::string kCommon = R"("vocab_size": 1000, "hidden_size": 128, "num_attention_heads": 4, "num_key_value_heads": 2,

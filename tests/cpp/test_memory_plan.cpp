@@ -7,6 +7,7 @@
 #include <string>
 
 #include "model/memory_estimate.h"
+#include "config_dir.h"
 #include "expect.h"
 #include "model/model.h"
 
@@ -15,12 +16,8 @@ using namespace revolta;
 namespace {
 
 double ratio_for(const std::string& name, const std::string& json) {
-  const auto dir = std::filesystem::temp_directory_path() / ("revolta-plan-" + name);
-  std::filesystem::create_directories(dir);
-  std::ofstream(dir / "config.json") << json;
-  ModelConfig c = ModelConfig::from_file((dir / "config.json").string());
-  c.max_positions = c.max_position_embeddings;
-  const auto model = load_model(dir.string(), c, DType::kF16, Device::kCPU, /*dummy=*/true);
+  const auto [dir, c] = config_dir("plan-" + name, json);
+  const auto model = load_model(dir, c, DType::kF16, Device::kCPU, /*dummy=*/true);
   const double est = double(estimate_weight_bytes(c, 2));
   return est / double(model->weight_bytes());
 }

@@ -8,6 +8,7 @@
 #include <string>
 
 #include "cache/cache_coordinator.h"
+#include "config_dir.h"
 #include "expect.h"
 #include "model/model.h"
 #include "runtime/model_runner.h"
@@ -43,12 +44,8 @@ float max_diff(const Tensor& a, int64_t row_a, const Tensor& b, int64_t row_b) {
 }
 
 void check_architecture(const std::string& name, const std::string& json) {
-  const auto dir = std::filesystem::temp_directory_path() / ("revolta-rows-" + name);
-  std::filesystem::create_directories(dir);
-  std::ofstream(dir / "config.json") << json;
-  ModelConfig c = ModelConfig::from_file((dir / "config.json").string());
-  c.max_positions = c.max_position_embeddings;
-  Rig g = make_rig(dir.string(), c);
+  const auto [dir, c] = config_dir("rows-" + name, json);
+  Rig g = make_rig(dir, c);
   const std::vector<int32_t> prompt = {5, 9, 2, 41, 7, 33, 18, 3};
   StepLogits three = run_prompt(g, 1, prompt, 3);
   EXPECT(three.samplers.size() == 1 && three.rows_per_sampler == std::vector<int32_t>{3});

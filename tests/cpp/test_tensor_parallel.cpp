@@ -21,6 +21,7 @@
 #include "core/error.h"
 #include "dist/communicator.h"
 #include "engine/tensor_parallel.h"
+#include "config_dir.h"
 #include "expect.h"
 #include "model/model.h"
 #include "model/weights.h"
@@ -89,17 +90,13 @@ std::vector<Tensor> run_sharded(const std::string& dir, const ModelConfig& c, in
 
 // ep: with expert parallelism (whole experts per rank) as well.
 void check(const std::string& name, const std::string& json, const std::vector<int>& worlds, bool ep = false) {
-  const auto dir = std::filesystem::temp_directory_path() / ("revolta-tp-" + name);
-  std::filesystem::create_directories(dir);
-  std::ofstream(dir / "config.json") << json;
-  ModelConfig c = ModelConfig::from_file((dir / "config.json").string());
-  c.max_positions = c.max_position_embeddings;
+  const auto [dir, c] = config_dir("tp-" + name, json);
   const int steps = 4;
-  const std::vector<Tensor> want = run(dir.string(), c, nullptr, steps);
+  const std::vector<Tensor> want = run(dir, c, nullptr, steps);
   EXPECT(want.size() == size_t(steps + 1 + (c.num_mtp_layers > 0)) && want[0].size(0) == 2 && want.back().size(0) == 2);
   for (int world : worlds)
     for (bool expert_parallel : ep ? std::vector<bool>{false, true} : std::vector<bool>{false}) {
-      const std::vector<Tensor> got = run_sharded(dir.string(), c, world, steps, expert_parallel);
+      const std::vector<Tensor> got = run_sharded(dir, c, world, steps, expert_parallel);
       float worst = 0.0f;
       for (size_t s = 0; s < want.size(); ++s) worst = std::max(worst, max_diff(want[s], got[s]));
       EXPECT(got.size() == want.size() && worst < 1e-4f);  // sums in another order: float32 rounding only
@@ -185,7 +182,7 @@ void run_tensor_parallel_tests() {
   check("qwen3.5", R"({"architectures": ["Qwen3_5MoeForCausalLM"], "shared_expert_intermediate_size": 32, )" + hybrid + "}",
         {1, 2, 4}, true);
 
-  const auto dir = std::filesystem::temp_directory_path() / "revolta-tp-llama";
+  const auto dir = std::filesystem::temp_directory_path() / "revolta-test-tp-llama";
   check_dummy_slices(dir.string());
   ModelConfig c = ModelConfig::from_file((dir / "config.json").string());
   c.max_positions = c.max_position_embeddings;
