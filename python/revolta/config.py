@@ -6,6 +6,7 @@ uses it), and the schema, `LLM(...)`, the server's flags and docs/options.md fol
 from __future__ import annotations
 
 import json
+import math
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model, field_validator, model_validator
@@ -91,7 +92,7 @@ def table_config(options: BaseModel) -> _core.EngineConfig:
         try:
             setattr(cfg, name, value)
         except TypeError:  # (a value the field's C++ type cannot hold, such as a negative seed)
-            raise ValueError(f"{name} must be >= {row['min']:g}, got {value}" if row["min"] == row["min"]
+            raise ValueError(f"{name} must be >= {row['min']:g}, got {value}" if not math.isnan(row["min"])
                              else f"{name}: {value!r} is not a {row['type']}") from None
     return cfg
 
@@ -254,8 +255,8 @@ def options_reference() -> str:
             default = field.default_factory() if field.default_factory else field.default
             row = table.get(name)
             values = ", ".join(row["choices"].split() if row else literal_values(field.annotation) or [])
-            if row and not values and row["min"] == row["min"]:
-                values = f">= {row['min']:g}" + (f", <= {row['max']:g}" if row["max"] == row["max"] else "")
+            if row and not values and not math.isnan(row["min"]):
+                values = f">= {row['min']:g}" + (f", <= {row['max']:g}" if not math.isnan(row["max"]) else "")
             text = (field.description or "").replace("|", "\\|")
             lines.append(f"| `--{name.replace('_', '-')}` | `{default}` | {values} | {text} |")
         lines.append("")
