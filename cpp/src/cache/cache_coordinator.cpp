@@ -9,11 +9,14 @@ namespace revolta {
 
 CachePlan plan_shape(const CacheSpecs& groups, const CacheLimits& limits) {
   CachePlan p;
-  int32_t kv_groups = 0, state_groups = 0, state_slots_per_request = 0;
+  int32_t kv_groups = 0, state_groups = 0, row_groups = 0, state_slots_per_request = 0;
   for (const CacheGroupSpec& g : groups) {
     if (g.kind == CacheGroupSpec::Kind::kPagedKv) {
       p.kv = g.kv;
       ++kv_groups;
+    } else if (g.kind == CacheGroupSpec::Kind::kTokenRows) {
+      p.rows = g.rows;
+      ++row_groups;
     } else {
       p.state = g.state;
       state_slots_per_request = g.slots_per_request;
@@ -21,12 +24,12 @@ CachePlan plan_shape(const CacheSpecs& groups, const CacheLimits& limits) {
     }
   }
   // Layers of different KV specs (sliding windows, other head sizes) would need a pool each.
-  RV_CHECK_ARG(kv_groups <= 1 && state_groups <= 1, "the model declares ", kv_groups, " paged-KV and ", state_groups,
-               " recurrent-state cache groups; the cache supports one of each");
-  p.state_slots = p.state.num_layers ? limits.max_num_seqs * state_slots_per_request : 0;
-  p.snapshot_slots = limits.prefix_caching && p.state.num_layers ? limits.max_num_seqs : 0;
+  RV_CHECK_ARG(kv_groups <= 1 && state_groups <= 1 && row_groups <= 1, "the model declares ", kv_groups, " paged-KV, ",
+               state_groups, " recurrent-state and ", row_groups, " token-row cache groups; the cache supports one of each");
+  p.state_slots = !p.state.empty() ? limits.max_num_seqs * state_slots_per_request : 0;
+  p.snapshot_slots = limits.prefix_caching && !p.state.empty() ? limits.max_num_seqs : 0;
   p.state_bytes = p.state.bytes_per_slot() * (p.state_slots + p.snapshot_slots);
-  p.block_bytes = std::max<int64_t>(1, p.kv.bytes_per_token() * limits.block_size);
+  p.block_bytes = std::max<int64_t>(1, (p.kv.bytes_per_token() + p.rows.bytes_per_token()) * limits.block_size);
   p.need_blocks = (limits.max_model_len + limits.block_size - 1) / limits.block_size;
   return p;
 }
@@ -42,7 +45,7 @@ CachePlan plan_caches(const CacheSpecs& groups, const CacheLimits& limits, int64
                ") needs; raise ", option, " to at least ", p.need_blocks * p.block_bytes, " bytes or lower max_model_len");
   // Blocks also index prefix-cache hashes and state snapshots, so a model without attention
   // layers (KV bytes 0) still gets a pool: enough for every sequence at full length, twice.
-  if (p.kv.bytes_per_token() == 0) p.num_blocks = std::min(p.num_blocks, int64_t(2) * limits.max_num_seqs * p.need_blocks);
+  if (p.kv.bytes_per_token() + p.rows.bytes_per_token() == 0) p.num_blocks = std::min(p.num_blocks, int64_t(2) * limits.max_num_seqs * p.need_blocks);
   p.num_blocks = std::min<int64_t>(p.num_blocks, std::numeric_limits<int32_t>::max() / limits.block_size);
   return p;
 }
@@ -52,7 +55,7 @@ void CachePlan::shrink_to(int64_t budget) {
 }
 
 CacheCoordinator::CacheCoordinator(const CachePlan& plan, const CacheLimits& limits, Device device) : plan_(plan) {
-  kv_ = std::make_unique<KvCache>(plan.kv, int32_t(plan.num_blocks), limits.block_size, device);
+  kv_ = std::make_unique<KvCache>(plan.kv, int32_t(plan.num_blocks), limits.block_size, device, plan.rows);
   if (plan.state_slots) states_ = std::make_unique<StateCache>(plan.state, plan.state_slots + plan.snapshot_slots, device);
   manager_ = std::make_unique<KvCacheManager>(int32_t(plan.num_blocks), limits.block_size, limits.prefix_caching,
                                               plan.state_slots, plan.snapshot_slots);

@@ -28,6 +28,7 @@ struct CacheLimits {
 // the rest.
 struct CachePlan {
   KvCacheSpec kv;   // the paged group (num_layers 0: the model has none)
+  TokenRowsSpec rows;  // per-token rows in the same blocks (num_layers 0: none)
   StateSpec state;  // the recurrent group (num_layers 0: none)
   int32_t state_slots = 0, snapshot_slots = 0;
   int64_t num_blocks = 0;

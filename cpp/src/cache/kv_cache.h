@@ -24,9 +24,18 @@ struct KvCacheSpec {
   }
 };
 
+// Float32 rows of `width` values per token for `num_layers` layers, kept in the same blocks as the
+// K/V (so block tables, prefix hits and offload cover them): QSA's raw indexer keys.
+struct TokenRowsSpec {
+  int32_t num_layers = 0, width = 0;
+  int64_t bytes_per_token() const { return int64_t(num_layers) * width * 4; }
+};
+
 struct KvCache {
-  KvCache(const KvCacheSpec& spec, int32_t num_blocks, int32_t block_size, Device device = Device::kCPU);
+  KvCache(const KvCacheSpec& spec, int32_t num_blocks, int32_t block_size, Device device = Device::kCPU,
+          const TokenRowsSpec& rows = {});
   std::vector<Tensor> k, v;  // one per layer
+  std::vector<Tensor> rows;  // TokenRowsSpec: [num_blocks, block_size, width] per layer
   std::vector<ops::KvQuant> quant;  // one per layer for E4M3 / int8 caches, none otherwise
   const ops::KvQuant* quant_of(size_t layer) const { return quant.empty() ? nullptr : &quant[layer]; }
   int32_t num_blocks;

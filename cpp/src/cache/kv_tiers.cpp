@@ -24,6 +24,10 @@ void for_each_piece(KvCache& kv, int32_t block, F&& f) {
         f(static_cast<uint8_t*>(t->data()) + n * size_t(block), n);
       }
   }
+  for (Tensor& t : kv.rows) {
+    const size_t n = t.nbytes() / size_t(kv.num_blocks);
+    f(static_cast<uint8_t*>(t.data()) + n * size_t(block), n);
+  }
 }
 
 template <typename F>
@@ -32,6 +36,10 @@ void for_each_piece(StateCache& s, int32_t slot, F&& f) {
     Tensor c = s.conv_slot(l, slot), m = s.ssm_slot(l, slot);
     f(static_cast<uint8_t*>(c.data()), c.nbytes());
     f(static_cast<uint8_t*>(m.data()), m.nbytes());
+  }
+  for (size_t b = 0; b < s.buffers.size(); ++b) {
+    Tensor t = s.buffer_slot(b, slot);
+    f(static_cast<uint8_t*>(t.data()), t.nbytes());
   }
 }
 
@@ -52,7 +60,8 @@ int64_t state_slot_bytes(const StateCache* states) {
 
 std::unique_ptr<PendingCopy> run_transfers(const std::vector<BlockTransfer>& transfers, KvCache& kv,
                                            StateCache* states, int rank) {
-  const Device dev = kv.k.empty() ? (states ? states->device : Device::kCPU) : kv.k[0].device();
+  const Device dev = !kv.k.empty() ? kv.k[0].device() : !kv.rows.empty() ? kv.rows[0].device()
+                                                      : states ? states->device : Device::kCPU;
   const int64_t block_share = kv_block_bytes(kv), state_share = state_slot_bytes(states);
   std::vector<CopyPiece> saves, loads;
   for (const BlockTransfer& t : transfers) {

@@ -13,5 +13,6 @@ std::unique_ptr<CausalLM> make_qwen3(const WeightLoader& w, const ModelConfig& c
 std::unique_ptr<CausalLM> make_qwen3_moe(const WeightLoader& w, const ModelConfig& c, DType dt);
 std::unique_ptr<CausalLM> make_qwen3_next(const WeightLoader& w, const ModelConfig& c, DType dt);
 std::unique_ptr<CausalLM> make_qwen3_5_moe(const WeightLoader& w, const ModelConfig& c, DType dt);
+std::unique_ptr<CausalLM> make_flash_next(const WeightLoader& w, const ModelConfig& c, DType dt);
 
 }  // namespace revolta

@@ -78,7 +78,9 @@ void parse_hybrid(const Json& j, ModelConfig& c) {
              c.num_layers, " layers");
     for (size_t i = 0; i < types.size(); ++i) {
       const std::string& t = types[i].as_string();
-      RV_CHECK(t == "linear_attention" || t == "full_attention", "unsupported layer type '", t, "'");
+      // (Flash-Next's config names its QSA-indexed full-attention layers "indexed_attention")
+      RV_CHECK(t == "linear_attention" || t == "full_attention" || t == "indexed_attention", "unsupported layer type '",
+               t, "'");
       c.linear_layers[i] = t == "linear_attention";
     }
   } else if (j.contains("full_attention_interval")) {
@@ -87,7 +89,53 @@ void parse_hybrid(const Json& j, ModelConfig& c) {
   }
 }
 
+void parse_flash_next(const Json& j, ModelConfig& c, const std::string& src) {
+  if (!j.contains("hc_count")) return;
+  FlashNextConfig& f = c.flash;
+  f.hc_count = int32_t(j.get_int("hc_count", 0));
+  f.hc_lowrank = int32_t(j.get_int("hc_lowrank", 0));
+  RV_CHECK(f.hc_count >= 1 && f.hc_lowrank >= 1, src, ": hc_count (", f.hc_count, ") and hc_lowrank (", f.hc_lowrank,
+           ") must be positive");
+  f.indexer_heads = int32_t(j.get_int("indexer_n_heads", 0));
+  f.indexer_head_dim = int32_t(j.get_int("indexer_head_dim", 0));
+  f.indexer_budget = int32_t(j.get_int("indexer_budget", 0));
+  f.indexer_ratio = f.indexer_heads > 0 ? int32_t(j.get_int("indexer_compress_ratio", 0)) : 0;
+  RV_CHECK(j.get_int("indexer_kv_heads", 1) == 1, src, ": indexer_kv_heads must be 1 (one pooled key per block)");
+  RV_CHECK(f.indexer_ratio == 0 || (f.indexer_head_dim > 0 && f.indexer_budget >= f.indexer_ratio), src,
+           ": indexer_budget (", f.indexer_budget, ") must hold at least one block of indexer_compress_ratio (",
+           f.indexer_ratio, ") tokens");
+  for (const auto& v : (j["ple_layer_ids"].is_array() ? j["ple_layer_ids"].as_array() : std::vector<Json>{})) {
+    const int64_t id = v.as_int();
+    RV_CHECK(id >= 1 && id <= c.num_layers, src, ": ple_layer_ids entry ", id, " is not a layer (1..", c.num_layers, ")");
+    f.ple_layers.push_back(int32_t(id - 1));
+  }
+  std::sort(f.ple_layers.begin(), f.ple_layers.end());
+  f.ple_layers.erase(std::unique(f.ple_layers.begin(), f.ple_layers.end()), f.ple_layers.end());
+  f.ngram_size = int32_t(j.get_int("ngram_size", 3));
+  f.heads_per_ngram = int32_t(j.get_int("heads_per_ngram", 8));
+  f.ple_conv_kernel = int32_t(j.get_int("ple_conv_kernel_size", 4));
+  f.ple_embed_dim = int32_t(j["ple_embed_dim"].is_number() ? j["ple_embed_dim"].as_int() : c.hidden_size);
+  f.ngram_vocab_base = j.get_int("ngram_vocab_size_base", 20000000);
+  f.ngram_vocab_divisor = std::max<int64_t>(1, j.get_int("make_ngram_vocab_size_divisible_by", 128));
+  f.seed = uint64_t(j.get_int("seed", 1234));
+  if (!f.ple_layers.empty()) {
+    RV_CHECK(f.ngram_size >= 2 && f.heads_per_ngram >= 1 && f.ple_conv_kernel >= 1, src, ": PLE needs ngram_size >= 2 (",
+             f.ngram_size, "), heads_per_ngram >= 1 (", f.heads_per_ngram, ") and ple_conv_kernel_size >= 1 (",
+             f.ple_conv_kernel, ")");
+    RV_CHECK(f.ple_embed_dim % f.ple_heads() == 0, src, ": ple_embed_dim (", f.ple_embed_dim,
+             ") must split over the (ngram_size - 1) * heads_per_ngram n-gram heads (", f.ple_heads(), ")");
+    RV_CHECK(!c.eos_token_ids.empty(), src, ": PLE cuts its n-gram window at eos_token_id, which the config lacks");
+  }
+  const std::string gate = j.get_string("output_gate_type", c.hidden_act);
+  RV_CHECK(gate == "sigmoid" || gate == "silu", src, ": output_gate_type '", gate, "' is not supported (sigmoid, silu)");
+  f.sigmoid_output_gate = gate == "sigmoid";
+}
+
 }  // namespace
+
+bool FlashNextConfig::is_ple_layer(int32_t layer) const {
+  return std::find(ple_layers.begin(), ple_layers.end(), layer) != ple_layers.end();
+}
 
 bool ModelConfig::is_moe_layer(int32_t layer) const {
   if (num_experts <= 0) return false;
@@ -183,6 +231,7 @@ ModelConfig ModelConfig::from_json_fields(const Json& j, const std::string& src,
   c.rope = parse_rope(j, c.max_position_embeddings);
   c.max_positions = c.max_position_embeddings;
   parse_hybrid(j, c);
+  parse_flash_next(j, c, src);
   c.quantization = parse_quantization(j, src);
   RV_CHECK(!j.get_bool("use_sliding_window", false), src,
            ": sliding-window attention (use_sliding_window) is not supported");

@@ -29,6 +29,23 @@ struct WeightQuantization {
   int32_t group_size = 0;  // awq: 32 or 128; fp8: 128 (the engine's block); nvfp4: 16
 };
 
+// Flash-Next (qwen4_exp) additions to the hybrid: hyper-connections (hc_count residual streams;
+// 0: none), QSA, the learned indexer that picks which cached cells a full-attention query reads
+// (compress ratio 0: dense attention), and n-gram PLE, hashed n-gram embeddings added at the start
+// of its layers.
+struct FlashNextConfig {
+  int32_t hc_count = 0, hc_lowrank = 0;
+  int32_t indexer_heads = 0, indexer_head_dim = 0, indexer_budget = 0, indexer_ratio = 0;
+  std::vector<int32_t> ple_layers;  // 0-based (HF's ple_layer_ids count from 1)
+  int32_t ngram_size = 0, heads_per_ngram = 0, ple_conv_kernel = 0, ple_embed_dim = 0;
+  int64_t ngram_vocab_base = 0, ngram_vocab_divisor = 1;
+  uint64_t seed = 0;
+  bool sigmoid_output_gate = false;  // the DeltaNet's gated norm: sigmoid (Flash-Next) or silu
+  int32_t ple_heads() const { return (ngram_size - 1) * heads_per_ngram; }
+  int32_t top_blocks() const { return indexer_ratio > 0 ? indexer_budget / indexer_ratio : 0; }
+  bool is_ple_layer(int32_t layer) const;
+};
+
 struct ModelConfig {
   std::string architecture;
   WeightQuantization quantization;
@@ -58,6 +75,7 @@ struct ModelConfig {
   int32_t num_mtp_layers = 0;  // multi-token-prediction layers (mtp.*), kept for speculative decoding
   std::vector<int32_t> mlp_only_layers;
   bool norm_topk_prob = true;
+  FlashNextConfig flash;
   bool is_moe_layer(int32_t layer) const;
   int32_t num_attention_layers() const;
   int32_t num_linear_layers() const;

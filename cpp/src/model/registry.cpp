@@ -17,6 +17,8 @@ const std::map<std::string, Factory>& registry() {
       {"Qwen3NextForCausalLM", &make_qwen3_next},
       {"Qwen3_5MoeForCausalLM", &make_qwen3_5_moe},
       {"Qwen3_5MoeForConditionalGeneration", &make_qwen3_5_moe},
+      {"Qwen4ExpForCausalLM", &make_flash_next},
+      {"Qwen4ExpForConditionalGeneration", &make_flash_next},
   };
   return r;
 }
@@ -42,7 +44,9 @@ CacheSpecs cache_specs_for(const ModelConfig& c, const SpeculativeCacheNeeds& sp
   CacheSpecs groups;
   if (c.num_attention_layers() > 0)  // the MTP layers keep K/V like attention layers, after the model's own
     groups.push_back(CacheGroupSpec::paged_kv({c.num_attention_layers() + spec.mtp_layers, c.num_kv_heads, c.head_dim, DType::kF32}));
-  if (c.num_linear_layers() > 0) {
+  if (c.flash.indexer_ratio > 0 && c.num_attention_layers() > 0)  // QSA's raw indexer keys, one row per token
+    groups.push_back(CacheGroupSpec::token_rows({c.num_attention_layers(), c.flash.indexer_head_dim}));
+  if (c.num_linear_layers() > 0 || !c.flash.ple_layers.empty()) {
     StateSpec s;
     s.num_layers = c.num_linear_layers();
     s.conv_dim = 2 * c.linear_num_key_heads * c.linear_key_head_dim + c.linear_num_value_heads * c.linear_value_head_dim;
@@ -50,6 +54,11 @@ CacheSpecs cache_specs_for(const ModelConfig& c, const SpeculativeCacheNeeds& sp
     s.num_heads = c.linear_num_value_heads;
     s.k_dim = c.linear_key_head_dim;
     s.v_dim = c.linear_value_head_dim;
+    for (size_t i = 0; i < c.flash.ple_layers.size(); ++i) {  // PLE: the n-gram window, the dilated conv's history
+      const FlashNextConfig& f = c.flash;
+      s.buffers.push_back({f.ngram_size - 1});
+      s.buffers.push_back({int64_t(f.hc_count) * c.hidden_size, int64_t(f.ple_conv_kernel - 1) * f.ngram_size});
+    }
     groups.push_back(CacheGroupSpec::recurrent_state(s));
     if (spec.rollback_states) groups.back().slots_per_request = 2;  // its state before a verify step
   }
@@ -58,6 +67,8 @@ CacheSpecs cache_specs_for(const ModelConfig& c, const SpeculativeCacheNeeds& sp
 
 void check_device_limits(const ModelConfig& c, Device device) {
   if (device == Device::kCPU) return;
+  RV_CHECK_ARG(c.flash.hc_count == 0, "device 'cuda': ", c.architecture, " (Flash-Next: hyper-connections, QSA, PLE) ",
+               "runs on the CPU only for now; its CUDA kernels are not built yet (use device 'cpu')");
   // The CUDA kernels' shape limits, checked before any weight is read.
   RV_CHECK_ARG(c.head_dim <= 256, "device 'cuda': head_dim ", c.head_dim, " > 256 (the attention kernels' limit)");
   if (c.num_linear_layers() > 0) {

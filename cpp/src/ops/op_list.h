@@ -3,10 +3,34 @@
 // backend's declarations (ops/cpu/cpu_ops.h, cuda/cuda_ops.h) and its table. A backend function
 // missing, or of another signature, is a compile error. The contracts live with the dispatching
 // functions in ops.h; an op is added by one entry here, its contract there and one implementation
-// per backend.
+// per backend. REVOLTA_DEVICE_OPS are every backend's; REVOLTA_CPU_ONLY_OPS have no CUDA kernels
+// yet (the CUDA table leaves them null: supports_op says so, and a call names the op).
 #pragma once
 
-#define REVOLTA_OPS(X)                                                                                               \
+#define REVOLTA_OPS(X) REVOLTA_DEVICE_OPS(X) REVOLTA_CPU_ONLY_OPS(X)
+
+// Flash-Next's pieces: hyper-connections, n-gram PLE, QSA.
+#define REVOLTA_CPU_ONLY_OPS(X)                                                                                      \
+  X(GroupRmsNorm, group_rms_norm, void(const Tensor& x, const Tensor& weight, int64_t group, float eps, Tensor& out))  \
+  X(ScaledSilu, scaled_silu, void(const Tensor& x, int64_t columns, float scale, Tensor& out))                        \
+  X(HcMix, hc_mix, void(const Tensor& normed, const Tensor& mix_logits, Tensor& out))                                \
+  X(HcCombine, hc_combine,                                                                                           \
+    void(Tensor& streams, const Tensor& y, const Tensor& logits, int64_t column, float scale))                       \
+  X(Accumulate, accumulate, void(Tensor& out, const Tensor& x))                                                      \
+  X(NgramRows, ngram_rows,                                                                                           \
+    void(const Tensor& ids, const ops::NgramHash& hash, Tensor& windows, const Tensor& seq_starts,                   \
+         const Tensor& seq_slots, Tensor& rows))                                                                     \
+  X(PleGate, ple_gate, void(const Tensor& key, const Tensor& query, const Tensor& value, Tensor& out))               \
+  X(TokenRowsWrite, token_rows_write, void(const Tensor& x, const Tensor& slot_mapping, Tensor& cache))              \
+  X(QsaSelect, qsa_select,                                                                                           \
+    void(const Tensor& q, const Tensor& key_rows, const ops::QsaIndex& index, const ops::AttentionBatch& batch,      \
+         Tensor& blocks))                                                                                            \
+  X(QsaAttention, qsa_attention,                                                                                     \
+    void(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, const ops::AttentionBatch& batch,            \
+         const Tensor& blocks, int32_t ratio, float scale, Tensor& out, const ops::OutputGate* gate,                 \
+         const ops::KvQuant* quant))
+
+#define REVOLTA_DEVICE_OPS(X)                                                                                        \
   X(Embedding, embedding, void(const Tensor& ids, const Tensor& table, Tensor& out, const ops::NormInto* norm))     \
   X(EmbeddingShard, embedding_shard, void(const Tensor& ids, const Tensor& table, int64_t first_id, Tensor& out))    \
   X(RmsNorm, rms_norm, void(const Tensor& x, const Tensor& weight, float eps, Tensor& out))                          \

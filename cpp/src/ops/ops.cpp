@@ -186,6 +186,72 @@ void l2_norm(Tensor& x, int64_t dim, float eps) { table_for(x.device(), Op::kL2N
 void gated_rms_norm(const Tensor& x, const Tensor& gate, int64_t gate_column, const Tensor& weight, float eps, Tensor& out) {
   table_for(x.device(), Op::kGatedRmsNorm).gated_rms_norm(x, gate, gate_column, weight, eps, out);
 }
+void group_rms_norm(const Tensor& x, const Tensor& weight, int64_t group, float eps, Tensor& out) {
+  RV_CHECK(x.dim() == 2 && group > 0 && x.size(1) % group == 0 && weight.numel() == x.size(1) && out.numel() == x.numel(),
+           "group_rms_norm: x [T, G * ", group, "], weight [G * ", group, "], out like x (got ", x.shape_str(), ", ",
+           weight.shape_str(), ", ", out.shape_str(), ")");
+  table_for(x.device(), Op::kGroupRmsNorm).group_rms_norm(x, weight, group, eps, out);
+}
+void scaled_silu(const Tensor& x, int64_t columns, float scale, Tensor& out) {
+  RV_CHECK(x.dim() == 2 && columns <= x.size(1) && out.dim() == 2 && out.size(0) == x.size(0) && out.size(1) == columns,
+           "scaled_silu: out [T, ", columns, "] of x ", x.shape_str(), " (got ", out.shape_str(), ")");
+  table_for(x.device(), Op::kScaledSilu).scaled_silu(x, columns, scale, out);
+}
+void hc_mix(const Tensor& normed, const Tensor& mix_logits, Tensor& out) {
+  RV_CHECK(normed.dim() == 2 && mix_logits.shape() == normed.shape() && out.dim() == 2 && out.size(0) == normed.size(0) &&
+               normed.size(1) % out.size(1) == 0,
+           "hc_mix: normed and mix_logits [T, hc * E], out [T, E] (got ", normed.shape_str(), ", ", mix_logits.shape_str(),
+           ", ", out.shape_str(), ")");
+  table_for(out.device(), Op::kHcMix).hc_mix(normed, mix_logits, out);
+}
+void hc_combine(Tensor& streams, const Tensor& y, const Tensor& logits, int64_t column, float scale) {
+  RV_CHECK(streams.dim() == 2 && y.dim() == 2 && y.size(0) == streams.size(0) && streams.size(1) % y.size(1) == 0 &&
+               logits.dim() == 2 && logits.size(0) == y.size(0) && column + streams.size(1) / y.size(1) <= logits.size(1),
+           "hc_combine: streams [T, hc * E], y [T, E], logits [T, >= column + hc] (got ", streams.shape_str(), ", ",
+           y.shape_str(), ", ", logits.shape_str(), " from column ", column, ")");
+  table_for(streams.device(), Op::kHcCombine).hc_combine(streams, y, logits, column, scale);
+}
+void accumulate(Tensor& out, const Tensor& x) {
+  RV_CHECK(out.numel() == x.numel(), "accumulate: out ", out.shape_str(), " and x ", x.shape_str(), " differ");
+  table_for(out.device(), Op::kAccumulate).accumulate(out, x);
+}
+void ngram_rows(const Tensor& ids, const NgramHash& hash, Tensor& windows, const Tensor& seq_starts,
+                const Tensor& seq_slots, Tensor& rows) {
+  const int64_t heads = int64_t(hash.ngram_size - 1) * hash.heads_per_ngram;
+  RV_CHECK(rows.dim() == 2 && rows.size(0) == ids.numel() && rows.size(1) == heads && rows.dtype() == DType::kI32 &&
+               windows.dim() == 2 && windows.size(1) == hash.ngram_size - 1,
+           "ngram_rows: rows int32 [T, ", heads, "], windows [slots, ", hash.ngram_size - 1, "] (got ", rows.shape_str(),
+           ", ", windows.shape_str(), ")");
+  table_for(ids.device(), Op::kNgramRows).ngram_rows(ids, hash, windows, seq_starts, seq_slots, rows);
+}
+void ple_gate(const Tensor& key, const Tensor& query, const Tensor& value, Tensor& out) {
+  RV_CHECK(key.dim() == 2 && query.shape() == key.shape() && out.shape() == key.shape() && value.dim() == 2 &&
+               value.size(0) == key.size(0) && key.size(1) % value.size(1) == 0,
+           "ple_gate: key, query, out [T, hc * E], value [T, E] (got ", key.shape_str(), ", ", query.shape_str(), ", ",
+           value.shape_str(), ", ", out.shape_str(), ")");
+  table_for(key.device(), Op::kPleGate).ple_gate(key, query, value, out);
+}
+void token_rows_write(const Tensor& x, const Tensor& slot_mapping, Tensor& cache) {
+  RV_CHECK(x.dim() == 2 && cache.dim() == 3 && cache.size(2) == x.size(1) && slot_mapping.numel() == x.size(0),
+           "token_rows_write: x [T, W] into a cache [blocks, block_size, W] (got ", x.shape_str(), ", ", cache.shape_str(), ")");
+  table_for(cache.device(), Op::kTokenRowsWrite).token_rows_write(x, slot_mapping, cache);
+}
+void qsa_select(const Tensor& q, const Tensor& key_rows, const QsaIndex& index, const AttentionBatch& batch,
+                Tensor& blocks) {
+  RV_CHECK(q.dim() == 3 && key_rows.dim() == 3 && key_rows.size(2) == q.size(2) && index.ratio > 0 && index.k_norm &&
+               index.rope && blocks.dim() == 2 && blocks.size(0) == q.size(0) && blocks.dtype() == DType::kI32,
+           "qsa_select: q [T, heads, D], key rows [blocks, block_size, D], blocks int32 [T, top], ratio > 0 (got ",
+           q.shape_str(), ", ", key_rows.shape_str(), ", ", blocks.shape_str(), ", ratio ", index.ratio, ")");
+  table_for(q.device(), Op::kQsaSelect).qsa_select(q, key_rows, index, batch, blocks);
+}
+void qsa_attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, const AttentionBatch& batch,
+                   const Tensor& blocks, int32_t ratio, float scale, Tensor& out, const OutputGate* gate,
+                   const KvQuant* quant) {
+  check_output_gate("qsa_attention", q, gate);
+  check_kv_quant("qsa_attention", k_cache, quant);
+  RV_CHECK(ratio > 0 && blocks.dim() == 2 && blocks.size(0) == q.size(0), "qsa_attention: blocks [T, top] and ratio > 0");
+  table_for(q.device(), Op::kQsaAttention).qsa_attention(q, k_cache, v_cache, batch, blocks, ratio, scale, out, gate, quant);
+}
 void sigmoid_mul(Tensor& x, const Tensor& gate, int64_t gate_column) {
   table_for(x.device(), Op::kSigmoidMul).sigmoid_mul(x, gate, gate_column);
 }

@@ -59,6 +59,25 @@ struct RopeTables {
   int32_t rotary_dim = 0;
 };
 
+// PLE's n-gram hashing (Flash-Next): for token t with window ctx[0] = t, ctx[j] = the token j back
+// (EOS where that token, or one between, is EOS or before the sequence), n-gram n = 2..ngram_size
+// hashes to m = XOR_{j < n} ctx[j] * multipliers[j], and its heads_per_ngram heads read table row
+// m mod sizes[h] + offsets[h] (h = (n - 2) * heads_per_ngram + i). int64 tensors on the op's device.
+struct NgramHash {
+  Tensor multipliers, sizes, offsets;  // [ngram_size], [heads], [heads]
+  int32_t ngram_size = 0, heads_per_ngram = 0;
+  int32_t eos = 0;
+};
+
+// QSA's indexer keys (Flash-Next): block b of a sequence (its tokens [b * ratio, (b + 1) * ratio))
+// has the key rope(rms_norm(mean of their raw key rows) * k_norm) at position b * ratio.
+struct QsaIndex {
+  const Tensor* k_norm = nullptr;  // [head_dim], (1 + w) already added
+  const RopeTables* rope = nullptr;
+  float eps = 1e-6f;
+  int32_t ratio = 0;
+};
+
 // Optional per-head RMSNorm of q and k (Qwen3's QK norm), weights [head_dim]; null: none.
 struct QkNorm {
   const Tensor* q = nullptr;
@@ -303,6 +322,41 @@ void sigmoid_mul(Tensor& x, const Tensor& gate, int64_t gate_column);
 // a = the next Hv columns, beta = sigmoid(b) and g = neg_a * softplus(a + dt_bias), both [T, Hv].
 void gdn_gates(const Tensor& fused, int64_t first_column, const Tensor& neg_a, const Tensor& dt_bias, Tensor& beta,
                Tensor& g);
+// --- Flash-Next (ops with CPU implementations only, for now) ---
+// out [T, G * group] = each group of x's columns RMS-normalised, times weight [G * group].
+void group_rms_norm(const Tensor& x, const Tensor& weight, int64_t group, float eps, Tensor& out);
+// out [T, columns] = silu(scale * x[:, :columns]).
+void scaled_silu(const Tensor& x, int64_t columns, float scale, Tensor& out);
+// Hyper-connection mix: out [T, E] = mean over streams c of sigmoid(mix_logits_c) * normed_c, where
+// normed and mix_logits are [T, hc * E] (stream c in columns [c * E, (c + 1) * E)).
+void hc_mix(const Tensor& normed, const Tensor& mix_logits, Tensor& out);
+// Hyper-connection combine: streams_c += 2 * sigmoid(scale * logits[:, column + c]) * y, streams
+// [T, hc * E], y [T, E].
+void hc_combine(Tensor& streams, const Tensor& y, const Tensor& logits, int64_t column, float scale);
+// out += x (f32, same shape).
+void accumulate(Tensor& out, const Tensor& x);
+// PLE table rows (int32 [T, heads]) of the batch's tokens (ids int32 [T], sequences by seq_starts /
+// seq_slots as for causal_conv1d), as NgramHash says; windows (f32 [slots, ngram_size - 1]) hold each
+// slot's previous tokens, newest first, as id + 1 (0: none, read as EOS), and are advanced.
+void ngram_rows(const Tensor& ids, const NgramHash& hash, Tensor& windows, const Tensor& seq_starts,
+                const Tensor& seq_slots, Tensor& rows);
+// PLE's gate: with key, query [T, hc * E] (normalised) and value [T, E], per stream c
+// s = key_c . query_c / sqrt(E), out_c = sigmoid(sign(s) sqrt(max(|s|, 1e-6))) * value.
+void ple_gate(const Tensor& key, const Tensor& query, const Tensor& value, Tensor& out);
+// cache[slot_mapping[t]] = x[t] for rows x f32 [T, W] into a token-row cache f32 [blocks, block_size, W].
+void token_rows_write(const Tensor& x, const Tensor& slot_mapping, Tensor& cache);
+// QSA's choice: for each query token (position p in its sequence) the top blocks.size(1) of its
+// complete blocks ((p + 1) / ratio of them) by score sum over heads of relu(q_h . key_b), q [T, heads,
+// D] normalised and roped, key rows the raw indexer keys (token_rows_write), keys as QsaIndex says.
+// blocks int32 [T, top]: block ids by falling score, ties to the lower block, -1 past the last.
+void qsa_select(const Tensor& q, const Tensor& key_rows, const QsaIndex& index, const AttentionBatch& batch,
+                Tensor& blocks);
+// paged_attention over the cells QSA keeps: the blocks qsa_select chose and the incomplete tail
+// [(p + 1) / ratio * ratio, p] of each query token.
+void qsa_attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, const AttentionBatch& batch,
+                   const Tensor& blocks, int32_t ratio, float scale, Tensor& out, const OutputGate* gate = nullptr,
+                   const KvQuant* quant = nullptr);
+
 // out[rows[i], :] += weights[i] * y[i, :] (MoE combine; rows int32, weights f32, on out's device).
 void scatter_add_rows(Tensor& out, const Tensor& rows, const Tensor& weights, const Tensor& y);
 // out[t, :] += sigmoid(gate[t]) * y[t, :] (the shared expert's gate; gate [T, 1]).

@@ -193,6 +193,61 @@ void paged_attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cac
   }
 }
 
+void qsa_attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, const AttentionBatch& b,
+                   const Tensor& blocks, int32_t ratio, float scale, Tensor& out, const OutputGate* gate,
+                   const KvQuant* quant) {
+  const int64_t T = q.size(0), H = q.size(1), D = q.size(2), KVH = k_cache.size(2), BS = b.block_size;
+  const int64_t group = H / KVH, top = blocks.size(1);
+  RV_CHECK(k_cache.size(3) == D && H % KVH == 0, "qsa_attention: q ", q.shape_str(), " cache ", k_cache.shape_str());
+  std::vector<int32_t> seq_of(static_cast<size_t>(T));
+  for (int32_t s = 0; s < b.num_seqs; ++s)
+    for (int32_t t = b.query_start[s]; t < b.query_start[s + 1]; ++t) seq_of[size_t(t)] = s;
+  const CacheRows kc = k_rows(k_cache, quant), vc = v_rows(v_cache, quant);
+  const float* qp = q.ptr<float>();
+  const int32_t* chosen = blocks.ptr<int32_t>();
+  float* op = out.ptr<float>();
+  parallel_tasks(T * KVH, [&](int64_t item) {
+    const int64_t t = item / KVH, kvh = item % KVH;
+    const int32_t s = seq_of[size_t(t)];
+    const int64_t pos = int64_t(b.seq_lens[s]) - (b.query_start[s + 1] - b.query_start[s]) + (t - b.query_start[s]);
+    const int32_t* table = b.block_tables + int64_t(s) * b.max_blocks_per_seq;
+    thread_local std::vector<int64_t> cells;
+    thread_local std::vector<float> scores, row_buf;
+    cells.clear();
+    for (int64_t i = 0; i < top; ++i) {
+      const int64_t blk = chosen[t * top + i];
+      if (blk < 0) break;
+      for (int64_t j = blk * ratio; j < (blk + 1) * ratio; ++j) cells.push_back(j);
+    }
+    for (int64_t j = (pos + 1) / ratio * ratio; j <= pos; ++j) cells.push_back(j);  // the incomplete tail
+    const int64_t n = int64_t(cells.size());
+    scores.assign(size_t(group * n), 0.0f);
+    row_buf.resize(size_t(D));
+    for (int64_t j = 0; j < n; ++j) {
+      const int64_t c = cells[size_t(j)];
+      const float* krow = kc.load(int64_t(table[c / BS]) * BS + c % BS, kvh, row_buf.data());
+      for (int64_t g = 0; g < group; ++g) scores[size_t(g * n + j)] = dot_f32(qp + (t * H + kvh * group + g) * D, krow, D) * scale;
+    }
+    for (int64_t g = 0; g < group; ++g) {
+      float* sc = scores.data() + g * n;
+      const float mx = *std::max_element(sc, sc + n);
+      float sum = 0.0f;
+      for (int64_t j = 0; j < n; ++j) sum += sc[j] = std::exp(sc[j] - mx);
+      for (int64_t j = 0; j < n; ++j) sc[j] /= sum;
+      std::fill(op + (t * H + kvh * group + g) * D, op + (t * H + kvh * group + g + 1) * D, 0.0f);
+    }
+    for (int64_t j = 0; j < n; ++j) {
+      const int64_t c = cells[size_t(j)];
+      const float* vrow = vc.load(int64_t(table[c / BS]) * BS + c % BS, kvh, row_buf.data());
+      for (int64_t g = 0; g < group; ++g) axpy_f32(scores[size_t(g * n + j)], vrow, op + (t * H + kvh * group + g) * D, D);
+    }
+  });
+  if (gate) {
+    Tensor flat = out.view({T, H * D});
+    sigmoid_mul(flat, *gate->gate, gate->column);
+  }
+}
+
 void qkv_rope_cache(const Tensor& qkv, const QkNorm& norm, const Tensor& positions, const RopeTables& tables,
                     const Tensor& slot_mapping, Tensor& q, Tensor& k_cache, Tensor& v_cache, const KvQuant* quant) {
   const int64_t T = q.size(0), H = q.size(1), D = q.size(2), KVH = k_cache.size(2);
