@@ -61,3 +61,13 @@ def test_the_options_reference_is_generated_from_the_schema():
         assert f"`--{row['name'].replace('_', '-')}`" in text
     assert "`--speculative-config`" in text and "`--tool-call-parser`" in text
     assert DOC.read_text() == text, "docs/options.md is stale: revolta options > docs/options.md"
+
+
+def test_cuda_graph_sizes_take_none_a_list_and_text():
+    """None (a caller passing the default on), a list, JSON or comma-separated text."""
+    assert EngineOptions(cuda_graph_sizes=None).cuda_graph_sizes == []
+    assert EngineOptions(cuda_graph_sizes=[1, 4]).cuda_graph_sizes == [1, 4]
+    assert EngineOptions(cuda_graph_sizes="[2, 8]").cuda_graph_sizes == [2, 8]
+    assert EngineOptions(cuda_graph_sizes="1, 16").cuda_graph_sizes == [1, 16]
+    with pytest.raises(ValueError):
+        EngineOptions(cuda_graph_sizes="eight")

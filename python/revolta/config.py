@@ -56,6 +56,8 @@ class _EngineOptionsBase(BaseModel):
     @field_validator("cuda_graph_sizes", mode="before")
     @classmethod
     def _sizes_from_text(cls, v: object) -> object:
+        if v is None:  # (LLM(cuda_graph_sizes=None), as before the option table: the default sizes)
+            return []
         if isinstance(v, str):
             text = v.strip()
             return json.loads(text) if text.startswith("[") else [x.strip() for x in text.split(",") if x.strip()]
