@@ -578,7 +578,7 @@ bool takes(ops::Op op, const ops::OpShape& s) {
 const ops::OpTable* table() {
   static const ops::OpTable t = [] {
     ops::OpTable table;
-    REVOLTA_DEVICE_OPS(REVOLTA_TABLE_ENTRY)  // (REVOLTA_CPU_ONLY_OPS stay null)
+    REVOLTA_OPS(REVOLTA_TABLE_ENTRY)
     table.takes = &takes;
     return table;
   }();

@@ -194,5 +194,6 @@ inline Tensor host_f32(const Tensor& t) {
 // The quantized KV cache's cases (kv_quant_cases.cpp).
 void run_kv_quant_cases();
 void run_transfer_cases();
+void run_flash_next_cases();
 
 }  // namespace revolta::harness

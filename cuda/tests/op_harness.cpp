@@ -1079,6 +1079,7 @@ int main(int argc, char** argv) {
     test_paged_attention({{0, 2048}}, 16, 2, 256, 16, DType::kF16);
     test_paged_attention({{6144, 2048}}, 16, 2, 256, 16, DType::kF16);
     run_transfer_cases();
+    run_flash_next_cases();
   } catch (const std::exception& e) {
     std::printf("FAIL exception: %s\n", e.what());
     ++g_failed;

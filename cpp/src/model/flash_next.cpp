@@ -15,7 +15,8 @@
 //     recurrent-state buffers of the request's slot.
 //
 // Loading reuses the hybrid decoder (hybrid_decoder_lm.h) for attention, DeltaNet and experts; this
-// file loads and runs the rest. The checkpoint layout is transformers' (Qwen4ExpForCausalLM, or the
+// file loads and runs the rest. The PLE table stays in host memory on every device: a step's rows
+// are gathered there and the embeddings uploaded. The checkpoint layout is transformers' (Qwen4ExpForCausalLM, or the
 // language model of Qwen4ExpForConditionalGeneration); its mtp.* layers are not read yet.
 #include <cmath>
 #include <limits>
@@ -126,7 +127,7 @@ class FlashNextLM final : public HybridDecoderLM {
 
   CacheSpecs cache_specs() const override { return cache_specs_for(cfg_); }
 
-  // Single-token steps run the same ops as prefill (no fused decode kernels for these pieces yet).
+  // No step is recorded as a graph: PLE's rows go through host memory, and QSA plans on the host.
   int32_t max_captured_batch() const override { return 0; }
 
   ForwardOutput forward(const ForwardBatch& b, ModelCaches& caches) override {
@@ -165,7 +166,7 @@ class FlashNextLM final : public HybridDecoderLM {
     for (FlashLayer& L : flash_) {
       for (HyperConnection* h : {&L.attn_hc, &L.mlp_hc}) move(h->norm), move(h->down_inject), move(h->up);
       move(L.indexer.proj), move(L.indexer.q_norm), move(L.indexer.k_norm);
-      for (Tensor* t : {&L.ple.table, &L.ple.key, &L.ple.value, &L.ple.norm_key, &L.ple.norm_query, &L.ple.norm_conv,
+      for (Tensor* t : {&L.ple.key, &L.ple.value, &L.ple.norm_key, &L.ple.norm_query, &L.ple.norm_conv,
                         &L.ple.conv, &L.ple.hash.multipliers, &L.ple.hash.sizes, &L.ple.hash.offsets})
         move(*t);
     }
@@ -205,7 +206,7 @@ class FlashNextLM final : public HybridDecoderLM {
         names.push_back(p + "ple_embedding.ngram_embedding.shard_" + std::to_string(i) + ".weight");
       RV_CHECK(!names.empty(), "model: missing tensor ", whole, " (or its shards)");
       for (size_t i = 0; i < names.size(); ++i) shapes.push_back({rows / int64_t(names.size()), hd});
-      e.table = w.get_stacked(names, shapes, dtype_);
+      e.table = w.get_stacked(names, shapes, dtype_, kHost);
     }
     e.key = w.get_linear(p + "key_proj.weight", {hcE, P}, dtype_);
     e.value = w.get_linear(p + "value_proj.weight", {E, P}, dtype_);
@@ -244,9 +245,10 @@ class FlashNextLM final : public HybridDecoderLM {
     const Device dev = streams.device();
     Tensor rows = Tensor::uninitialized({T, heads}, DType::kI32, dev);
     ops::ngram_rows(b.token_ids, e.hash, states.buffers[e.window_buffer], b.seq_starts, b.seq_state_slots, rows);
-    Tensor emb = Tensor::uninitialized({T * heads, hd}, DType::kF32, dev);
-    ops::embedding(rows.view({T * heads}), e.table, emb);
-    const Tensor embedded = emb.view({T, heads * hd});
+    // The table is host memory: its rows are gathered there (a copy of the ids down, of the rows up).
+    Tensor emb = Tensor::uninitialized({T * heads, hd}, DType::kF32);
+    ops::embedding(rows.view({T * heads}).to(Device::kCPU), e.table, emb);
+    const Tensor embedded = emb.to(dev).view({T, heads * hd});
     Tensor key = project(embedded, e.key), value = project(embedded, e.value);
     ops::group_rms_norm(key, e.norm_key, E, eps, key);
     Tensor query = Tensor::uninitialized(streams.shape(), DType::kF32, dev);

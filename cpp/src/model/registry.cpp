@@ -67,8 +67,10 @@ CacheSpecs cache_specs_for(const ModelConfig& c, const SpeculativeCacheNeeds& sp
 
 void check_device_limits(const ModelConfig& c, Device device) {
   if (device == Device::kCPU) return;
-  RV_CHECK_ARG(c.flash.hc_count == 0, "device 'cuda': ", c.architecture, " (Flash-Next: hyper-connections, QSA, PLE) ",
-               "runs on the CPU only for now; its CUDA kernels are not built yet (use device 'cpu')");
+  RV_CHECK_ARG(c.flash.ple_layers.empty() || c.flash.ngram_size <= 8, "device 'cuda': ngram_size ", c.flash.ngram_size,
+               " (the PLE hashing kernel takes up to 8)");
+  RV_CHECK_ARG(c.flash.indexer_ratio == 0 || c.flash.indexer_head_dim <= 1024, "device 'cuda': indexer_head_dim ",
+               c.flash.indexer_head_dim, " (the QSA kernels take up to 1024)");
   // The CUDA kernels' shape limits, checked before any weight is read.
   RV_CHECK_ARG(c.head_dim <= 256, "device 'cuda': head_dim ", c.head_dim, " > 256 (the attention kernels' limit)");
   if (c.num_linear_layers() > 0) {

@@ -322,7 +322,7 @@ void sigmoid_mul(Tensor& x, const Tensor& gate, int64_t gate_column);
 // a = the next Hv columns, beta = sigmoid(b) and g = neg_a * softplus(a + dt_bias), both [T, Hv].
 void gdn_gates(const Tensor& fused, int64_t first_column, const Tensor& neg_a, const Tensor& dt_bias, Tensor& beta,
                Tensor& g);
-// --- Flash-Next (ops with CPU implementations only, for now) ---
+// --- Flash-Next: hyper-connections, n-gram PLE, QSA ---
 // out [T, G * group] = each group of x's columns RMS-normalised, times weight [G * group].
 void group_rms_norm(const Tensor& x, const Tensor& weight, int64_t group, float eps, Tensor& out);
 // out [T, columns] = silu(scale * x[:, :columns]).
@@ -348,7 +348,7 @@ void token_rows_write(const Tensor& x, const Tensor& slot_mapping, Tensor& cache
 // QSA's choice: for each query token (position p in its sequence) the top blocks.size(1) of its
 // complete blocks ((p + 1) / ratio of them) by score sum over heads of relu(q_h . key_b), q [T, heads,
 // D] normalised and roped, key rows the raw indexer keys (token_rows_write), keys as QsaIndex says.
-// blocks int32 [T, top]: block ids by falling score, ties to the lower block, -1 past the last.
+// Ties go to the lower block. blocks int32 [T, top]: the chosen ids in ascending order, -1 past the last.
 void qsa_select(const Tensor& q, const Tensor& key_rows, const QsaIndex& index, const AttentionBatch& batch,
                 Tensor& blocks);
 // paged_attention over the cells QSA keeps: the blocks qsa_select chose and the incomplete tail

@@ -174,6 +174,7 @@ void qsa_select(const Tensor& q, const Tensor& key_rows, const QsaIndex& index, 
       std::partial_sort(order.begin(), order.begin() + keep, order.end(), [&](int32_t a, int32_t c) {
         return score[size_t(a)] > score[size_t(c)] || (score[size_t(a)] == score[size_t(c)] && a < c);
       });
+      std::sort(order.begin(), order.begin() + keep);
       std::copy(order.begin(), order.begin() + keep, out + t * top);
     });
   }
