@@ -66,8 +66,12 @@ __global__ void ngram_rows_kernel(const int32_t* ids, const uint64_t* mult, cons
                                   int N, int per_ngram, int eos, float* windows, const int32_t* starts,
                                   const int32_t* slots, int S, int32_t* rows) {
   const int s = blockIdx.x * blockDim.x + threadIdx.x;
-  if (s >= S || slots[s] < 0) return;
+  if (s >= S) return;
   const int back = N - 1, heads = back * per_ngram;
+  if (slots[s] < 0) {  // a padding row: row 0, whatever its token
+    for (int64_t i = int64_t(starts[s]) * heads; i < int64_t(starts[s + 1]) * heads; ++i) rows[i] = 0;
+    return;
+  }
   float* win = windows + int64_t(slots[s]) * back;
   const int t0 = starts[s], t1 = starts[s + 1];
   for (int t = t0; t < t1; ++t) {

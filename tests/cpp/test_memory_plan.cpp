@@ -37,9 +37,19 @@ void run_memory_plan_tests() {
       "shared_expert_intermediate_size": 64, "linear_num_key_heads": 2, "linear_num_value_heads": 4,
       "linear_key_head_dim": 32, "linear_value_head_dim": 32, "linear_conv_kernel_dim": 4, "full_attention_interval": 4,
       "partial_rotary_factor": 0.25, )" + common + "}");
-  std::printf("weight estimate / built: dense %.3f, moe %.3f, hybrid %.3f\n", dense, moe, next);
+  // Flash-Next: the mixers, indexers and PLE projections count; its PLE table is host memory.
+  const double flash = ratio_for("qwen4exp", R"({"architectures": ["Qwen4ExpForCausalLM"], "head_dim": 64,
+      "num_hidden_layers": 4, "num_experts": 32, "num_experts_per_tok": 4, "moe_intermediate_size": 64,
+      "shared_expert_intermediate_size": 64, "linear_num_key_heads": 2, "linear_num_value_heads": 4,
+      "linear_key_head_dim": 32, "linear_value_head_dim": 32, "linear_conv_kernel_dim": 4,
+      "layer_types": ["linear_attention", "full_attention", "linear_attention", "full_attention"],
+      "hc_count": 4, "hc_lowrank": 32, "indexer_n_heads": 4, "indexer_head_dim": 32, "indexer_budget": 64,
+      "indexer_compress_ratio": 4, "ple_layer_ids": [1], "ngram_size": 3, "heads_per_ngram": 4, "ple_conv_kernel_size": 4,
+      "ngram_vocab_size_base": 1000, "eos_token_id": 2, "output_gate_type": "sigmoid", )" + common + "}");
+  std::printf("weight estimate / built: dense %.3f, moe %.3f, hybrid %.3f, flash-next %.3f\n", dense, moe, next, flash);
   // The estimate may count small f32 tensors the model keeps outside its byte count, never less.
   EXPECT(dense >= 0.99 && dense < 1.1);
   EXPECT(moe >= 0.99 && moe < 1.1);
   EXPECT(next >= 0.99 && next < 1.1);
+  EXPECT(flash >= 0.99 && flash < 1.1);
 }

@@ -6,13 +6,32 @@
 
 namespace revolta {
 
+namespace {
+
+// Flash-Next's additions on the device: two hyper-connection mixers a layer and the last one, the
+// QSA indexers, PLE's key and value projections (its table stays in host memory).
+int64_t flash_next_bytes(const ModelConfig& c, int64_t b) {
+  const FlashNextConfig& f = c.flash;
+  if (f.hc_count == 0) return 0;
+  const int64_t hcE = int64_t(f.hc_count) * c.hidden_size, r = f.hc_lowrank;
+  const int64_t mixer = (2 * r + f.hc_count) * hcE * b + hcE * 4;
+  int64_t n = (2 * int64_t(c.num_layers) + 1) * mixer;
+  if (f.indexer_ratio > 0)
+    n += int64_t(c.num_attention_layers()) * (int64_t(f.indexer_heads + 1) * f.indexer_head_dim * c.hidden_size * b);
+  n += int64_t(f.ple_layers.size()) * (hcE + c.hidden_size) * f.ple_embed_dim * b;
+  return n;
+}
+
+}  // namespace
+
 int64_t estimate_weight_bytes(const ModelConfig& c, size_t bpe) {
   const int64_t H = c.hidden_size, D = c.head_dim, b = int64_t(bpe);
   // Quantized linear layers (the embedding and head stay) in their format's bytes.
   const WeightFormat* format = c.quantization.method.empty() ? nullptr : &weight_format(c.quantization.method, "quantization");
   const auto linear = [&](int64_t values) { return format ? format->bytes(values, c.quantization.group_size) : values * b; };
   // Qwen3-Next and Qwen3.5 attention projects a gate beside q.
-  const bool gated = c.architecture.rfind("Qwen3Next", 0) == 0 || c.architecture.rfind("Qwen3_5", 0) == 0;
+  const bool gated = c.architecture.rfind("Qwen3Next", 0) == 0 || c.architecture.rfind("Qwen3_5", 0) == 0 ||
+                     c.flash.hc_count > 0;
   // The hybrid decoder (MoE or DeltaNet layers) keeps its input projections, DeltaNet's output and
   // the MTP fc in 16 bits (the fused decode kernels read them); the dense decoder quantizes them all.
   const bool hybrid = c.num_experts > 0 || c.num_linear_layers() > 0;
@@ -37,6 +56,7 @@ int64_t estimate_weight_bytes(const ModelConfig& c, size_t bpe) {
   // An MTP layer: a full-attention decoder layer with the model's MoE, the fc joining embedding
   // and hidden state (2H -> H) and three norms.
   total += c.num_mtp_layers * (attn + projection(2 * H * H) + 5 * H * 4 + ffn(c.num_experts > 0));
+  total += flash_next_bytes(c, b);
   const int64_t embed = int64_t(c.vocab_size) * H * b;
   return total + embed * (c.tie_word_embeddings ? 1 : 2) + H * 4;
 }
