@@ -842,12 +842,19 @@ void test_argmax(int64_t R, int64_t V) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  bool flash_next_only = false;  // --flash-next: only Flash-Next's cases (its kernels' quick check)
   for (int i = 1; i < argc; ++i) {
     g_perf |= std::strcmp(argv[i], "--perf") == 0;
     if (std::strncmp(argv[i], "--perf=", 7) == 0) g_perf = true, g_perf_only = argv[i] + 7;
+    flash_next_only |= std::strcmp(argv[i], "--flash-next") == 0;
   }
   try {
     std::printf("device: %s\n", cuda::device_name().c_str());
+    if (flash_next_only) {
+      run_flash_next_cases();
+      std::printf("%d passed, %d failed\n", g_passed, g_failed);
+      return g_failed == 0 ? 0 : 1;
+    }
     if (g_perf) std::printf("device-to-device copy bandwidth: %.0f GB/s (read + write)\n", cuda::measure_copy_bandwidth(size_t(1) << 30) / 1e9);
     for (int64_t rows : {1, 7, 257})
       for (int64_t n : {64, 576, 4096, 5120, 8192, 20000}) test_rms_norm(rows, n);
