@@ -141,11 +141,18 @@ def sdist_dir(given: str | None, work: Path) -> Path:
     return work / "llama_cpp_python-0.3.36"
 
 
-def convert(ckpt: Path, sdist: Path) -> Path:
+def convert(ckpt: Path, sdist: Path, qsa: bool) -> Path:
     """The checkpoint as an f32 GGUF, by llama.cpp's converter (its pre-tokenizer check, which only
-    knows released tokenizers, told to take this one as qwen2's)."""
+    knows released tokenizers, told to take this one as qwen2's). The converter gives a layer QSA
+    (a compress ratio) only where layer_types says "full_attention", the released checkpoints'
+    spelling; transformers saves "indexed_attention", which the converter makes dense (ratio 0).
+    qsa picks the spelling, so both forms of llama.cpp's attention can be run."""
     llama = sdist / "vendor" / "llama.cpp"
-    out = ckpt / "model-f32.gguf"
+    out = ckpt / ("model-qsa-f32.gguf" if qsa else "model-dense-f32.gguf")
+    config = json.loads((ckpt / "config.json").read_text())
+    config["layer_types"] = [("full_attention" if qsa else "indexed_attention") if t != "linear_attention" else t
+                             for t in config["layer_types"]]
+    (ckpt / "config.json").write_text(json.dumps(config, indent=2))
     script = (f"import sys, runpy; sys.path[:0] = [{str(llama / 'gguf-py')!r}, {str(llama)!r}]\n"
               "import conversion.base as b\n"
               "for c in [c for c in vars(b).values() if isinstance(c, type) and hasattr(c, 'get_vocab_base_pre')]:\n"
@@ -183,13 +190,17 @@ def main(argv: list[str] | None = None) -> int:
         for case in args.cases.split(","):
             model = make_checkpoint(case, work / case)
             hf_logits, hf_tokens = hf_figures(model, PROMPT, GREEDY_TOKENS)
-            cpp_logits, cpp_tokens = llama_cpp_figures(convert(work / case, sdist), PROMPT, GREEDY_TOKENS)
+            qsa_logits, qsa_tokens = llama_cpp_figures(convert(work / case, sdist, qsa=True), PROMPT, GREEDY_TOKENS)
+            dense_logits, dense_tokens = llama_cpp_figures(convert(work / case, sdist, qsa=False), PROMPT, GREEDY_TOKENS)
             np.savez_compressed(FIXTURES / f"{case}.npz", prompt=np.array(PROMPT, dtype=np.int32),
                                 hf_logits=hf_logits, hf_greedy=np.array(hf_tokens, dtype=np.int32),
-                                llama_cpp_logits=cpp_logits, llama_cpp_greedy=np.array(cpp_tokens, dtype=np.int32))
-            gap = float(np.abs(hf_logits - cpp_logits).max())
-            same = sum(a == b for a, b in zip(hf_tokens, cpp_tokens))
-            print(f"{case}: transformers vs llama.cpp: prompt logits max |d| {gap:.2e}, greedy {same}/{GREEDY_TOKENS} equal")
+                                llama_cpp_logits=qsa_logits, llama_cpp_greedy=np.array(qsa_tokens, dtype=np.int32),
+                                llama_cpp_dense_logits=dense_logits,
+                                llama_cpp_dense_greedy=np.array(dense_tokens, dtype=np.int32))
+            gap = float(np.abs(hf_logits - qsa_logits).max())
+            same = sum(a == b for a, b in zip(hf_tokens, qsa_tokens))
+            print(f"{case}: transformers vs llama.cpp (QSA): prompt logits max |d| {gap:.2e}, "
+                  f"greedy {same}/{GREEDY_TOKENS} equal")
     return 0
 
 
