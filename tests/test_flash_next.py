@@ -230,3 +230,27 @@ def test_awq_experts_match_transformers_on_the_dequantized_weights(tmp_path):
         first = llm.generate([ref.PROMPT], greedy(12, return_generation_logits=True))[0].outputs[0]
     assert (torch.tensor(first.generation_logits[0]) - logits[-1]).abs().max().item() < 1e-4
     assert list(first.token_ids) == expected
+
+
+@pytest.mark.parametrize("layout", ["shards", "whole"])
+def test_ple_table_from_host_memory_or_its_file_mapping(tmp_path, layout):
+    """The PLE table read into host memory (ple_offload host) or left in the checkpoint's mapping
+    (disk), stored as transformers saves it (shards) or as one tensor: the same logits as
+    transformers either way."""
+    from safetensors.torch import load_file, save_file
+
+    model = ref.make_checkpoint("hc2-qsa4-ple", tmp_path)
+    if layout == "whole":
+        tensors = load_file(str(tmp_path / "model.safetensors"))
+        base = "model.layers.0.ple.ple_embedding.ngram_embedding."
+        shards = sorted((n for n in tensors if n.startswith(base + "shard_")), key=lambda n: int(n.split("_")[-1].split(".")[0]))
+        assert len(shards) > 1
+        tensors[base + "weight"] = torch.cat([tensors.pop(n) for n in shards])
+        save_file(tensors, str(tmp_path / "model.safetensors"), metadata={"format": "pt"})
+    with ties_to_lower_block(), torch.no_grad():
+        expected = model(torch.tensor([ref.PROMPT])).logits[0, -1]
+    for offload in ("host", "disk"):
+        with LLM(str(tmp_path), kv_cache_memory_bytes=16 << 20, ple_offload=offload) as llm:
+            out = llm.generate([ref.PROMPT], greedy(1, return_generation_logits=True))[0].outputs[0]
+        err = (torch.tensor(out.generation_logits[0]) - expected).abs().max().item()
+        assert err < 1e-4, f"ple_offload={offload}, {layout}: max |logit diff| {err}"

@@ -90,6 +90,7 @@ EnginePlan plan_engine(const EngineConfig& config, const ModelConfig& model_conf
   RV_CHECK_ARG(ops::supports_op(p.device, ops::Op::kQkvRopeAttention, ops::OpShape{kv_dtype, 0, 0}), "kv_cache_dtype '",
                cfg.kv_cache_dtype, "': device '", cfg.device, "' has no attention kernels for a ", dtype_name(kv_dtype),
                " KV cache yet (use auto or float16)");
+  mc.flash.ple_on_disk = cfg.ple_offload == "disk";
   RV_CHECK_ARG(!p.speculative || mc.flash.ple_layers.empty(), "speculative_config: ", mc.architecture,
                " with n-gram PLE cannot roll its PLE state back after rejected drafts yet; serve it without speculation");
   p.groups = cache_specs_for(rank_config(mc, p.world, p.expert_parallel),

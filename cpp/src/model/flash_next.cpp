@@ -15,14 +15,15 @@
 //     recurrent-state buffers of the request's slot.
 //
 // Loading reuses the hybrid decoder (hybrid_decoder_lm.h) for attention, DeltaNet and experts; this
-// file loads and runs the rest. The PLE table stays in host memory on every device: a step's rows
-// are gathered there and the embeddings uploaded. The checkpoint layout is transformers' (Qwen4ExpForCausalLM, or the
+// file loads and runs the rest. The PLE table (ple_table.h) stays off the device, in host memory or
+// in its file's mapping (ple_offload): a step's rows are gathered on the host and uploaded. The checkpoint layout is transformers' (Qwen4ExpForCausalLM, or the
 // language model of Qwen4ExpForConditionalGeneration); its mtp.* layers are not read yet.
 #include <cmath>
 #include <limits>
 
 #include "core/error.h"
 #include "model/hybrid_decoder_lm.h"
+#include "model/ple_table.h"
 
 namespace revolta {
 namespace {
@@ -39,7 +40,8 @@ struct Indexer {
 };
 
 struct Ple {
-  Tensor table, key, value, norm_key, norm_query, norm_conv, conv;  // conv [hc * E, (kernel - 1) * n + 1]
+  PleTable table;
+  Tensor key, value, norm_key, norm_query, norm_conv, conv;  // conv [hc * E, (kernel - 1) * n + 1]
   ops::NgramHash hash;
   size_t window_buffer = 0, conv_buffer = 0;  // its StateCache buffers
 };
@@ -195,19 +197,15 @@ class FlashNextLM final : public HybridDecoderLM {
     std::vector<int64_t> total;
     e.hash = ngram_hash(cfg_, ple_index, total);
     const int64_t rows = (total[0] + f.ngram_vocab_divisor - 1) / f.ngram_vocab_divisor * f.ngram_vocab_divisor;
-    // The table: one tensor, or the shards its checkpoint splits it into (concatenated by rows).
+    // The table: one tensor, or the shards its checkpoint splits it into (by rows).
     const std::string whole = p + "ple_embedding.ngram_embedding.weight";
-    if (w.has(whole)) {
-      e.table = w.get(whole, {rows, hd}, dtype_, kHost);
-    } else {
-      std::vector<std::string> names;
-      std::vector<std::vector<int64_t>> shapes;
-      for (int32_t i = 0; w.has(p + "ple_embedding.ngram_embedding.shard_" + std::to_string(i) + ".weight"); ++i)
-        names.push_back(p + "ple_embedding.ngram_embedding.shard_" + std::to_string(i) + ".weight");
-      RV_CHECK(!names.empty(), "model: missing tensor ", whole, " (or its shards)");
-      for (size_t i = 0; i < names.size(); ++i) shapes.push_back({rows / int64_t(names.size()), hd});
-      e.table = w.get_stacked(names, shapes, dtype_, kHost);
-    }
+    std::vector<std::string> names;
+    const auto shard = [&](int32_t i) { return p + "ple_embedding.ngram_embedding.shard_" + std::to_string(i) + ".weight"; };
+    if (w.has(whole)) names.push_back(whole);
+    else
+      for (int32_t i = 0; w.has(shard(i)); ++i) names.push_back(shard(i));
+    RV_CHECK(!names.empty(), "model: missing tensor ", whole, " (or its shards)");
+    e.table = PleTable(w, names, rows, hd, dtype_, f.ple_on_disk);
     e.key = w.get_linear(p + "key_proj.weight", {hcE, P}, dtype_);
     e.value = w.get_linear(p + "value_proj.weight", {E, P}, dtype_);
     e.norm_key = norm_weight(w, p + "norm_key.weight", hcE);
@@ -219,7 +217,7 @@ class FlashNextLM final : public HybridDecoderLM {
     e.conv = Tensor::empty({hcE, width}, DType::kF32);
     for (int64_t c = 0; c < hcE; ++c)
       for (int64_t k = 0; k < K; ++k) e.conv.ptr<float>()[c * width + k * n] = conv.ptr<float>()[c * K + k];
-    bytes_ += int64_t(e.key.nbytes() + e.value.nbytes());  // (the table is host memory: not counted)
+    bytes_ += int64_t(e.key.nbytes() + e.value.nbytes());  // (the table is off the device: not counted)
     return e;
   }
 
@@ -245,9 +243,10 @@ class FlashNextLM final : public HybridDecoderLM {
     const Device dev = streams.device();
     Tensor rows = Tensor::uninitialized({T, heads}, DType::kI32, dev);
     ops::ngram_rows(b.token_ids, e.hash, states.buffers[e.window_buffer], b.seq_starts, b.seq_state_slots, rows);
-    // The table is host memory: its rows are gathered there (a copy of the ids down, of the rows up).
+    // The table is off the device: its rows are gathered on the host (the ids copied down, the rows up).
+    const Tensor ids = rows.view({T * heads}).to(Device::kCPU);
     Tensor emb = Tensor::uninitialized({T * heads, hd}, DType::kF32);
-    ops::embedding(rows.view({T * heads}).to(Device::kCPU), e.table, emb);
+    e.table.gather(ids.ptr<int32_t>(), T * heads, emb.ptr<float>());
     const Tensor embedded = emb.to(dev).view({T, heads * hd});
     Tensor key = project(embedded, e.key), value = project(embedded, e.value);
     ops::group_rms_norm(key, e.norm_key, E, eps, key);

@@ -41,6 +41,7 @@ struct FlashNextConfig {
   int64_t ngram_vocab_base = 0, ngram_vocab_divisor = 1;
   uint64_t seed = 0;
   bool sigmoid_output_gate = false;  // the DeltaNet's gated norm: sigmoid (Flash-Next) or silu
+  bool ple_on_disk = false;  // the engine's ple_offload: the table left in its file mapping
   int32_t ple_heads() const { return (ngram_size - 1) * heads_per_ngram; }
   int32_t top_blocks() const { return indexer_ratio > 0 ? indexer_budget / indexer_ratio : 0; }
   bool is_ple_layer(int32_t layer) const;

@@ -104,6 +104,15 @@ Tensor WeightLoader::get(const std::string& name, const std::vector<int64_t>& sh
   return get_stacked({name}, {shape}, dtype, on).view(shape);
 }
 
+Tensor WeightLoader::mapped(const std::string& name, const std::vector<int64_t>& shape, DType fallback) const {
+  const auto it = where_.find(name);
+  if (dummy_ || it == where_.end()) return get(name, shape, fallback, Device::kCPU);
+  Tensor t = it->second->tensor(name);
+  RV_CHECK(t.shape() == shape, "model ", dir_, ": tensor '", name, "' is ", t.shape_str(), ", expected ",
+           shape_text(shape));
+  return t;
+}
+
 Tensor WeightLoader::make_dummy(const std::string& name, std::vector<int64_t> shape, DType dtype, Device on) const {
   Tensor t = Tensor::uninitialized(shape, dtype, on);
   fill_dummy(t, name, shape, {});

@@ -51,6 +51,10 @@ class WeightLoader {
                      const std::vector<std::vector<int64_t>>& shapes, DType dtype) const;
   Tensor get_stacked(const std::vector<std::string>& names, const std::vector<std::vector<int64_t>>& shapes,
                      DType dtype, Device on) const;
+  // The tensor as its safetensors file stores it (its element type; shape checked), a view into the
+  // file's mapping: nothing is read until its pages are touched. Elsewhere (made-up weights, GGUF)
+  // the same as get() into host memory.
+  Tensor mapped(const std::string& name, const std::vector<int64_t>& shape, DType fallback) const;
   // A linear layer's weights, which may stay in quantized blocks (the op table's linear takes
   // them): AWQ checkpoints, and with load_format dummy the block type set_dummy_blocks names.
   Tensor get_linear(const std::string& name, const std::vector<int64_t>& shape, DType dtype) const;
