@@ -6,7 +6,8 @@ that knows the architecture). Each case is a tiny random model made by transform
 and saved as the released checkpoint is laid out (`make_checkpoint`; tests make the same files
 without this script). transformers gives its prompt logits and greedy tokens; the checkpoint is then
 converted by llama.cpp's converter and run by llama.cpp; both go to
-tests/fixtures/qwen4exp/<case>.npz, with how far the two references are apart.
+tests/fixtures/qwen4exp/<case>.npz, with how far the two references are apart. For GGUF_CASES the
+converted file (QSA on, float32) is kept too, as <case>.gguf: the engine reads it as a user's GGUF.
 
     pip install llama-cpp-python==0.3.36 torch numpy safetensors tokenizers transformers==5.25.0
     python tools/qwen4exp_reference.py [--cases a,b] [--sdist DIR]   (DIR: the unpacked sdist;
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -53,6 +55,10 @@ CASES = {
     # a budget past the context keeps every cell: attention as dense (transformers has no ratio 0)
     "hc2-allcells-ple-nk4": {"indexer_budget": 256, "linear_num_key_heads": 4, "seed": 2},
 }
+
+
+# The cases whose llama.cpp GGUF is kept as a fixture (1.4 MB each).
+GGUF_CASES = ["hc2-qsa4-ple"]
 
 
 def config_of(case: str):
@@ -145,8 +151,9 @@ def convert(ckpt: Path, sdist: Path, qsa: bool) -> Path:
     """The checkpoint as an f32 GGUF, by llama.cpp's converter (its pre-tokenizer check, which only
     knows released tokenizers, told to take this one as qwen2's). The converter gives a layer QSA
     (a compress ratio) only where layer_types says "full_attention", the released checkpoints'
-    spelling; transformers saves "indexed_attention", which the converter makes dense (ratio 0).
-    qsa picks the spelling, so both forms of llama.cpp's attention can be run."""
+    spelling, and reads the config through transformers when it can, which respells that as
+    "indexed_attention": it is made to read config.json as written. qsa picks the spelling, so
+    both forms of llama.cpp's attention can be run."""
     llama = sdist / "vendor" / "llama.cpp"
     out = ckpt / ("model-qsa-f32.gguf" if qsa else "model-dense-f32.gguf")
     config = json.loads((ckpt / "config.json").read_text())
@@ -155,6 +162,12 @@ def convert(ckpt: Path, sdist: Path, qsa: bool) -> Path:
     (ckpt / "config.json").write_text(json.dumps(config, indent=2))
     script = (f"import sys, runpy; sys.path[:0] = [{str(llama / 'gguf-py')!r}, {str(llama)!r}]\n"
               "import conversion.base as b\n"
+              # transformers 5.25's config respells full_attention as indexed_attention, which the
+              # converter then writes as ratio 0 (dense): it must read config.json as written.
+              "class _RawConfig:\n"
+              "    @staticmethod\n"
+              "    def from_pretrained(*a, **k): raise RuntimeError('read config.json as written')\n"
+              "b.AutoConfig = _RawConfig\n"
               "for c in [c for c in vars(b).values() if isinstance(c, type) and hasattr(c, 'get_vocab_base_pre')]:\n"
               "    c.get_vocab_base_pre = lambda self, tokenizer: 'qwen2'\n"
               f"sys.argv = ['convert_hf_to_gguf.py', {str(ckpt)!r}, '--outtype', 'f32', '--outfile', {str(out)!r}]\n"
@@ -190,7 +203,10 @@ def main(argv: list[str] | None = None) -> int:
         for case in args.cases.split(","):
             model = make_checkpoint(case, work / case)
             hf_logits, hf_tokens = hf_figures(model, PROMPT, GREEDY_TOKENS)
-            qsa_logits, qsa_tokens = llama_cpp_figures(convert(work / case, sdist, qsa=True), PROMPT, GREEDY_TOKENS)
+            qsa_gguf = convert(work / case, sdist, qsa=True)
+            if case in GGUF_CASES:
+                shutil.copyfile(qsa_gguf, FIXTURES / f"{case}.gguf")
+            qsa_logits, qsa_tokens = llama_cpp_figures(qsa_gguf, PROMPT, GREEDY_TOKENS)
             dense_logits, dense_tokens = llama_cpp_figures(convert(work / case, sdist, qsa=False), PROMPT, GREEDY_TOKENS)
             np.savez_compressed(FIXTURES / f"{case}.npz", prompt=np.array(PROMPT, dtype=np.int32),
                                 hf_logits=hf_logits, hf_greedy=np.array(hf_tokens, dtype=np.int32),
