@@ -70,8 +70,8 @@ bool is_prime(int64_t v) {
 
 // The hashing constants transformers derives from the config: odd multipliers below
 // INT64_MAX / vocab (so products never overflow), and a distinct prime table size per head, the
-// primes after ngram_vocab_size_base in order across PLE layers.
-ops::NgramHash ngram_hash(const ModelConfig& c, int32_t ple_index, std::vector<int64_t>& sizes) {
+// primes after ngram_vocab_size_base in order across PLE layers. `rows`: the table rows they need.
+ops::NgramHash derived_ngram_hash(const ModelConfig& c, int32_t ple_index, int64_t& rows) {
   const FlashNextConfig& f = c.flash;
   ops::NgramHash h;
   h.ngram_size = f.ngram_size, h.heads_per_ngram = f.heads_per_ngram, h.eos = c.eos_token_ids[0];
@@ -92,8 +92,28 @@ ops::NgramHash ngram_hash(const ModelConfig& c, int32_t ple_index, std::vector<i
     h.offsets.ptr<int64_t>()[i] = total;
     total += prime;
   }
-  sizes.push_back(total);
+  rows = (total + f.ngram_vocab_divisor - 1) / f.ngram_vocab_divisor * f.ngram_vocab_divisor;
   return h;
+}
+
+// The constants as the checkpoint stores them (transformers saves them as buffers, llama.cpp's
+// GGUF as keys), which win over the derivation: a released model need not use the default seed.
+bool stored_ngram_hash(const WeightLoader& w, const ModelConfig& c, const std::string& p, ops::NgramHash& h) {
+  const std::string m = p + "layer_multipliers", o = p + "ngram_heads_offsets", v = p + "ngram_heads_vocab_sizes";
+  if (w.dummy() || !w.has(m)) return false;
+  const FlashNextConfig& f = c.flash;
+  const auto read = [&](const std::string& name, int64_t n) {
+    Tensor t = w.mapped(name, {n}, DType::kI64);
+    RV_CHECK(t.dtype() == DType::kI64, "model: ", name, " must be int64 (it is ", dtype_name(t.dtype()), ")");
+    Tensor copy = Tensor::empty({n}, DType::kI64);
+    std::copy_n(t.ptr<int64_t>(), n, copy.ptr<int64_t>());
+    return copy;
+  };
+  h.ngram_size = f.ngram_size, h.heads_per_ngram = f.heads_per_ngram, h.eos = c.eos_token_ids[0];
+  h.multipliers = read(m, f.ngram_size);
+  h.offsets = read(o, f.ple_heads());
+  h.sizes = read(v, f.ple_heads());
+  return true;
 }
 
 class FlashNextLM final : public HybridDecoderLM {
@@ -194,9 +214,9 @@ class FlashNextLM final : public HybridDecoderLM {
     const FlashNextConfig& f = cfg_.flash;
     const int64_t E = cfg_.hidden_size, P = f.ple_embed_dim, hd = P / f.ple_heads();
     Ple e;
-    std::vector<int64_t> total;
-    e.hash = ngram_hash(cfg_, ple_index, total);
-    const int64_t rows = (total[0] + f.ngram_vocab_divisor - 1) / f.ngram_vocab_divisor * f.ngram_vocab_divisor;
+    int64_t rows = 0;
+    const bool stored = stored_ngram_hash(w, cfg_, p + "ple_embedding.", e.hash);
+    if (!stored) e.hash = derived_ngram_hash(cfg_, ple_index, rows);
     // The table: one tensor, or the shards its checkpoint splits it into (by rows).
     const std::string whole = p + "ple_embedding.ngram_embedding.weight";
     std::vector<std::string> names;
@@ -205,6 +225,15 @@ class FlashNextLM final : public HybridDecoderLM {
     else
       for (int32_t i = 0; w.has(shard(i)); ++i) names.push_back(shard(i));
     RV_CHECK(!names.empty(), "model: missing tensor ", whole, " (or its shards)");
+    if (stored) {  // the table as stored, which must hold every head's rows
+      rows = 0;
+      for (const std::string& n : names) rows += w.shape(n).at(0);
+      const int64_t* off = e.hash.offsets.ptr<int64_t>();
+      const int64_t* size = e.hash.sizes.ptr<int64_t>();
+      for (int32_t i = 0; i < f.ple_heads(); ++i)
+        RV_CHECK(off[i] >= 0 && size[i] > 0 && off[i] + size[i] <= rows, "model: PLE head ", i, " takes rows [", off[i],
+                 ", ", off[i] + size[i], ") of a table of ", rows);
+    }
     e.table = PleTable(w, names, rows, hd, dtype_, f.ple_on_disk);
     e.key = w.get_linear(p + "key_proj.weight", {hcE, P}, dtype_);
     e.value = w.get_linear(p + "value_proj.weight", {E, P}, dtype_);

@@ -1,7 +1,10 @@
-"""Imports a GGUF file (llama architecture, byte-level BPE tokenizer) into an HF-style directory.
+"""Imports a GGUF file (llama and Flash-Next `qwen4exp` architectures, byte-level BPE tokenizer)
+into an HF-style directory.
 
 Weights are dequantized to float32 exactly as `gguf.quants.dequantize` defines them, so the
-engine and HF transformers (which dequantizes the same way) see identical parameters.
+engine and HF transformers (which dequantizes the same way) see identical parameters. A llama file
+can instead be read in place (its quantized blocks kept); a Flash-Next file is always imported,
+since its tensors must be mapped back onto the checkpoint's layout (models/gguf_qwen4exp.py).
 """
 
 from __future__ import annotations
@@ -14,6 +17,8 @@ import tempfile
 from pathlib import Path
 
 import numpy as np
+
+from revolta.models import gguf_qwen4exp
 
 _LAYER_MAP = {
     "attn_norm": "input_layernorm",
@@ -31,6 +36,10 @@ _GLOBAL_MAP = {
     "output_norm.weight": "model.norm.weight",
     "output.weight": "lm_head.weight",
 }
+
+
+_QWEN2_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+                r"|\s*[\r\n]+|\s+(?!\S)|\s+")
 
 
 class GGUFImportError(ValueError):
@@ -60,10 +69,10 @@ def _field(reader, key: str, default=None):
 
 
 def import_gguf(gguf_path: str | Path, out_dir: str | Path, progress: bool = True, weights: bool = True) -> Path:
-    """Writes config.json, tokenizer.json, tokenizer_config.json, gguf_weights.json (which GGUF
-    tensor holds each HF weight, for load_format 'gguf', which reads the file itself) and, with
-    weights, model.safetensors in float32 to out_dir (atomically: a half-written directory is
-    never left behind)."""
+    """Writes config.json, tokenizer.json, tokenizer_config.json, for llama gguf_weights.json (which
+    GGUF tensor holds each HF weight, for load_format 'gguf', which reads the file itself) and, with
+    weights (always for Flash-Next), model.safetensors in float32 to out_dir (atomically: a
+    half-written directory is never left behind)."""
     from gguf import GGUFReader
     from gguf.quants import dequantize
 
@@ -72,58 +81,32 @@ def import_gguf(gguf_path: str | Path, out_dir: str | Path, progress: bool = Tru
         raise FileNotFoundError(f"GGUF file '{gguf_path}' does not exist")
     reader = GGUFReader(str(gguf_path))
     arch = _field(reader, "general.architecture")
-    if arch != "llama":
-        raise GGUFImportError(f"{gguf_path}: GGUF architecture '{arch}' cannot be imported (supported: llama)")
+    if arch not in ("llama", gguf_qwen4exp.ARCH):
+        raise GGUFImportError(f"{gguf_path}: GGUF architecture '{arch}' cannot be imported "
+                              f"(supported: llama, {gguf_qwen4exp.ARCH})")
     tok_model = _field(reader, "tokenizer.ggml.model")
     if tok_model != "gpt2":
         raise GGUFImportError(f"{gguf_path}: tokenizer model '{tok_model}' cannot be imported (supported: gpt2)")
-
-    n_head = int(_field(reader, "llama.attention.head_count"))
-    n_kv = int(_field(reader, "llama.attention.head_count_kv", n_head))
-    hidden = int(_field(reader, "llama.embedding_length"))
     tokens = list(_field(reader, "tokenizer.ggml.tokens"))
+
     tensors = {t.name: t for t in reader.tensors}
-    tied = "output.weight" not in tensors
-
-    config = {
-        "architectures": ["LlamaForCausalLM"],
-        "model_type": "llama",
-        "vocab_size": int(_field(reader, "llama.vocab_size", len(tokens))),
-        "hidden_size": hidden,
-        "intermediate_size": int(_field(reader, "llama.feed_forward_length")),
-        "num_hidden_layers": int(_field(reader, "llama.block_count")),
-        "num_attention_heads": n_head,
-        "num_key_value_heads": n_kv,
-        "head_dim": int(_field(reader, "llama.rope.dimension_count", hidden // n_head)),
-        "max_position_embeddings": int(_field(reader, "llama.context_length", 2048)),
-        "rms_norm_eps": float(_field(reader, "llama.attention.layer_norm_rms_epsilon", 1e-5)),
-        "rope_theta": float(_field(reader, "llama.rope.freq_base", 10000.0)),
-        "hidden_act": "silu",
-        "tie_word_embeddings": tied,
-        "attention_bias": False,
-        "mlp_bias": False,
-        "bos_token_id": _field(reader, "tokenizer.ggml.bos_token_id"),
-        "eos_token_id": _field(reader, "tokenizer.ggml.eos_token_id"),
-        "pad_token_id": _field(reader, "tokenizer.ggml.padding_token_id"),
-        "torch_dtype": "float32",
-    }
-
-    specs = []
-    for name, t in tensors.items():
-        shape = tuple(int(s) for s in reversed(t.shape.tolist()))
-        specs.append((_hf_name(name), shape, np.float32))
-    by_hf = {_hf_name(n): t for n, t in tensors.items()}
+    if arch == gguf_qwen4exp.ARCH:
+        config = gguf_qwen4exp.config(lambda k, d=None: _field(reader, k, d), tensors, len(tokens))
+        eos = _field(reader, "qwen4exp.ple.eos_token_id", _field(reader, "tokenizer.ggml.eos_token_id"))
+        config.update(bos_token_id=_field(reader, "tokenizer.ggml.bos_token_id"), eos_token_id=eos,
+                      pad_token_id=_field(reader, "tokenizer.ggml.padding_token_id"))
+        mapped = gguf_qwen4exp.tensors(tensors, config, lambda k, d=None: _field(reader, k, d), dequantize)
+        specs = [(name, shape, dtype) for name, shape, dtype, _ in mapped]
+        producers = {name: produce for name, _, _, produce in mapped}
+        weight_map = None
+        weights = True  # (its layout differs from the checkpoint's: never read in place)
+    else:
+        config, specs, producers, weight_map = _llama(reader, tensors, tokens)
     total = len(specs)
     done = [0]
 
     def produce(hf_name: str) -> np.ndarray:
-        t = by_hf[hf_name]
-        shape = tuple(int(s) for s in reversed(t.shape.tolist()))
-        w = dequantize(t.data, t.tensor_type).astype(np.float32, copy=False).reshape(shape)
-        if hf_name.endswith("q_proj.weight"):
-            w = _undo_rope_permute(w, n_head)
-        elif hf_name.endswith("k_proj.weight"):
-            w = _undo_rope_permute(w, n_kv)
+        w = producers[hf_name]()
         done[0] += 1
         if progress and (done[0] % 20 == 0 or done[0] == total):
             print(f"\rrevolta: dequantizing {gguf_path.name}: {done[0]}/{total} tensors", end="", file=sys.stderr, flush=True)
@@ -138,14 +121,11 @@ def import_gguf(gguf_path: str | Path, out_dir: str | Path, progress: bool = Tru
             write_safetensors(tmp / "model.safetensors", specs, produce)
             if progress:
                 print(file=sys.stderr)
-        # Q and K rows are stored in llama.cpp's rotary order: the loader regroups them per head.
-        heads = {"q_proj": n_head, "k_proj": n_kv}
-        weight_map = {_hf_name(n): [n, next((h for k, h in heads.items() if f".{k}." in _hf_name(n)), 0)]
-                      for n in tensors}
-        (tmp / "gguf_weights.json").write_text(json.dumps({"file": str(gguf_path.resolve()), "tensors": weight_map},
-                                                          indent=1))
+        if weight_map is not None:
+            (tmp / "gguf_weights.json").write_text(json.dumps({"file": str(gguf_path.resolve()), "tensors": weight_map},
+                                                              indent=1))
         (tmp / "config.json").write_text(json.dumps(config, indent=2))
-        _write_tokenizer(reader, tokens, tmp)
+        _write_tokenizer(reader, tokens, tmp, config["max_position_embeddings"])
         (tmp / "generation_config.json").write_text(
             json.dumps({"bos_token_id": config["bos_token_id"], "eos_token_id": config["eos_token_id"]}, indent=2)
         )
@@ -158,8 +138,62 @@ def import_gguf(gguf_path: str | Path, out_dir: str | Path, progress: bool = Tru
     return out_dir
 
 
-def _write_tokenizer(reader, tokens: list[str], out: Path) -> None:
-    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
+def _llama(reader, tensors: dict, tokens: list[str]):
+    """config, specs, producers and the in-place weight map of a llama file."""
+    from gguf.quants import dequantize
+
+    n_head = int(_field(reader, "llama.attention.head_count"))
+    n_kv = int(_field(reader, "llama.attention.head_count_kv", n_head))
+    hidden = int(_field(reader, "llama.embedding_length"))
+    config = {
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        "vocab_size": int(_field(reader, "llama.vocab_size", len(tokens))),
+        "hidden_size": hidden,
+        "intermediate_size": int(_field(reader, "llama.feed_forward_length")),
+        "num_hidden_layers": int(_field(reader, "llama.block_count")),
+        "num_attention_heads": n_head,
+        "num_key_value_heads": n_kv,
+        "head_dim": int(_field(reader, "llama.rope.dimension_count", hidden // n_head)),
+        "max_position_embeddings": int(_field(reader, "llama.context_length", 2048)),
+        "rms_norm_eps": float(_field(reader, "llama.attention.layer_norm_rms_epsilon", 1e-5)),
+        "rope_theta": float(_field(reader, "llama.rope.freq_base", 10000.0)),
+        "hidden_act": "silu",
+        "tie_word_embeddings": "output.weight" not in tensors,
+        "attention_bias": False,
+        "mlp_bias": False,
+        "bos_token_id": _field(reader, "tokenizer.ggml.bos_token_id"),
+        "eos_token_id": _field(reader, "tokenizer.ggml.eos_token_id"),
+        "pad_token_id": _field(reader, "tokenizer.ggml.padding_token_id"),
+        "torch_dtype": "float32",
+    }
+    specs = [(_hf_name(n), tuple(int(s) for s in reversed(t.shape.tolist())), np.float32) for n, t in tensors.items()]
+
+    def produce(t, hf_name: str) -> np.ndarray:
+        shape = tuple(int(s) for s in reversed(t.shape.tolist()))
+        w = dequantize(t.data, t.tensor_type).astype(np.float32, copy=False).reshape(shape)
+        if hf_name.endswith("q_proj.weight"):
+            w = _undo_rope_permute(w, n_head)
+        elif hf_name.endswith("k_proj.weight"):
+            w = _undo_rope_permute(w, n_kv)
+        return w
+
+    producers = {_hf_name(n): (lambda t=t, h=_hf_name(n): produce(t, h)) for n, t in tensors.items()}
+    # Q and K rows are stored in llama.cpp's rotary order: the loader regroups them per head.
+    heads = {"q_proj": n_head, "k_proj": n_kv}
+    weight_map = {_hf_name(n): [n, next((h for k, h in heads.items() if f".{k}." in _hf_name(n)), 0)] for n in tensors}
+    return config, specs, producers, weight_map
+
+
+def reads_in_place(gguf_path: str | Path) -> bool:
+    """Whether the engine can read this GGUF file's blocks in place (llama), rather than an import."""
+    from gguf import GGUFReader
+
+    return _field(GGUFReader(str(gguf_path)), "general.architecture") == "llama"
+
+
+def _write_tokenizer(reader, tokens: list[str], out: Path, max_len: int) -> None:
+    from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers
 
     merges = [tuple(m.split(" ", 1)) for m in _field(reader, "tokenizer.ggml.merges")]
     types = list(_field(reader, "tokenizer.ggml.token_type", [1] * len(tokens)))
@@ -170,6 +204,10 @@ def _write_tokenizer(reader, tokens: list[str], out: Path) -> None:
     if pre in ("smollm", "starcoder", "refact", "codeshell", "command-r"):
         # These vocabularies were trained with every digit split off before the GPT-2 regex.
         tk.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True), byte_level])
+    elif pre in ("qwen2", "qwen35"):
+        # Qwen's split: single digits, letters with one leading non-letter, newline runs apart.
+        split = pre_tokenizers.Split(Regex(_QWEN2_SPLIT), behavior="isolated")
+        tk.pre_tokenizer = pre_tokenizers.Sequence([split, pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
     else:
         tk.pre_tokenizer = byte_level
     tk.decoder = decoders.ByteLevel()
@@ -192,6 +230,6 @@ def _write_tokenizer(reader, tokens: list[str], out: Path) -> None:
         "unk_token": tok("tokenizer.ggml.unknown_token_id"),
         "add_bos_token": bool(_field(reader, "tokenizer.ggml.add_bos_token", False)),
         "chat_template": _field(reader, "tokenizer.chat_template"),
-        "model_max_length": int(_field(reader, "llama.context_length", 2048)),
+        "model_max_length": max_len,
     }
     (out / "tokenizer_config.json").write_text(json.dumps(tcfg, indent=2, ensure_ascii=False))

@@ -69,22 +69,28 @@ def _in_place(load_format: str, device: str | None) -> bool:
 
 
 def _imported(gguf: Path, out: Path, quantized: bool) -> str:
-    """The HF-style directory of a GGUF file: read in place (quantized), only its config, tokenizer
-    and weight map (the engine reads the file), else float32 weights too (imported once, cached,
-    under NAME-float32: the model's own name is the one read in place, which servers show)."""
+    """The HF-style directory of a GGUF file: read in place (quantized, llama files), only its
+    config, tokenizer and weight map (the engine reads the file), else float32 weights too (imported
+    once, cached, under NAME-float32: the model's own name is the one read in place, which servers
+    show)."""
+    from revolta.models.gguf_import import GGUFImportError, import_gguf, reads_in_place
+    from revolta.models.gguf_qwen4exp import Qwen4ExpGGUFError
+
     float32 = out.with_name(out.name + "-float32")
     if (out / "model.safetensors").is_file():  # an import made where earlier versions kept it
         shutil.rmtree(out) if float32.exists() else os.replace(out, float32)
-    if not quantized:
-        out = float32
-    if not (out / ("gguf_weights.json" if quantized else "model.safetensors")).is_file():
-        from revolta.models.gguf_import import import_gguf
-
-        try:
+    try:
+        if quantized and not (out / "gguf_weights.json").is_file():
+            quantized = reads_in_place(gguf)  # (Flash-Next's layout is always imported)
+        if not quantized:
+            out = float32
+        if not (out / ("gguf_weights.json" if quantized else "model.safetensors")).is_file():
             import_gguf(gguf, out, weights=not quantized)
-        except (ValueError, IndexError, KeyError, EOFError, OSError, struct.error) as e:
-            raise ValueError(f"{gguf}: not a readable GGUF file ({gguf.stat().st_size} bytes; truncated or corrupt? "
-                             f"{type(e).__name__}: {e})") from None
+    except (GGUFImportError, Qwen4ExpGGUFError):
+        raise
+    except (ValueError, IndexError, KeyError, EOFError, OSError, struct.error) as e:
+        raise ValueError(f"{gguf}: not a readable GGUF file ({gguf.stat().st_size} bytes; truncated or corrupt? "
+                         f"{type(e).__name__}: {e})") from None
     return str(out)
 
 

@@ -9,7 +9,7 @@ from typing import Callable, Iterable
 
 import numpy as np
 
-_DTYPES = {np.dtype(np.float32): "F32", np.dtype(np.float16): "F16", np.dtype(np.int32): "I32", np.dtype(np.uint8): "U8"}
+_DTYPES = {np.dtype(np.float32): "F32", np.dtype(np.float16): "F16", np.dtype(np.int32): "I32", np.dtype(np.int64): "I64", np.dtype(np.uint8): "U8"}
 
 
 class F8E4M3:
