@@ -5,7 +5,7 @@
 // mma.sync.m8n8k4 peak, core/peaks.cu), with what a V100 would take at the fraction this run reached
 // of the roofline of the wmma shape the GEMMs use (a later GPU runs it faster than m8n8k4).
 //
-//   revolta_bench --shape llama-8b|llama-1b|qwen3-next-80b [--layers N] [--device cuda|cpu]
+//   revolta_bench --shape llama-8b|llama-1b|qwen3-next-80b|flash-next [--layers N] [--device cuda|cpu]
 //                 [--concurrency 1,2,4,8,16,32] [--prefill 2048,8192] [--prompt 128] [--decode 128]
 //                 [--eager] [--no-dependent-launch] [--async-scheduling auto|on|off] [--json FILE]
 //                 [--probe FILE] [--max-model-len N] [--quantization awq] [--tensor-parallel-size N]
@@ -16,6 +16,11 @@
 // --layers says otherwise (printed), or all 48 with 4-bit experts. Bytes per decode step count what a token touches: the
 // non-expert weights, the router, the top-k and shared experts, the head, the recurrent state
 // (read and written) and the KV of its context.
+// flash-next is Flash-Next (Qwen4ExpForCausalLM) on the same dimensions, with what its config is
+// assumed to hold (transformers' defaults where they exist): 4 hyper-connection streams of rank 320,
+// QSA on the full-attention layers (8 indexer heads of 128, ratio 4, budget 2048), PLE on layer 1
+// (3-grams, 8 heads per n-gram, conv 4, 2048 wide) over a table of 1M rows per head (the released
+// 20M would need 82 GB of host memory for made-up rows). Vocabulary 248,320.
 // --probe FILE (a build with -DREVOLTA_PROBE=ON): after the decode runs, a few more decode steps of
 // one sequence with the decode kernels' phase timestamps logged, written to FILE as CSV
 // (kind,point,block,time_ns; benchmarks/probe_summary.py reads it).
@@ -57,13 +62,22 @@ struct Shape {
   // Qwen3-Next: head_dim, experts, GDN dims (0 for the Llama shapes)
   int head_dim = 0, experts = 0, top_k = 0, moe_inter = 0, shared_inter = 0;
   int lin_k_heads = 0, lin_v_heads = 0, lin_k_dim = 0, lin_v_dim = 0, attn_every = 0;
+  bool flash = false;  // Flash-Next: the hybrid plus kFlash's parts
   bool hybrid() const { return experts > 0; }
 };
+
+// Flash-Next's assumed parts (see the header): streams, their rank, indexer heads and width, PLE
+// heads and width.
+struct FlashParts {
+  int hc = 4, hc_rank = 320, indexer_heads = 8, indexer_dim = 128, ple_heads = 16, ple_dim = 2048;
+};
+constexpr FlashParts kFlash;
 
 const std::map<std::string, Shape> kShapes = {
     {"llama-1b", {2048, 8192, 16, 32, 8, 128256, true}},    // Llama-3.2-1B
     {"llama-8b", {4096, 14336, 32, 32, 8, 128256, false}},  // Llama-3.1-8B
     {"qwen3-next-80b", {2048, 5120, 48, 16, 2, 151936, false, 256, 512, 10, 512, 512, 16, 32, 128, 128, 4}},
+    {"flash-next", {2048, 5120, 48, 16, 2, 248320, false, 256, 512, 10, 512, 512, 16, 32, 128, 128, 4, true}},
 };
 
 std::vector<int> parse_list(const std::string& s) {
@@ -84,8 +98,17 @@ std::string write_config(const std::string& name, const Shape& s, int mtp_layers
     << ", \"num_hidden_layers\": " << s.layers << ", \"num_attention_heads\": " << s.heads
     << ", \"num_key_value_heads\": " << s.kv_heads << ", \"vocab_size\": " << s.vocab
     << ", \"tie_word_embeddings\": " << (s.tied ? "true" : "false") << ", \"torch_dtype\": \"bfloat16\", ";
+  if (s.flash) {
+    f << "\"architectures\": [\"Qwen4ExpForCausalLM\"], \"model_type\": \"qwen4_exp_text\", \"hc_count\": " << kFlash.hc
+      << ", \"hc_lowrank\": " << kFlash.hc_rank << ", \"indexer_n_heads\": " << kFlash.indexer_heads
+      << ", \"indexer_head_dim\": " << kFlash.indexer_dim << ", \"indexer_kv_heads\": 1, \"indexer_budget\": 2048,"
+      << " \"indexer_compress_ratio\": 4, \"ple_layer_ids\": [1], \"ngram_size\": 3, \"heads_per_ngram\": 8,"
+      << " \"ple_conv_kernel_size\": 4, \"ple_embed_dim\": " << kFlash.ple_dim << ", \"ngram_vocab_size_base\": 1000000,"
+      << " \"make_ngram_vocab_size_divisible_by\": 128, \"output_gate_type\": \"sigmoid\", ";
+  }
   if (s.hybrid()) {
-    f << "\"architectures\": [\"Qwen3NextForCausalLM\"], \"model_type\": \"qwen3_next\", \"head_dim\": " << s.head_dim
+    if (!s.flash) f << "\"architectures\": [\"Qwen3NextForCausalLM\"], \"model_type\": \"qwen3_next\", ";
+    f << "\"head_dim\": " << s.head_dim
       << ", \"max_position_embeddings\": 262144, \"rms_norm_eps\": 1e-6, \"rope_theta\": 10000000.0,"
       << " \"partial_rotary_factor\": 0.25, \"num_experts\": " << s.experts << ", \"num_experts_per_tok\": " << s.top_k
       << ", \"moe_intermediate_size\": " << s.moe_inter << ", \"shared_expert_intermediate_size\": " << s.shared_inter
@@ -112,6 +135,15 @@ struct TokenBytes {
   double state = 0, kv_per_ctx = 0;
 };
 
+// Flash-Next's weights beyond the hybrid's, all linear layers: two stream mixes a layer and the last
+// one (down + inject, up), the indexers' projections, the PLE layer's key and value projections.
+double flash_weights(const Shape& s) {
+  const double hcE = double(kFlash.hc) * s.hidden, r = kFlash.hc_rank;
+  const double mixes = (2.0 * s.layers + 1) * (2 * r + kFlash.hc) * hcE;
+  const double indexer = double(s.layers / s.attn_every) * (kFlash.indexer_heads + 1.0) * kFlash.indexer_dim * s.hidden;
+  return mixes + indexer + (hcE + s.hidden) * kFlash.ple_dim;
+}
+
 TokenBytes token_bytes(const Shape& s, double linear, double kv) {
   TokenBytes b;
   const double H = s.hidden;
@@ -131,6 +163,7 @@ TokenBytes token_bytes(const Shape& s, double linear, double kv) {
   const double shared = 3.0 * s.shared_inter * H * linear + H * 4;
   b.weights = lin_layers * gdn * 2 + attn_layers * attn + s.layers * shared + s.layers * double(s.experts) * H * 4 +
               double(s.vocab) * H * 2;
+  if (s.flash) b.weights += flash_weights(s) * linear;
   b.per_expert = s.layers * 3.0 * s.moe_inter * H * linear;
   b.state = 2.0 * lin_layers * s.lin_v_heads * s.lin_k_dim * s.lin_v_dim * 4;
   b.kv_per_ctx = 2.0 * attn_layers * s.kv_heads * s.head_dim * kv;
@@ -152,7 +185,7 @@ double token_flops(const Shape& s, double ctx) {
   const double gdn = (2 * key_dim + 2 * value_dim + 2.0 * s.lin_v_heads) * H + H * value_dim;
   const double attn = (3.0 * s.heads * s.head_dim + 2.0 * s.kv_heads * s.head_dim) * H;  // q + gate, k, v, o
   const double ffn = 3.0 * s.shared_inter * H + (s.experts + 1.0) * H + s.top_k * 3.0 * s.moe_inter * H;
-  return 2.0 * (lin_layers * gdn + attn_layers * attn + s.layers * ffn + double(s.vocab) * H) +
+  return 2.0 * (lin_layers * gdn + attn_layers * attn + s.layers * ffn + double(s.vocab) * H + (s.flash ? flash_weights(s) : 0.0)) +
          4.0 * attn_layers * s.heads * s.head_dim * ctx + 4.0 * lin_layers * s.lin_v_heads * s.lin_k_dim * s.lin_v_dim;
 }
 
@@ -256,7 +289,7 @@ int run(int argc, char** argv) {
     }
   }
   if (!kShapes.count(shape_name)) {
-    std::fprintf(stderr, "--shape must be llama-1b, llama-8b or qwen3-next-80b\n");
+    std::fprintf(stderr, "--shape must be llama-1b, llama-8b, qwen3-next-80b or flash-next\n");
     return 2;
   }
   Shape s = kShapes.at(shape_name);

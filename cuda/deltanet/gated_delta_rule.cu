@@ -82,6 +82,9 @@ __global__ void __launch_bounds__(kWarps * 32) gdn_recurrent_kernel(const float*
     if (col) S[size_t(warp * RPT + r) * Dv + j] = s[r];
 }
 
+// MaxW: the widest kernel it takes (8: the DeltaNet's convs; 32: Flash-Next's dilated PLE conv, run
+// undilated with zero taps between).
+template <int MaxW>
 __global__ void causal_conv1d_kernel(const float* __restrict__ x, const float* __restrict__ w, float* __restrict__ states,
                                      const int32_t* __restrict__ starts, const int32_t* __restrict__ slots,
                                      float* __restrict__ out, int C, int X, int W, bool with_silu) {
@@ -93,8 +96,8 @@ __global__ void causal_conv1d_kernel(const float* __restrict__ x, const float* _
     return;
   }
   float* st = states + size_t(slots[blockIdx.y]) * C * (W - 1);
-  float win[8];  // the last W - 1 inputs, oldest first (W <= 8)
-  float wc[8];
+  float win[MaxW];  // the last W - 1 inputs, oldest first
+  float wc[MaxW];
   for (int i = 0; i < W; ++i) wc[i] = w[size_t(c) * W + i];
   for (int i = 0; i < W - 1; ++i) win[i] = st[size_t(c) * (W - 1) + i];
   for (int t = t0; t < t1; ++t) {
@@ -189,13 +192,14 @@ void gated_delta_rule(const Tensor& q, const Tensor& k, const Tensor& v, const T
 void causal_conv1d(const Tensor& x, const Tensor& weight, Tensor& conv_states, const Tensor& seq_starts,
                    const Tensor& seq_slots, Tensor& out, bool silu) {
   const int64_t T = x.size(0), X = x.size(1), C = weight.size(0), W = weight.size(1), S = seq_slots.numel();
-  RV_CHECK(W >= 1 && W <= 8 && X >= C && conv_states.numel() % (C * (W - 1)) == 0,
-           "CUDA causal_conv1d: x ", x.shape_str(), " weight ", weight.shape_str(), " (kernel width <= 8)");
+  RV_CHECK(W >= 1 && W <= ops::kCudaConvMaxWidth && X >= C && (W == 1 || conv_states.numel() % (C * (W - 1)) == 0),
+           "CUDA causal_conv1d: x ", x.shape_str(), " weight ", weight.shape_str(), " (kernel width <= ", ops::kCudaConvMaxWidth, ")");
   if (T == 0 || S == 0) return;
   const dim3 grid{unsigned((C + 127) / 128), unsigned(S), 1u};
-  causal_conv1d_kernel<<<grid, 128, 0, stream()>>>(x.ptr<float>(), weight.ptr<float>(), conv_states.ptr<float>(),
-                                                   seq_starts.ptr<int32_t>(), seq_slots.ptr<int32_t>(), out.ptr<float>(),
-                                                   int(C), int(X), int(W), silu);
+  const auto kernel = W <= 8 ? causal_conv1d_kernel<8> : causal_conv1d_kernel<int(ops::kCudaConvMaxWidth)>;
+  kernel<<<grid, 128, 0, stream()>>>(x.ptr<float>(), weight.ptr<float>(), conv_states.ptr<float>(),
+                                     seq_starts.ptr<int32_t>(), seq_slots.ptr<int32_t>(), out.ptr<float>(), int(C), int(X),
+                                     int(W), silu);
   RV_CUDA_CHECK(cudaGetLastError());
 }
 

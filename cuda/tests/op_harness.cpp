@@ -996,6 +996,8 @@ int main(int argc, char** argv) {
     test_conv_and_norms(50, 8192, 4, true);
     test_conv_and_norms(7, 33, 2, false, 21);
     test_conv_and_norms(3, 8192, 4, true, 4096 + 64);  // Qwen3-Next: conv over the fused projection
+    test_conv_and_norms(20, 8192, 10, true);  // Flash-Next's PLE conv: kernel 4 dilated by 3, 4 x 2048 streams
+    test_conv_and_norms(5, 300, 32, false);
     test_gdn_split_qkv(5, 16, 128, 32, 128);           // Qwen3-Next heads
     test_gdn_split_qkv(3, 1, 32, 2, 16);
     test_gates_and_combine();

@@ -71,9 +71,9 @@ void check_device_limits(const ModelConfig& c, Device device) {
                " (the PLE hashing kernel takes up to 8)");
   // PLE's dilated conv runs as an undilated one of (kernel - 1) * ngram_size + 1 taps.
   const int32_t ple_taps = (c.flash.ple_conv_kernel - 1) * c.flash.ngram_size + 1;
-  RV_CHECK_ARG(c.flash.ple_layers.empty() || ple_taps <= 8, "device 'cuda': ple_conv_kernel_size ",
+  RV_CHECK_ARG(c.flash.ple_layers.empty() || ple_taps <= ops::kCudaConvMaxWidth, "device 'cuda': ple_conv_kernel_size ",
                c.flash.ple_conv_kernel, " with ngram_size ", c.flash.ngram_size, " makes a ", ple_taps,
-               "-tap conv; the conv kernel takes up to 8 (use device 'cpu')");
+               "-tap conv; the conv kernel takes up to ", ops::kCudaConvMaxWidth, " (use device 'cpu')");
   RV_CHECK_ARG(c.flash.indexer_ratio == 0 || c.flash.indexer_head_dim <= 1024, "device 'cuda': indexer_head_dim ",
                c.flash.indexer_head_dim, " (the QSA kernels take up to 1024)");
   // The CUDA kernels' shape limits, checked before any weight is read.

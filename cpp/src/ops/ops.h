@@ -296,6 +296,7 @@ void gated_delta_rule(const Tensor& q, const Tensor& k, const Tensor& v, const T
                       Tensor& states, const Tensor& seq_starts, const Tensor& seq_slots, Tensor& out, int32_t chunk_size);
 void causal_conv1d(const Tensor& x, const Tensor& weight, Tensor& conv_states, const Tensor& seq_starts,
                    const Tensor& seq_slots, Tensor& out, bool silu);
+constexpr int64_t kCudaConvMaxWidth = 32;  // the widest causal_conv1d kernel the CUDA backend takes
 void l2_norm(Tensor& x, int64_t dim, float eps);
 // The conv output [T, q | k | v] of a DeltaNet block split into q, k [T, Hk, Dk] (each head
 // L2-normalised: x / sqrt(sum x^2 + eps)) and v [T, Hv, Dv].
