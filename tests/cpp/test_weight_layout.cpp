@@ -14,6 +14,7 @@
 #include <filesystem>
 #include <fstream>
 
+#include "core/dtype.h"
 #include "expect.h"
 #include "model/weights.h"
 #include "ops/ops.h"
@@ -228,7 +229,26 @@ void test_sliced_loads() {
   fs::remove_all(dir);
 }
 
+// Every float16 bit pattern against the format's definition: (-1)^s 2^(e-15) (1 + m/1024), e = 0
+// subnormal m 2^-24, e = 31 infinity (m = 0) or NaN.
+void test_f16_conversion_of_every_value() {
+  int wrong = 0;
+  for (uint32_t h = 0; h < 65536; ++h) {
+    const int e = int(h >> 10) & 31, m = int(h & 1023);
+    const double sign = (h & 0x8000u) ? -1.0 : 1.0;
+    const float got = f16_to_f32(uint16_t(h));
+    if (e == 31) {
+      wrong += m == 0 ? !(std::isinf(got) && (got < 0) == (sign < 0)) : !std::isnan(got);
+      continue;
+    }
+    const double want = sign * (e == 0 ? std::ldexp(double(m), -24) : std::ldexp(1.0 + m / 1024.0, e - 15));
+    wrong += double(got) != want || std::signbit(got) != (sign < 0);
+  }
+  EXPECT(wrong == 0);
+}
+
 void run_weight_layout_tests() {
+  test_f16_conversion_of_every_value();
   test_sliced_loads();
   test_transpose_definition();
   test_transpose_rejects_mismatched_shapes();

@@ -46,7 +46,20 @@ inline uint16_t f32_to_bf16(float f) {  // round to nearest even, NaN kept quiet
   return uint16_t(bits >> 16);
 }
 
-float f16_to_f32(uint16_t h);
+// Without branches (normal, subnormal and inf / NaN picked by masks), so loops over it vectorise.
+inline float f16_to_f32(uint16_t h) {
+  const uint32_t exp = h & 0x7c00u, mant = h & 0x3ffu;
+  const uint32_t normal = ((exp >> 10) + (127 - 15)) << 23 | mant << 13;
+  const float sub = float(mant) * 0x1p-24f;  // exact: mant < 2^10
+  uint32_t sub_bits;
+  std::memcpy(&sub_bits, &sub, 4);
+  const uint32_t sub_mask = 0u - uint32_t(exp == 0), special = 0u - uint32_t(exp == 0x7c00u);
+  const uint32_t bits = (normal & ~sub_mask & ~special) | (sub_bits & sub_mask) | ((0x7f800000u | mant << 13) & special) |
+                        uint32_t(h & 0x8000u) << 16;
+  float f;
+  std::memcpy(&f, &bits, 4);
+  return f;
+}
 // OCP FP8 E4M3FN (bias 7, no infinities, 0x7F / 0xFF NaN, largest 448).
 float f8e4m3_to_f32(uint8_t v);
 // To E4M3FN, rounding to nearest even; magnitudes past 448 saturate to 448 (NaN stays NaN).

@@ -19,6 +19,7 @@
 // in its file's mapping (ple_offload): a step's rows are gathered on the host and uploaded. The checkpoint layout is transformers' (Qwen4ExpForCausalLM, or the
 // language model of Qwen4ExpForConditionalGeneration); its mtp.* layers are not read yet.
 #include <cmath>
+#include <future>
 #include <limits>
 
 #include "core/error.h"
@@ -164,10 +165,15 @@ class FlashNextLM final : public HybridDecoderLM {
     Tensor streams = Tensor::uninitialized({T, hc * E}, DType::kF32, dev);
     Tensor stream_rows = streams.view({T * hc, E});
     ops::gather_rows(x0, rep.to(dev), stream_rows);
+    // Each PLE layer's rows are gathered from the host table on another thread while the layers
+    // before it run (queued on the device, or computed here on the CPU).
+    std::vector<std::future<Tensor>> rows(layers_.size());
+    for (size_t l = 0; l < layers_.size(); ++l)
+      if (flash_[l].has_ple) rows[l] = fetch_ple_rows(flash_[l].ple, b, *caches.state, T);
     for (size_t l = 0; l < layers_.size(); ++l) {
       const Layer& L = layers_[l];
       const FlashLayer& F = flash_[l];
-      if (F.has_ple) ple(F.ple, b, *caches.state, streams);
+      if (F.has_ple) ple(F.ple, rows[l].get(), b, *caches.state, streams);
       Tensor logits;
       Tensor x = mix(F.attn_hc, streams, &logits);
       Tensor y = L.linear ? deltanet_sigmoid(L, b, *caches.state, x) : indexed_attention(L, F.indexer, b, *caches.kv, x);
@@ -265,18 +271,28 @@ class FlashNextLM final : public HybridDecoderLM {
     return x;
   }
 
-  void ple(const Ple& e, const ForwardBatch& b, StateCache& states, Tensor& streams) {
+  // The step's table rows [T * heads, hd] in host memory, gathered on another thread. The n-gram
+  // ids come first (they advance the layer's window state, which nothing before it reads), then one
+  // copy of them down; the table is off the device.
+  std::future<Tensor> fetch_ple_rows(const Ple& e, const ForwardBatch& b, StateCache& states, int64_t T) {
     const FlashNextConfig& f = cfg_.flash;
-    const int64_t T = streams.size(0), E = cfg_.hidden_size, heads = f.ple_heads(), hd = f.ple_embed_dim / heads;
+    const int64_t heads = f.ple_heads(), hd = f.ple_embed_dim / heads;
+    Tensor rows = Tensor::uninitialized({T, heads}, DType::kI32, b.token_ids.device());
+    ops::ngram_rows(b.token_ids, e.hash, states.buffers[e.window_buffer], b.seq_starts, b.seq_state_slots, rows);
+    Tensor ids = rows.view({T * heads}).to(Device::kCPU);
+    return std::async(std::launch::async, [&table = e.table, ids, hd] {
+      Tensor emb = Tensor::uninitialized({ids.numel(), hd}, DType::kF32);
+      table.gather(ids.ptr<int32_t>(), ids.numel(), emb.ptr<float>());
+      return emb;
+    });
+  }
+
+  void ple(const Ple& e, const Tensor& emb, const ForwardBatch& b, StateCache& states, Tensor& streams) {
+    const FlashNextConfig& f = cfg_.flash;
+    const int64_t T = streams.size(0), E = cfg_.hidden_size;
     const float eps = cfg_.rms_norm_eps;
     const Device dev = streams.device();
-    Tensor rows = Tensor::uninitialized({T, heads}, DType::kI32, dev);
-    ops::ngram_rows(b.token_ids, e.hash, states.buffers[e.window_buffer], b.seq_starts, b.seq_state_slots, rows);
-    // The table is off the device: its rows are gathered on the host (the ids copied down, the rows up).
-    const Tensor ids = rows.view({T * heads}).to(Device::kCPU);
-    Tensor emb = Tensor::uninitialized({T * heads, hd}, DType::kF32);
-    e.table.gather(ids.ptr<int32_t>(), T * heads, emb.ptr<float>());
-    const Tensor embedded = emb.to(dev).view({T, heads * hd});
+    const Tensor embedded = emb.to(dev).view({T, f.ple_embed_dim});
     Tensor key = project(embedded, e.key), value = project(embedded, e.value);
     ops::group_rms_norm(key, e.norm_key, E, eps, key);
     Tensor query = Tensor::uninitialized(streams.shape(), DType::kF32, dev);
