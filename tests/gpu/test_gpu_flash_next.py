@@ -77,3 +77,31 @@ def test_concurrent_requests_and_prefix_cache_hits(pair):
     for p, a, b in zip(PROMPTS, first, second):
         assert b.outputs[0].token_ids == a.outputs[0].token_ids
         assert_greedy_until_near_tie(cpu.generate([p], greedy(GEN, True))[0], a, NEAR_TIE, GEN)
+
+
+def test_many_sequences_under_preemption(pair, tmp_path_factory):
+    """48 sequences in a cache that holds about 12 (a batch as wide as the benchmark's c64 on the
+    tiny model): preempted and resumed, each as the CPU engine gives it."""
+    import json
+
+    import revolta
+
+    cpu, _ = pair
+    d = checkpoint(tmp_path_factory)
+    c = json.loads((Path(d) / "config.json").read_text())
+    attention = sum(t != "linear_attention" for t in c["layer_types"])
+    per_token = attention * (2 * c["num_key_value_heads"] * c["head_dim"] + c["indexer_head_dim"]) * 4
+    conv_dim = 2 * c["linear_num_key_heads"] * c["linear_key_head_dim"] + c["linear_num_value_heads"] * c["linear_value_head_dim"]
+    gdn = conv_dim * (c["linear_conv_kernel_dim"] - 1) + c["linear_num_value_heads"] * c["linear_key_head_dim"] * c["linear_value_head_dim"]
+    ple = (c["ngram_size"] - 1) + c["hc_count"] * c["hidden_size"] * (c["ple_conv_kernel_size"] - 1) * c["ngram_size"]
+    state = 4 * ((len(c["layer_types"]) - attention) * gdn + len(c["ple_layer_ids"]) * ple)
+    seqs, block = 48, 16
+    prompts = [[(7 * i + 13 * j) % 500 + 3 for i in range(60)] for j in range(seqs)]
+    kv = seqs * state + 12 * 6 * block * per_token
+    with revolta.LLM(d, device="cuda", gpu_memory_utilization=0.0, max_model_len=128, block_size=block,
+                     max_num_seqs=seqs, enable_prefix_caching=False, dtype="float32", kv_cache_dtype="float32",
+                     kv_cache_memory_bytes=kv) as gpu:
+        outs = gpu.generate(prompts, greedy(GEN))
+        assert gpu.engine.stats().num_preemptions > 0
+    for p, out in zip(prompts, outs):
+        assert_greedy_until_near_tie(cpu.generate([p], greedy(GEN, True))[0], out, NEAR_TIE, GEN)

@@ -157,6 +157,13 @@ void Engine::Impl::loop() {
   sleep_cv.notify_all();
 }
 
+void Engine::Impl::refuse_stopped() {
+  std::lock_guard<std::mutex> out(out_mu);
+  RV_CHECK(fatal_error.empty(), "the engine failed: ", fatal_error);
+  RV_CHECK(false, "the engine is shut down");
+  std::abort();  // (not reached)
+}
+
 Engine::Engine(const EngineConfig& config) : impl_(std::make_unique<Impl>(config)) {
   impl_->thread = std::thread([impl = impl_.get()] { impl->loop(); });  // (built: now it serves)
 }
@@ -206,10 +213,12 @@ uint64_t Engine::add_request(std::vector<int32_t> prompt, const SamplingParams& 
   const uint64_t id = r->id;
   {
     std::lock_guard<std::mutex> lk(impl_->in_mu);
-    RV_CHECK(!impl_->stopping, "the engine is shut down");
-    r->rng = Rng(params.seed ? *params.seed : impl_->seed_source.next());
-    impl_->inbox.push_back(std::move(r));
+    if (!impl_->stopping) {
+      r->rng = Rng(params.seed ? *params.seed : impl_->seed_source.next());
+      impl_->inbox.push_back(std::move(r));
+    }
   }
+  if (r) impl_->refuse_stopped();
   impl_->in_cv.notify_one();
   return id;
 }
@@ -237,12 +246,13 @@ std::vector<uint64_t> Engine::add_requests(const std::vector<std::vector<int32_t
   }
   {
     std::lock_guard<std::mutex> lk(impl_->in_mu);
-    RV_CHECK(!impl_->stopping, "the engine is shut down");
-    for (auto& r : batch) {
-      r->rng = Rng(r->params.seed ? *r->params.seed : impl_->seed_source.next());
-      impl_->inbox.push_back(std::move(r));
-    }
+    if (!impl_->stopping)
+      for (auto& r : batch) {
+        r->rng = Rng(r->params.seed ? *r->params.seed : impl_->seed_source.next());
+        impl_->inbox.push_back(std::move(r));
+      }
   }
+  if (!batch.empty() && batch.front()) impl_->refuse_stopped();
   impl_->in_cv.notify_one();
   return ids;
 }

@@ -67,6 +67,8 @@ struct Engine::Impl {
   std::condition_variable out_cv;
   std::vector<RequestOutput> outbox;
   std::string fatal_error;
+  // Throws for a request to a stopped engine, naming the error that stopped it when one did.
+  [[noreturn]] void refuse_stopped();
 
   mutable std::mutex stats_mu;
   EngineStats stats;  // the engine thread's copy is `live`; this one is published per step
