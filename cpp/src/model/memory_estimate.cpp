@@ -73,10 +73,14 @@ int64_t estimate_activation_bytes(const ModelConfig& c, const EngineConfig& e) {
   const int64_t experts = (int64_t(c.num_experts) + 1) * 3 * c.moe_intermediate_size * H * 2;
   const int64_t dequantized = quantized ? std::max(widest, c.num_experts > 0 ? experts : 0) : 0;
   // Flash-Next: the residual streams and, at the PLE layer, their key / query / gated / conv companions
-  // with the gathered rows, all float32 over hc x H; QSA's kept blocks a query.
+  // with the gathered rows, all float32 over hc x H; QSA's kept blocks and a probability per kept
+  // cell and head a query, and the indexer's score per block of the context.
   const FlashNextConfig& f = c.flash;
-  const int64_t hcH = int64_t(f.hc_count) * H;
-  const int64_t flash = f.hc_count > 0 ? T * ((6 * hcH + f.ple_embed_dim + H) * 4 + int64_t(f.top_blocks()) * 4) : 0;
+  const int64_t hcH = int64_t(f.hc_count) * H, r = std::max(f.indexer_ratio, 1);
+  const int64_t qsa = f.indexer_ratio > 0 ? f.top_blocks() + int64_t(c.num_heads) * (f.top_blocks() + 1) * r +
+                                                int64_t(e.max_model_len) / r
+                                          : 0;
+  const int64_t flash = f.hc_count > 0 ? T * ((6 * hcH + f.ple_embed_dim + H) + qsa) * 4 : 0;
   return 2 * (T * per_token + logits) * 4 + flash + dequantized + (int64_t(256) << 20);
 }
 
