@@ -96,31 +96,84 @@ def test_matches_llama_cpp_on_its_own_file(imported, tmp_path):
     assert_matches_llama_cpp(str(dense), CASE, "llama_cpp_dense_", 40)
 
 
-def test_a_file_it_cannot_map_is_refused_naming_the_tensor(tmp_path):
-    """A tensor the converter never writes is an error naming it, not a model missing a part."""
+def rewrite(dst: Path, tensor=None, extra: dict | None = None) -> Path:
+    """The fixture file rewritten by gguf-py: every key kept, each tensor as `tensor(name, data,
+    ggml shape)` returns it ((array, raw type) or None to keep it), plus `extra` float32 tensors."""
     import gguf
     from gguf import GGUFReader
 
-    from revolta.models.gguf_import import import_gguf
-    from revolta.models.gguf_qwen4exp import Qwen4ExpGGUFError
-
     reader = GGUFReader(str(GGUF))
-    writer = gguf.GGUFWriter(str(tmp_path / "bad.gguf"), arch="qwen4exp")
+    writer = gguf.GGUFWriter(str(dst), arch="qwen4exp")
     for key, field in reader.fields.items():
         if key.startswith("GGUF.") or key == "general.architecture":
             continue
-        value = field.contents()
-        vtype = field.types[0]
-        if vtype == gguf.GGUFValueType.ARRAY:
-            writer.add_key_value(key, value, vtype, sub_type=field.types[-1])
+        if field.types[0] == gguf.GGUFValueType.ARRAY:
+            writer.add_key_value(key, field.contents(), field.types[0], sub_type=field.types[-1])
         else:
-            writer.add_key_value(key, value, vtype)
+            writer.add_key_value(key, field.contents(), field.types[0])
     for t in reader.tensors:
-        writer.add_tensor(t.name, np.asarray(t.data), raw_shape=list(reversed(t.shape.tolist())), raw_dtype=t.tensor_type)
-    writer.add_tensor("blk.0.ssm_mystery.weight", np.zeros((4, 4), dtype=np.float32))
+        shape = list(reversed(t.shape.tolist()))
+        changed = tensor(t.name, np.asarray(t.data), shape) if tensor else None
+        data, raw = changed or (np.asarray(t.data), t.tensor_type)
+        # (gguf-py takes a block type's shape in bytes)
+        writer.add_tensor(t.name, data, raw_shape=list(data.shape) if changed else shape, raw_dtype=raw)
+    for name, data in (extra or {}).items():
+        writer.add_tensor(name, data)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
+    return dst
+
+
+def test_a_file_it_cannot_map_is_refused_naming_the_tensor(tmp_path):
+    """A tensor the converter never writes is an error naming it, not a model missing a part."""
+    from revolta.models.gguf_import import import_gguf
+    from revolta.models.gguf_qwen4exp import Qwen4ExpGGUFError
+
+    bad = rewrite(tmp_path / "bad.gguf", extra={"blk.0.ssm_mystery.weight": np.zeros((4, 4), dtype=np.float32)})
     with pytest.raises(Qwen4ExpGGUFError, match="blk.0.ssm_mystery.weight"):
-        import_gguf(tmp_path / "bad.gguf", tmp_path / "out", progress=False)
+        import_gguf(bad, tmp_path / "out", progress=False)
+
+
+def test_a_q8_0_file_imports_its_dequantized_matrices(checkpoint, tmp_path):
+    """The file with its matrices in Q8_0 blocks (as `llama-quantize` leaves the small 1-D tensors
+    in float32): the import holds gguf-py's dequantisation of each block, mapped like the float32
+    file's, and the model stays close to the float32 one."""
+    import gguf
+    from gguf.quants import dequantize, quantize
+
+    from revolta.models.gguf_import import import_gguf
+    from revolta.models.safetensors_io import read_safetensors
+
+    q8 = gguf.GGMLQuantizationType.Q8_0
+    quantized = []
+
+    def to_q8(name, data, shape):
+        if len(shape) < 2 or shape[-1] % 32 or name.startswith("per_layer_token_embd"):
+            return None
+        quantized.append(name)
+        return quantize(data.reshape(-1, shape[-1]).astype(np.float32), q8).reshape(*shape[:-1], -1), q8
+
+    path = rewrite(tmp_path / "q8.gguf", to_q8)
+    assert len(quantized) > 40
+    out = import_gguf(path, tmp_path / "q8", progress=False)
+    got = read_safetensors(out / "model.safetensors")
+    # one matrix mapped without any change, one whose V heads are regrouped
+    for gguf_name, hf in (("blk.1.attn_q.weight", "model.layers.1.self_attn.q_proj.weight"),
+                          ("blk.0.ssm_out.weight", "model.layers.0.linear_attn.out_proj.weight")):
+        from gguf import GGUFReader
+
+        t = next(t for t in GGUFReader(str(path)).tensors if t.name == gguf_name)
+        blocks = dequantize(t.data, t.tensor_type).reshape(np.asarray(got[hf]).shape)
+        if "ssm_out" in gguf_name:  # tiled (v, k) -> grouped (k, v) along the input columns
+            blocks = blocks.reshape(blocks.shape[0], 2, 2, -1).swapaxes(1, 2).reshape(blocks.shape)
+        assert np.array_equal(np.asarray(got[hf]), blocks), hf
+    model, _ = checkpoint
+    with ties_to_lower_block(), torch.no_grad():
+        want = model(torch.tensor([ref.PROMPT])).logits[0, -1]
+    greedy = SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True, return_generation_logits=True)
+    with LLM(str(out), kv_cache_memory_bytes=16 << 20) as llm:
+        logits = torch.tensor(llm.generate([ref.PROMPT], greedy)[0].outputs[0].generation_logits[0])
+    err = (logits - want).abs().max().item()
+    assert 1e-5 < err < 0.1 * want.abs().max().item(), err
