@@ -254,3 +254,15 @@ def test_ple_table_from_host_memory_or_its_file_mapping(tmp_path, layout):
             out = llm.generate([ref.PROMPT], greedy(1, return_generation_logits=True))[0].outputs[0]
         err = (torch.tensor(out.generation_logits[0]) - expected).abs().max().item()
         assert err < 1e-4, f"ple_offload={offload}, {layout}: max |logit diff| {err}"
+
+
+def test_a_large_step_gathers_its_ple_rows_on_another_thread(tmp_path):
+    """Four 300-token prompts prefilled in one step hold 1,200 tokens of PLE rows (300 KB): their
+    gather runs on a thread of its own while the layers before the PLE layer do (smaller steps
+    gather in place). The tokens stay transformers'."""
+    model = ref.make_checkpoint("hc2-qsa4-ple", tmp_path)
+    prompts = [[(13 * i + 7 * j) % 500 + 3 for i in range(300)] for j in range(4)]
+    with ties_to_lower_block():
+        expected = [hf_greedy(model, p, 4) for p in prompts]
+    with LLM(str(tmp_path), kv_cache_memory_bytes=16 << 20, max_num_batched_tokens=2048) as llm:
+        assert [list(o.outputs[0].token_ids) for o in llm.generate(prompts, greedy(4))] == expected

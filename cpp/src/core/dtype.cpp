@@ -99,7 +99,6 @@ DType parse_dtype(const std::string& n) {
   throw std::invalid_argument(str_cat("unsupported dtype '", n, "'"));
 }
 
-
 uint16_t f32_to_f16(float f) {  // round to nearest even
   uint32_t x;
   std::memcpy(&x, &f, 4);

@@ -165,8 +165,8 @@ class FlashNextLM final : public HybridDecoderLM {
     Tensor streams = Tensor::uninitialized({T, hc * E}, DType::kF32, dev);
     Tensor stream_rows = streams.view({T * hc, E});
     ops::gather_rows(x0, rep.to(dev), stream_rows);
-    // Each PLE layer's rows are gathered from the host table on another thread while the layers
-    // before it run (queued on the device, or computed here on the CPU).
+    // Each PLE layer's rows are gathered from the host table (on another thread for a large step)
+    // while the layers before it run (queued on the device, or computed here on the CPU).
     std::vector<std::future<Tensor>> rows(layers_.size());
     for (size_t l = 0; l < layers_.size(); ++l)
       if (flash_[l].has_ple) rows[l] = fetch_ple_rows(flash_[l].ple, b, *caches.state, T);
@@ -271,7 +271,7 @@ class FlashNextLM final : public HybridDecoderLM {
     return x;
   }
 
-  // The step's table rows [T * heads, hd] in host memory, gathered on another thread. The n-gram
+  // The step's table rows [T * heads, hd] in host memory, gathered on another thread when large. The n-gram
   // ids come first (they advance the layer's window state, which nothing before it reads), then one
   // copy of them down; the table is off the device.
   std::future<Tensor> fetch_ple_rows(const Ple& e, const ForwardBatch& b, StateCache& states, int64_t T) {
@@ -280,7 +280,10 @@ class FlashNextLM final : public HybridDecoderLM {
     Tensor rows = Tensor::uninitialized({T, heads}, DType::kI32, b.token_ids.device());
     ops::ngram_rows(b.token_ids, e.hash, states.buffers[e.window_buffer], b.seq_starts, b.seq_state_slots, rows);
     Tensor ids = rows.view({T * heads}).to(Device::kCPU);
-    return std::async(std::launch::async, [&table = e.table, ids, hd] {
+    // A thread only where the gather outweighs starting one (a decode step of a few tokens gathers
+    // in microseconds): below 256 KB of rows it runs when the PLE layer asks for them.
+    const auto policy = ids.numel() * hd * 4 >= (int64_t(256) << 10) ? std::launch::async : std::launch::deferred;
+    return std::async(policy, [&table = e.table, ids, hd] {
       Tensor emb = Tensor::uninitialized({ids.numel(), hd}, DType::kF32);
       table.gather(ids.ptr<int32_t>(), ids.numel(), emb.ptr<float>());
       return emb;

@@ -68,13 +68,20 @@ def _field(reader, key: str, default=None):
     return f.contents()
 
 
+def _array(t) -> np.ndarray:
+    """A GGUF tensor dequantized to float32, in numpy's (row-major, reversed ggml) shape."""
+    from gguf.quants import dequantize
+
+    shape = tuple(int(s) for s in reversed(t.shape.tolist()))
+    return dequantize(t.data, t.tensor_type).astype(np.float32, copy=False).reshape(shape)
+
+
 def import_gguf(gguf_path: str | Path, out_dir: str | Path, progress: bool = True, weights: bool = True) -> Path:
     """Writes config.json, tokenizer.json, tokenizer_config.json, for llama gguf_weights.json (which
     GGUF tensor holds each HF weight, for load_format 'gguf', which reads the file itself) and, with
     weights (always for Flash-Next), model.safetensors in float32 to out_dir (atomically: a
     half-written directory is never left behind)."""
     from gguf import GGUFReader
-    from gguf.quants import dequantize
 
     gguf_path, out_dir = Path(gguf_path), Path(out_dir)
     if not gguf_path.is_file():
@@ -95,7 +102,7 @@ def import_gguf(gguf_path: str | Path, out_dir: str | Path, progress: bool = Tru
         eos = _field(reader, "qwen4exp.ple.eos_token_id", _field(reader, "tokenizer.ggml.eos_token_id"))
         config.update(bos_token_id=_field(reader, "tokenizer.ggml.bos_token_id"), eos_token_id=eos,
                       pad_token_id=_field(reader, "tokenizer.ggml.padding_token_id"))
-        mapped = gguf_qwen4exp.tensors(tensors, config, lambda k, d=None: _field(reader, k, d), dequantize)
+        mapped = gguf_qwen4exp.tensors(tensors, config, lambda k, d=None: _field(reader, k, d), _array)
         specs = [(name, shape, dtype) for name, shape, dtype, _ in mapped]
         producers = {name: produce for name, _, _, produce in mapped}
         weight_map = None
@@ -140,8 +147,6 @@ def import_gguf(gguf_path: str | Path, out_dir: str | Path, progress: bool = Tru
 
 def _llama(reader, tensors: dict, tokens: list[str]):
     """config, specs, producers and the in-place weight map of a llama file."""
-    from gguf.quants import dequantize
-
     n_head = int(_field(reader, "llama.attention.head_count"))
     n_kv = int(_field(reader, "llama.attention.head_count_kv", n_head))
     hidden = int(_field(reader, "llama.embedding_length"))
@@ -170,8 +175,7 @@ def _llama(reader, tensors: dict, tokens: list[str]):
     specs = [(_hf_name(n), tuple(int(s) for s in reversed(t.shape.tolist())), np.float32) for n, t in tensors.items()]
 
     def produce(t, hf_name: str) -> np.ndarray:
-        shape = tuple(int(s) for s in reversed(t.shape.tolist()))
-        w = dequantize(t.data, t.tensor_type).astype(np.float32, copy=False).reshape(shape)
+        w = _array(t)
         if hf_name.endswith("q_proj.weight"):
             w = _undo_rope_permute(w, n_head)
         elif hf_name.endswith("k_proj.weight"):

@@ -144,16 +144,15 @@ def _tiled_to_grouped(a: np.ndarray, axis: int, nk: int, nv: int, head: int) -> 
     return np.moveaxis(a, 0, axis)
 
 
-def tensors(reader_tensors: dict, cfg: dict, field: Callable, dequantize: Callable) -> list:
-    """(checkpoint name, shape, dtype, produce) for every tensor of the checkpoint the GGUF holds."""
+def tensors(reader_tensors: dict, cfg: dict, field: Callable, dequantized: Callable) -> list:
+    """(checkpoint name, shape, dtype, produce) for every tensor of the checkpoint the GGUF holds;
+    `dequantized(tensor)` gives a GGUF tensor as float32 in numpy's shape."""
     nk, nv = cfg["linear_num_key_heads"], cfg["linear_num_value_heads"]
     dk, dv = cfg["linear_key_head_dim"], cfg["linear_value_head_dim"]
     out: list = []
 
     def array(name: str) -> np.ndarray:
-        t = reader_tensors[name]
-        shape = tuple(int(s) for s in reversed(t.shape.tolist()))
-        return dequantize(t.data, t.tensor_type).astype(np.float32, copy=False).reshape(shape)
+        return dequantized(reader_tensors[name])
 
     def add(hf: str, shape: tuple, produce: Callable[[], np.ndarray], dtype=np.float32):
         out.append((hf, tuple(int(s) for s in shape), dtype, produce))
