@@ -11,7 +11,6 @@ every position, with QSA up to where llama.cpp's cell rule and transformers' par
 
 from __future__ import annotations
 
-import contextlib
 import json
 import sys
 from pathlib import Path
@@ -35,30 +34,6 @@ PROMPTS = [ref.PROMPT, [(11 * i + 5) % 500 + 3 for i in range(70)], [9, 8, 7, 6,
 GEN = 24
 
 
-@contextlib.contextmanager
-def ties_to_lower_block(log: list | None = None):
-    """transformers' QSA choice (its only 1-D topk) with the engine's stated tie rule; `log` gets
-    each choice whose k-th and (k+1)-th scores tie."""
-    original = torch.Tensor.topk
-
-    def topk(self, k, dim=None, **kw):
-        if self.dim() != 1:
-            return original(self, k, **({"dim": dim} if dim is not None else {}), **kw)
-        values = self.tolist()
-        order = sorted(range(len(values)), key=lambda i: (-values[i], i))[:k]
-        ranked = sorted(values, reverse=True)
-        if log is not None and k < len(values) and ranked[k - 1] == ranked[k]:
-            log.append((len(values), k))
-        idx = torch.tensor(order, dtype=torch.long)
-        return torch.return_types.topk((self[idx], idx))
-
-    torch.Tensor.topk = topk
-    try:
-        yield
-    finally:
-        torch.Tensor.topk = original
-
-
 @torch.no_grad()
 def hf_greedy(model, ids: list[int], n: int) -> list[int]:
     seq = list(ids)
@@ -72,7 +47,7 @@ def case(request, tmp_path_factory):
     path = tmp_path_factory.mktemp(request.param)
     model = ref.make_checkpoint(request.param, path)
     ties: list = []
-    with ties_to_lower_block(ties), torch.no_grad():
+    with ref.ties_to_lower_block(ties), torch.no_grad():
         logits = model(torch.tensor([ref.PROMPT])).logits[0].float()
         expected = [hf_greedy(model, p, GEN) for p in PROMPTS]
     return request.param, model, str(path), logits, expected, ties
@@ -141,7 +116,7 @@ def test_qsa_ties_follow_the_stated_rule():
     where no tie decides."""
     model = ref.make_model("hc2-qsa4-ple")
     ties: list = []
-    with ties_to_lower_block(ties), torch.no_grad():
+    with ref.ties_to_lower_block(ties), torch.no_grad():
         model(torch.tensor([ref.PROMPT]))
     assert ties, "the tie case has no tie: pick another seed"
 
@@ -188,13 +163,6 @@ def test_qsa_matches_llama_cpp_where_the_rules_keep_the_same_cells(tmp_path, nam
     assert_matches_llama_cpp(str(tmp_path), name, "llama_cpp_", rules_agree_before)
 
 
-def test_speculative_decoding_is_refused_with_ple(tmp_path):
-    ref.make_checkpoint("hc2-qsa4-ple", tmp_path)
-    with pytest.raises(Exception, match="PLE"):
-        LLM(str(tmp_path), kv_cache_memory_bytes=16 << 20,
-            speculative_config={"method": "ngram", "num_speculative_tokens": 2})
-
-
 def test_config_errors_name_the_field(tmp_path):
     ref.make_checkpoint("hc4-qsa8", tmp_path)
     cfg = json.loads((tmp_path / "config.json").read_text())
@@ -222,7 +190,7 @@ def test_awq_experts_match_transformers_on_the_dequantized_weights(tmp_path):
         for n in t if n.endswith(".qweight")}
     assert any(".experts." in n for n in weights) and any("shared_expert" in n for n in weights)
     load_per_expert(model, weights)
-    with ties_to_lower_block(), torch.no_grad():
+    with ref.ties_to_lower_block(), torch.no_grad():
         logits = model(torch.tensor([ref.PROMPT])).logits[0]
         expected = hf_greedy(model, ref.PROMPT, 12)
     with LLM(str(out), kv_cache_memory_bytes=16 << 20) as llm:
@@ -247,7 +215,7 @@ def test_ple_table_from_host_memory_or_its_file_mapping(tmp_path, layout):
         assert len(shards) > 1
         tensors[base + "weight"] = torch.cat([tensors.pop(n) for n in shards])
         save_file(tensors, str(tmp_path / "model.safetensors"), metadata={"format": "pt"})
-    with ties_to_lower_block(), torch.no_grad():
+    with ref.ties_to_lower_block(), torch.no_grad():
         expected = model(torch.tensor([ref.PROMPT])).logits[0, -1]
     for offload in ("host", "disk"):
         with LLM(str(tmp_path), kv_cache_memory_bytes=16 << 20, ple_offload=offload) as llm:
@@ -262,7 +230,7 @@ def test_a_large_step_gathers_its_ple_rows_on_another_thread(tmp_path):
     gather in place). The tokens stay transformers'."""
     model = ref.make_checkpoint("hc2-qsa4-ple", tmp_path)
     prompts = [[(13 * i + 7 * j) % 500 + 3 for i in range(300)] for j in range(4)]
-    with ties_to_lower_block():
+    with ref.ties_to_lower_block():
         expected = [hf_greedy(model, p, 4) for p in prompts]
     with LLM(str(tmp_path), kv_cache_memory_bytes=16 << 20, max_num_batched_tokens=2048) as llm:
         assert [list(o.outputs[0].token_ids) for o in llm.generate(prompts, greedy(4))] == expected

@@ -17,7 +17,7 @@ from revolta import LLM, SamplingParams
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
 import qwen4exp_reference as ref  # noqa: E402
-from test_flash_next import FIXTURES, PROMPTS, assert_matches_llama_cpp, hf_greedy, ties_to_lower_block  # noqa: E402
+from test_flash_next import FIXTURES, PROMPTS, assert_matches_llama_cpp, hf_greedy  # noqa: E402
 
 CASE = "hc2-qsa4-ple"  # two streams, QSA ratio 4, PLE, 2 DeltaNet key heads for 4 value heads
 GGUF = FIXTURES / f"{CASE}.gguf"
@@ -65,7 +65,7 @@ def test_prompt_logits_and_greedy_match_transformers(checkpoint):
     """Loaded by path as a user passes it (resolved into the cache), every prompt position within
     1e-4 of transformers on the checkpoint the file was converted from, and equal greedy tokens."""
     model, _ = checkpoint
-    with ties_to_lower_block(), torch.no_grad():
+    with ref.ties_to_lower_block(), torch.no_grad():
         logits = model(torch.tensor([ref.PROMPT])).logits[0]
         expected = [hf_greedy(model, p, 16) for p in PROMPTS]
     prefixes = [ref.PROMPT[:n] for n in range(1, len(ref.PROMPT) + 1)]
@@ -170,7 +170,7 @@ def test_a_q8_0_file_imports_its_dequantized_matrices(checkpoint, tmp_path):
             blocks = blocks.reshape(blocks.shape[0], 2, 2, -1).swapaxes(1, 2).reshape(blocks.shape)
         assert np.array_equal(np.asarray(got[hf]), blocks), hf
     model, _ = checkpoint
-    with ties_to_lower_block(), torch.no_grad():
+    with ref.ties_to_lower_block(), torch.no_grad():
         want = model(torch.tensor([ref.PROMPT])).logits[0, -1]
     greedy = SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True, return_generation_logits=True)
     with LLM(str(out), kv_cache_memory_bytes=16 << 20) as llm:

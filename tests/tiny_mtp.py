@@ -35,17 +35,20 @@ def text_model(model):
 
 
 class MtpHead(nn.Module):
-    def __init__(self, model):
+    def __init__(self, model, layer: nn.Module | None = None):
+        """layer: the head's decoder layer; by default one of the model's own class, built as its
+        first full-attention layer is."""
         super().__init__()
         base = text_model(model)
         cfg = base.config
-        full = cfg.layer_types.index("full_attention")
         H, eps = cfg.hidden_size, cfg.rms_norm_eps
-        norm = type(base.norm)
+        if layer is None:
+            full = cfg.layer_types.index("full_attention")
+            layer = type(base.layers[full])(cfg, layer_idx=full)
+        norm = type(layer.input_layernorm)
         self.fc = nn.Linear(2 * H, H, bias=False)
         self.pre_fc_norm_embedding, self.pre_fc_norm_hidden, self.norm = norm(H, eps=eps), norm(H, eps=eps), norm(H, eps=eps)
-        # A decoder layer of the model's own class, built as its first full-attention layer is.
-        self.layers = nn.ModuleList([type(base.layers[full])(cfg, layer_idx=full)])
+        self.layers = nn.ModuleList([layer])
         self.rotary = base.rotary_emb
         self.embed = base.embed_tokens
 
@@ -84,10 +87,24 @@ def init_head(head: MtpHead, std: float, norm_noise: float) -> None:
             p.normal_(0.0, std)
 
 
-def add_random_mtp(model, out_dir: Path, seed: int = 0, std: float = 0.05) -> MtpHead:
+def qwen35_moe_layer(cfg) -> nn.Module:
+    """A Qwen3.5-MoE full-attention decoder layer with another model's dimensions (Flash-Next's MTP
+    layer is taken to be one)."""
+    from transformers import Qwen3_5MoeTextConfig
+    from transformers.models.qwen3_5_moe.modeling_qwen3_5_moe import Qwen3_5MoeDecoderLayer
+
+    keys = ["vocab_size", "hidden_size", "num_attention_heads", "num_key_value_heads", "head_dim", "rms_norm_eps",
+            "moe_intermediate_size", "shared_expert_intermediate_size", "num_experts", "num_experts_per_tok",
+            "rope_parameters", "max_position_embeddings"]
+    c = Qwen3_5MoeTextConfig(**{k: getattr(cfg, k) for k in keys}, num_hidden_layers=1, layer_types=["full_attention"])
+    c._attn_implementation = "eager"
+    return Qwen3_5MoeDecoderLayer(c, layer_idx=0)
+
+
+def add_random_mtp(model, out_dir: Path, seed: int = 0, std: float = 0.05, layer: nn.Module | None = None) -> MtpHead:
     """A random MTP head (norms perturbed, as conftest does for the model) saved with the model."""
     torch.manual_seed(seed)
-    head = MtpHead(model).float().eval()
+    head = MtpHead(model, layer).float().eval()
     init_head(head, std=std, norm_noise=0.1)
     head.save(out_dir)
     return head

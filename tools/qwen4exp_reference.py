@@ -17,6 +17,7 @@ converted file (QSA on, float32) is kept too, as <case>.gguf: the engine reads i
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import shutil
 import subprocess
@@ -93,6 +94,32 @@ def make_model(case: str):
             else:
                 p.copy_(0.5 * noise)
     return model
+
+
+@contextlib.contextmanager
+def ties_to_lower_block(log: list | None = None):
+    """transformers' QSA choice (its only 1-D topk) with the engine's stated tie rule; `log` gets
+    each choice whose k-th and (k+1)-th scores tie."""
+    import torch
+
+    original = torch.Tensor.topk
+
+    def topk(self, k, dim=None, **kw):
+        if self.dim() != 1:
+            return original(self, k, **({"dim": dim} if dim is not None else {}), **kw)
+        values = self.tolist()
+        order = sorted(range(len(values)), key=lambda i: (-values[i], i))[:k]
+        ranked = sorted(values, reverse=True)
+        if log is not None and k < len(values) and ranked[k - 1] == ranked[k]:
+            log.append((len(values), k))
+        idx = torch.tensor(order, dtype=torch.long)
+        return torch.return_types.topk((self[idx], idx))
+
+    torch.Tensor.topk = topk
+    try:
+        yield
+    finally:
+        torch.Tensor.topk = original
 
 
 def write_tokenizer(out: Path, vocab_size: int) -> None:

@@ -105,3 +105,28 @@ def test_many_sequences_under_preemption(pair, tmp_path_factory):
         assert gpu.engine.stats().num_preemptions > 0
     for p, out in zip(prompts, outs):
         assert_greedy_until_near_tie(cpu.generate([p], greedy(GEN, True))[0], out, NEAR_TIE, GEN)
+
+
+def test_mtp_speculation_keeps_the_cpu_tokens(pair, tmp_path_factory):
+    """The model with a random MTP layer (tests/tiny_mtp.py; REVOLTA_TEST_DATA/qwen4exp/<case>-mtp,
+    or made here), three drafts a step, nearly all rejected: each verify step rolls DeltaNet and
+    PLE's window and conv history back in the device's state slots and replays them; the tokens
+    are the CPU engine's without speculation."""
+    import revolta
+
+    cpu, _ = pair
+    d = Path(os.environ.get("REVOLTA_TEST_DATA", "/nonexistent")) / "qwen4exp" / (CASE + "-mtp")
+    if not (d / "mtp.safetensors").exists():
+        import tiny_mtp
+
+        d = tmp_path_factory.mktemp(CASE + "-mtp")
+        model = ref.make_checkpoint(CASE, d)
+        tiny_mtp.add_random_mtp(model, d, seed=7, std=0.1, layer=tiny_mtp.qwen35_moe_layer(model.config))
+    with revolta.LLM(str(d), device="cuda", gpu_memory_utilization=0.0, max_model_len=1024, dtype="float32",
+                     kv_cache_dtype="float32", kv_cache_memory_bytes=64 << 20,
+                     speculative_config={"method": "mtp", "num_speculative_tokens": 3}) as gpu:
+        outs = gpu.generate(PROMPTS, greedy(GEN))
+        s = gpu.engine.stats()
+    assert s.spec_num_drafts > 0 and s.spec_num_accepted_tokens < s.spec_num_draft_tokens
+    for p, out in zip(PROMPTS, outs):
+        assert_greedy_until_near_tie(cpu.generate([p], greedy(GEN, True))[0], out, NEAR_TIE, GEN)

@@ -91,8 +91,6 @@ EnginePlan plan_engine(const EngineConfig& config, const ModelConfig& model_conf
                cfg.kv_cache_dtype, "': device '", cfg.device, "' has no attention kernels for a ", dtype_name(kv_dtype),
                " KV cache yet (use auto or float16)");
   mc.flash.ple_on_disk = cfg.ple_offload == "disk";
-  RV_CHECK_ARG(!p.speculative || mc.flash.ple_layers.empty(), "speculative_config: ", mc.architecture,
-               " with n-gram PLE cannot roll its PLE state back after rejected drafts yet; serve it without speculation");
   p.groups = cache_specs_for(rank_config(mc, p.world, p.expert_parallel),
                              SpeculativeCacheNeeds{p.mtp ? mc.num_mtp_layers : 0, p.speculative});
   for (CacheGroupSpec& g : p.groups)
@@ -124,7 +122,7 @@ EnginePlan plan_engine(const EngineConfig& config, const ModelConfig& model_conf
   p.runner.max_model_len = cfg.max_model_len;
   if (p.mtp) p.runner.hidden = HiddenRows::kEvery;  // the MTP layer reads the hidden state of every computed position
   if (p.device == Device::kCUDA && !cfg.enforce_eager) p.runner.graph_batch_sizes = graph_batch_sizes(cfg);
-  p.runner.keep_verify_rows = p.speculative && p.caches.state.num_layers > 0;  // rollback by replaying the recurrences
+  p.runner.keep_verify_rows = p.speculative && !p.caches.state.empty();  // rollback by replaying the recurrences
   // A step queued ahead is one token of each request: it cannot carry drafts.
   p.async_scheduling =
       !p.speculative && (cfg.async_scheduling == "on" || (cfg.async_scheduling == "auto" && p.device != Device::kCPU));

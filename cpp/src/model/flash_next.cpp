@@ -16,8 +16,15 @@
 //
 // Loading reuses the hybrid decoder (hybrid_decoder_lm.h) for attention, DeltaNet and experts; this
 // file loads and runs the rest. The PLE table (ple_table.h) stays off the device, in host memory or
-// in its file's mapping (ple_offload): a step's rows are gathered on the host and uploaded. The checkpoint layout is transformers' (Qwen4ExpForCausalLM, or the
-// language model of Qwen4ExpForConditionalGeneration); its mtp.* layers are not read yet.
+// in its file's mapping (ple_offload): a step's rows are gathered on the host and uploaded. The
+// checkpoint layout is transformers' (Qwen4ExpForCausalLM, or the language model of
+// Qwen4ExpForConditionalGeneration). Its mtp.* block is taken to be Qwen3.5's (fc over the next
+// token's embedding and the hidden state the head reads, one gated-attention layer with its own
+// norms, no hyper-connections), run by the hybrid decoder's mtp_forward.
+//
+// Under speculative decoding a rejected draft's recurrent state is rolled back by replaying the
+// kept rows: DeltaNet from its input projection (the hybrid decoder's replay), PLE's n-gram window
+// from the kept tokens and its conv history from the conv's kept inputs.
 #include <cmath>
 #include <future>
 #include <limits>
@@ -145,6 +152,7 @@ class FlashNextLM final : public HybridDecoderLM {
       }
       flash_.push_back(std::move(L));
     }
+    if (buffer > 0) ple_kept_.resize(flash_.size());
     mixer_ = load_hc(w, prefix_ + "hyper_connection_mixer.", false);
   }
 
@@ -168,12 +176,13 @@ class FlashNextLM final : public HybridDecoderLM {
     // Each PLE layer's rows are gathered from the host table (on another thread for a large step)
     // while the layers before it run (queued on the device, or computed here on the CPU).
     std::vector<std::future<Tensor>> rows(layers_.size());
+    if (b.kept_rows.defined() && !ple_kept_.empty()) keep_tokens(b);
     for (size_t l = 0; l < layers_.size(); ++l)
       if (flash_[l].has_ple) rows[l] = fetch_ple_rows(flash_[l].ple, b, *caches.state, T);
     for (size_t l = 0; l < layers_.size(); ++l) {
       const Layer& L = layers_[l];
       const FlashLayer& F = flash_[l];
-      if (F.has_ple) ple(F.ple, rows[l].get(), b, *caches.state, streams);
+      if (F.has_ple) ple(F.ple, rows[l].get(), b, *caches.state, streams, ple_kept_[l]);
       Tensor logits;
       Tensor x = mix(F.attn_hc, streams, &logits);
       Tensor y = L.linear ? deltanet_sigmoid(L, b, *caches.state, x) : indexed_attention(L, F.indexer, b, *caches.kv, x);
@@ -184,6 +193,29 @@ class FlashNextLM final : public HybridDecoderLM {
     }
     Tensor x = mix(mixer_, streams, nullptr);
     return final_outputs(x, b, head_);
+  }
+
+  void replay_states(const Tensor& rows, const Tensor& seq_starts, const Tensor& seq_slots, ModelCaches& caches) override {
+    if (cfg_.num_linear_layers() > 0) HybridDecoderLM::replay_states(rows, seq_starts, seq_slots, caches);
+    if (ple_kept_.empty()) return;
+    const FlashNextConfig& f = cfg_.flash;
+    const int64_t R = rows.numel();
+    const Tensor picked = rows.to(Device::kCPU);
+    Tensor ids = Tensor::uninitialized({R}, DType::kI32);
+    for (int64_t i = 0; i < R; ++i) ids.ptr<int32_t>()[i] = kept_tokens_.ptr<int32_t>()[picked.ptr<int32_t>()[i]];
+    ids = ids.to(device_);
+    StateCache& states = *caches.state;
+    for (size_t l = 0; l < flash_.size(); ++l) {
+      if (!flash_[l].has_ple) continue;
+      const Ple& e = flash_[l].ple;
+      RV_CHECK(ple_kept_[l].defined(), "replay_states: the last forward kept no PLE rows");
+      Tensor unused = Tensor::uninitialized({R, f.ple_heads()}, DType::kI32, device_);
+      ops::ngram_rows(ids, e.hash, states.buffers[e.window_buffer], seq_starts, seq_slots, unused);
+      Tensor x = Tensor::uninitialized({R, ple_kept_[l].size(1)}, DType::kF32, device_);
+      ops::gather_rows(ple_kept_[l], rows, x);
+      Tensor out = Tensor::uninitialized(x.shape(), DType::kF32, device_);
+      ops::causal_conv1d(x, e.conv, states.buffers[e.conv_buffer], seq_starts, seq_slots, out, true);
+    }
   }
 
   void place(Device device) override {
@@ -290,7 +322,15 @@ class FlashNextLM final : public HybridDecoderLM {
     });
   }
 
-  void ple(const Ple& e, const Tensor& emb, const ForwardBatch& b, StateCache& states, Tensor& streams) {
+  // The tokens of a verify step's kept rows, on the host (PLE's window replays through them).
+  void keep_tokens(const ForwardBatch& b) {
+    const Tensor ids = b.token_ids.to(Device::kCPU), rows = b.kept_rows.to(Device::kCPU);
+    kept_tokens_ = Tensor::uninitialized({rows.numel()}, DType::kI32);
+    for (int64_t i = 0; i < rows.numel(); ++i) kept_tokens_.ptr<int32_t>()[i] = ids.ptr<int32_t>()[rows.ptr<int32_t>()[i]];
+  }
+
+  // kept: the conv's input rows of a verify step's kept rows, for replay_states.
+  void ple(const Ple& e, const Tensor& emb, const ForwardBatch& b, StateCache& states, Tensor& streams, Tensor& kept) {
     const FlashNextConfig& f = cfg_.flash;
     const int64_t T = streams.size(0), E = cfg_.hidden_size;
     const float eps = cfg_.rms_norm_eps;
@@ -303,6 +343,10 @@ class FlashNextLM final : public HybridDecoderLM {
     Tensor gated = Tensor::uninitialized(streams.shape(), DType::kF32, dev);
     ops::ple_gate(key, query, value, gated);
     ops::group_rms_norm(gated, e.norm_conv, E, eps, query);  // (query's storage reused)
+    if (b.kept_rows.defined()) {
+      kept = Tensor::uninitialized({b.kept_rows.numel(), query.size(1)}, DType::kF32, dev);
+      ops::gather_rows(query, b.kept_rows, kept);
+    }
     Tensor conv = Tensor::uninitialized(streams.shape(), DType::kF32, dev);
     ops::causal_conv1d(query, e.conv, states.buffers[e.conv_buffer], b.seq_starts, b.seq_state_slots, conv, true);
     ops::accumulate(streams, gated);
@@ -343,10 +387,7 @@ class FlashNextLM final : public HybridDecoderLM {
 
   // The DeltaNet block with its output gate as the config names it (Flash-Next: sigmoid).
   Tensor deltanet_sigmoid(const Layer& L, const ForwardBatch& b, StateCache& states, const Tensor& x) {
-    if (!cfg_.flash.sigmoid_output_gate) {
-      Tensor fused = Tensor::uninitialized({x.size(0), L.gdn.proj.size(0)}, DType::kF32, x.device());
-      return deltanet_block(L, b, states, x, fused);
-    }
+    if (!cfg_.flash.sigmoid_output_gate) return deltanet(L, b, states, x);
     const ModelConfig& c = cfg_;
     const int64_t T = x.size(0), Hk = c.linear_num_key_heads, Hv = c.linear_num_value_heads;
     const int64_t Dk = c.linear_key_head_dim, Dv = c.linear_value_head_dim;
@@ -354,6 +395,7 @@ class FlashNextLM final : public HybridDecoderLM {
     const Device dev = x.device();
     const size_t layer = size_t(L.cache_index);
     Tensor fused = project(x, L.gdn.proj);
+    keep_inputs(L, b, fused);  // (the state update does not depend on the output gate)
     Tensor conv_out = Tensor::uninitialized({T, conv_dim}, DType::kF32, dev);
     Tensor g = Tensor::uninitialized({T, Hv}, DType::kF32, dev), beta = Tensor::uninitialized({T, Hv}, DType::kF32, dev);
     ops::gdn_gates(fused, conv_dim + value_dim, L.gdn.neg_a, L.gdn.dt_bias, beta, g);
@@ -383,6 +425,8 @@ class FlashNextLM final : public HybridDecoderLM {
 
   std::vector<FlashLayer> flash_;
   HyperConnection mixer_;
+  std::vector<Tensor> ple_kept_;  // per layer (PLE layers only): its conv's kept input rows
+  Tensor kept_tokens_;            // the last verify step's kept tokens, on the host
 };
 
 }  // namespace

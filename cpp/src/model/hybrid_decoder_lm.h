@@ -130,11 +130,12 @@ class HybridDecoderLM : public DecoderBase {
     for (int32_t l = 0; l < c.num_layers; ++l) {
       const bool linear = c.linear_layers.empty() ? false : bool(c.linear_layers[size_t(l)]);
       const int32_t index = linear ? n_lin++ : n_attn++;
-      layers_.push_back(load_layer(w, prefix_ + "layers." + std::to_string(l) + ".", linear, index, c.is_moe_layer(l)));
+      layers_.push_back(load_layer(w, prefix_ + "layers." + std::to_string(l) + ".", linear, index, c.is_moe_layer(l),
+                                   !o.hyper_connections));
       bytes_ += layer_bytes(layers_.back());
     }
     // A config may name MTP layers that a checkpoint (a converted or a tiny one) does not carry.
-    if (c.num_mtp_layers > 0 && w.has("mtp.fc.weight") && !o.hyper_connections) load_mtp(w, n_attn);
+    if (c.num_mtp_layers > 0 && w.has("mtp.fc.weight")) load_mtp(w, n_attn);
     size_t skipped = 0;
     for (const auto& name : w.names()) skipped += name.find("visual.") != std::string::npos;
     if (skipped)
@@ -249,12 +250,13 @@ class HybridDecoderLM : public DecoderBase {
     return opts_.one_plus_norm ? plus_one(t) : t;
   }
 
-  Layer load_layer(const WeightLoader& w, const std::string& p, bool linear, int32_t cache_index, bool moe) {
+  // norms: the layer's own input and post-attention norms (not where hyper-connections replace them).
+  Layer load_layer(const WeightLoader& w, const std::string& p, bool linear, int32_t cache_index, bool moe, bool norms) {
     const int64_t H = cfg_.hidden_size;
     Layer L;
     L.linear = linear;
     L.cache_index = cache_index;
-    if (!opts_.hyper_connections) {
+    if (norms) {
       L.input_norm = norm_weight(w, p + "input_layernorm.weight", H);
       L.post_norm = norm_weight(w, p + "post_attention_layernorm.weight", H);
     }
@@ -281,7 +283,7 @@ class HybridDecoderLM : public DecoderBase {
     for (int32_t i = 0; i < cfg_.num_mtp_layers; ++i) {
       const std::string p = "mtp.layers." + std::to_string(i) + ".";
       const bool moe = cfg_.num_experts > 0 && w.has(p + "mlp.gate.weight");
-      mtp_.layers.push_back(load_layer(w, p, false, num_attention_layers + i, moe));
+      mtp_.layers.push_back(load_layer(w, p, false, num_attention_layers + i, moe, /*norms=*/true));
       bytes_ += layer_bytes(mtp_.layers.back());
     }
     std::fprintf(stderr, "revolta: %d multi-token-prediction layer(s) (mtp.*) ready for speculative decoding\n",
@@ -520,13 +522,17 @@ class HybridDecoderLM : public DecoderBase {
   Tensor deltanet(const Layer& L, const ForwardBatch& b, StateCache& states, const Tensor& x) {
     Tensor fused = Tensor::uninitialized({x.size(0), L.gdn.proj.size(0)}, DType::kF32, x.device());
     Tensor y = deltanet_block(L, b, states, x, fused);
-    if (b.kept_rows.defined()) {
-      const size_t layer = size_t(L.cache_index);
-      kept_.resize(std::max(kept_.size(), layer + 1));
-      kept_[layer] = Tensor::uninitialized({b.kept_rows.numel(), fused.size(1)}, DType::kF32, fused.device());
-      ops::gather_rows(fused, b.kept_rows, kept_[layer]);
-    }
+    keep_inputs(L, b, fused);
     return y;
+  }
+
+  // A verify step's rows of a DeltaNet block's input projection, which replay_states reads.
+  void keep_inputs(const Layer& L, const ForwardBatch& b, const Tensor& fused) {
+    if (!b.kept_rows.defined()) return;
+    const size_t layer = size_t(L.cache_index);
+    kept_.resize(std::max(kept_.size(), layer + 1));
+    kept_[layer] = Tensor::uninitialized({b.kept_rows.numel(), fused.size(1)}, DType::kF32, fused.device());
+    ops::gather_rows(fused, b.kept_rows, kept_[layer]);
   }
 
   Tensor deltanet_block(const Layer& L, const ForwardBatch& b, StateCache& states, const Tensor& x, Tensor& fused) {
