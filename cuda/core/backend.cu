@@ -427,6 +427,25 @@ Staging& device_staging() { return device_state().staging; }
 
 }  // namespace
 
+void cuda_call_failed(const char* expr, const char* file, int line, cudaError_t err) {
+  std::string where = file;
+  where = where.substr(where.rfind('/') + 1);
+  std::string memory;
+  if (err == cudaErrorMemoryAllocation) {
+    cudaGetLastError();
+    size_t free = 0, total = 0;
+    cudaMemGetInfo(&free, &total);
+    size_t cached = 0;
+    {
+      std::lock_guard<std::mutex> lk(device_pool()->mu);
+      cached = device_pool()->cached_bytes;
+    }
+    memory = str_cat(" (device: ", free >> 20, " MiB free of ", total >> 20, " MiB; the engine's pool caches ",
+                     cached >> 20, " MiB of it)");
+  }
+  throw DeviceError(str_cat(expr, " failed at ", where, ":", line, ": ", cudaGetErrorString(err), memory));
+}
+
 int current_device() {
   if (t_device < 0) RV_CUDA_CHECK(cudaGetDevice(&t_device));
   return t_device;
