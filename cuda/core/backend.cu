@@ -372,6 +372,17 @@ class Runtime final : public DeviceRuntime {
     RV_CUDA_CHECK(err);
     return std::make_unique<Graph>(exec, pool);
   }
+  std::shared_ptr<void> pinned_host(size_t bytes) override {
+    void* p = nullptr;
+    RV_CUDA_CHECK(cudaHostAlloc(&p, std::max<size_t>(bytes, 1), cudaHostAllocDefault));
+    return std::shared_ptr<void>(p, [](void* q) { cudaFreeHost(q); });
+  }
+  void host_stage(const void* src, void* in, size_t in_bytes, void (*fn)(void*), void* arg, const void* out, void* dst,
+                  size_t out_bytes) override {
+    RV_CUDA_CHECK(cudaMemcpyAsync(in, src, in_bytes, cudaMemcpyDeviceToHost, stream()));
+    RV_CUDA_CHECK(cudaLaunchHostFunc(stream(), fn, arg));
+    RV_CUDA_CHECK(cudaMemcpyAsync(dst, out, out_bytes, cudaMemcpyHostToDevice, stream()));
+  }
   int device_count() override {
     int n = 0;
     RV_CUDA_CHECK(cudaGetDeviceCount(&n));

@@ -116,41 +116,49 @@ __global__ void token_rows_write_kernel(const float* x, const int32_t* slot, flo
   if (slot[t] >= 0) cache[int64_t(slot[t]) * W + i % W] = x[i];
 }
 
-// The batch layout QSA's kernels read, uploaded once per call: per sequence its first query row,
-// length and first pooled key, then its block table; per token its sequence.
+// The batch layout QSA's kernels read: per sequence its first query row, length and first pooled
+// key, then its block table; per token its sequence. Uploaded once per call, or (a captured graph)
+// the runner's device mirrors, with each sequence's keys at a fixed stride (key_at null).
 struct QsaMeta {
   const int32_t *qs, *lens, *key_at, *tables, *seq_of;
-  int max_blocks, block_size;
+  int max_blocks, block_size, key_stride;
 };
 
-// One block per (complete block of a sequence): the mean of its raw key rows, normalised, rotated
-// to the block start. blockDim: D rounded up to whole warps.
+__device__ __forceinline__ int64_t first_key(const QsaMeta& m, int s) {
+  return m.key_at ? int64_t(m.key_at[s]) : int64_t(s) * m.key_stride;
+}
+
+// Blocks (x, s) take the complete blocks x, x + gridDim.x, ... of sequence s: the mean of its raw
+// key rows, normalised, rotated to the block start. blockDim: D rounded up to whole warps.
 __global__ void qsa_keys_kernel(const float* rows, QsaMeta m, const float* k_norm, const float* cos, const float* sin,
                                 int half, int D, int ratio, float eps, float* keys) {
-  const int s = blockIdx.y, blk = blockIdx.x;
+  const int s = blockIdx.y;
   const int nb = m.lens[s] / ratio;
-  if (blk >= nb) return;
   extern __shared__ float key[];
-  const int d = threadIdx.x;
-  float v = 0.0f;
-  if (d < D) {
-    for (int j = blk * ratio; j < (blk + 1) * ratio; ++j) {
-      const int64_t slot = int64_t(m.tables[int64_t(s) * m.max_blocks + j / m.block_size]) * m.block_size + j % m.block_size;
-      v += rows[slot * D + d];
-    }
-    v /= float(ratio);
-  }
   __shared__ float sums[32];
   __shared__ float total;
-  const float inv = rsqrtf(block_sum(v * v, sums, total) / float(D) + eps);
-  if (d < D) key[d] = v * inv * k_norm[d];
-  __syncthreads();
-  if (d >= D) return;
-  const int64_t p = int64_t(blk) * ratio;
-  float out = key[d];
-  if (d < half) out = key[d] * cos[p * half + d] - key[d + half] * sin[p * half + d];
-  else if (d < 2 * half) out = key[d] * cos[p * half + d - half] + key[d - half] * sin[p * half + d - half];
-  keys[(int64_t(m.key_at[s]) + blk) * D + d] = out;
+  const int d = threadIdx.x;
+  for (int blk = blockIdx.x; blk < nb; blk += gridDim.x) {
+    float v = 0.0f;
+    if (d < D) {
+      for (int j = blk * ratio; j < (blk + 1) * ratio; ++j) {
+        const int64_t slot = int64_t(m.tables[int64_t(s) * m.max_blocks + j / m.block_size]) * m.block_size + j % m.block_size;
+        v += rows[slot * D + d];
+      }
+      v /= float(ratio);
+    }
+    const float inv = rsqrtf(block_sum(v * v, sums, total) / float(D) + eps);
+    if (d < D) key[d] = v * inv * k_norm[d];
+    __syncthreads();
+    if (d < D) {
+      const int64_t p = int64_t(blk) * ratio;
+      float out = key[d];
+      if (d < half) out = key[d] * cos[p * half + d] - key[d + half] * sin[p * half + d];
+      else if (d < 2 * half) out = key[d] * cos[p * half + d - half] + key[d - half] * sin[p * half + d - half];
+      keys[(first_key(m, s) + blk) * D + d] = out;
+    }
+    __syncthreads();  // key[] and the sums are rewritten by the next block
+  }
 }
 
 __device__ __forceinline__ uint32_t ordered(float f) {
@@ -195,7 +203,7 @@ __global__ void __launch_bounds__(kThreads) qsa_select_kernel(const float* q, co
   float* sc = scores + int64_t(t) * score_stride;
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   for (int blk = warp; blk < visible; blk += kThreads / 32) {
-    const float* key = keys + (int64_t(m.key_at[s]) + blk) * D;
+    const float* key = keys + (first_key(m, s) + blk) * D;
     float total = 0.0f;
     for (int h = 0; h < heads; ++h) {
       float d = 0.0f;
@@ -309,6 +317,14 @@ struct QsaLayout {
 
 QsaLayout qsa_layout(const ops::AttentionBatch& b, int64_t T, int ratio) {
   const int S = b.num_seqs;
+  if (b.decode_only && b.dev_query_start) {  // a captured graph's: nothing planned from host arrays
+    QsaLayout l;
+    l.max_keys = b.max_seq_len / ratio;
+    l.total_keys = S * l.max_keys;
+    l.meta = {b.dev_query_start, b.dev_seq_lens, nullptr, b.dev_block_tables, b.dev_token_seq, b.max_blocks_per_seq,
+              b.block_size, l.max_keys};
+    return l;
+  }
   std::vector<int32_t> host;
   host.insert(host.end(), b.query_start, b.query_start + S + 1);
   host.insert(host.end(), b.seq_lens, b.seq_lens + S);
@@ -326,7 +342,7 @@ QsaLayout qsa_layout(const ops::AttentionBatch& b, int64_t T, int ratio) {
   RV_CUDA_CHECK(cudaMemcpyAsync(l.dev.data(), host.data(), host.size() * 4, cudaMemcpyHostToDevice, stream()));
   const int32_t* d = l.dev.ptr<int32_t>();
   l.meta = {d, d + S + 1, d + 2 * S + 1, d + 3 * S + 1, d + 3 * S + 1 + int64_t(S) * b.max_blocks_per_seq,
-            b.max_blocks_per_seq, b.block_size};
+            b.max_blocks_per_seq, b.block_size, 0};
   return l;
 }
 
@@ -418,8 +434,11 @@ void qsa_select(const Tensor& q, const Tensor& key_rows, const ops::QsaIndex& in
   QsaLayout l = qsa_layout(b, T, index.ratio);
   Tensor keys = Tensor::uninitialized({std::max(1, l.total_keys), D}, DType::kF32, Device::kCUDA);
   const int threads = int((D + 31) / 32 * 32), half = index.rope->rotary_dim / 2;
+  // Enough blocks to fill the device at one sequence, fewer a sequence at many (a graph's bound on
+  // the keys is max_seq_len's, most of which a short context leaves idle).
+  const int per_seq = std::min(l.max_keys, std::max(1, 4096 / std::max(1, b.num_seqs)));
   if (l.max_keys > 0)
-    qsa_keys_kernel<<<dim3(unsigned(l.max_keys), unsigned(b.num_seqs)), threads, size_t(D) * 4, stream()>>>(
+    qsa_keys_kernel<<<dim3(unsigned(per_seq), unsigned(b.num_seqs)), threads, size_t(D) * 4, stream()>>>(
         key_rows.ptr<float>(), l.meta, index.k_norm->ptr<float>(), index.rope->cos.ptr<float>(),
         index.rope->sin.ptr<float>(), half, int(D), index.ratio, index.eps, keys.ptr<float>());
   Tensor scores = Tensor::uninitialized({T, std::max(1, l.max_keys)}, DType::kF32, Device::kCUDA);

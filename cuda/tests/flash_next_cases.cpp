@@ -98,8 +98,12 @@ void test_token_rows_write(int64_t T, int64_t W) {
 
 // QSA over a ragged batch: the indexer's block choice (a tie made by two blocks with equal raw
 // keys), then the sparse attention on the CPU's choice, float32 and float16 caches, with the gate.
-void test_qsa(std::vector<std::pair<int, int>> seqs, int heads, int D, int ratio, int top, int H, int KVH, int HD) {
+// graph: a decode batch as a recorded step hands it (the runner's device metadata, bounded by a
+// max_model_len of 4096), which the kernels read instead of uploading the host arrays.
+void test_qsa(std::vector<std::pair<int, int>> seqs, int heads, int D, int ratio, int top, int H, int KVH, int HD,
+              bool graph = false) {
   TestBatch tb(seqs, 16);
+  if (graph) tb.on_device(4096);
   const int T = tb.T;
   const ops::AttentionBatch& b = tb.b;
   Tensor q = random_tensor({T, heads, D}), rows = random_tensor({tb.total_blocks, 16, D}), norm = random_tensor({D});
@@ -120,7 +124,7 @@ void test_qsa(std::vector<std::pair<int, int>> seqs, int heads, int D, int ratio
   ops::cpu::qsa_select(q, rows, hi, b, blocks);
   ops::qsa_select(cuda::to_device(q), cuda::to_device(rows), di, b, dblocks);
   const std::string tag = std::to_string(seqs.size()) + " seqs " + std::to_string(T) + " tokens r" + std::to_string(ratio) +
-                          " top" + std::to_string(top);
+                          " top" + std::to_string(top) + (graph ? " graph" : "");
   report("qsa_select " + tag + " (mismatches)", float(mismatches(cuda::to_host(dblocks), blocks)), 0.0f);
 
   Tensor aq = random_tensor({T, H, HD}), gate = random_tensor({T, H * HD + 9}, DType::kF32, 2.0f);
@@ -152,6 +156,7 @@ void run_flash_next_cases() {
   test_token_rows_write(9, 128);
   test_qsa({{300, 1}, {40, 1}, {0, 70}, {17, 5}}, 16, 128, 4, 8, 16, 2, 256);  // decode, prefill, chunks
   test_qsa({{3000, 1}, {2, 3}}, 4, 64, 8, 300, 8, 2, 128);  // a budget past the visible blocks
+  test_qsa({{300, 1}, {40, 1}, {4000, 1}, {3, 1}, {0, 1}}, 16, 128, 4, 8, 16, 2, 256, true);
 }
 
 }  // namespace revolta::harness

@@ -130,3 +130,22 @@ def test_mtp_speculation_keeps_the_cpu_tokens(pair, tmp_path_factory):
     assert s.spec_num_drafts > 0 and s.spec_num_accepted_tokens < s.spec_num_draft_tokens
     for p, out in zip(PROMPTS, outs):
         assert_greedy_until_near_tie(cpu.generate([p], greedy(GEN, True))[0], out, NEAR_TIE, GEN)
+
+
+@pytest.mark.parametrize("ple_offload", ["host", "disk"])
+def test_decode_graphs_give_the_eager_tokens(pair, tmp_path_factory, ple_offload):
+    """Decode steps replay recorded graphs (PLE's gather a host stage in them, QSA on the runner's
+    device metadata) and give the tokens of the same engine without graphs, from the table in
+    host memory and in its file's mapping."""
+    import revolta
+
+    d = checkpoint(tmp_path_factory)
+    common = dict(device="cuda", gpu_memory_utilization=0.0, max_model_len=1024, kv_cache_memory_bytes=64 << 20,
+                  max_num_seqs=8, dtype="float32", kv_cache_dtype="float32", ple_offload=ple_offload)
+    outs, replays = {}, {}
+    for eager in (True, False):
+        with revolta.LLM(d, enforce_eager=eager, **common) as llm:
+            outs[eager] = [o.outputs[0].token_ids for o in llm.generate(PROMPTS, greedy(GEN))]
+            replays[eager] = llm.engine.stats().graph_replays
+    assert replays[True] == 0 and replays[False] >= GEN - 2
+    assert outs[False] == outs[True]

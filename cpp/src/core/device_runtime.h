@@ -70,6 +70,14 @@ struct DeviceRuntime {
   virtual std::shared_ptr<GraphMemory> graph_memory() = 0;
   virtual std::unique_ptr<DeviceGraph> capture(const std::function<void()>& work,
                                                const std::shared_ptr<GraphMemory>& shared = nullptr) = 0;
+  // Page-locked host memory, freed when the last reference goes.
+  virtual std::shared_ptr<void> pinned_host(size_t bytes) = 0;
+  // Host work in the device's work order, recorded like a kernel while a graph is captured: the
+  // `in_bytes` at device `src` copied into host `in`, then fn(arg) on a runtime thread (which may
+  // not call the device), then the `out_bytes` at host `out` copied to device `dst`. in and out are
+  // pinned_host() memory; they and arg outlive every replay of a graph that records them.
+  virtual void host_stage(const void* src, void* in, size_t in_bytes, void (*fn)(void*), void* arg, const void* out,
+                          void* dst, size_t out_bytes) = 0;
   // Devices of this kind on the machine, and the one the calling thread's work, memory and graphs
   // go to from now on (0 until a thread chooses: a tensor-parallel rank's thread takes its rank's).
   virtual int device_count() = 0;

@@ -27,8 +27,10 @@
 // from the kept tokens and its conv history from the conv's kept inputs.
 #include <cmath>
 #include <future>
+#include <map>
 #include <limits>
 
+#include "core/device_runtime.h"
 #include "core/error.h"
 #include "model/hybrid_decoder_lm.h"
 #include "model/ple_table.h"
@@ -158,8 +160,10 @@ class FlashNextLM final : public HybridDecoderLM {
 
   CacheSpecs cache_specs() const override { return cache_specs_for(cfg_); }
 
-  // No step is recorded as a graph: PLE's rows go through host memory, and QSA plans on the host.
-  int32_t max_captured_batch() const override { return 0; }
+  // Decode steps are recorded as graphs: PLE's gather is a host stage in them (DeviceRuntime::
+  // host_stage) and QSA reads the runner's device metadata. A verify step keeps its tokens for
+  // PLE's replay on the host, so it is not recorded where the model has PLE.
+  bool captures_verify_steps() const override { return ple_kept_.empty(); }
 
   ForwardOutput forward(const ForwardBatch& b, ModelCaches& caches) override {
     const FlashNextConfig& f = cfg_.flash;
@@ -168,17 +172,16 @@ class FlashNextLM final : public HybridDecoderLM {
     // Every stream starts as the token's embedding.
     Tensor x0 = Tensor::uninitialized({T, E}, DType::kF32, dev);
     ops::embedding(b.token_ids, head_.embed, x0);
-    Tensor rep = Tensor::uninitialized({T * hc}, DType::kI32);
-    for (int64_t i = 0; i < T * hc; ++i) rep.ptr<int32_t>()[i] = int32_t(i / hc);
     Tensor streams = Tensor::uninitialized({T, hc * E}, DType::kF32, dev);
     Tensor stream_rows = streams.view({T * hc, E});
-    ops::gather_rows(x0, rep.to(dev), stream_rows);
+    ops::gather_rows(x0, stream_sources(T * hc), stream_rows);
     // Each PLE layer's rows are gathered from the host table (on another thread for a large step)
     // while the layers before it run (queued on the device, or computed here on the CPU).
     std::vector<std::future<Tensor>> rows(layers_.size());
     if (b.kept_rows.defined() && !ple_kept_.empty()) keep_tokens(b);
+    const bool graph = b.attention.decode_only && dev != Device::kCPU;  // no host round trip but a host stage
     for (size_t l = 0; l < layers_.size(); ++l)
-      if (flash_[l].has_ple) rows[l] = fetch_ple_rows(flash_[l].ple, b, *caches.state, T);
+      if (flash_[l].has_ple) rows[l] = graph ? staged_ple_rows(l, b, *caches.state, T) : fetch_ple_rows(flash_[l].ple, b, *caches.state, T);
     for (size_t l = 0; l < layers_.size(); ++l) {
       const Layer& L = layers_[l];
       const FlashLayer& F = flash_[l];
@@ -301,6 +304,51 @@ class FlashNextLM final : public HybridDecoderLM {
     ops::hc_mix(normed, mix_logits, x);
     if (logits) *logits = low;
     return x;
+  }
+
+  // Row t * hc + c of the streams is token t's: the source rows of the first streams, on the device,
+  // made for at least a long step's tokens so that a recorded step never makes them.
+  Tensor stream_sources(int64_t n) {
+    if (rep_.numel() < n) {
+      const int64_t hc = cfg_.flash.hc_count, size = std::max<int64_t>(n, 8192 * hc);
+      Tensor rep = Tensor::uninitialized({size}, DType::kI32);
+      for (int64_t i = 0; i < size; ++i) rep.ptr<int32_t>()[i] = int32_t(i / hc);
+      rep_ = rep.to(device_);
+    }
+    return rep_.slice_rows(0, n);
+  }
+
+  // Pinned buffers of one recorded step's PLE gather, and what its host stage reads.
+  struct PleStage {
+    const PleTable* table = nullptr;
+    std::shared_ptr<void> ids, rows;
+    int64_t count = 0;
+    static void run(void* p) {
+      auto* s = static_cast<PleStage*>(p);
+      s->table->gather(static_cast<const int32_t*>(s->ids.get()), s->count, static_cast<float*>(s->rows.get()));
+    }
+  };
+
+  // A recorded step's rows: n-gram ids down, the gather on a runtime thread, rows up, all in the
+  // device's work order (each graph keeps its own stage: its pinned buffers are in the graph).
+  std::future<Tensor> staged_ple_rows(size_t layer, const ForwardBatch& b, StateCache& states, int64_t T) {
+    const Ple& e = flash_[layer].ple;
+    const int64_t heads = cfg_.flash.ple_heads(), hd = cfg_.flash.ple_embed_dim / heads, n = T * heads;
+    Tensor ids = Tensor::uninitialized({T, heads}, DType::kI32, device_);
+    ops::ngram_rows(b.token_ids, e.hash, states.buffers[e.window_buffer], b.seq_starts, b.seq_state_slots, ids);
+    std::unique_ptr<PleStage>& stage = ple_stages_[{layer, T}];
+    DeviceRuntime& rt = device_runtime(device_);
+    if (!stage) {
+      stage = std::make_unique<PleStage>();
+      stage->table = &e.table, stage->count = n;
+      stage->ids = rt.pinned_host(size_t(n) * 4), stage->rows = rt.pinned_host(size_t(n * hd) * 4);
+    }
+    Tensor emb = Tensor::uninitialized({n, hd}, DType::kF32, device_);
+    rt.host_stage(ids.data(), stage->ids.get(), size_t(n) * 4, &PleStage::run, stage.get(), stage->rows.get(), emb.data(),
+                  size_t(n * hd) * 4);
+    std::promise<Tensor> ready;
+    ready.set_value(emb);
+    return ready.get_future();
   }
 
   // The step's table rows [T * heads, hd] in host memory, gathered on another thread when large. The n-gram
@@ -427,6 +475,8 @@ class FlashNextLM final : public HybridDecoderLM {
   HyperConnection mixer_;
   std::vector<Tensor> ple_kept_;  // per layer (PLE layers only): its conv's kept input rows
   Tensor kept_tokens_;            // the last verify step's kept tokens, on the host
+  Tensor rep_;                    // stream_sources
+  std::map<std::pair<size_t, int64_t>, std::unique_ptr<PleStage>> ple_stages_;  // by (layer, step tokens)
 };
 
 }  // namespace

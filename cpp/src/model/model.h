@@ -76,6 +76,8 @@ class CausalLM {
   // The largest decode batch whose forward stays on the device (no host round trip), so that a
   // graph can record it.
   virtual int32_t max_captured_batch() const { return 1 << 30; }
+  // Whether a verify step (several tokens a sequence, rows kept for replay_states) may be recorded.
+  virtual bool captures_verify_steps() const { return true; }
 };
 
 // An E4M3 cache's per-layer scales (the checkpoint's, CausalLM::kv_scales, or measured ones; other

@@ -175,7 +175,8 @@ bool ModelRunner::graphs_enabled() const {
 }
 
 bool ModelRunner::capturable(int32_t size, int32_t q) const {
-  return q <= kMaxGraphTokensPerSequence && size * q <= model_.max_captured_batch();
+  return q <= kMaxGraphTokensPerSequence && size * q <= model_.max_captured_batch() &&
+         (q == 1 || model_.captures_verify_steps());
 }
 
 int32_t ModelRunner::capture_graphs(int32_t tokens_per_sequence) {
