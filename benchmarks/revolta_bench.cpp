@@ -240,6 +240,7 @@ std::pair<double, int64_t> run_decode(Engine& e, const std::vector<std::vector<i
       total += int64_t(o.tokens.size());
       for (const auto& t : o.tokens) tokens[o.request_id].push_back(t.token);
       finished += o.finished;
+      if (!o.error.empty()) throw std::runtime_error("request " + std::to_string(o.request_id) + " failed: " + o.error);
     }
     if (!timing && got.size() == ids.size()) timing = true, t0 = Clock::now(), at_t0 = total;
   }
