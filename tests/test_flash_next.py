@@ -234,3 +234,17 @@ def test_a_large_step_gathers_its_ple_rows_on_another_thread(tmp_path):
         expected = [hf_greedy(model, p, 4) for p in prompts]
     with LLM(str(tmp_path), kv_cache_memory_bytes=16 << 20, max_num_batched_tokens=2048) as llm:
         assert [list(o.outputs[0].token_ids) for o in llm.generate(prompts, greedy(4))] == expected
+
+
+def test_the_cache_budget_an_error_asks_for_is_enough(tmp_path):
+    """A budget too small for one request of max_model_len beside the recurrent states names the
+    least that holds both, and that figure is accepted."""
+    import re
+
+    ref.make_checkpoint("hc2-qsa4-ple", tmp_path)
+    opts = dict(max_model_len=4096, max_num_seqs=8, enable_prefix_caching=False)
+    with pytest.raises(ValueError, match="fewer than one request of max_model_len") as err:
+        LLM(str(tmp_path), kv_cache_memory_bytes=1 << 20, **opts)
+    least = int(re.search(r"at least (\d+) bytes", str(err.value)).group(1))
+    with LLM(str(tmp_path), kv_cache_memory_bytes=least, **opts) as llm:
+        assert llm.generate([[5, 6, 7]], greedy(2))[0].outputs[0].token_ids

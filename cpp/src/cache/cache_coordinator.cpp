@@ -42,7 +42,7 @@ CachePlan plan_caches(const CacheSpecs& groups, const CacheLimits& limits, int64
   p.num_blocks = (budget - p.state_bytes) / p.block_bytes;
   RV_CHECK_ARG(p.num_blocks >= p.need_blocks, option, " (", budget, " bytes for caches) holds ", p.num_blocks,
                " blocks of ", limits.block_size, " tokens, fewer than one request of max_model_len (", limits.max_model_len,
-               ") needs; raise ", option, " to at least ", p.need_blocks * p.block_bytes, " bytes or lower max_model_len");
+               ") needs beside the recurrent states; raise ", option, " to at least ", p.min_bytes(), " bytes or lower max_model_len");
   // Blocks also index prefix-cache hashes and state snapshots, so a model without attention
   // layers (KV bytes 0) still gets a pool: enough for every sequence at full length, twice.
   if (p.kv.bytes_per_token() + p.rows.bytes_per_token() == 0) p.num_blocks = std::min(p.num_blocks, int64_t(2) * limits.max_num_seqs * p.need_blocks);
