@@ -1,6 +1,7 @@
 // Construction and sleep: the engine becomes what plan_engine decided (models loaded, then the
 // serving parts); sleep frees the serving parts (level 2 the models too), wake_up builds them again
 // with the same code.
+#include <cstdio>
 #include <filesystem>
 #include <thread>
 #if defined(__GLIBC__)  // (defined by the headers above)
@@ -52,7 +53,16 @@ Engine::Impl::Impl(const EngineConfig& c) : cfg(c), seed_source(c.seed) {
                " its config names (no mtp.* tensors); use 'ngram'");
   if (speculative) make_speculation();
   CachePlan plan = p.caches;
-  if (p.by_utilization) plan.shrink_to(cache_budget_after_load(p, measure_memory(dev)));  // what the weights really left
+  if (p.by_utilization) {  // what the weights really left
+    const DeviceMemory after = measure_memory(dev);
+    const int64_t budget = cache_budget_after_load(p, after);
+    plan.shrink_to(budget);
+    std::fprintf(stderr, "revolta: device memory %lld MiB, %lld MiB in use after loading %lld MiB of weights; %lld MiB "
+                 "kept for activations, %lld MiB for the caches (gpu_memory_utilization %.2f)\n",
+                 (long long)(after.total >> 20), (long long)((after.total - after.free) >> 20),
+                 (long long)(model->weight_bytes() >> 20), (long long)(p.activation_bytes >> 20),
+                 (long long)(std::max<int64_t>(0, budget) >> 20), double(cfg.gpu_memory_utilization));
+  }
   kv_scales = model->kv_scales();
   if (cfg.calculate_kv_scales) {  // under TP each rank measures its KV heads; a layer takes the largest
     auto calibrate = [&](CausalLM& m) {
