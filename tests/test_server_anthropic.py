@@ -103,3 +103,17 @@ def test_error_types(server, client):
                    json={"model": "smol", "max_tokens": 8, "messages": [{"role": "user", "content": "x" * 300000}]})
     assert r.status_code == 413 and r.json() == {"type": "error", "error": {"type": "request_too_large", "message": r.json()["error"]["message"]}}
     assert client.messages.create(model="smol", max_tokens=2, messages=MSG).content  # still serving
+
+
+def test_billing_header_block_leaves_the_prefix_cached(client):
+    """Claude Code's first system block (x-anthropic-billing-header, a value per request) is dropped,
+    so two requests that differ only there share their prefix."""
+    text = "You are a careful assistant who answers questions about geography in one short sentence. " * 4
+    usage = []
+    for cch in ("eb6c6", "0aaa9"):
+        system = [{"type": "text", "text": f"x-anthropic-billing-header: cc_version=2.1.100.7b4; cc_entrypoint=cli; cch={cch};"},
+                  {"type": "text", "text": text}]
+        usage.append(client.messages.create(model="smol", max_tokens=1, system=system, messages=MSG, extra_body=T0).usage)
+    n = client.messages.count_tokens(model="smol", system=text, messages=MSG).input_tokens
+    assert usage[0].input_tokens + usage[0].cache_read_input_tokens == n
+    assert usage[1].input_tokens + usage[1].cache_read_input_tokens == n and usage[1].cache_read_input_tokens >= 64

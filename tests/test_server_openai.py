@@ -286,3 +286,23 @@ def test_structured_output_errors_name_the_field(client):
         client.chat.completions.create(model="smol", messages=MSG, max_tokens=8, extra_body={"guided_regex": "(open"})
     assert e.value.body["param"] == "guided_regex"
     assert client.chat.completions.create(model="smol", messages=MSG, temperature=0, max_tokens=4).choices[0].message.content
+
+
+SYSTEM = "You are a careful assistant who answers questions about geography in one short sentence. " * 4
+
+
+def billing_line(cch: str) -> str:
+    return f"x-anthropic-billing-header: cc_version=2.1.100.7b4; cc_entrypoint=cli; cch={cch};"
+
+
+def test_billing_header_line_leaves_the_prefix_cached(client):
+    """Claude Code's first system line changes every request: it is not templated, so two requests
+    that differ only there share their prefix (and count as the request without it)."""
+    plain = client.chat.completions.create(model="smol", messages=[{"role": "system", "content": SYSTEM}] + MSG,
+                                           temperature=0, max_tokens=1).usage
+    usage = []
+    for cch in ("eb6c6", "0aaa9"):
+        messages = [{"role": "system", "content": billing_line(cch) + "\n" + SYSTEM}] + MSG
+        usage.append(client.chat.completions.create(model="smol", messages=messages, temperature=0, max_tokens=1).usage)
+    assert usage[0].prompt_tokens == usage[1].prompt_tokens == plain.prompt_tokens
+    assert usage[1].prompt_tokens_details.cached_tokens >= 64

@@ -175,11 +175,15 @@ class Pipeline:
         for m in req.messages:
             d = m.model_dump(exclude_none=True)
             d.setdefault("content", "")  # an assistant tool-call turn's content: null (templates read .content)
+            system = d["role"] in ("system", "developer")
             if isinstance(d.get("content"), list):
                 parts = d["content"]
                 if any(p.get("type") != "text" for p in parts):
                     raise APIError(400, "only text content parts are supported", param="messages")
-                d["content"] = "".join(p.get("text") or "" for p in parts)
+                texts = [p.get("text") or "" for p in parts]
+                d["content"] = "".join(without_billing_header(t) if system else t for t in texts)
+            elif system and isinstance(d.get("content"), str):
+                d["content"] = without_billing_header(d["content"])
             for call in d.get("tool_calls") or []:
                 fn = call["function"]
                 if isinstance(fn["arguments"], str):
@@ -219,6 +223,18 @@ class Pipeline:
         if bad:
             raise APIError(400, f"token id {bad[0]} is outside the vocabulary", param=param)
         return await asyncio.to_thread(self.tok.decode, ids, False)
+
+
+BILLING_HEADER = "x-anthropic-billing-header:"
+
+
+def without_billing_header(text: str) -> str:
+    """A system text without Claude Code's leading `x-anthropic-billing-header: ...` line, whose
+    value changes every request: left in, it would end every prompt's cached prefix at its start."""
+    if not text.lstrip().startswith(BILLING_HEADER):
+        return text
+    _, _, rest = text.lstrip().partition("\n")
+    return rest
 
 
 def forced_name(tool_choice) -> str | None:

@@ -14,7 +14,7 @@ from revolta.server.errors import APIError, anthropic_error_body
 from revolta.server.generation import Delta
 from revolta.server.requests import ChatCompletionRequest, SamplingFields
 from revolta.server.job import Choice, Job
-from revolta.server.pipeline import Pipeline
+from revolta.server.pipeline import Pipeline, without_billing_header
 from revolta.server.parsers.tool_grammar import tool_call_grammar
 from revolta.server.parsers.tools import assemble
 from revolta.server.anthropic.protocol import CountTokensRequest, MessagesRequest
@@ -50,8 +50,11 @@ class AnthropicServing:
 
     def to_chat(self, req: MessagesRequest | CountTokensRequest) -> ChatCompletionRequest:
         messages: list[dict[str, Any]] = []
-        if req.system:
-            system = req.system if isinstance(req.system, str) else [b.model_dump() for b in req.system]
+        if req.system:  # (each block without Claude Code's billing line: pipeline.without_billing_header)
+            if isinstance(req.system, str):
+                system = without_billing_header(req.system)
+            else:
+                system = [{**b.model_dump(), "text": without_billing_header(b.text or "")} for b in req.system]
             messages.append({"role": "system", "content": _text_of(system)})
         for msg_in in req.messages:
             m = msg_in.model_dump()  # blocks as dicts; their fields were checked by the schema
