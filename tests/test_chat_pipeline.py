@@ -78,8 +78,9 @@ def test_parallel_tool_calls_false_keeps_the_first(think_tokenizer):
     full, chunks, _ = serve(think_tokenizer, one + two, "hermes", parallel_tool_calls=False)
     assert [json.loads(c["function"]["arguments"])["city"] for c in full["choices"][0]["message"]["tool_calls"]] == ["A"]
     assert [json.loads(c["arguments"])["city"] for c in merge_stream(chunks)[2]] == ["A"]
-    full, _, _ = serve(think_tokenizer, one + two, "hermes")
-    assert len(full["choices"][0]["message"]["tool_calls"]) == 2
+    for default in ({}, {"parallel_tool_calls": None}):  # null is the API's default, parallel calls
+        full, _, _ = serve(think_tokenizer, one + two, "hermes", **default)
+        assert len(full["choices"][0]["message"]["tool_calls"]) == 2
 
 
 def test_tool_choice_none_and_thinking_off(think_tokenizer):

@@ -306,3 +306,16 @@ def test_billing_header_line_leaves_the_prefix_cached(client):
         usage.append(client.chat.completions.create(model="smol", messages=messages, temperature=0, max_tokens=1).usage)
     assert usage[0].prompt_tokens == usage[1].prompt_tokens == plain.prompt_tokens
     assert usage[1].prompt_tokens_details.cached_tokens >= 64
+
+
+def test_errors_name_the_real_problem(server):
+    """A non-finite number is not 'above 2', and two guided_* fields name the first of them."""
+    r = httpx.post(server.url + "/v1/chat/completions", headers={"Authorization": f"Bearer {KEY}",
+                   "Content-Type": "application/json"},
+                   content='{"model": "smol", "messages": [{"role": "user", "content": "hi"}], "temperature": NaN}')
+    assert r.status_code == 400 and r.json()["error"]["param"] == "temperature"
+    assert "finite number" in r.json()["error"]["message"]
+    status, body = error_of(server, "/v1/chat/completions", {"messages": MSG, "guided_json": {"type": "object"},
+                                                             "guided_regex": "a+"})
+    assert status == 400 and body["error"]["param"] == "guided_json"
+    assert "guided_json and guided_regex exclude each other" in body["error"]["message"]

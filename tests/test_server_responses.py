@@ -64,5 +64,11 @@ def test_errors(client):
         client.responses.create(model="smol", input="hi", previous_response_id="resp_123")
     with pytest.raises(openai.NotFoundError):
         client.responses.create(model="other", input="hi")
+    with pytest.raises(openai.BadRequestError, match="input: List should have at least 1 item"):
+        client.responses.create(model="smol", input=[])  # (not an empty user turn)
+    with pytest.raises(openai.BadRequestError, match="input.0: type 'web_search_call' is not one this server takes"):
+        client.responses.create(model="smol", input=[{"type": "web_search_call", "id": "ws_1", "status": "completed"}])
+    with pytest.raises(openai.BadRequestError, match="tools.0.type: 'web_search' tools are not run by this server"):
+        client.responses.create(model="smol", input="hi", tools=[{"type": "web_search"}])
     with pytest.raises(openai.BadRequestError, match="input_image"):
         client.responses.create(model="smol", input=[{"role": "user", "content": [{"type": "input_image", "image_url": "http://x/y.png"}]}])

@@ -147,7 +147,7 @@ def from_request(response_format: dict[str, Any] | None, guided_json=None, guide
     if kind != "text" and extras:
         raise ValueError(f"response_format and {', '.join(extras)} exclude each other")
     if len(extras) > 1:
-        raise ValueError(f"give one of {', '.join(extras)}")
+        raise ValueError(f"{' and '.join(extras)} exclude each other: give one of them")
     if kind == "json_object":
         return GuidedDecodingParams(json_object=True, field_name="response_format")
     if kind == "json_schema":

@@ -23,7 +23,7 @@ from revolta.models.tokenizer import ChatTemplateError, Tokenizer
 from revolta.server.anthropic.protocol import CountTokensRequest, MessagesRequest
 from revolta.server.anthropic.serving import AnthropicServing
 from revolta.server.async_engine import AsyncEngine
-from revolta.server.errors import APIError, error_response, json_error
+from revolta.server.errors import APIError, body_location, error_message, error_response, json_error, telling_error
 from revolta.server.guard import RequestGuard
 from revolta.server.job import ClientGone
 from revolta.server.metrics import Metrics
@@ -97,8 +97,9 @@ def create_app(engine: AsyncEngine, tokenizer: Tokenizer, served_names: list[str
                   f"character {first.get('loc', (None, '?'))[-1]})"
             log.info("rejected request: %s", msg)
             return json_error(request.url.path, 400, msg)
-        param = ".".join(str(x) for x in first.get("loc", ())[1:]) or None
-        msg = f"{param}: {first.get('msg', 'invalid request')}" if param else str(first.get("msg", "invalid request"))
+        first = telling_error(e.errors())
+        param = ".".join(str(x) for x in body_location(first)) or None
+        msg = f"{param}: {error_message(first)}" if param else error_message(first)
         log.info("rejected request: %s", msg)
         return json_error(request.url.path, 400, msg, param=param)
 

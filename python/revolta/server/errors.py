@@ -57,3 +57,30 @@ def json_error(path: str, status: int, message: str, param: str | None = None, c
 def sse_error(e: APIError) -> str:
     """The OpenAI APIs' error in a stream that has started: an error chunk, then the end marker."""
     return "data: " + json.dumps(error_body(e.status, e.message, e.param, e.code), ensure_ascii=False) + "\n\ndata: [DONE]\n\n"
+
+
+# Request-body validation errors as one 400: pydantic reports each member of a union that failed
+# (a string `input` that is a list also fails as a string); the body's own problem is the deepest
+# error that is not another member's type mismatch, located without pydantic's member labels.
+
+
+def _is_member_label(part) -> bool:
+    return isinstance(part, str) and (part in ("str", "int", "float", "bool", "list", "dict", "none") or "[" in part)
+
+
+def body_location(err: dict) -> list:
+    loc = list(err.get("loc", ()))
+    if loc and loc[0] == "body":
+        loc = loc[1:]
+    return [x for x in loc if not _is_member_label(x)]
+
+
+def telling_error(errors: list[dict]) -> dict:
+    return max(errors, key=lambda e: (len(body_location(e)), not str(e.get("type", "")).endswith("_type")), default={})
+
+
+def error_message(err: dict) -> str:
+    ctx = err.get("ctx") or {}
+    if err.get("type") == "union_tag_invalid":
+        return f"type '{ctx.get('tag')}' is not one this server takes ({ctx.get('expected_tags')})"
+    return str(err.get("msg", "invalid request")).removeprefix("Value error, ")

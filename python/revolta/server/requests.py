@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from revolta.server.schema import INT32_MAX, Count, Priority, RequestModel, TokenId
 
@@ -82,6 +82,11 @@ class ToolSpec(RequestModel):
     function: FunctionSpec
 
 
+def default_when_null(value: Any) -> Any:
+    """parallel_tool_calls: null means the API's default, true."""
+    return True if value is None else value
+
+
 class ChatCompletionRequest(SamplingFields):
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: Count | None = None
@@ -89,6 +94,8 @@ class ChatCompletionRequest(SamplingFields):
     top_logprobs: int | None = Field(None, ge=0, le=20)
     tools: list[ToolSpec] | None = None
     tool_choice: str | dict[str, Any] | None = None
-    parallel_tool_calls: bool = True
+    parallel_tool_calls: bool | None = True  # null: the default (OpenAI's API means so)
     chat_template_kwargs: dict[str, Any] | None = None
     add_generation_prompt: bool = True
+
+    _parallel_default = field_validator("parallel_tool_calls", mode="after")(default_when_null)

@@ -12,7 +12,9 @@ INT32_MAX = 2**31 - 1
 
 # Strict: "10" is not a number and true is not 1 (a client sending them has a bug worth hearing
 # about); unknown fields are accepted and ignored, as the APIs' own servers do.
-STRICT = ConfigDict(strict=True, extra="allow")
+# NaN and infinities are not numbers a sampling field can take (JSON has neither; Python's parser
+# reads them): "should be a finite number" says so, not a bound they fail.
+STRICT = ConfigDict(strict=True, extra="allow", allow_inf_nan=False)
 
 TokenId = Annotated[int, Field(ge=0, le=INT32_MAX)]
 Count = Annotated[int, Field(ge=1, le=INT32_MAX)]

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal, Union
 
-from pydantic import Discriminator, Field, Tag
+from pydantic import Discriminator, Field, Tag, field_validator
 
-from revolta.server.requests import ChatMessage, ContentPart, SamplingFields
+from revolta.server.requests import ChatMessage, ContentPart, SamplingFields, default_when_null
 from revolta.server.schema import Count, Priority, RequestModel, TokenId
 
 
@@ -83,11 +83,11 @@ class ResponsesTool(RequestModel):
 
 class ResponsesRequest(RequestModel):
     model: str | None = None
-    input: str | list[InputItem]
+    input: str | Annotated[list[InputItem], Field(min_length=1)]
     instructions: str | None = None
     tools: list[ResponsesTool] | None = None
     tool_choice: str | dict[str, Any] | None = None
-    parallel_tool_calls: bool = True
+    parallel_tool_calls: bool | None = True  # null: the default
     max_output_tokens: Count | None = None
     temperature: float | None = Field(None, ge=0, le=2)
     top_p: float | None = Field(None, gt=0, le=1)
@@ -96,3 +96,5 @@ class ResponsesRequest(RequestModel):
     stream: bool = False
     previous_response_id: str | None = None
     priority: Priority = 0
+
+    _parallel_default = field_validator("parallel_tool_calls", mode="after")(default_when_null)

@@ -74,8 +74,9 @@ class ResponsesServing:
                 raise APIError(400, f"input items of type '{kind}' are not supported", param="input")
         tools = []
         for i, t in enumerate(req.tools or []):
-            if t.type != "function":
-                continue
+            if t.type != "function":  # (web_search, file_search, ...: tools OpenAI's servers run themselves)
+                raise APIError(400, f"tools.{i}.type: '{t.type}' tools are not run by this server; only function tools "
+                                    "are supported", param=f"tools.{i}.type")
             if not t.name:
                 raise APIError(400, f"tools.{i}.name: a function tool needs a name", param=f"tools.{i}.name")
             tools.append({"type": "function", "function": {"name": t.name, "description": t.description or "", "parameters": t.parameters or {}}})
