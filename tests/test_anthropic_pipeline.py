@@ -101,6 +101,21 @@ def test_forced_tool_is_reported_as_tool_use(think_tokenizer):
     assert strip(blocks) == strip(full["content"]) and stop == "tool_use"
 
 
+def test_whitespace_before_a_forced_call_is_no_text_block(think_tokenizer):
+    """tool_choice any: the newline the model writes before its call is not a text block of its
+    own, streaming or not; a whitespace answer without a call stays a text block both ways."""
+    call = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Rome"}}\n</tool_call>'
+    body = {"model": "m", "max_tokens": 100, "messages": [{"role": "user", "content": "Weather?"}], "tools": TOOLS,
+            "tool_choice": {"type": "any"}}
+    full, events = run_both(serving(think_tokenizer, "\n\n" + call, parser="hermes")[0], body)
+    assert [b["type"] for b in full["content"]] == ["tool_use"] and full["stop_reason"] == "tool_use"
+    blocks, stop = merge(events)
+    assert strip(blocks) == strip(full["content"]) and stop == "tool_use"
+    full, events = run_both(serving(think_tokenizer, "\n", parser="hermes")[0], {**body, "tool_choice": {"type": "auto"}})
+    assert [(b["type"], b["text"]) for b in full["content"]] == [("text", "\n")]
+    assert strip(merge(events)[0]) == strip(full["content"])
+
+
 def test_tool_call_cut_by_max_tokens_same_both_ways(think_tokenizer):
     svc, _ = serving(think_tokenizer, CALL)
     n = len(think_tokenizer.encode(CALL[: CALL.index("</parameter>\n<parameter=days>")], add_special_tokens=False))

@@ -127,9 +127,9 @@ class AnthropicServing:
             content: list[dict[str, Any]] = []
             if c.gen.reasoning:
                 content.append({"type": "thinking", "thinking": c.gen.reasoning, "signature": ""})
-            if c.content:
-                content.append({"type": "text", "text": c.content})
             calls = assemble(c.tool_deltas)[: 1 if single else None]
+            if c.content and (c.content.strip() or not calls):  # (a forced call's leading newline is no text)
+                content.append({"type": "text", "text": c.content})
             for call in calls:
                 content.append({"type": "tool_use", "id": call.id, "name": call.name, "input": parse_partial_json(call.arguments)})
             reason, seq = self.stop_reason(c, bool(calls))
@@ -162,6 +162,7 @@ class AnthropicServing:
 
         state = {"index": -1, "type": None}
         calls_seen: set[int] = set()
+        held = [""]  # whitespace before any text block: text only if text or the end follows, not a call
 
         def open_block(kind: str, block: dict) -> list[str]:
             out = close_block()
@@ -182,9 +183,15 @@ class AnthropicServing:
                     out += open_block("thinking", {"type": "thinking", "thinking": "", "signature": ""})
                 out.append(event("content_block_delta", {"index": state["index"], "delta": {"type": "thinking_delta", "thinking": d.reasoning}}))
             if d.content:
-                if state["type"] != "text":
-                    out += open_block("text", {"type": "text", "text": ""})
-                out.append(event("content_block_delta", {"index": state["index"], "delta": {"type": "text_delta", "text": d.content}}))
+                if state["type"] != "text" and not (held[0] + d.content).strip():
+                    held[0] += d.content
+                else:
+                    if state["type"] != "text":
+                        out += open_block("text", {"type": "text", "text": ""})
+                    text, held[0] = held[0] + d.content, ""
+                    out.append(event("content_block_delta", {"index": state["index"], "delta": {"type": "text_delta", "text": text}}))
+            if d.tool_calls:
+                held[0] = ""
             for tc in d.tool_calls:
                 if single and tc.index > 0:
                     continue
@@ -208,6 +215,10 @@ class AnthropicServing:
                     continue
                 for item in translate(delta):
                     yield item
+            if held[0] and not calls_seen:  # whitespace was all the answer: a text block, as without streaming
+                for item in open_block("text", {"type": "text", "text": ""}):
+                    yield item
+                yield event("content_block_delta", {"index": state["index"], "delta": {"type": "text_delta", "text": held[0]}})
             for item in close_block():
                 yield item
             reason, seq = self.stop_reason(c, bool(calls_seen))
