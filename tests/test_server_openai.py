@@ -319,3 +319,28 @@ def test_errors_name_the_real_problem(server):
                                                              "guided_regex": "a+"})
     assert status == 400 and body["error"]["param"] == "guided_json"
     assert "guided_json and guided_regex exclude each other" in body["error"]["message"]
+
+
+WEATHER = {"type": "function", "function": {"name": "get_weather", "description": "Current weather of a city",
+           "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}
+TIME = {"type": "function", "function": {"name": "get_time", "description": "Local time of a city",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}
+
+
+def test_forced_tool_calls_need_no_parser(client):
+    """This server has no --tool-call-parser: a forced call (required, or a named function) is held
+    to the default call format by its grammar and read back in it; every sampled response at
+    temperature 1 is a valid call. tool_choice auto cannot be read without a parser: a 400 naming
+    the flag."""
+    ask = [{"role": "user", "content": "What is the weather in Oslo?"}]
+    for seed in range(8):
+        for choice in ("required", {"type": "function", "function": {"name": "get_time"}}):
+            r = client.chat.completions.create(model="smol", messages=ask, tools=[WEATHER, TIME], tool_choice=choice,
+                                               temperature=1.0, seed=seed, max_tokens=96, parallel_tool_calls=False)
+            c = r.choices[0]
+            assert c.finish_reason == "tool_calls" and len(c.message.tool_calls) == 1, c
+            call = c.message.tool_calls[0].function
+            assert call.name in (("get_weather", "get_time") if choice == "required" else ("get_time",))
+            assert isinstance(json.loads(call.arguments)["city"], str)
+    with pytest.raises(openai.BadRequestError, match="--tool-call-parser"):
+        client.chat.completions.create(model="smol", messages=ask, tools=[WEATHER], max_tokens=8)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import httpx
 import openai
 import pytest
@@ -72,3 +74,18 @@ def test_errors(client):
         client.responses.create(model="smol", input="hi", tools=[{"type": "web_search"}])
     with pytest.raises(openai.BadRequestError, match="input_image"):
         client.responses.create(model="smol", input=[{"role": "user", "content": [{"type": "input_image", "image_url": "http://x/y.png"}]}])
+
+
+def test_forced_tool_choice_is_enforced(client):
+    """tool_choice "required" and the Responses API's own named form hold the output to calls."""
+    tools = [{"type": "function", "name": name, "description": f"{name} of a city",
+              "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}
+             for name in ("get_weather", "get_time")]
+    for choice, names in (("required", {"get_weather", "get_time"}), ({"type": "function", "name": "get_time"}, {"get_time"})):
+        r = client.responses.create(model="smol", input="Weather in Oslo?", tools=tools, tool_choice=choice,
+                                    max_output_tokens=96, temperature=0, parallel_tool_calls=False)
+        calls = [o for o in r.output if o.type == "function_call"]
+        assert r.status == "completed" and len(calls) == 1 and calls[0].name in names
+        assert isinstance(json.loads(calls[0].arguments)["city"], str)
+    with pytest.raises(openai.BadRequestError, match="tool_choice"):
+        client.responses.create(model="smol", input="hi", tools=tools, tool_choice={"type": "allowed_tools"})

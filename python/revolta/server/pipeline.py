@@ -13,7 +13,7 @@ from fastapi import Request
 from fastapi.responses import JSONResponse
 
 from revolta.config import ServerOptions
-from revolta.guided import from_request
+from revolta.guided import GuidedDecodingParams, from_request
 from revolta.models.tokenizer import ChatTemplateError, Tokenizer
 from revolta.sampling_params import SamplingParams
 from revolta.server.async_engine import AsyncEngine
@@ -23,6 +23,7 @@ from revolta.server.metrics import Metrics
 from revolta.server.requests import ChatCompletionRequest, SamplingFields
 from revolta.server.parsers.reasoning import ReasoningRouter, prompt_opens_reasoning, qwen3_reasoning_tokens
 from revolta.server.parsers.tool_prompt import template_renders_tools, with_tools_section
+from revolta.server.parsers.tool_grammar import tool_call_grammar
 from revolta.server.parsers.tools import make_tool_parser
 
 # Template variables the server sets itself; chat_template_kwargs may not override them.
@@ -45,9 +46,10 @@ class Pipeline:
         # holds more than max_model_len tokens (x2: normalizers that drop characters).
         self.max_prompt_chars = 2 * self.max_model_len * tokenizer.max_token_chars
         self.reasoning_tokens = qwen3_reasoning_tokens(tokenizer) if options.reasoning_parser == "qwen3" else None
-        # Templates that drop `tools`: the server describes them itself, in the parser's format.
-        self.tools_in_prompt = bool(options.tool_call_parser) and not template_renders_tools(
+        # Templates that drop `tools`: the server describes them itself, in the call format.
+        self.template_renders_tools = template_renders_tools(
             lambda m, t: tokenizer.apply_chat_template(m, add_generation_prompt=True, tools=t))
+        self.tools_in_prompt = bool(options.tool_call_parser) and not self.template_renders_tools
         if self.tools_in_prompt:
             log.warning("the chat template does not render tools; the server adds them to the system prompt in the %s "
                         "format", options.tool_call_parser)
@@ -169,8 +171,11 @@ class Pipeline:
                                 "or {\"type\": \"function\", \"function\": {\"name\": ...}}", param="tool_choice")
         tools = [t.model_dump(exclude_none=True) for t in req.tools or []]
         use_tools = bool(tools) and tool_choice != "none"
-        if use_tools and not self.opts.tool_call_parser:
-            raise APIError(400, "tools need a tool-call parser: start the server with --tool-call-parser", param="tools")
+        fmt = self.tool_format(tool_choice)
+        if use_tools and not fmt:
+            raise APIError(400, "tool_choice 'auto' needs a tool-call parser to find the model's calls: start the server "
+                                "with --tool-call-parser (hermes or qwen3_coder); tool_choice 'required' or a named "
+                                "function works without one", param="tool_choice")
         messages = []
         for m in req.messages:
             d = m.model_dump(exclude_none=True)
@@ -196,8 +201,8 @@ class Pipeline:
         reserved = sorted(_RESERVED_TEMPLATE_VARS & set(kwargs))
         if reserved:
             raise APIError(400, f"chat_template_kwargs may not set {', '.join(reserved)} (the server sets them)", param="chat_template_kwargs")
-        if use_tools and self.tools_in_prompt:
-            messages = with_tools_section(messages, self.opts.tool_call_parser, tools)
+        if use_tools and not self.template_renders_tools:
+            messages = with_tools_section(messages, fmt, tools)
         try:
             text = self.tok.apply_chat_template(messages, add_generation_prompt=req.add_generation_prompt, tools=tools if use_tools else None, **kwargs)
         except ChatTemplateError as e:
@@ -211,12 +216,40 @@ class Pipeline:
         text, tools, thinking = await asyncio.to_thread(self.render_chat_text, req)
         return text, await self.encode(text, False, "messages"), tools, thinking
 
-    def parsers(self, prompt_ids: list[int], tools: list[dict] | None, thinking: bool) -> tuple[Callable, Callable]:
+    def parsers(self, prompt_ids: list[int], tools: list[dict] | None, thinking: bool,
+                tool_choice=None) -> tuple[Callable, Callable]:
         """Factories of each choice's reasoning router and tool parser (or of None)."""
         rt = self.reasoning_tokens
         router = (lambda: ReasoningRouter(rt, prompt_opens_reasoning(prompt_ids, rt), enabled=thinking)) if rt else (lambda: None)
-        tool = (lambda: make_tool_parser(self.opts.tool_call_parser, tools)) if tools else (lambda: None)
+        fmt = self.tool_format(tool_choice)
+        tool = (lambda: make_tool_parser(fmt, tools)) if tools else (lambda: None)
         return router, tool
+
+    def tool_format(self, tool_choice) -> str | None:
+        """The format of the model's tool calls: the server's parser, or where a call is forced (its
+        grammar holds the output to a format, so none needs recognising) hermes's."""
+        if self.opts.tool_call_parser:
+            return self.opts.tool_call_parser
+        return FORCED_CALL_FORMAT if tool_choice == "required" or forced_name(tool_choice) else None
+
+    def force_tool_calls(self, tool_choice, parallel: bool, tools: list[dict] | None, thinking: bool,
+                         params: SamplingParams) -> None:
+        """tool_choice "required" or a named function: the output held to calls of the tools' schemas."""
+        name = forced_name(tool_choice)
+        if tool_choice != "required" and name is None:
+            return
+        if not tools:
+            raise APIError(400, "tool_choice forces a tool call but the request has no tools", param="tool_choice")
+        if params.guided_decoding is not None:
+            raise APIError(400, f"tool_choice and {params.guided_decoding.field_name} exclude each other", param="tool_choice")
+        if thinking and self.reasoning_tokens:
+            raise APIError(400, "tool_choice forcing a call needs thinking off (chat_template_kwargs "
+                                "{\"enable_thinking\": false})", param="tool_choice")
+        try:
+            grammar = tool_call_grammar(self.tool_format(tool_choice), tools, name, parallel)
+        except ValueError as e:
+            raise APIError(400, str(e), param="tool_choice") from e
+        params.guided_decoding = GuidedDecodingParams(grammar=grammar, field_name="tool_choice")
 
     async def decode(self, ids: list[int], param: str = "prompt") -> str:
         bad = [t for t in ids if t >= max(self.engine.model_info.vocab_size, self.tok.vocab_size)]
@@ -225,6 +258,7 @@ class Pipeline:
         return await asyncio.to_thread(self.tok.decode, ids, False)
 
 
+FORCED_CALL_FORMAT = "hermes"  # a forced call's format on a server started without --tool-call-parser
 BILLING_HEADER = "x-anthropic-billing-header:"
 
 

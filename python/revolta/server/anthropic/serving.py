@@ -84,9 +84,12 @@ class AnthropicServing:
         tools = [{"type": "function", "function": {"name": t.name, "description": t.description or "", "parameters": t.input_schema}}
                  for t in req.tools or []]
         thinking = bool(req.thinking and req.thinking.type in ("enabled", "adaptive"))
+        # any / tool in Chat Completions' terms (they pick the call format: Pipeline.tool_format)
+        forced = {"none": "none", "any": "required"}.get(choice, "auto")
+        if choice == "tool" and req.tool_choice.name:
+            forced = {"type": "function", "function": {"name": req.tool_choice.name}}
         return ChatCompletionRequest(
-            model=req.model, messages=messages, tools=tools or None,
-            tool_choice="none" if choice == "none" else "auto",
+            model=req.model, messages=messages, tools=tools or None, tool_choice=forced,
             chat_template_kwargs={"enable_thinking": thinking},
         )
 
@@ -116,10 +119,10 @@ class AnthropicServing:
         params = p.sampling(fields, len(prompt_ids), req.max_tokens, None)
         single = bool(req.tool_choice and req.tool_choice.disable_parallel_tool_use)
         if forced:  # "any" / "tool": the output held to calls of the tools' schemas
-            grammar = tool_call_grammar(p.opts.tool_call_parser, tools, req.tool_choice.name if forced == "tool" else None,
-                                        not single)
+            grammar = tool_call_grammar(p.tool_format(creq.tool_choice), tools,
+                                        req.tool_choice.name if forced == "tool" else None, not single)
             params.guided_decoding = GuidedDecodingParams(grammar=grammar, field_name="tool_choice")
-        (c,) = job.start(prompt_ids, params, 0, 0, *p.parsers(prompt_ids, tools, thinking))
+        (c,) = job.start(prompt_ids, params, 0, 0, *p.parsers(prompt_ids, tools, thinking, creq.tool_choice))
         first = Delta()
         msg_id = "msg_" + uuid.uuid4().hex[:24]
 

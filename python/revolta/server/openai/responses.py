@@ -80,11 +80,17 @@ class ResponsesServing:
             if not t.name:
                 raise APIError(400, f"tools.{i}.name: a function tool needs a name", param=f"tools.{i}.name")
             tools.append({"type": "function", "function": {"name": t.name, "description": t.description or "", "parameters": t.parameters or {}}})
-        choice = req.tool_choice if req.tool_choice in (None, "none", "auto") else "unsupported"
+        choice = req.tool_choice
+        if isinstance(choice, dict) and choice.get("type") == "function" and isinstance(choice.get("name"), str):
+            choice = {"type": "function", "function": {"name": choice["name"]}}  # Responses' named form, in chat's
+        elif choice not in (None, "none", "auto", "required"):
+            raise APIError(400, f"tool_choice {json.dumps(choice)} is not supported; use 'auto', 'none', 'required' or "
+                                "{\"type\": \"function\", \"name\": ...}", param="tool_choice")
+        if not messages:
+            raise APIError(400, "input holds no message or function-call item to answer", param="input")
         effort = (req.reasoning or {}).get("effort")
         return ChatCompletionRequest(
-            model=req.model, messages=messages or [{"role": "user", "content": ""}], tools=tools or None,
-            tool_choice=choice if choice != "unsupported" else req.tool_choice,
+            model=req.model, messages=messages, tools=tools or None, tool_choice=choice,
             chat_template_kwargs={"enable_thinking": effort not in ("none", "minimal")} if req.reasoning else None,
         )
 
@@ -98,7 +104,8 @@ class ResponsesServing:
         _, prompt_ids, tools, thinking = await p.render_chat(creq)
         fields = SamplingFields(temperature=req.temperature, top_p=req.top_p, response_format=response_format(req.text))
         params = p.sampling(fields, len(prompt_ids), req.max_output_tokens, None)
-        (c,) = job.start(prompt_ids, params, 0, 0, *p.parsers(prompt_ids, tools, thinking))
+        p.force_tool_calls(creq.tool_choice, req.parallel_tool_calls, tools, thinking, params)
+        (c,) = job.start(prompt_ids, params, 0, 0, *p.parsers(prompt_ids, tools, thinking, creq.tool_choice))
         head = {"id": _new_id("resp"), "object": "response", "created_at": int(time.time()), "model": model,
                 "parallel_tool_calls": req.parallel_tool_calls, "tool_choice": req.tool_choice or "auto",
                 "tools": [t.model_dump(exclude_none=True) for t in req.tools or []], "instructions": req.instructions, "max_output_tokens": req.max_output_tokens,

@@ -10,15 +10,12 @@ from typing import Any, AsyncIterator
 
 from fastapi import Request
 
-from revolta.guided import GuidedDecodingParams
-from revolta.sampling_params import SamplingParams
 from revolta.server.errors import APIError, sse_error
 from revolta.server.job import Choice, Job
 from revolta.server.openai.protocol import CompletionRequest
 from revolta.server.requests import ChatCompletionRequest
-from revolta.server.parsers.tool_grammar import tool_call_grammar
 from revolta.server.parsers.tools import ToolCallDelta, assemble
-from revolta.server.pipeline import Pipeline, forced_name
+from revolta.server.pipeline import Pipeline
 from revolta.server.streaming import EventStream
 
 
@@ -57,25 +54,6 @@ class OpenAIServing:
         model = self.p.check_model(req.model)
         return await self.p.run_job(raw, req.n, lambda job: self._chat(req, job, model), req.priority)
 
-    def force_tool_calls(self, req: ChatCompletionRequest, tools: list[dict] | None, thinking: bool,
-                         params: SamplingParams) -> None:
-        """tool_choice "required" or a named function: the output held to calls of the tools' schemas."""
-        name = forced_name(req.tool_choice)
-        if req.tool_choice != "required" and name is None:
-            return
-        if not tools:
-            raise APIError(400, "tool_choice forces a tool call but the request has no tools", param="tool_choice")
-        if params.guided_decoding is not None:
-            raise APIError(400, f"tool_choice and {params.guided_decoding.field_name} exclude each other", param="tool_choice")
-        if thinking and self.p.reasoning_tokens:
-            raise APIError(400, "tool_choice forcing a call needs thinking off (chat_template_kwargs "
-                                "{\"enable_thinking\": false})", param="tool_choice")
-        try:
-            grammar = tool_call_grammar(self.p.opts.tool_call_parser, tools, name, req.parallel_tool_calls)
-        except ValueError as e:
-            raise APIError(400, str(e), param="tool_choice") from e
-        params.guided_decoding = GuidedDecodingParams(grammar=grammar, field_name="tool_choice")
-
     async def _chat(self, req: ChatCompletionRequest, job: Job, model: str):
         text, prompt_ids, tools, thinking = await self.p.render_chat(req)
         max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
@@ -83,8 +61,8 @@ class OpenAIServing:
         if req.top_logprobs and not req.logprobs:
             raise APIError(400, "top_logprobs requires logprobs=true", param="top_logprobs")
         params = self.p.sampling(req, len(prompt_ids), max_tokens, (top or 0) if req.logprobs else None)
-        self.force_tool_calls(req, tools, thinking, params)
-        choices = job.start(prompt_ids, params, 0, 0, *self.p.parsers(prompt_ids, tools, thinking))
+        self.p.force_tool_calls(req.tool_choice, req.parallel_tool_calls, tools, thinking, params)
+        choices = job.start(prompt_ids, params, 0, 0, *self.p.parsers(prompt_ids, tools, thinking, req.tool_choice))
         rid = "chatcmpl-" + uuid.uuid4().hex
         created = int(time.time())
         single_call = not req.parallel_tool_calls
