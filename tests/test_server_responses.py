@@ -44,8 +44,15 @@ def test_plain_and_streamed(client):
 
 
 def test_max_output_tokens_is_incomplete(client):
-    r = client.responses.create(model="smol", input="Tell me a story.", max_output_tokens=3, temperature=0)
+    """The response and the message item it cut short are incomplete, streamed or not."""
+    kw = dict(model="smol", input="Tell me a story.", max_output_tokens=3, temperature=0)
+    r = client.responses.create(**kw)
     assert r.status == "incomplete" and r.incomplete_details.reason == "max_output_tokens" and r.usage.output_tokens == 3
+    assert [(o.type, o.status) for o in r.output] == [("message", "incomplete")]
+    events = list(client.responses.create(stream=True, **kw))
+    done = [e.item.status for e in events if e.type == "response.output_item.done"]
+    assert done == ["incomplete"] and events[-1].type == "response.incomplete"
+    assert [o.status for o in events[-1].response.output] == ["incomplete"]
 
 
 def test_function_call_output_round_trip_and_reasoning_items(client):

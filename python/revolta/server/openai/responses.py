@@ -126,6 +126,8 @@ class ResponsesServing:
         for call in assemble(c.tool_deltas)[: None if parallel else 1]:
             out.append({"type": "function_call", "id": ids.get(call.id) or _new_id("fc"), "call_id": call.id, "name": call.name,
                         "arguments": call.arguments, "status": "completed"})
+        if out and c.gen.finish_reason == "length":  # the item max_output_tokens cut short
+            out[-1]["status"] = "incomplete"
         return out
 
     def final(self, head: dict, job: Job, output: list[dict]) -> dict:
@@ -150,23 +152,23 @@ class ResponsesServing:
         open_item: dict[str, Any] = {"kind": None, "index": -1, "id": None, "text": "", "call": None}
         out_index = [-1]
 
-        def close() -> list[str]:
+        def close(status: str = "completed") -> list[str]:
             k, idx, iid = open_item["kind"], open_item["index"], open_item["id"]
             if k is None:
                 return []
             open_item["kind"] = None
             if k == "reasoning":
-                item = {"type": "reasoning", "id": iid, "summary": [], "content": [{"type": "reasoning_text", "text": open_item["text"]}], "status": "completed"}
+                item = {"type": "reasoning", "id": iid, "summary": [], "content": [{"type": "reasoning_text", "text": open_item["text"]}], "status": status}
                 return [event("response.reasoning_text.done", {"item_id": iid, "output_index": idx, "content_index": 0, "text": open_item["text"]}),
                         event("response.output_item.done", {"output_index": idx, "item": item})]
             if k == "message":
                 part = {"type": "output_text", "text": open_item["text"], "annotations": [], "logprobs": []}
-                item = {"type": "message", "id": iid, "role": "assistant", "status": "completed", "content": [part]}
+                item = {"type": "message", "id": iid, "role": "assistant", "status": status, "content": [part]}
                 return [event("response.output_text.done", {"item_id": iid, "output_index": idx, "content_index": 0, "text": open_item["text"], "logprobs": []}),
                         event("response.content_part.done", {"item_id": iid, "output_index": idx, "content_index": 0, "part": part}),
                         event("response.output_item.done", {"output_index": idx, "item": item})]
             call = open_item["call"]
-            item = {"type": "function_call", "id": iid, "call_id": call["call_id"], "name": call["name"], "arguments": open_item["text"], "status": "completed"}
+            item = {"type": "function_call", "id": iid, "call_id": call["call_id"], "name": call["name"], "arguments": open_item["text"], "status": status}
             return [event("response.function_call_arguments.done", {"item_id": iid, "output_index": idx, "arguments": open_item["text"], "name": call["name"]}),
                     event("response.output_item.done", {"output_index": idx, "item": item})]
 
@@ -217,7 +219,7 @@ class ResponsesServing:
                     continue
                 for item in translate(delta):
                     yield item
-            for item in close():
+            for item in close("incomplete" if c.gen.finish_reason == "length" else "completed"):
                 yield item
             final = self.final(head, job, self.items(c, parallel, ids))
             yield event("response.incomplete" if final["status"] == "incomplete" else "response.completed", {"response": final})
