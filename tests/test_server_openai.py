@@ -344,3 +344,15 @@ def test_forced_tool_calls_need_no_parser(client):
             assert isinstance(json.loads(call.arguments)["city"], str)
     with pytest.raises(openai.BadRequestError, match="--tool-call-parser"):
         client.chat.completions.create(model="smol", messages=ask, tools=[WEATHER], max_tokens=8)
+
+
+def test_fields_not_honoured_are_refused(server, client):
+    """logit_bias, best_of past n and suffix would change the answer: a 400 naming each, never
+    ignored; their neutral values pass."""
+    for path, body, param in (("/v1/chat/completions", {"messages": MSG, "logit_bias": {"42": 5.0}}, "logit_bias"),
+                              ("/v1/completions", {"prompt": "Hi", "best_of": 3}, "best_of"),
+                              ("/v1/completions", {"prompt": "Hi", "suffix": " end."}, "suffix")):
+        status, err = error_of(server, path, {"model": "smol", "max_tokens": 2, **body})
+        assert status == 400 and err["error"]["param"] == param, err
+    r = client.completions.create(model="smol", prompt="Hi", max_tokens=2, best_of=1, logit_bias={}, suffix="")
+    assert r.choices[0].text is not None

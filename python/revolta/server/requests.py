@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, ValidationInfo, field_validator
 
 from revolta.server.schema import INT32_MAX, Count, Priority, RequestModel, TokenId
 
@@ -43,6 +43,25 @@ class SamplingFields(RequestModel):
     guided_choice: list[str] | None = None
     guided_grammar: str | None = None
     priority: Priority = 0
+    # Fields the APIs define that this server does not honour yet: refused when they would change
+    # the answer, never ignored.
+    logit_bias: dict[str, float] | None = None
+    best_of: int | None = Field(None, ge=1, le=16)
+
+    @field_validator("logit_bias", mode="after")
+    @classmethod
+    def _no_bias(cls, v):
+        if v:
+            raise ValueError("not supported by this server yet (leave it out or send {})")
+        return v
+
+    @field_validator("best_of", mode="after")
+    @classmethod
+    def _best_of_is_n(cls, v, info: ValidationInfo):
+        n = info.data.get("n", 1)
+        if v is not None and v != n:
+            raise ValueError(f"only best_of = n ({n}) is supported (got {v})")
+        return v
 
 
 class ContentPart(RequestModel):

@@ -14,6 +14,14 @@ class CompletionRequest(SamplingFields):
     prompt: str | list[TokenId] | list[str] | list[list[TokenId]]
     logprobs: int | None = Field(None, ge=0, le=20)
     echo: bool = False
+    suffix: str | None = None  # (insertion: refused, not ignored)
+
+    @field_validator("suffix", mode="after")
+    @classmethod
+    def _no_suffix(cls, v):
+        if v:
+            raise ValueError("not supported by this server (text insertion; leave it out)")
+        return v
 
 
 class TokenizeRequest(RequestModel):
