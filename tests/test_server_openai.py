@@ -356,3 +356,19 @@ def test_fields_not_honoured_are_refused(server, client):
         assert status == 400 and err["error"]["param"] == param, err
     r = client.completions.create(model="smol", prompt="Hi", max_tokens=2, best_of=1, logit_bias={}, suffix="")
     assert r.choices[0].text is not None
+
+
+def test_render_gives_the_prompt_a_chat_request_runs(server, client):
+    """/v1/chat/completions/render (vLLM's): the conversation as templated and the engine prompt, the
+    same tokens the chat request then counts; nothing is generated."""
+    messages = [{"role": "system", "content": billing_line("abc12") + "\n" + SYSTEM}] + MSG
+    r = httpx.post(server.url + "/v1/chat/completions/render", json={"model": "smol", "messages": messages},
+                   headers={"Authorization": f"Bearer {KEY}"})
+    assert r.status_code == 200
+    conversation, (prompt,) = r.json()
+    assert conversation[0] == {"role": "system", "content": SYSTEM} and conversation[1] == MSG[0]
+    assert MSG[0]["content"] in prompt["prompt"] and "billing" not in prompt["prompt"]
+    used = client.chat.completions.create(model="smol", messages=messages, temperature=0, max_tokens=1).usage
+    assert used.prompt_tokens == len(prompt["prompt_token_ids"])
+    status, body = error_of(server, "/v1/chat/completions/render", {"model": "other", "messages": MSG})
+    assert status == 404

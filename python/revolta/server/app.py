@@ -151,6 +151,13 @@ def create_app(engine: AsyncEngine, tokenizer: Tokenizer, served_names: list[str
         check_alive()
         return await openai.chat(req, raw)
 
+    @app.post("/v1/chat/completions/render")
+    async def render_chat(req: ChatCompletionRequest):
+        """vLLM's render: the conversation as templated and the engine prompt, without generating."""
+        pipeline.check_model(req.model)
+        text, ids, _, _ = await pipeline.render_chat(req)
+        return JSONResponse([pipeline.conversation(req), [{"prompt": text, "prompt_token_ids": ids}]])
+
     @app.post("/v1/completions")
     async def completions(req: CompletionRequest, raw: Request):
         check_alive()

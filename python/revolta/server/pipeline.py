@@ -164,18 +164,9 @@ class Pipeline:
         finally:
             job.close()
 
-    def render_chat_text(self, req: ChatCompletionRequest) -> tuple[str, list[dict] | None, bool]:
-        tool_choice = req.tool_choice
-        if not (tool_choice in (None, "none", "auto", "required") or forced_name(tool_choice)):
-            raise APIError(400, f"tool_choice {json.dumps(tool_choice)} is not supported; use 'auto', 'none', 'required' "
-                                "or {\"type\": \"function\", \"function\": {\"name\": ...}}", param="tool_choice")
-        tools = [t.model_dump(exclude_none=True) for t in req.tools or []]
-        use_tools = bool(tools) and tool_choice != "none"
-        fmt = self.tool_format(tool_choice)
-        if use_tools and not fmt:
-            raise APIError(400, "tool_choice 'auto' needs a tool-call parser to find the model's calls: start the server "
-                                "with --tool-call-parser (hermes or qwen3_coder); tool_choice 'required' or a named "
-                                "function works without one", param="tool_choice")
+    def conversation(self, req: ChatCompletionRequest) -> list[dict]:
+        """The request's messages as the template reads them: text parts joined, tool-call arguments
+        parsed, system text without Claude Code's billing line."""
         messages = []
         for m in req.messages:
             d = m.model_dump(exclude_none=True)
@@ -197,6 +188,21 @@ class Pipeline:
                     except ValueError:
                         pass
             messages.append(d)
+        return messages
+
+    def render_chat_text(self, req: ChatCompletionRequest) -> tuple[str, list[dict] | None, bool]:
+        tool_choice = req.tool_choice
+        if not (tool_choice in (None, "none", "auto", "required") or forced_name(tool_choice)):
+            raise APIError(400, f"tool_choice {json.dumps(tool_choice)} is not supported; use 'auto', 'none', 'required' "
+                                "or {\"type\": \"function\", \"function\": {\"name\": ...}}", param="tool_choice")
+        tools = [t.model_dump(exclude_none=True) for t in req.tools or []]
+        use_tools = bool(tools) and tool_choice != "none"
+        fmt = self.tool_format(tool_choice)
+        if use_tools and not fmt:
+            raise APIError(400, "tool_choice 'auto' needs a tool-call parser to find the model's calls: start the server "
+                                "with --tool-call-parser (hermes or qwen3_coder); tool_choice 'required' or a named "
+                                "function works without one", param="tool_choice")
+        messages = self.conversation(req)
         kwargs = dict(req.chat_template_kwargs or {})
         reserved = sorted(_RESERVED_TEMPLATE_VARS & set(kwargs))
         if reserved:
