@@ -40,6 +40,12 @@ def test_invalid_values_name_the_option(tmp_path):
         resolve({"block_size": 24})
     with pytest.raises(ConfigError, match="tool_call_parser"):
         resolve({"tool_call_parser": "nope"})
+    with pytest.raises(ConfigError, match="chat_template.*no file 'nowhere.jinja'"):
+        resolve({"chat_template": "nowhere.jinja"})
+    broken = tmp_path / "broken.jinja"
+    broken.write_text("{% for m in messages %}{{ m.content }}")
+    with pytest.raises(ConfigError, match="chat_template.*does not parse"):
+        resolve({"chat_template": str(broken)})
     with pytest.raises(ConfigError, match="block_activation_bits"):
         resolve({"block_activation_bits": "12"})
     with pytest.raises(ConfigError, match="unknown option.*max_sequences"):

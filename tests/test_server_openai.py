@@ -372,3 +372,17 @@ def test_render_gives_the_prompt_a_chat_request_runs(server, client):
     assert used.prompt_tokens == len(prompt["prompt_token_ids"])
     status, body = error_of(server, "/v1/chat/completions/render", {"model": "other", "messages": MSG})
     assert status == 404
+
+
+def test_chat_template_override(demo_model_dir, tmp_path):
+    """--chat-template FILE renders chats instead of the model's own template."""
+    template = tmp_path / "plain.jinja"
+    template.write_text("{% for m in messages %}[{{ m.role }}] {{ m.content }}\n{% endfor %}"
+                        "{% if add_generation_prompt %}[assistant] {% endif %}")
+    srv = ServerProcess("--model", demo_model_dir, "--max-model-len", "256", "--kv-cache-memory-bytes", str(16 << 20),
+                        "--chat-template", str(template))
+    try:
+        r = httpx.post(srv.url + "/v1/chat/completions/render", json={"messages": MSG})
+        assert r.json()[1][0]["prompt"] == f"[user] {MSG[0]['content']}\n[assistant] "
+    finally:
+        assert "Traceback" not in srv.stop()

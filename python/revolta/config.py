@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import math
+from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model, field_validator, model_validator
@@ -112,6 +113,8 @@ class ServerOptions(BaseModel):
     api_key: str | None = Field(None, description="require 'Authorization: Bearer KEY'")
     reasoning_parser: Literal["qwen3"] | None = Field(None, description="split the model's thinking into reasoning_content")
     tool_call_parser: Literal["qwen3_coder", "hermes"] | None = Field(None, description="the model's tool-call syntax")
+    chat_template: str | None = Field(None, description="the chat template to use instead of the model's: a Jinja "
+                                      "file's path, or the template itself")
     sse_keepalive_s: float | None = Field(None, gt=0, description="send ': keep-alive' after this many idle seconds")
     max_request_bytes: int = Field(16 << 20, gt=0, description="larger request bodies get HTTP 413 (counted as they arrive)")
     max_waiting_requests: int | None = Field(
@@ -138,6 +141,24 @@ class ServerOptions(BaseModel):
     watchdog_config: dict[str, Any] | None = Field(
         None, description='dump every thread\'s stack and turn /health unhealthy when the engine runs no step for '
         'timeout_s while it has requests, as JSON: {"timeout_s": 300, "check_interval_s": 10, "dump_dir": "/tmp"}')
+
+    @field_validator("chat_template", mode="after")
+    @classmethod
+    def _template_text(cls, v: str | None) -> str | None:
+        """The template's text, from its file when the value names one; a syntax error is a startup error."""
+        if v is None:
+            return None
+        path = Path(v).expanduser()
+        text = path.read_text() if len(v) < 4096 and path.is_file() else v
+        if text is v and "{{" not in v and "{%" not in v:
+            raise ValueError(f"no file '{v}', and the value is not a Jinja template")
+        import jinja2
+
+        try:
+            jinja2.Environment().parse(text)
+        except jinja2.TemplateSyntaxError as e:
+            raise ValueError(f"the template does not parse (line {e.lineno}: {e.message})") from None
+        return text
 
     @field_validator("watchdog_config", mode="before")
     @classmethod
@@ -173,7 +194,7 @@ GROUPS = {
     "Scheduling and caching": ["speculative_config"],
     "KV offload": ["kv_offloading_disk"],
     "Parallelism": [],
-    "Server": ["host", "port", "api_key", "reasoning_parser", "tool_call_parser", "log_level", "dev_mode",
+    "Server": ["host", "port", "api_key", "reasoning_parser", "tool_call_parser", "chat_template", "log_level", "dev_mode",
                "watchdog_config"],
     "HTTP limits": ["max_request_bytes", "max_waiting_requests", "max_seqs_per_request", "request_timeout_s", "shutdown_timeout_s",
                     "max_connections", "header_timeout_s", "body_timeout_s", "write_timeout_s", "keep_alive_timeout_s",

@@ -54,6 +54,11 @@ class Tokenizer:
         self._template = None
         self._max_token_chars: int | None = None
 
+    def use_chat_template(self, template: str) -> None:
+        """Renders chats with `template` (Jinja text) instead of the model's own."""
+        self.chat_template = template
+        self._template = None
+
     @property
     def vocab_size(self) -> int:
         return self._tok.get_vocab_size(with_added_tokens=True)

@@ -213,6 +213,8 @@ def build(settings):
     path = resolve_model(e.model, e.load_format, e.device)
     cfg = engine_config(e, path)
     tokenizer = Tokenizer(e.tokenizer or path)
+    if settings.server.chat_template:
+        tokenizer.use_chat_template(settings.server.chat_template)
     if e.calculate_kv_scales:
         cfg.calibration_prompts = calibration_prompts(tokenizer)
     from revolta.generation_defaults import describe, generation_defaults
