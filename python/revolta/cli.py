@@ -1,6 +1,7 @@
 """Command line: `revolta generate` runs a prompt (or a chat turn) through the engine; `revolta
 quantize --awq | --fp8` writes a 4-bit AWQ or an FP8 copy of a model directory; `revolta cache ls |
-rm` lists or removes what the cache holds (imported GGUF models, downloads)."""
+rm` lists or removes what the cache holds (imported GGUF models, downloads); `revolta run-batch`
+runs an OpenAI batch file through the server's endpoints (revolta.server.batch)."""
 
 from __future__ import annotations
 
@@ -88,6 +89,11 @@ def _options(args) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["run-batch"]:  # the server's options and its own (revolta.server.batch)
+        from revolta.server.batch import main as run_batch
+
+        return run_batch(argv[1:])
     parser = argparse.ArgumentParser(prog="revolta", description="ReVolta inference engine")
     sub = parser.add_subparsers(dest="command", required=True)
     g = sub.add_parser("generate", help="generate text for one prompt or one chat message")
@@ -113,6 +119,8 @@ def main(argv: list[str] | None = None) -> int:
     c.add_argument("names", nargs="*", help="rm: entries as `ls` shows them (models/NAME, or NAME)")
     c.add_argument("--all", action="store_true", help="rm: every entry")
     sub.add_parser("options", help="print the option reference (docs/options.md) as Markdown")
+    sub.add_parser("run-batch", help="run an OpenAI batch file (-i IN.jsonl -o OUT.jsonl, and the server's options; "
+                                     "see `revolta run-batch --help`)")
     args = parser.parse_args(argv)
     run = {"generate": _generate, "quantize": _quantize, "cache": _cache, "options": _options}[args.command]
     try:
