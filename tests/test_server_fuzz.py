@@ -26,6 +26,8 @@ SEEDS = {
     "/v1/responses": {"model": "m", "max_output_tokens": 4, "input": [{"role": "user", "content": "hi"}]},
     "/v1/messages": {"model": "m", "max_tokens": 4, "messages": [{"role": "user", "content": [{"type": "text", "text": "hi"}]}]},
     "/v1/messages/count_tokens": {"model": "m", "messages": [{"role": "user", "content": "hi"}]},
+    "/v1/chat/completions/render": {"model": "m", "messages": [{"role": "system", "content": "x-anthropic-billing-header: a\nb"},
+                                                               {"role": "user", "content": "hi"}]},
     "/tokenize": {"prompt": "hello"},
     "/detokenize": {"tokens": [1, 2, 3]},
 }

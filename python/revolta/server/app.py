@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import time
 from pathlib import Path
 from typing import Callable
@@ -35,6 +36,18 @@ from revolta.server.pipeline import Pipeline
 from revolta.server.schema import check_texts
 
 log = logging.getLogger("revolta.server")
+
+
+def json_safe(value):
+    """value with its non-finite floats as text (a request's extra fields and parsed tool arguments
+    may hold them; JSON has none)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    if isinstance(value, dict):
+        return {k: json_safe(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [json_safe(v) for v in value]
+    return value
 
 
 class CheckedRoute(APIRoute):
@@ -156,7 +169,7 @@ def create_app(engine: AsyncEngine, tokenizer: Tokenizer, served_names: list[str
         """vLLM's render: the conversation as templated and the engine prompt, without generating."""
         pipeline.check_model(req.model)
         text, ids, _, _ = await pipeline.render_chat(req)
-        return JSONResponse([pipeline.conversation(req), [{"prompt": text, "prompt_token_ids": ids}]])
+        return JSONResponse(json_safe([pipeline.conversation(req), [{"prompt": text, "prompt_token_ids": ids}]]))
 
     @app.post("/v1/completions")
     async def completions(req: CompletionRequest, raw: Request):
