@@ -106,3 +106,29 @@ def test_anthropic_any_and_tool_give_valid_tool_use(server):
         (use,) = [b for b in m.content if b.type == "tool_use"]
         assert choice["type"] == "any" or use.name == "get_weather"
         jsonschema.validate(use.input, SCHEMAS[use.name])
+
+
+ANSWER = {"type": "object", "additionalProperties": False, "required": ["summary"],
+          "properties": {"summary": {"type": "string", "maxLength": 60}}}
+
+
+def test_auto_with_a_json_answer_allows_calls_or_the_answer(client):
+    """tools + response_format + tool_choice auto: the grammar is the union, so each sampled response
+    (temperature 1, 8 seeds) is either valid calls or the answer valid against its schema; calls
+    occur (the answer's grammar alone ruled them out). Which kind the demo model starts is its own
+    choice: with hermes's format both occur, with qwen3_coder's calls only."""
+    kinds = set()
+    fmt = {"type": "json_schema", "json_schema": {"name": "answer", "schema": ANSWER, "strict": True}}
+    for seed in range(8):
+        r = client.chat.completions.create(model="smol", messages=ASK, tools=TOOLS, tool_choice="auto", response_format=fmt,
+                                           temperature=1.0, seed=seed, max_tokens=120, parallel_tool_calls=False)
+        c = r.choices[0]
+        if c.message.tool_calls:
+            assert c.finish_reason == "tool_calls"
+            check(c.message.tool_calls, SCHEMAS)
+            kinds.add("call")
+        else:
+            assert c.finish_reason == "stop", c
+            jsonschema.validate(json.loads(c.message.content), ANSWER)
+            kinds.add("answer")
+    assert "call" in kinds, kinds

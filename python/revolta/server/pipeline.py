@@ -23,7 +23,7 @@ from revolta.server.metrics import Metrics
 from revolta.server.requests import ChatCompletionRequest, SamplingFields
 from revolta.server.parsers.reasoning import ReasoningRouter, prompt_opens_reasoning, qwen3_reasoning_tokens
 from revolta.server.parsers.tool_prompt import template_renders_tools, with_tools_section
-from revolta.server.parsers.tool_grammar import tool_call_grammar
+from revolta.server.parsers.tool_grammar import calls_or_answer_grammar, tool_call_grammar
 from revolta.server.parsers.tools import make_tool_parser
 
 # Template variables the server sets itself; chat_template_kwargs may not override them.
@@ -256,6 +256,21 @@ class Pipeline:
         except ValueError as e:
             raise APIError(400, str(e), param="tool_choice") from e
         params.guided_decoding = GuidedDecodingParams(grammar=grammar, field_name="tool_choice")
+
+    def calls_or_answer(self, tool_choice, parallel: bool, tools: list[dict] | None, params: SamplingParams) -> None:
+        """tool_choice "auto" with tools beside a JSON answer format: the grammar allows either calls
+        (in the parser's format) or the answer, not the answer alone (which would rule out calls)."""
+        guided = params.guided_decoding
+        if not tools or guided is None or tool_choice not in (None, "auto") or not self.opts.tool_call_parser:
+            return
+        try:
+            kind, data = guided.engine_form()
+        except ValueError as e:
+            raise APIError(400, str(e), param=guided.field_name) from e
+        if kind != "json":  # (a regex, choice or grammar answer keeps its own grammar)
+            return
+        grammar = calls_or_answer_grammar(self.opts.tool_call_parser, tools, parallel, data)
+        params.guided_decoding = GuidedDecodingParams(grammar=grammar, field_name=guided.field_name)
 
     async def decode(self, ids: list[int], param: str = "prompt") -> str:
         bad = [t for t in ids if t >= max(self.engine.model_info.vocab_size, self.tok.vocab_size)]

@@ -1,5 +1,6 @@
 """Grammars that force tool calls (tool_choice "required" / a named function; Anthropic "any" /
-"tool"): the output is one call, or several, in the active tool-call format (hermes:
+"tool"), or (tool_choice "auto" beside a JSON response format) allow either calls or the JSON
+answer: the output is one call, or several, in the active tool-call format (hermes:
 <tool_call>{"name", "arguments"}</tool_call>; qwen3_coder: <function=...><parameter=...>), each call's
 arguments held to its function's JSON schema. Written in llguidance's Lark dialect, whose %json
 embeds a JSON schema."""
@@ -69,3 +70,10 @@ def tool_call_grammar(parser: str, tools: list[dict[str, Any]], name: str | None
     calls = 'start: call ("\\n" call)*' if parallel else "start: call"
     body = _hermes_call(fns) if parser == "hermes" else _qwen3_coder_call(fns)
     return calls + "\n" + body
+
+
+def calls_or_answer_grammar(parser: str, tools: list[dict[str, Any]], parallel: bool, answer_schema: str) -> str:
+    """tool_choice "auto" with a JSON answer format: the output is tool calls (as forced ones are) or
+    the answer held to `answer_schema` (a JSON schema's text), whichever the model starts."""
+    first, rules = tool_call_grammar(parser, tools, None, parallel).split("\n", 1)
+    return f"start: calls | answer\ncalls: {first.removeprefix('start: ')}\nanswer: %json {answer_schema}\n{rules}"
