@@ -65,17 +65,23 @@ def test_openai_structured_output_json_mode(chat_openai):
 
 
 def test_openai_bind_tools_forced(chat_openai):
-    for choice in ("required", "get_weather"):
-        msg = chat_openai.bind_tools([WEATHER_TOOL], tool_choice=choice, parallel_tool_calls=False).invoke(ASK_WEATHER)
-        assert len(msg.tool_calls) == 1 and msg.tool_calls[0]["name"] == "get_weather"
-        jsonschema.validate(msg.tool_calls[0]["args"], WEATHER)
+    """Sixteen sampled responses (temperature 1, a seed each), forced both ways: every one a single
+    call whose arguments validate."""
+    for seed in range(8):
+        for choice in ("required", "get_weather"):
+            bound = chat_openai.bind_tools([WEATHER_TOOL], tool_choice=choice, parallel_tool_calls=False).bind(seed=seed)
+            msg = bound.invoke(ASK_WEATHER)
+            assert len(msg.tool_calls) == 1 and msg.tool_calls[0]["name"] == "get_weather", (seed, msg)
+            jsonschema.validate(msg.tool_calls[0]["args"], WEATHER)
 
 
 def test_anthropic_structured_output_and_tools(chat_anthropic):
     city = chat_anthropic.with_structured_output(City).invoke(ASK_CITY)
     assert isinstance(city, City)
-    for choice in ("any", "get_weather"):
-        msg = chat_anthropic.bind_tools([WEATHER_TOOL], tool_choice=choice).invoke(ASK_WEATHER)
-        assert msg.tool_calls and all(c["name"] == "get_weather" for c in msg.tool_calls)
-        for c in msg.tool_calls:
-            jsonschema.validate(c["args"], WEATHER)
+    for _ in range(8):  # sixteen sampled responses (temperature 1), forced both ways
+        for choice in ("any", "get_weather"):
+            msg = chat_anthropic.bind_tools([WEATHER_TOOL], tool_choice=choice).invoke(ASK_WEATHER)
+            assert msg.tool_calls and all(c["name"] == "get_weather" for c in msg.tool_calls), msg
+            finished = msg.tool_calls if msg.response_metadata.get("stop_reason") == "tool_use" else msg.tool_calls[:-1]
+            for c in finished:  # (parallel calls allowed: the last may be cut by max_tokens)
+                jsonschema.validate(c["args"], WEATHER)
