@@ -306,6 +306,9 @@ def test_billing_header_line_leaves_the_prefix_cached(client):
         usage.append(client.chat.completions.create(model="smol", messages=messages, temperature=0, max_tokens=1).usage)
     assert usage[0].prompt_tokens == usage[1].prompt_tokens == plain.prompt_tokens
     assert usage[1].prompt_tokens_details.cached_tokens >= 64
+    tokenized = httpx.post(str(client.base_url).removesuffix("/v1/") + "/tokenize", headers={"Authorization": f"Bearer {KEY}"},
+                           json={"messages": [{"role": "system", "content": billing_line("x1") + "\n" + SYSTEM}] + MSG})
+    assert tokenized.json()["count"] == plain.prompt_tokens  # /tokenize renders as the chat endpoint does
 
 
 def test_errors_name_the_real_problem(server):

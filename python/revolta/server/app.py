@@ -20,7 +20,7 @@ from starlette.staticfiles import StaticFiles
 
 import revolta
 from revolta.config import ServerOptions
-from revolta.models.tokenizer import ChatTemplateError, Tokenizer
+from revolta.models.tokenizer import Tokenizer
 from revolta.server.anthropic.protocol import CountTokensRequest, MessagesRequest
 from revolta.server.anthropic.serving import AnthropicServing
 from revolta.server.async_engine import AsyncEngine
@@ -193,15 +193,11 @@ def create_app(engine: AsyncEngine, tokenizer: Tokenizer, served_names: list[str
     @app.post("/tokenize")
     async def tokenize(req: TokenizeRequest):
         pipeline.check_model(req.model)
-        if req.messages is not None:
-            def render() -> str:
-                try:
-                    return tokenizer.apply_chat_template([m.model_dump(exclude_none=True) for m in req.messages],
-                                                         add_generation_prompt=req.add_generation_prompt)
-                except ChatTemplateError as e:
-                    raise APIError(400, str(e), param="messages") from e
-
-            ids = await pipeline.encode(await asyncio.to_thread(render), False, "messages")
+        if req.messages is not None:  # rendered as the chat endpoint renders them
+            if not req.messages:
+                raise APIError(400, "messages is empty", param="messages")
+            chat = ChatCompletionRequest(messages=req.messages, add_generation_prompt=req.add_generation_prompt)
+            _, ids, _, _ = await pipeline.render_chat(chat)
         elif req.prompt is not None:
             ids = await pipeline.encode(req.prompt, req.add_special_tokens, "prompt")
         else:
