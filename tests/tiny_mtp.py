@@ -13,6 +13,7 @@ reads the target's final hidden state at position i and the token at i + 1, and 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -138,6 +139,27 @@ def chained_drafts(model, head: MtpHead, tokens: list[int], k: int) -> list[int]
         h = torch.cat([h, out[:, -1:]], 1)
         next_ids.append(drafts[-1])
     return drafts
+
+
+def check_alternating_drafts(model, head: MtpHead, prompts: list[list[int]], outputs: list[list[int]],
+                            context=contextlib.nullcontext) -> int:
+    """Outputs made with every draft kept at one draft a step (accept-drafts:1) alternate the target's
+    token and the MTP layer's draft: each must be the reference's argmax there (up to a near-tie of
+    2e-3), the target's from `model`, the draft's from `head`. context: what the reference runs in.
+    Returns how many drafts were checked."""
+    checked = 0
+    for prompt, out in zip(prompts, outputs):
+        seq = prompt + out
+        with context(), torch.no_grad():
+            h = final_hidden(model, torch.tensor([seq[:-1]]))
+            target = model.lm_head(h)[0]  # row i predicts seq[i + 1]
+            drafts = model.lm_head(head(torch.tensor([seq[1:-1]]), h[:, :-1]))[0]  # row i predicts seq[i + 2]
+        for j, tok in enumerate(out):
+            pos = len(prompt) + j
+            logits = drafts[pos - 2] if j % 2 == 1 else target[pos - 1]
+            assert float(logits[tok]) >= float(logits.max()) - 2e-3, (j, tok, int(logits.argmax()))
+            checked += j % 2
+    return checked
 
 
 def speculative_acceptance(model, head: MtpHead, prompts: list[list[int]], n: int, k: int) -> dict:

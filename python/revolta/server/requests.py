@@ -15,6 +15,17 @@ class StreamOptions(RequestModel):
     include_usage: bool = False
 
 
+def refused_when_set(field: str, why: str):
+    """A validator of an API field this server does not honour: any value but an empty one is a 400
+    saying why."""
+    def check(value: Any) -> Any:
+        if value:
+            raise ValueError(why)
+        return value
+
+    return field_validator(field, mode="after")(check)
+
+
 class SamplingFields(RequestModel):
     model: str | None = None
     n: int = Field(1, ge=1, le=16)
@@ -48,12 +59,7 @@ class SamplingFields(RequestModel):
     logit_bias: dict[str, float] | None = None
     best_of: int | None = Field(None, ge=1, le=16)
 
-    @field_validator("logit_bias", mode="after")
-    @classmethod
-    def _no_bias(cls, v):
-        if v:
-            raise ValueError("not supported by this server yet (leave it out or send {})")
-        return v
+    _no_bias = refused_when_set("logit_bias", "not supported by this server yet (leave it out or send {})")
 
     @field_validator("best_of", mode="after")
     @classmethod

@@ -6,7 +6,7 @@ from typing import Annotated, Any, Literal, Union
 
 from pydantic import Discriminator, Field, Tag, field_validator
 
-from revolta.server.requests import ChatMessage, ContentPart, SamplingFields, default_when_null
+from revolta.server.requests import ChatMessage, ContentPart, SamplingFields, default_when_null, refused_when_set
 from revolta.server.schema import Count, Priority, RequestModel, TokenId
 
 
@@ -14,14 +14,9 @@ class CompletionRequest(SamplingFields):
     prompt: str | list[TokenId] | list[str] | list[list[TokenId]]
     logprobs: int | None = Field(None, ge=0, le=20)
     echo: bool = False
-    suffix: str | None = None  # (insertion: refused, not ignored)
+    suffix: str | None = None
 
-    @field_validator("suffix", mode="after")
-    @classmethod
-    def _no_suffix(cls, v):
-        if v:
-            raise ValueError("not supported by this server (text insertion; leave it out)")
-        return v
+    _no_suffix = refused_when_set("suffix", "not supported by this server (text insertion; leave it out)")
 
 
 class TokenizeRequest(RequestModel):
