@@ -107,3 +107,15 @@ def test_cli_help_version_and_early_signals():
     p.send_signal(signal.SIGTERM)
     out = p.communicate(timeout=60)[0]
     assert p.returncode in (0, 130) and "Traceback" not in out, out
+    # Once the engine runs but before the server does, the signal must still stop the engine's thread
+    # (left running into interpreter exit, it aborted the process).
+    p = subprocess.Popen([sys.executable, "-m", "revolta.server.cli", "--profile", "cpu-demo", "--port", "0"],
+                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    seen = []
+    for line in p.stdout:
+        seen.append(line)
+        if "admission:" in line:
+            p.send_signal(signal.SIGTERM)
+            break
+    out = "".join(seen) + p.communicate(timeout=60)[0]
+    assert p.returncode in (0, 130) and "Traceback" not in out and "terminate called" not in out, out

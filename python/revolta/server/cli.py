@@ -115,14 +115,14 @@ def serve(argv: list[str] | None = None) -> int:
     import revolta
     from revolta.server.connection import guarded_protocol
 
-    config = uvicorn.Config(app, log_level=s.log_level, http=guarded_protocol(s), timeout_keep_alive=s.keep_alive_timeout_s,
-                            timeout_graceful_shutdown=_ERROR_GRACE_S)
-    server = _Server(config, engine, s.shutdown_timeout_s)
-    host = f"[{s.host}]" if ":" in s.host else s.host
-    log.info("ReVolta %s serving %s at http://%s:%d (OpenAI /v1/..., Anthropic /v1/messages%s)", revolta.__version__,
-             app.state.pipeline.served_names[0], host, sock.getsockname()[1],
-             ", development endpoints" if s.dev_mode else "")
     try:
+        config = uvicorn.Config(app, log_level=s.log_level, http=guarded_protocol(s),
+                                timeout_keep_alive=s.keep_alive_timeout_s, timeout_graceful_shutdown=_ERROR_GRACE_S)
+        server = _Server(config, engine, s.shutdown_timeout_s)
+        host = f"[{s.host}]" if ":" in s.host else s.host
+        log.info("ReVolta %s serving %s at http://%s:%d (OpenAI /v1/..., Anthropic /v1/messages%s)", revolta.__version__,
+                 app.state.pipeline.served_names[0], host, sock.getsockname()[1],
+                 ", development endpoints" if s.dev_mode else "")
         server.run(sockets=[sock])
     finally:
         engine.shutdown()
@@ -232,15 +232,21 @@ def build(settings):
         log.warning("%s", warning)
     log.info("default sampling (generation_config %s): %s", e.generation_config, describe(defaults))
     engine = AsyncEngine(core, e.max_num_seqs, block_size=e.block_size, scheduling_policy=e.scheduling_policy)
-    served = [e.served_model_name or (Path(e.model).name if e.model else "SmolLM2-135M-Instruct")]
-    if e.model and e.model not in served:
-        served.append(e.model)
-    info = {"config": settings.model_dump(mode="json"), "default_sampling": defaults}
-    app = create_app(engine, tokenizer, served, settings.server, defaults, info)
-    if settings.server.watchdog_config:
-        from revolta.server.watchdog import Watchdog
+    try:
+        served = [e.served_model_name or (Path(e.model).name if e.model else "SmolLM2-135M-Instruct")]
+        if e.model and e.model not in served:
+            served.append(e.model)
+        info = {"config": settings.model_dump(mode="json"), "default_sampling": defaults}
+        app = create_app(engine, tokenizer, served, settings.server, defaults, info)
+        if settings.server.watchdog_config:
+            from revolta.server.watchdog import Watchdog
 
-        engine.watchdog = Watchdog(engine, settings.server.watchdog_config).start()
+            engine.watchdog = Watchdog(engine, settings.server.watchdog_config).start()
+    except BaseException:
+        # A signal or error here must still stop the pump thread: left running into interpreter
+        # exit, it dies inside C++ code and aborts the process.
+        engine.shutdown()
+        raise
     return app, engine
 
 
