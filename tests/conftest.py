@@ -170,6 +170,30 @@ CHATML = (
 )
 
 
+# Qwen3.5's way: with thinking on, the generation prompt itself opens the reasoning block.
+THINKING_CHATML = CHATML.replace("<think>\n\n</think>\n\n{% endif %}", "<think>\n\n</think>\n\n{% else %}<think>\n{% endif %}")
+QWEN_MARKERS = ["<|im_start|>", "<|im_end|>", "<think>", "</think>", "<tool_call>", "</tool_call>"]
+
+
+def with_qwen_markers(path: Path, template: str = CHATML) -> None:
+    """A byte-level tokenizer.json gets Qwen's ChatML, reasoning and tool markers as added tokens in
+    place of its last (unused) vocabulary entries, and `template` as its chat template."""
+    import json
+
+    tok = json.loads((path / "tokenizer.json").read_text())
+    vocab = tok["model"]["vocab"]
+    for marker, i in zip(QWEN_MARKERS, range(len(vocab) - len(QWEN_MARKERS), len(vocab))):
+        old = next(k for k, v in vocab.items() if v == i)
+        del vocab[old]
+        vocab[marker] = i
+        tok["added_tokens"].append({"id": i, "content": marker, "single_word": False, "lstrip": False, "rstrip": False,
+                                    "normalized": False, "special": marker.startswith("<|")})
+    (path / "tokenizer.json").write_text(json.dumps(tok))
+    config = json.loads((path / "tokenizer_config.json").read_text())
+    config.update(eos_token="<|im_end|>", chat_template=template)
+    (path / "tokenizer_config.json").write_text(json.dumps(config))
+
+
 @pytest.fixture(scope="session")
 def think_tokenizer(tmp_path_factory, demo_model_dir):
     """The demo tokenizer plus Qwen3's reasoning and tool markers as added tokens, with a ChatML

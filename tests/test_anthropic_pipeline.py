@@ -179,3 +179,22 @@ def test_error_type_follows_the_status():
         assert body == {"type": "error", "error": {"type": kind, "message": "m"}}
         openai_body = json.loads(json_error("/v1/chat/completions", status, "m").body)
         assert openai_body["error"]["message"] == "m" and openai_body["error"]["code"] == status
+
+
+def test_forced_tool_with_thinking_thinks_first(think_tokenizer):
+    """Thinking on with tool_choice any: no 400; the call grammar reaches the engine gated on the end
+    of the thinking, and the answer comes back as a thinking block and a tool_use block."""
+    call = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Rome"}}\n</tool_call>'
+    svc, engine = serving(think_tokenizer, "<think>Rome, then.</think>" + call, parser="hermes")
+    body = {"model": "m", "max_tokens": 100, "messages": [{"role": "user", "content": "Weather?"}], "tools": TOOLS,
+            "tool_choice": {"type": "any"}, "thinking": {"type": "enabled", "budget_tokens": 1024}}
+    full, events = run_both(svc, body)
+    assert [(b["type"], b.get("thinking"), b.get("input")) for b in full["content"]] == [
+        ("thinking", "Rome, then.", None), ("tool_use", None, {"city": "Rome"})]
+    assert full["stop_reason"] == "tool_use"
+    p = engine.params[0]
+    assert p.guided_kind == "lark" and p.reasoning_end_token == think_tokenizer.token_to_id("</think>")
+    blocks, stop = merge(events)
+    assert strip(blocks) == strip(full["content"]) and stop == "tool_use"
+    run_both(svc, {**body, "thinking": {"type": "disabled"}})
+    assert engine.params[-1].guided_kind == "lark" and engine.params[-1].reasoning_end_token == -1

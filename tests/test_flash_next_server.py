@@ -16,7 +16,7 @@ import jsonschema
 import openai
 import pytest
 
-from conftest import CHATML
+from conftest import with_qwen_markers
 from server_fixture import ServerProcess
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
@@ -26,27 +26,7 @@ WEATHER = {"type": "object", "additionalProperties": False, "required": ["city",
            "properties": {"city": {"type": "string", "maxLength": 12}, "days": {"type": "integer", "minimum": 1, "maximum": 14}}}
 TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "Weather forecast", "parameters": WEATHER}}]
 ASK = [{"role": "user", "content": "Weather in Oslo for 3 days?"}]
-# The server refuses a forced call with thinking on for now: thinking is switched off.
 NO_THINKING = {"chat_template_kwargs": {"enable_thinking": False}}
-MARKERS = ["<|im_start|>", "<|im_end|>", "<think>", "</think>", "<tool_call>", "</tool_call>"]
-
-
-def with_qwen_markers(path: Path) -> None:
-    """The markers as added tokens in place of the last unused vocabulary entries, and ChatML."""
-    tok = json.loads((path / "tokenizer.json").read_text())
-    vocab = tok["model"]["vocab"]
-    for marker, i in zip(MARKERS, range(len(vocab) - len(MARKERS), len(vocab))):
-        old = next(k for k, v in vocab.items() if v == i)
-        del vocab[old]
-        vocab[marker] = i
-        tok["added_tokens"].append({"id": i, "content": marker, "single_word": False, "lstrip": False, "rstrip": False,
-                                    "normalized": False, "special": marker.startswith("<|")})
-    (path / "tokenizer.json").write_text(json.dumps(tok))
-    config = json.loads((path / "tokenizer_config.json").read_text())
-    config.update(eos_token="<|im_end|>", chat_template=CHATML)
-    (path / "tokenizer_config.json").write_text(json.dumps(config))
-
-
 @pytest.fixture(scope="module")
 def client(tmp_path_factory):
     path = tmp_path_factory.mktemp("flash-next-server")

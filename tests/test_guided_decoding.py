@@ -11,7 +11,7 @@ import jsonschema
 import pytest
 
 from revolta import LLM, GuidedDecodingParams, SamplingParams
-from revolta.guided import closed_objects
+from revolta.guided import ReasoningGate, closed_objects
 
 PERSON = {
     "type": "object",
@@ -129,3 +129,61 @@ def test_an_llguidance_without_the_c_api_is_a_startup_error(monkeypatch):
         LLM(max_model_len=512)
     monkeypatch.setattr(importlib.metadata, "version", lambda name: "1.7.0")
     assert guided.grammar_library().endswith(".so")
+
+
+def greedy(llm, prompt, n, **kw):
+    return llm.generate(prompt, SamplingParams(temperature=0, max_tokens=n, **kw))[0].outputs[0].token_ids
+
+
+def test_grammar_starts_after_the_reasoning(llm):
+    """guided_after: the tokens up to the end-of-reasoning token are the model's own (the same greedy
+    tokens as without a grammar), and from the next one on the grammar holds. Here ordinary tokens
+    of the demo's greedy answer stand in for <think> and </think>."""
+    prompt, digits = "Tell me about the sea.", GuidedDecodingParams(regex=r"[0-9]{3}")
+    free = greedy(llm, prompt, 12)
+    assert not re.fullmatch(r"[0-9]{3}", llm.tokenizer.decode(free[:3]))
+    end = free[5]
+    cut = free.index(end) + 1  # (the first time it comes)
+    gated = greedy(llm, prompt, 40, guided_decoding=digits, guided_after=ReasoningGate(start=None, end=end, in_reasoning=True))
+    assert gated[:cut] == free[:cut]
+    assert re.fullmatch(r"[0-9]{3}", llm.tokenizer.decode(gated[cut:]))
+    # No reasoning open in the prompt, and the model does not open it: the grammar holds from the start.
+    start_elsewhere = next(t for t in range(1000, 2000) if t not in free)
+    out = greedy(llm, prompt, 40, guided_decoding=digits, guided_after=ReasoningGate(start=start_elsewhere, end=end))
+    assert re.fullmatch(r"[0-9]{3}", llm.tokenizer.decode(out))
+    # The model's first token opens the reasoning (the answer's first token may be `start`).
+    out = greedy(llm, prompt, 40, guided_decoding=digits, guided_after=ReasoningGate(start=free[0], end=end))
+    assert out[:cut] == free[:cut] and re.fullmatch(r"[0-9]{3}", llm.tokenizer.decode(out[cut:]))
+
+
+def test_answer_token_ends_the_reasoning_inside_the_answer(llm):
+    """`answer` (<tool_call> for Qwen3) ends the reasoning as the grammar's first token."""
+    prompt = "Tell me about the sea."
+    free = greedy(llm, prompt, 12)
+    answer = free[4]
+    cut = free.index(answer)
+    text = llm.tokenizer.decode([answer])
+    grammar = GuidedDecodingParams(regex=re.escape(text) + r"[0-9]{2}")
+    never = next(t for t in range(1000, 2000) if t not in free)
+    out = greedy(llm, prompt, 40, guided_decoding=grammar, guided_after=ReasoningGate(start=None, end=never, answer=answer,
+                                                                                      in_reasoning=True))
+    assert out[:cut + 1] == free[:cut + 1]
+    assert re.fullmatch(re.escape(text) + r"[0-9]{2}", llm.tokenizer.decode(out[cut:]))
+
+
+def test_logit_bias_moves_the_choice(llm):
+    """OpenAI's logit_bias: -100 bans the greedy token, +100 picks any token, sampled or greedy; out of
+    range or vocabulary is a ValueError naming the field."""
+    prompt = "Tell me about the sea."
+    free = greedy(llm, prompt, 4)
+    banned = greedy(llm, prompt, 4, logit_bias={free[0]: -100.0})
+    assert banned[0] != free[0]
+    forced = 1234
+    assert greedy(llm, prompt, 3, logit_bias={forced: 100.0}) == [forced] * 3
+    outs = llm.generate([prompt] * 4, [SamplingParams(temperature=1.0, seed=s, max_tokens=3, logit_bias={forced: 100.0})
+                                       for s in range(4)])
+    assert all(o.outputs[0].token_ids == [forced] * 3 for o in outs)
+    with pytest.raises(ValueError, match="logit_bias"):
+        SamplingParams(logit_bias={forced: 101.0})
+    with pytest.raises(ValueError, match="logit_bias"):
+        llm.generate(prompt, SamplingParams(logit_bias={10**7: 1.0}))

@@ -46,3 +46,24 @@ def test_reasoning_and_function_call_items(think_tokenizer):
     args = "".join(e["delta"] for e in events if e["type"] == "response.function_call_arguments.delta")
     assert json.loads(args) == {"city": "Lima"}
     assert "".join(e["delta"] for e in events if e["type"] == "response.reasoning_text.delta") == "Weather needs the tool."
+
+
+def test_forced_call_and_text_format_start_after_the_reasoning(think_tokenizer):
+    """With reasoning on, the forced-call grammar (tool_choice required) and text.format's schema
+    reach the engine gated on </think> (the model may open <think> itself; <tool_call> also ends the
+    reasoning); reasoning off ("minimal"), they hold from the first token."""
+    eos = think_tokenizer.token_to_id("<|im_end|>")
+    call = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Lima"}}\n</tool_call>'
+    engine = ScriptedEngine(think_tokenizer.encode("<think>Use the tool.</think>" + call, add_special_tokens=False) + [eos], eos)
+    svc = ResponsesServing(Pipeline(engine, think_tokenizer, ["m"], ServerOptions(reasoning_parser="qwen3"), Metrics(engine)))
+    fmt = {"format": {"type": "json_schema", "name": "a", "schema": {"type": "object"}}}
+    bodies = [{"tools": TOOLS, "tool_choice": "required", "reasoning": {"effort": "medium"}},
+              {"text": fmt, "reasoning": {"effort": "high"}}, {"tools": TOOLS, "tool_choice": "required", "reasoning": {"effort": "minimal"}}]
+    outs = [json.loads(asyncio.run(svc.create(ResponsesRequest(model="m", input="Weather in Lima?", **b))).body) for b in bodies]
+    tok = think_tokenizer.token_to_id
+    for p in engine.params[:2]:
+        assert p.guided_kind in ("lark", "json") and not p.in_reasoning
+        assert (p.reasoning_start_token, p.reasoning_end_token, p.reasoning_answer_token) == (tok("<think>"), tok("</think>"), tok("<tool_call>"))
+    assert engine.params[2].guided_kind == "lark" and engine.params[2].reasoning_end_token == -1
+    assert [o["type"] for o in outs[0]["output"]] == ["reasoning", "function_call"]
+    assert outs[0]["output"][0]["content"][0]["text"] == "Use the tool." and outs[0]["status"] == "completed"

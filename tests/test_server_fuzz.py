@@ -21,8 +21,9 @@ from conftest import make_hf_model
 
 STREAMING = {"/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/messages"}
 SEEDS = {
-    "/v1/chat/completions": {"model": "m", "max_tokens": 4, "messages": [{"role": "user", "content": "hi"}]},
-    "/v1/completions": {"model": "m", "max_tokens": 4, "prompt": "The sky is"},
+    "/v1/chat/completions": {"model": "m", "max_tokens": 4, "messages": [{"role": "user", "content": "hi"}],
+                             "logit_bias": {"5": 1.5}},
+    "/v1/completions": {"model": "m", "max_tokens": 4, "prompt": "The sky is", "logit_bias": {"7": -100}},
     "/v1/responses": {"model": "m", "max_output_tokens": 4, "input": [{"role": "user", "content": "hi"}]},
     "/v1/messages": {"model": "m", "max_tokens": 4, "messages": [{"role": "user", "content": [{"type": "text", "text": "hi"}]}]},
     "/v1/messages/count_tokens": {"model": "m", "messages": [{"role": "user", "content": "hi"}]},

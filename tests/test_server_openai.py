@@ -350,15 +350,33 @@ def test_forced_tool_calls_need_no_parser(client):
 
 
 def test_fields_not_honoured_are_refused(server, client):
-    """logit_bias, best_of past n and suffix would change the answer: a 400 naming each, never
-    ignored; their neutral values pass."""
-    for path, body, param in (("/v1/chat/completions", {"messages": MSG, "logit_bias": {"42": 5.0}}, "logit_bias"),
-                              ("/v1/completions", {"prompt": "Hi", "best_of": 3}, "best_of"),
+    """best_of past n and suffix would change the answer: a 400 naming each, never ignored; their
+    neutral values pass."""
+    for path, body, param in (("/v1/completions", {"prompt": "Hi", "best_of": 3}, "best_of"),
                               ("/v1/completions", {"prompt": "Hi", "suffix": " end."}, "suffix")):
         status, err = error_of(server, path, {"model": "smol", "max_tokens": 2, **body})
         assert status == 400 and err["error"]["param"] == param, err
     r = client.completions.create(model="smol", prompt="Hi", max_tokens=2, best_of=1, logit_bias={}, suffix="")
     assert r.choices[0].text is not None
+
+
+def test_logit_bias_is_honoured_and_bounded(server, client):
+    """logit_bias (token id -> [-100, 100]) moves the sampled tokens on both endpoints; a key that is
+    no token id, a bias out of range or a token past the vocabulary is a 400 naming the field."""
+    r = client.chat.completions.create(model="smol", messages=MSG, max_tokens=3, temperature=1.0, seed=3,
+                                       logit_bias={"1234": 100})
+    assert r.choices[0].message.content == client_tokens_text(server, [1234] * 3)
+    r = client.completions.create(model="smol", prompt="Hi", max_tokens=2, temperature=0, logit_bias={"1234": 100})
+    assert r.choices[0].text == client_tokens_text(server, [1234] * 2)
+    for bias in ({"x": 1}, {"-3": 1}, {"42": 100.5}, {"42": "NaN"}, {"99999999": 1}, {str(i): 1 for i in range(1025)}):
+        status, err = error_of(server, "/v1/chat/completions", {"model": "smol", "messages": MSG, "max_tokens": 2,
+                                                                "logit_bias": bias})
+        assert status == 400 and err["error"]["param"].startswith("logit_bias"), (bias, err)
+
+
+def client_tokens_text(server, ids):
+    r = httpx.post(server.url + "/detokenize", json={"model": "smol", "tokens": ids}, headers={"Authorization": f"Bearer {KEY}"})
+    return r.json()["prompt"]
 
 
 def test_render_gives_the_prompt_a_chat_request_runs(server, client):

@@ -59,11 +59,16 @@ NB_MODULE(_core, m) {
       .def_rw("min_tokens", &SamplingParams::min_tokens)
       .def_rw("ignore_eos", &SamplingParams::ignore_eos)
       .def_rw("stop_token_ids", &SamplingParams::stop_token_ids)
+      .def_rw("logit_bias", &SamplingParams::logit_bias)
       .def_rw("logprobs", &SamplingParams::logprobs)
       .def_rw("prompt_logprobs", &SamplingParams::prompt_logprobs)
       .def_rw("return_generation_logits", &SamplingParams::return_generation_logits)
       .def_rw("guided_kind", &SamplingParams::guided_kind)
       .def_rw("guided_data", &SamplingParams::guided_data)
+      .def_rw("reasoning_start_token", &SamplingParams::reasoning_start_token)
+      .def_rw("reasoning_end_token", &SamplingParams::reasoning_end_token)
+      .def_rw("reasoning_answer_token", &SamplingParams::reasoning_answer_token)
+      .def_rw("in_reasoning", &SamplingParams::in_reasoning)
       .def("validate", &SamplingParams::validate);
 
   nb::class_<SchedulingTag>(m, "SchedulingTag")

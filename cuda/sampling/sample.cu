@@ -177,6 +177,7 @@ __global__ void __launch_bounds__(kThreads) sample_kernel(const float* __restric
   for (int a = p.adjust_begin + int(threadIdx.x); a < p.adjust_end; a += kThreads) {  // one entry per token
     const ops::SampleAdjust e = adjust[a];
     float x = w[e.token];
+    x += e.bias;
     if (e.masked) x = -INFINITY;
     if (e.seen && p.repetition_penalty != 1.0f) x = x > 0 ? x / p.repetition_penalty : x * p.repetition_penalty;
     if (e.out_count > 0) x -= p.frequency_penalty * float(e.out_count) + p.presence_penalty;

@@ -336,6 +336,7 @@ void test_sample(int64_t V, ops::SampleRow base, const std::string& name) {
       a.masked = j == 0;
       a.seen = 1;
       a.out_count = j % 3;
+      a.bias = j == 5 ? 4.0f : j == 4 ? -2.5f : 0.0f;
       adjust.push_back(a);
     }
     row.adjust_end = int32_t(adjust.size());

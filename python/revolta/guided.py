@@ -15,6 +15,19 @@ BOUNDED_WHITESPACE = r"[\x20\x09]{1,2}|\x0D?\x0A[\x20\x09]{0,32}"
 
 
 @dataclass
+class ReasoningGate:
+    """A thinking model's reasoning before the grammar: the grammar holds only what follows `end`
+    (</think>). in_reasoning: the prompt left the block open; otherwise the answer's first token may
+    be `start` (<think>), which opens it. `answer` (<tool_call>, or None) also ends the reasoning,
+    as the answer's first token."""
+
+    start: int | None
+    end: int
+    answer: int | None = None
+    in_reasoning: bool = False
+
+
+@dataclass
 class GuidedDecodingParams:
     json: str | dict[str, Any] | None = None  # a JSON schema
     regex: str | None = None

@@ -6,7 +6,7 @@ import math
 from dataclasses import dataclass, field
 
 from revolta import _core
-from revolta.guided import GuidedDecodingParams
+from revolta.guided import GuidedDecodingParams, ReasoningGate
 
 
 _INT32_MAX = 2**31 - 1  # the engine's integers
@@ -34,6 +34,8 @@ class SamplingParams:
     skip_special_tokens: bool = True
     return_generation_logits: bool = False
     guided_decoding: GuidedDecodingParams | dict | None = None  # constrained decoding (vLLM's name)
+    guided_after: ReasoningGate | None = None  # the grammar starts after the model's reasoning
+    logit_bias: dict[int, float] | None = None  # token id -> added to its logit, in [-100, 100] (OpenAI's)
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -76,6 +78,11 @@ class SamplingParams:
             bad("stop", "must be non-empty strings")
         if any(isinstance(t, bool) or not isinstance(t, int) or not 0 <= t <= _INT32_MAX for t in self.stop_token_ids):
             bad("stop_token_ids", "must be token ids (integers in [0, 2**31))")
+        bias = self.logit_bias or {}
+        if not isinstance(bias, dict) or any(
+                isinstance(t, bool) or not isinstance(t, int) or not 0 <= t <= _INT32_MAX or isinstance(b, bool)
+                or not isinstance(b, (int, float)) or not -100 <= b <= 100 for t, b in bias.items()):
+            bad("logit_bias", "must map token ids to biases in [-100, 100]")
         # The ranges, as the engine checks every request; min_tokens is unclamped here.
         self._core(self.max_tokens if self.max_tokens is not None else max(1, self.min_tokens)).validate()
 
@@ -103,4 +110,10 @@ class SamplingParams:
         p.return_generation_logits = bool(self.return_generation_logits)
         if self.guided_decoding is not None:
             p.guided_kind, p.guided_data = self.guided_decoding.engine_form()
+            if (g := self.guided_after) is not None:
+                p.reasoning_start_token = -1 if g.start is None else int(g.start)
+                p.reasoning_end_token = int(g.end)
+                p.reasoning_answer_token = -1 if g.answer is None else int(g.answer)
+                p.in_reasoning = bool(g.in_reasoning)
+        p.logit_bias = [(int(t), float(b)) for t, b in (self.logit_bias or {}).items()]
         return p

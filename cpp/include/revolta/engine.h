@@ -31,6 +31,8 @@ struct SamplingParams {
   int32_t min_tokens = 0;           // EOS / stop tokens are masked until this many were made
   bool ignore_eos = false;
   std::vector<int32_t> stop_token_ids;
+  // Added to these tokens' logits before penalties and sampling (OpenAI's logit_bias): [-100, 100].
+  std::vector<std::pair<int32_t, float>> logit_bias;
   int32_t logprobs = -1;               // -1: none; N >= 0: sampled token + N top alternatives
   // -1: none; N >= 0: the log-probability of each prompt token given the ones before it, + N top
   // alternatives (vLLM's prompt_logprobs; such a request reads nothing from the prefix cache).
@@ -40,6 +42,14 @@ struct SamplingParams {
   // regex | lark (a Lark grammar); empty: none. Needs EngineConfig::guided_decoding_library.
   std::string guided_kind;
   std::string guided_data;
+  // A thinking model's reasoning is not held to the grammar: with reasoning_end_token >= 0 (</think>)
+  // the grammar starts after it. The prompt may leave the block open (in_reasoning), or the
+  // answer's first token may open it (reasoning_start_token, <think>); reasoning_answer_token
+  // (<tool_call>) also ends it, as the answer's first token.
+  int32_t reasoning_start_token = -1;
+  int32_t reasoning_end_token = -1;
+  int32_t reasoning_answer_token = -1;
+  bool in_reasoning = false;
 
   // Throws std::invalid_argument naming the offending field.
   void validate() const;

@@ -25,6 +25,11 @@ void SamplingParams::validate() const {
   RV_CHECK_ARG(guided_kind.empty() || guided_kind == "json" || guided_kind == "json_object" || guided_kind == "regex" ||
                    guided_kind == "lark",
                "guided_decoding: kind must be json, json_object, regex or lark, got '", guided_kind, "'");
+  RV_CHECK_ARG(reasoning_end_token >= 0 || (!in_reasoning && reasoning_start_token < 0 && reasoning_answer_token < 0),
+               "guided_decoding: the reasoning tokens need reasoning_end_token");
+  for (const auto& [token, bias] : logit_bias)
+    RV_CHECK_ARG(token >= 0 && std::isfinite(bias) && bias >= -100.0f && bias <= 100.0f,
+                 "logit_bias: token ", token, " has bias ", bias, " (token ids >= 0, biases in [-100, 100])");
   RV_CHECK_ARG(std::isfinite(temperature) && temperature >= 0.0f,
                "temperature must be a finite number >= 0, got ", temperature);
   RV_CHECK_ARG(top_p > 0.0f && top_p <= 1.0f, "top_p must be in (0, 1], got ", top_p);

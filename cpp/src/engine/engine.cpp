@@ -181,6 +181,8 @@ void validate_prompt(const std::vector<int32_t>& prompt, const SamplingParams& p
   for (int32_t t : prompt)
     RV_CHECK_ARG(t >= 0 && t < info.vocab_size, "prompt token id ", t, " is outside the vocabulary [0, ",
                  info.vocab_size, ")");
+  for (const auto& [t, bias] : params.logit_bias)
+    RV_CHECK_ARG(t < info.vocab_size, "logit_bias: token id ", t, " is outside the vocabulary [0, ", info.vocab_size, ")");
 }
 
 }  // namespace
@@ -196,7 +198,9 @@ std::unique_ptr<GrammarMatcher> Engine::Impl::make_grammar(const SamplingParams&
         cfg.guided_decoding_library, cfg.tokenizer_json.empty() ? cfg.model + "/tokenizer.json" : cfg.tokenizer_json,
         model_cfg.eos_token_ids.front());
   }
-  return std::make_unique<GrammarMatcher>(*grammar_tokenizer, p.guided_kind, p.guided_data);
+  auto g = std::make_unique<GrammarMatcher>(*grammar_tokenizer, p.guided_kind, p.guided_data);
+  g->reason_first(p.reasoning_start_token, p.reasoning_end_token, p.reasoning_answer_token, p.in_reasoning);
+  return g;
 }
 
 uint64_t Engine::add_request(std::vector<int32_t> prompt, const SamplingParams& params,

@@ -172,6 +172,7 @@ struct SampleAdjust {
   int32_t masked = 0;     // min_tokens not reached: this EOS / stop token cannot be drawn
   int32_t seen = 0;       // in prompt or output: repetition penalty applies
   int32_t out_count = 0;  // occurrences in the output: presence / frequency penalties apply
+  float bias = 0.0f;      // logit_bias: added before the penalties
 };
 constexpr int kMaxTopLogprobs = 20;
 struct SampleResult {

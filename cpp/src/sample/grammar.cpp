@@ -129,15 +129,33 @@ std::string GrammarMatcher::error() const {
 }
 
 const std::vector<uint32_t>& GrammarMatcher::allowed() {
-  if (mask_current_) return mask_;
+  if (mask_current_ || !constrains()) return mask_;
   if (api_.matcher_compute_mask_into(m_, mask_.data(), mask_.size() * 4) != 0) std::fill(mask_.begin(), mask_.end(), 0u);
+  if (phase_ == Phase::kMayReason && size_t(start_) / 32 < mask_.size()) mask_[size_t(start_) / 32] |= 1u << (start_ % 32);
   mask_current_ = true;
   return mask_;
 }
 
 bool GrammarMatcher::consume(int32_t token) {
   mask_current_ = false;
+  if (phase_ == Phase::kReasoning) {
+    if (token == end_) phase_ = Phase::kAnswer;
+    if (token != answer_) return true;
+  } else if (phase_ == Phase::kMayReason) {
+    if (token == start_) {
+      phase_ = Phase::kReasoning;
+      return true;
+    }
+  }
+  phase_ = Phase::kAnswer;
   return api_.matcher_consume_token(m_, uint32_t(token)) == 0;
+}
+
+void GrammarMatcher::reason_first(int32_t start, int32_t end, int32_t answer, bool in_reasoning) {
+  if (end < 0) return;
+  start_ = start, end_ = end, answer_ = answer;
+  phase_ = in_reasoning ? Phase::kReasoning : start >= 0 ? Phase::kMayReason : Phase::kAnswer;
+  mask_current_ = false;
 }
 
 void MaskJobs::start(std::vector<GrammarMatcher*> matchers) {

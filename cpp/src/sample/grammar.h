@@ -47,6 +47,11 @@ class GrammarMatcher {
   const std::vector<uint32_t>& allowed();
   // False (and error() says why) when the token breaks the grammar.
   bool consume(int32_t token);
+  // Reasoning before the grammar (a thinking model's <think> ... </think>): while in it no token
+  // is masked or fed to the grammar; `end` leaves it, `answer` too as the grammar's first token;
+  // the answer's first token may be `start`, which opens it. Tokens < 0: none.
+  void reason_first(int32_t start, int32_t end, int32_t answer, bool in_reasoning);
+  bool constrains() const { return phase_ != Phase::kReasoning; }  // allowed() holds for the next token
   bool stopped() const;  // the grammar is complete: only EOS may follow
   std::string error() const;
 
@@ -55,6 +60,8 @@ class GrammarMatcher {
   void* m_ = nullptr;
   std::vector<uint32_t> mask_;
   bool mask_current_ = false;  // mask_ is the current state's (cleared by consume)
+  enum class Phase { kAnswer, kReasoning, kMayReason } phase_ = Phase::kAnswer;
+  int32_t start_ = -1, end_ = -1, answer_ = -1;
 };
 
 // The masks of a step's constrained rows, computed on a thread of their own while the engine

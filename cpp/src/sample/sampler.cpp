@@ -27,6 +27,7 @@ ops::SampleRow sample_row(const SamplingContext& c, size_t history, int32_t V, s
       for (int32_t e : *c.eos_token_ids) by_token[e].masked = 1;
     for (int32_t t : p.stop_token_ids) by_token[t].masked = 1;
   }
+  for (const auto& [t, b] : p.logit_bias) by_token[t].bias += b;
   if (p.repetition_penalty != 1.0f)
     for (size_t i = 0; i < history; ++i) by_token[toks[i]].seen = 1;
   if (p.presence_penalty != 0.0f || p.frequency_penalty != 0.0f)
@@ -64,7 +65,7 @@ std::vector<TokenOutput> sample_rows(const Tensor& device_logits, const std::vec
   std::vector<ops::SampleAdjust> adjust;
   for (const SamplingContext& c : rows) {
     ops::SampleRow row = sample_row(c, c.history == SamplingContext::kAllTokens ? c.tokens->size() : c.history, V, adjust,
-                                    c.grammar ? &c.grammar->allowed() : nullptr);
+                                    c.grammar && c.grammar->constrains() ? &c.grammar->allowed() : nullptr);
     if (c.params->temperature > 1e-5f) row.uniform = float(c.rng->uniform());
     op_rows.push_back(row);
   }

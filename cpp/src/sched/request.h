@@ -73,7 +73,7 @@ struct Request {
 // argmax, so it can be read a step later (async scheduling) or checked against drafts.
 inline bool plain_greedy(const Request* r) {
   const SamplingParams& p = r->params;
-  return p.temperature == 0.0f && p.guided_kind.empty() && p.logprobs < 0 && !p.return_generation_logits && p.repetition_penalty == 1.0f &&
+  return p.temperature == 0.0f && p.guided_kind.empty() && p.logit_bias.empty() && p.logprobs < 0 && !p.return_generation_logits && p.repetition_penalty == 1.0f &&
          p.presence_penalty == 0.0f && p.frequency_penalty == 0.0f && r->num_output_tokens() >= p.min_tokens;
 }
 

@@ -13,7 +13,7 @@ from fastapi import Request
 from fastapi.responses import JSONResponse
 
 from revolta.config import ServerOptions
-from revolta.guided import GuidedDecodingParams, from_request
+from revolta.guided import GuidedDecodingParams, ReasoningGate, from_request
 from revolta.models.tokenizer import ChatTemplateError, Tokenizer
 from revolta.sampling_params import SamplingParams
 from revolta.server.async_engine import AsyncEngine
@@ -118,6 +118,11 @@ class Pipeline:
         def pick(value, name, fallback):
             return value if value is not None else d.get(name, fallback)
 
+        bias = req.logit_bias or {}
+        vocab = self.engine.model_info.vocab_size
+        if any(t >= vocab for t in bias):
+            raise APIError(400, f"logit_bias: token id {max(bias)} is outside the vocabulary [0, {vocab})",
+                           param="logit_bias")
         if max_tokens is None and d.get("max_tokens") is not None:
             max_tokens = min(int(d["max_tokens"]), room)
         try:
@@ -136,6 +141,7 @@ class Pipeline:
                 min_tokens=min(req.min_tokens, max_tokens or room),
                 stop=stop,
                 stop_token_ids=list(req.stop_token_ids or []),
+                logit_bias=bias or None,
                 include_stop_str_in_output=req.include_stop_str_in_output,
                 ignore_eos=req.ignore_eos,
                 logprobs=logprobs,
@@ -231,6 +237,15 @@ class Pipeline:
         tool = (lambda: make_tool_parser(fmt, tools)) if tools else (lambda: None)
         return router, tool
 
+    def grammar_after_reasoning(self, params: SamplingParams, prompt_ids: list[int], thinking: bool) -> None:
+        """With thinking on, a request's grammar (a forced call, response_format, guided_*) holds the
+        answer only: the reasoning before it is the model's own."""
+        rt = self.reasoning_tokens
+        if params.guided_decoding is None or not thinking or rt is None:
+            return
+        params.guided_after = ReasoningGate(start=rt.start, end=rt.end, answer=rt.tool_call,
+                                            in_reasoning=prompt_opens_reasoning(prompt_ids, rt))
+
     def tool_format(self, tool_choice) -> str | None:
         """The format of the model's tool calls: the server's parser, or where a call is forced (its
         grammar holds the output to a format, so none needs recognising) hermes's."""
@@ -238,8 +253,7 @@ class Pipeline:
             return self.opts.tool_call_parser
         return FORCED_CALL_FORMAT if tool_choice == "required" or forced_name(tool_choice) else None
 
-    def force_tool_calls(self, tool_choice, parallel: bool, tools: list[dict] | None, thinking: bool,
-                         params: SamplingParams) -> None:
+    def force_tool_calls(self, tool_choice, parallel: bool, tools: list[dict] | None, params: SamplingParams) -> None:
         """tool_choice "required" or a named function: the output held to calls of the tools' schemas."""
         name = forced_name(tool_choice)
         if tool_choice != "required" and name is None:
@@ -248,9 +262,6 @@ class Pipeline:
             raise APIError(400, "tool_choice forces a tool call but the request has no tools", param="tool_choice")
         if params.guided_decoding is not None:
             raise APIError(400, f"tool_choice and {params.guided_decoding.field_name} exclude each other", param="tool_choice")
-        if thinking and self.reasoning_tokens:
-            raise APIError(400, "tool_choice forcing a call needs thinking off (chat_template_kwargs "
-                                "{\"enable_thinking\": false})", param="tool_choice")
         try:
             grammar = tool_call_grammar(self.tool_format(tool_choice), tools, name, parallel)
         except ValueError as e:

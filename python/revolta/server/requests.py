@@ -11,6 +11,9 @@ from pydantic import Field, ValidationInfo, field_validator
 from revolta.server.schema import INT32_MAX, Count, Priority, RequestModel, TokenId
 
 
+MAX_LOGIT_BIAS = 1024  # biased tokens per request (each one is a sampling adjustment every step)
+
+
 class StreamOptions(RequestModel):
     include_usage: bool = False
 
@@ -54,12 +57,27 @@ class SamplingFields(RequestModel):
     guided_choice: list[str] | None = None
     guided_grammar: str | None = None
     priority: Priority = 0
+    # OpenAI's: token id (a decimal string) -> a bias added to its logit, in [-100, 100].
+    logit_bias: dict[str, float] | None = None
     # Fields the APIs define that this server does not honour yet: refused when they would change
     # the answer, never ignored.
-    logit_bias: dict[str, float] | None = None
     best_of: int | None = Field(None, ge=1, le=16)
 
-    _no_bias = refused_when_set("logit_bias", "not supported by this server yet (leave it out or send {})")
+    @field_validator("logit_bias", mode="after")
+    @classmethod
+    def _bias(cls, v):
+        if not v:
+            return None
+        if len(v) > MAX_LOGIT_BIAS:
+            raise ValueError(f"at most {MAX_LOGIT_BIAS} tokens may be biased (got {len(v)})")
+        out = {}
+        for key, bias in v.items():
+            if not key.isdigit() or int(key) > INT32_MAX:
+                raise ValueError(f"keys must be token ids (decimal integers), got {key!r}")
+            if not -100 <= bias <= 100:
+                raise ValueError(f"biases must be in [-100, 100], got {bias} for token {key}")
+            out[int(key)] = float(bias)
+        return out
 
     @field_validator("best_of", mode="after")
     @classmethod

@@ -29,6 +29,7 @@ std::vector<float> sample_weights(const float* raw, int64_t V, const SampleRow& 
   for (int32_t a = p.adjust_begin; a < p.adjust_end; ++a) {
     const SampleAdjust& e = adjust[a];
     float& x = w[size_t(e.token)];
+    x += e.bias;
     if (e.masked) x = -INFINITY;
     if (e.seen && p.repetition_penalty != 1.0f) x = x > 0 ? x / p.repetition_penalty : x * p.repetition_penalty;
     if (e.out_count > 0) x -= p.frequency_penalty * float(e.out_count) + p.presence_penalty;

@@ -111,8 +111,6 @@ class AnthropicServing:
         forced = req.tool_choice.type if req.tool_choice and req.tool_choice.type in ("any", "tool") else None
         if forced and not tools:
             raise APIError(400, f"tool_choice '{forced}' needs tools", param="tool_choice")
-        if forced and thinking:
-            raise APIError(400, "thinking may not be enabled when tool_choice forces tool use", param="tool_choice")
         if forced == "tool" and req.tool_choice.name not in {t["function"]["name"] for t in tools}:
             raise APIError(400, f"tool_choice names an unknown tool '{req.tool_choice.name}'", param="tool_choice")
         fields = SamplingFields(temperature=req.temperature, top_p=req.top_p, top_k=req.top_k, stop=req.stop_sequences)
@@ -122,6 +120,7 @@ class AnthropicServing:
             grammar = tool_call_grammar(p.tool_format(creq.tool_choice), tools,
                                         req.tool_choice.name if forced == "tool" else None, not single)
             params.guided_decoding = GuidedDecodingParams(grammar=grammar, field_name="tool_choice")
+        p.grammar_after_reasoning(params, prompt_ids, thinking)
         (c,) = job.start(prompt_ids, params, 0, 0, *p.parsers(prompt_ids, tools, thinking, creq.tool_choice))
         first = Delta()
         msg_id = "msg_" + uuid.uuid4().hex[:24]

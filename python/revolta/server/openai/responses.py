@@ -104,8 +104,9 @@ class ResponsesServing:
         _, prompt_ids, tools, thinking = await p.render_chat(creq)
         fields = SamplingFields(temperature=req.temperature, top_p=req.top_p, response_format=response_format(req.text))
         params = p.sampling(fields, len(prompt_ids), req.max_output_tokens, None)
-        p.force_tool_calls(creq.tool_choice, req.parallel_tool_calls, tools, thinking, params)
+        p.force_tool_calls(creq.tool_choice, req.parallel_tool_calls, tools, params)
         p.calls_or_answer(creq.tool_choice, req.parallel_tool_calls, tools, params)
+        p.grammar_after_reasoning(params, prompt_ids, thinking)
         (c,) = job.start(prompt_ids, params, 0, 0, *p.parsers(prompt_ids, tools, thinking, creq.tool_choice))
         head = {"id": _new_id("resp"), "object": "response", "created_at": int(time.time()), "model": model,
                 "parallel_tool_calls": req.parallel_tool_calls, "tool_choice": req.tool_choice or "auto",

@@ -61,8 +61,9 @@ class OpenAIServing:
         if req.top_logprobs and not req.logprobs:
             raise APIError(400, "top_logprobs requires logprobs=true", param="top_logprobs")
         params = self.p.sampling(req, len(prompt_ids), max_tokens, (top or 0) if req.logprobs else None)
-        self.p.force_tool_calls(req.tool_choice, req.parallel_tool_calls, tools, thinking, params)
+        self.p.force_tool_calls(req.tool_choice, req.parallel_tool_calls, tools, params)
         self.p.calls_or_answer(req.tool_choice, req.parallel_tool_calls, tools, params)
+        self.p.grammar_after_reasoning(params, prompt_ids, thinking)
         choices = job.start(prompt_ids, params, 0, 0, *self.p.parsers(prompt_ids, tools, thinking, req.tool_choice))
         rid = "chatcmpl-" + uuid.uuid4().hex
         created = int(time.time())
