@@ -23,7 +23,7 @@ STREAMING = {"/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/me
 SEEDS = {
     "/v1/chat/completions": {"model": "m", "max_tokens": 4, "messages": [{"role": "user", "content": "hi"}],
                              "logit_bias": {"5": 1.5}},
-    "/v1/completions": {"model": "m", "max_tokens": 4, "prompt": "The sky is", "logit_bias": {"7": -100}},
+    "/v1/completions": {"model": "m", "max_tokens": 4, "prompt": "The sky is", "logit_bias": {"7": -100}, "best_of": 2},
     "/v1/responses": {"model": "m", "max_output_tokens": 4, "input": [{"role": "user", "content": "hi"}]},
     "/v1/messages": {"model": "m", "max_tokens": 4, "messages": [{"role": "user", "content": [{"type": "text", "text": "hi"}]}]},
     "/v1/messages/count_tokens": {"model": "m", "messages": [{"role": "user", "content": "hi"}]},

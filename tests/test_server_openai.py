@@ -350,9 +350,9 @@ def test_forced_tool_calls_need_no_parser(client):
 
 
 def test_fields_not_honoured_are_refused(server, client):
-    """best_of past n and suffix would change the answer: a 400 naming each, never ignored; their
-    neutral values pass."""
-    for path, body, param in (("/v1/completions", {"prompt": "Hi", "best_of": 3}, "best_of"),
+    """suffix would change the answer, and best_of below n is impossible: a 400 naming each, never
+    ignored; their neutral values pass."""
+    for path, body, param in (("/v1/completions", {"prompt": "Hi", "n": 2, "best_of": 1}, "best_of"),
                               ("/v1/completions", {"prompt": "Hi", "suffix": " end."}, "suffix")):
         status, err = error_of(server, path, {"model": "smol", "max_tokens": 2, **body})
         assert status == 400 and err["error"]["param"] == param, err
@@ -407,3 +407,38 @@ def test_chat_template_override(demo_model_dir, tmp_path):
         assert r.json()[1][0]["prompt"] == f"[user] {MSG[0]['content']}\n[assistant] "
     finally:
         assert "Traceback" not in srv.stop()
+
+
+def test_best_of_returns_the_likeliest_samples(server, client):
+    """best_of=4, n=2: the two of the four seeded samples with the highest summed log-probability (the
+    same four that n=4 gives), best first; streaming it is a 400."""
+    body = dict(model="smol", prompt="The ocean is", max_tokens=6, temperature=1.0, seed=11)
+    four = client.completions.create(n=4, logprobs=0, **body).choices
+    sums = {c.text: sum(c.logprobs.token_logprobs) for c in four}
+    best = client.completions.create(n=2, best_of=4, **body)
+    assert [c.text for c in best.choices] == sorted(sums, key=lambda t: -sums[t])[:2]
+    assert [c.index for c in best.choices] == [0, 1] and best.choices[0].logprobs is None
+    status, err = error_of(server, "/v1/completions", {**body, "n": 1, "best_of": 2, "stream": True})
+    assert status == 400 and err["error"]["param"] == "best_of"
+    status, err = error_of(server, "/v1/chat/completions", {"model": "smol", "messages": MSG, "best_of": 2})
+    assert status == 400 and err["error"]["param"] == "best_of"
+
+
+def test_beam_search_gives_the_offline_beams(server, demo_model_dir):
+    """use_beam_search (vLLM's): the n best beams, the ones LLM.beam_search finds for the same prompt."""
+    from revolta import LLM, BeamSearchParams
+
+    r = httpx.post(server.url + "/v1/completions", headers={"Authorization": f"Bearer {KEY}"},
+                   json={"model": "smol", "prompt": "The ocean is", "max_tokens": 5, "n": 3, "use_beam_search": True})
+    assert r.status_code == 200, r.text
+    got = r.json()["choices"]
+    with LLM(max_model_len=256) as llm:
+        (want,) = llm.beam_search(["The ocean is"], BeamSearchParams(beam_width=3, max_tokens=5))
+        ids = llm.get_tokenizer().encode("The ocean is")
+        texts = [llm.get_tokenizer().decode(s.tokens[len(ids):]) for s in want.sequences]
+    assert [c["text"] for c in got] == texts
+    assert all(abs(c["cumulative_logprob"] - s.cum_logprob) < 1e-3 for c, s in zip(got, want.sequences))
+    for extra in ({"stream": True}, {"temperature": 0.8}, {"logprobs": 1}, {"n": 11}):
+        status, err = error_of(server, "/v1/completions", {"model": "smol", "prompt": "Hi", "max_tokens": 2, "n": 2,
+                                                           "use_beam_search": True, **extra})
+        assert status == 400, (extra, err)

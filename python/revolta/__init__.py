@@ -5,6 +5,7 @@
     print(llm.generate("The capital of France is", SamplingParams(temperature=0))[0].outputs[0].text)
 """
 
+from revolta.beam_search import BeamSearchParams
 from revolta.llm import LLM
 from revolta.models.resolve import demo_gguf, demo_model
 from revolta.outputs import CompletionOutput, RequestOutput
@@ -12,4 +13,4 @@ from revolta.guided import GuidedDecodingParams
 from revolta.sampling_params import SamplingParams
 
 __version__ = "0.1.0"
-__all__ = ["LLM", "SamplingParams", "GuidedDecodingParams", "RequestOutput", "CompletionOutput", "demo_model", "demo_gguf"]
+__all__ = ["LLM", "SamplingParams", "BeamSearchParams", "GuidedDecodingParams", "RequestOutput", "CompletionOutput", "demo_model", "demo_gguf"]

@@ -10,7 +10,8 @@ from typing import Any, Sequence
 
 from pydantic import ValidationError
 
-from revolta import _core
+from revolta import _core, beam_search
+from revolta.beam_search import BeamSearchOutput, BeamSearchParams, BeamSearchSequence
 from revolta.config import EngineOptions, describe_errors
 from revolta.kv_calibration import calibration_prompts as calibration_prompts_of
 from revolta.engine_setup import engine_config
@@ -154,6 +155,42 @@ class LLM:
             text = tok.apply_chat_template(conv, add_generation_prompt=True, tools=tools, **(chat_template_kwargs or {}))
             prompts.append({"prompt": text, "prompt_token_ids": tok.encode(text, add_special_tokens=False)})
         return self.generate(prompts, sampling_params)
+
+    def beam_search(self, prompts: PromptType | Sequence[PromptType], params: BeamSearchParams) -> list[BeamSearchOutput]:
+        """vLLM's LLM.beam_search: each prompt's beam_width best sequences (revolta/beam_search.py),
+        every prompt's beams expanded in the same engine steps."""
+        encoded = [self._encode(p) for p in self._normalize_prompts(prompts)]
+        eos = set(self.model_info.eos_token_ids)
+        room = max(len(ids) for _, ids in encoded) + params.max_tokens
+        if room > self.model_info.max_model_len:
+            raise ValueError(f"max_tokens {params.max_tokens} leaves no room in max_model_len {self.model_info.max_model_len}")
+        steps = beam_search.Lockstep([ids for _, ids in encoded], params, eos)
+        while not steps.done:
+            steps.feed(self._expand(steps.pending(), params.beam_width))
+        results = steps.results
+        out = []
+        for seqs in results:
+            for s in seqs:
+                if self.tokenizer is not None:
+                    s.text = self.tokenizer.decode(s.tokens, skip_special_tokens=True)
+            out.append(BeamSearchOutput(sequences=seqs))
+        return out
+
+    def _expand(self, sequences: list[list[int]], width: int) -> list[list[tuple[int, float]]]:
+        """Each sequence's 2 x width best next tokens, in one batch of engine requests."""
+        ids = self.engine.add_requests(sequences, [beam_search.step_params(width)] * len(sequences),
+                                       [_core.SchedulingTag()] * len(sequences))
+        got: dict[int, list[tuple[int, float]]] = {}
+        try:
+            while len(got) < len(ids):
+                for out in self.engine.await_outputs(0.05):
+                    if out.tokens:
+                        got[out.request_id] = beam_search.top_alternatives(out.tokens)
+        except BaseException:
+            for rid in ids:
+                self.engine.abort(rid)
+            raise
+        return [got[rid] for rid in ids]
 
     def stats(self) -> _core.EngineStats:
         return self.engine.stats()

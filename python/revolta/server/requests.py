@@ -59,8 +59,7 @@ class SamplingFields(RequestModel):
     priority: Priority = 0
     # OpenAI's: token id (a decimal string) -> a bias added to its logit, in [-100, 100].
     logit_bias: dict[str, float] | None = None
-    # Fields the APIs define that this server does not honour yet: refused when they would change
-    # the answer, never ignored.
+    # Completions: the best n of best_of samples by their summed log-probability (not streamed).
     best_of: int | None = Field(None, ge=1, le=16)
 
     @field_validator("logit_bias", mode="after")
@@ -83,8 +82,8 @@ class SamplingFields(RequestModel):
     @classmethod
     def _best_of_is_n(cls, v, info: ValidationInfo):
         n = info.data.get("n", 1)
-        if v is not None and v != n:
-            raise ValueError(f"only best_of = n ({n}) is supported (got {v})")
+        if v is not None and v < n:
+            raise ValueError(f"best_of must be at least n ({n}), got {v}")
         return v
 
 

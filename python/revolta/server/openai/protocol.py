@@ -15,6 +15,9 @@ class CompletionRequest(SamplingFields):
     logprobs: int | None = Field(None, ge=0, le=20)
     echo: bool = False
     suffix: str | None = None
+    # vLLM's beam search: the n best beams (n is the beam width), not streamed, at temperature 0.
+    use_beam_search: bool = False
+    length_penalty: float = Field(1.0, ge=-10, le=10)
 
     _no_suffix = refused_when_set("suffix", "not supported by this server (text insertion; leave it out)")
 

@@ -9,7 +9,10 @@ import uuid
 from typing import Any, AsyncIterator
 
 from fastapi import Request
+from fastapi.responses import JSONResponse
 
+from revolta import beam_search
+from revolta.beam_search import BeamSearchParams
 from revolta.server.errors import APIError, sse_error
 from revolta.server.job import Choice, Job
 from revolta.server.openai.protocol import CompletionRequest
@@ -55,6 +58,8 @@ class OpenAIServing:
         return await self.p.run_job(raw, req.n, lambda job: self._chat(req, job, model), req.priority)
 
     async def _chat(self, req: ChatCompletionRequest, job: Job, model: str):
+        if req.best_of is not None and req.best_of > req.n:
+            raise APIError(400, "best_of greater than n is a /v1/completions option", param="best_of")
         text, prompt_ids, tools, thinking = await self.p.render_chat(req)
         max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
         top = req.top_logprobs if req.logprobs else None
@@ -172,6 +177,48 @@ class OpenAIServing:
             offset += len(s)
         return {"tokens": toks, "token_logprobs": lps, "top_logprobs": tops, "text_offset": offs}
 
+    async def _beam_search(self, req: CompletionRequest, job: Job, model: str):
+        """use_beam_search: each prompt's n best beams (revolta/beam_search.py) as its choices."""
+        for name, bad in (("stream", req.stream), ("logprobs", req.logprobs is not None), ("echo", req.echo),
+                          ("temperature", req.temperature not in (None, 0)), ("stop", bool(req.stop)),
+                          ("response_format", req.response_format is not None)):
+            if bad:
+                raise APIError(400, f"{name} is not supported with use_beam_search", param=name)
+        prompts = await self.completion_prompts(req)
+        limit = self.p.max_model_len
+        max_tokens = req.max_tokens if req.max_tokens is not None else 16
+        for _, ids in prompts:
+            if not ids:
+                raise APIError(400, "prompt must contain at least one token", param="prompt")
+            if len(ids) + max_tokens > limit:
+                raise APIError(400, f"This model's maximum context length is {limit} tokens. However, you requested "
+                                    f"{len(ids) + max_tokens} tokens ({len(ids)} in the prompt, {max_tokens} for the "
+                                    "completion).", param="max_tokens")
+        try:
+            params = BeamSearchParams(beam_width=req.n, max_tokens=max_tokens, ignore_eos=req.ignore_eos,
+                                      length_penalty=req.length_penalty)
+        except ValueError as e:
+            raise APIError(400, str(e), param="n" if "beam_width" in str(e) else None) from e
+        eos = set(self.p.engine.model_info.eos_token_ids)
+        try:
+            results = await beam_search.run_async(self.p.engine, [ids for _, ids in prompts], params, eos)
+        except RuntimeError as e:
+            raise APIError(503, str(e)) from e
+        choices, completion = [], 0
+        for k, ((_, ids), beams) in enumerate(zip(prompts, results)):
+            for rank, b in enumerate(beams):
+                gen = b.tokens[len(ids):]
+                completion += len(gen)
+                if b.finish_reason == "stop":
+                    gen = gen[:-1]
+                choices.append({"index": k * req.n + rank, "text": await self.p.decode(gen), "finish_reason": b.finish_reason,
+                                "stop_reason": None, "logprobs": None, "cumulative_logprob": b.cum_logprob})
+        prompt_tokens = sum(len(ids) for _, ids in prompts)
+        return JSONResponse({"id": "cmpl-" + uuid.uuid4().hex, "object": "text_completion", "created": int(time.time()),
+                             "model": model, "choices": choices,
+                             "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion,
+                                       "total_tokens": prompt_tokens + completion}})
+
     def echoed_logprobs(self, tokens, prompt_tokens, prompt_ids: list[int], offset: int) -> dict:
         """Completions' logprobs of `tokens`; with an echo (offset > 0) the prompt's tokens come
         first, from prompt_tokens (prompt_logprobs), the first without a logprob."""
@@ -190,7 +237,13 @@ class OpenAIServing:
         model = self.p.check_model(req.model)
         p = req.prompt
         num_prompts = 1 if isinstance(p, str) or (p and all(isinstance(x, int) for x in p)) else len(p)
-        return await self.p.run_job(raw, max(1, num_prompts) * req.n, lambda job: self._completions(req, job, model),
+        best_of = req.best_of or req.n
+        if best_of > req.n and (req.stream or req.use_beam_search):
+            raise APIError(400, "best_of greater than n cannot be streamed or beam searched", param="best_of")
+        if req.use_beam_search:
+            return await self.p.run_job(raw, max(1, num_prompts) * req.n, lambda job: self._beam_search(req, job, model),
+                                        req.priority)
+        return await self.p.run_job(raw, max(1, num_prompts) * best_of, lambda job: self._completions(req, job, model),
                                     req.priority)
 
     async def _completions(self, req: CompletionRequest, job: Job, model: str):
@@ -198,15 +251,32 @@ class OpenAIServing:
         for _, ids in prompts:
             if not ids:
                 raise APIError(400, "prompt must contain at least one token", param="prompt")
+        best_of = req.best_of or req.n
         for k, (text, ids) in enumerate(prompts):
-            # echo with logprobs: the prompt's tokens carry theirs too
-            params = self.p.sampling(req, len(ids), req.max_tokens if req.max_tokens is not None else 16, req.logprobs,
+            # echo with logprobs: the prompt's tokens carry theirs too; best_of ranks by the sampled
+            # tokens' log-probabilities, so it asks for them
+            params = self.p.sampling(req, len(ids), req.max_tokens if req.max_tokens is not None else 16,
+                                     req.logprobs if req.logprobs is not None or best_of == req.n else 0,
                                      req.logprobs if req.echo and req.logprobs is not None else None)
-            job.start(ids, params, k * req.n, k, lambda: None, lambda: None)
+            params.n = best_of
+            job.start(ids, params, k * best_of, k, lambda: None, lambda: None)
         all_choices = job.choices
         rid = "cmpl-" + uuid.uuid4().hex
         created = int(time.time())
         echo = {c.index: prompts[c.prompt_no][0] if req.echo else "" for c in all_choices}
+
+        def best(choices):
+            """Each prompt's n best of its best_of choices (summed log-probability), renumbered."""
+            if best_of == req.n:
+                return choices
+            out = []
+            for k in range(len(prompts)):
+                mine = sorted((c for c in choices if c.prompt_no == k), key=lambda c: -sum(t.logprob for t in c.all_tokens))
+                for rank, c in enumerate(mine[:req.n]):
+                    echo[k * req.n + rank] = echo[c.index]
+                    c.index = k * req.n + rank
+                    out.append(c)
+            return out
 
         if not req.stream:
             return await self.p.complete(job, lambda: {
@@ -217,7 +287,7 @@ class OpenAIServing:
                     "logprobs": self.echoed_logprobs(c.all_tokens, c.prompt_tokens, prompts[c.prompt_no][1],
                                                      len(echo[c.index])) if req.logprobs is not None else None,
                     "prompt_logprobs": self.p.prompt_logprobs(c) if req.prompt_logprobs is not None else None,
-                } for c in all_choices],
+                } for c in best(all_choices)],
                 "usage": job.usage(),
             })
 
