@@ -842,17 +842,38 @@ void test_argmax(int64_t R, int64_t V) {
 
 }  // namespace
 
+// Every sampling case (penalties, masks and logit biases among each row's adjustments).
+void run_sampling_cases() {
+  ops::SampleRow greedy, plain, topk, topp, minp, all;
+  greedy.num_logprobs = 5;
+  plain.temperature = 1.0f;
+  plain.num_logprobs = 0;
+  topk.temperature = 0.7f, topk.top_k = 40;
+  topp.temperature = 1.3f, topp.top_p = 0.8f, topp.repetition_penalty = 1.3f;
+  minp.temperature = 1.0f, minp.min_p = 0.05f, minp.presence_penalty = 0.5f, minp.frequency_penalty = 0.3f;
+  all.temperature = 0.9f, all.top_k = 100, all.top_p = 0.9f, all.min_p = 0.02f, all.num_logprobs = 20;
+  test_sample(1000, greedy, "greedy");
+  test_sample(151936, plain, "temperature");
+  test_sample(32000, topk, "top-k");
+  test_sample(128256, topp, "top-p + repetition");
+  test_sample(49152, minp, "min-p + presence/frequency");
+  test_sample(128256, all, "top-k + top-p + min-p");
+}
+
 int main(int argc, char** argv) {
   bool flash_next_only = false;  // --flash-next: only Flash-Next's cases (its kernels' quick check)
+  bool sampling_only = false;    // --sampling: only the sampling cases
   for (int i = 1; i < argc; ++i) {
     g_perf |= std::strcmp(argv[i], "--perf") == 0;
     if (std::strncmp(argv[i], "--perf=", 7) == 0) g_perf = true, g_perf_only = argv[i] + 7;
     flash_next_only |= std::strcmp(argv[i], "--flash-next") == 0;
+    sampling_only |= std::strcmp(argv[i], "--sampling") == 0;
   }
   try {
     std::printf("device: %s\n", cuda::device_name().c_str());
-    if (flash_next_only) {
-      run_flash_next_cases();
+    if (flash_next_only || sampling_only) {
+      if (flash_next_only) run_flash_next_cases();
+      if (sampling_only) run_sampling_cases();
       std::printf("%d passed, %d failed\n", g_passed, g_failed);
       return g_failed == 0 ? 0 : 1;
     }
@@ -943,22 +964,7 @@ int main(int argc, char** argv) {
       test_qkv_rope_cache(9, 16, 2, 256, 0.25, true, kv);  // Qwen3-Next: partial rotary, QK norm
       test_qkv_rope_cache(3, 4, 2, 16, 1.0, true, kv);     // rotate-half pairs across lanes
     }
-    {
-      ops::SampleRow greedy, plain, topk, topp, minp, all;
-      greedy.num_logprobs = 5;
-      plain.temperature = 1.0f;
-      plain.num_logprobs = 0;
-      topk.temperature = 0.7f, topk.top_k = 40;
-      topp.temperature = 1.3f, topp.top_p = 0.8f, topp.repetition_penalty = 1.3f;
-      minp.temperature = 1.0f, minp.min_p = 0.05f, minp.presence_penalty = 0.5f, minp.frequency_penalty = 0.3f;
-      all.temperature = 0.9f, all.top_k = 100, all.top_p = 0.9f, all.min_p = 0.02f, all.num_logprobs = 20;
-      test_sample(1000, greedy, "greedy");
-      test_sample(151936, plain, "temperature");
-      test_sample(32000, topk, "top-k");
-      test_sample(128256, topp, "top-p + repetition");
-      test_sample(49152, minp, "min-p + presence/frequency");
-      test_sample(128256, all, "top-k + top-p + min-p");
-    }
+    run_sampling_cases();
     test_linear_swiglu(1, 14336, 4096);   // Llama-8B decode
     test_linear_swiglu(8, 14336, 4096);   // its batch of 8: the split-K fragments, then silu_mul
     test_linear_swiglu(8, 1537, 1024);    // a ragged last pair
