@@ -117,3 +117,35 @@ def test_billing_header_block_leaves_the_prefix_cached(client):
     n = client.messages.count_tokens(model="smol", system=text, messages=MSG).input_tokens
     assert usage[0].input_tokens + usage[0].cache_read_input_tokens == n
     assert usage[1].input_tokens + usage[1].cache_read_input_tokens == n and usage[1].cache_read_input_tokens >= 64
+
+
+WEATHER = {"name": "get_weather", "description": "Weather forecast for a city", "input_schema": {
+    "type": "object", "additionalProperties": False, "required": ["city", "days"],
+    "properties": {"city": {"type": "string", "maxLength": 24}, "days": {"type": "integer", "minimum": 1, "maximum": 14}}}}
+TIME = {"name": "get_time", "description": "Local time of a city", "input_schema": {
+    "type": "object", "additionalProperties": False, "required": ["city"], "properties": {"city": {"type": "string", "maxLength": 24}}}}
+
+
+def test_forced_tool_use_over_sixteen_samples(client):
+    """tool_choice any and a named tool, sixteen sampled responses at temperature 1 (streamed and not):
+    each one's tool_use blocks name an offered tool (the named one when named) and their inputs
+    validate against its schema."""
+    import jsonschema
+
+    schemas = {t["name"]: t["input_schema"] for t in (WEATHER, TIME)}
+    ask = [{"role": "user", "content": "What's the weather in Oslo for the next 3 days?"}]
+    for i in range(8):
+        for choice in ({"type": "any", "disable_parallel_tool_use": True}, {"type": "tool", "name": "get_time"}):
+            body = dict(model="smol", max_tokens=120, messages=ask, tools=[WEATHER, TIME], tool_choice=choice,
+                        extra_body={"temperature": 1.0})
+            if i % 2:
+                with client.messages.stream(**body) as s:
+                    r = s.get_final_message()
+            else:
+                r = client.messages.create(**body)
+            uses = [b for b in r.content if b.type == "tool_use"]
+            assert r.stop_reason == "tool_use" and uses, r
+            assert not [b for b in r.content if b.type == "text" and b.text.strip()], r
+            for b in uses:
+                assert b.name == choice.get("name", b.name)
+                jsonschema.validate(b.input, schemas[b.name])
