@@ -27,24 +27,26 @@ def test_batch_file_runs_and_resumes(demo_model_dir, tmp_path):
     first = [line("chat-1", "/v1/chat/completions", {"model": model, "messages": ASK, "max_tokens": 8, "temperature": 0}),
              line("done-2", "/v1/completions", {"prompt": "Paris is", "max_tokens": 4, "temperature": 0}),
              line("bad-3", "/v1/chat/completions", {"messages": ASK, "temperature": 9}),
-             line("url-4", "/v1/embeddings", {"input": "x"}),
-             line("msg-5", "/v1/messages", {"model": model, "max_tokens": 8, "messages": ASK})]
+             line("url-4", "/v1/images/generations", {"prompt": "x"}),
+             line("msg-5", "/v1/messages", {"model": model, "max_tokens": 8, "messages": ASK}),
+             line("emb-7", "/v1/embeddings", {"input": ["Paris", "Rome"]})]
     src.write_text("\n".join(first) + "\n")
     assert run(demo_model_dir, src, dst) == 1  # two lines are not answered 200
     out = {o["custom_id"]: o for o in map(json.loads, dst.read_text().splitlines())}
-    assert set(out) == {"chat-1", "done-2", "bad-3", "url-4", "msg-5"}
+    assert set(out) == {"chat-1", "done-2", "bad-3", "url-4", "msg-5", "emb-7"}
+    assert [len(d["embedding"]) for d in out["emb-7"]["response"]["body"]["data"]] == [576, 576]
     assert out["chat-1"]["response"]["status_code"] == 200 and "Paris" in out["chat-1"]["response"]["body"]["choices"][0]["message"]["content"]
     assert out["done-2"]["response"]["body"]["object"] == "text_completion"
     assert out["msg-5"]["response"]["body"]["type"] == "message"
     bad = out["bad-3"]["response"]
     assert bad["status_code"] == 400 and bad["body"]["error"]["param"] == "temperature"
-    assert out["url-4"]["response"] is None and "/v1/embeddings" in out["url-4"]["error"]["message"]
+    assert out["url-4"]["response"] is None and "/v1/images/generations" in out["url-4"]["error"]["message"]
 
     # Resumed with one more line: the answered lines are kept as they were, the others run again.
     src.write_text(src.read_text() + line("chat-6", "/v1/chat/completions", {"messages": ASK, "max_tokens": 4}) + "\n")
     assert run(demo_model_dir, src, dst) == 1
     again = {o["custom_id"]: o for o in map(json.loads, dst.read_text().splitlines())}
-    assert set(again) == set(out) | {"chat-6"} and len(dst.read_text().splitlines()) == 6
+    assert set(again) == set(out) | {"chat-6"} and len(dst.read_text().splitlines()) == 7
     for kept in ("chat-1", "done-2", "msg-5"):
         assert again[kept]["id"] == out[kept]["id"]  # not run again
     assert again["bad-3"]["id"] != out["bad-3"]["id"] and again["chat-6"]["response"]["status_code"] == 200

@@ -29,6 +29,10 @@ SEEDS = {
     "/v1/messages/count_tokens": {"model": "m", "messages": [{"role": "user", "content": "hi"}]},
     "/v1/chat/completions/render": {"model": "m", "messages": [{"role": "system", "content": "x-anthropic-billing-header: a\nb"},
                                                                {"role": "user", "content": "hi"}]},
+    "/v1/embeddings": {"model": "m", "input": ["hello", "sea"], "encoding_format": "float"},
+    "/pooling": {"model": "m", "input": [[1, 2, 3]]},
+    "/score": {"model": "m", "text_1": "a cat", "text_2": ["a dog", "stocks"]},
+    "/rerank": {"model": "m", "query": "a cat", "documents": ["a dog", "stocks"], "top_n": 1},
     "/tokenize": {"prompt": "hello"},
     "/detokenize": {"tokens": [1, 2, 3]},
 }

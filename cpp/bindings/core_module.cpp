@@ -60,6 +60,7 @@ NB_MODULE(_core, m) {
       .def_rw("ignore_eos", &SamplingParams::ignore_eos)
       .def_rw("stop_token_ids", &SamplingParams::stop_token_ids)
       .def_rw("logit_bias", &SamplingParams::logit_bias)
+      .def_rw("pooling", &SamplingParams::pooling)
       .def_rw("logprobs", &SamplingParams::logprobs)
       .def_rw("prompt_logprobs", &SamplingParams::prompt_logprobs)
       .def_rw("return_generation_logits", &SamplingParams::return_generation_logits)
@@ -133,6 +134,7 @@ NB_MODULE(_core, m) {
       .def_ro("num_prompt_tokens", &RequestOutput::num_prompt_tokens)
       .def_ro("num_cached_tokens", &RequestOutput::num_cached_tokens)
       .def_ro("prompt_logprobs", &RequestOutput::prompt_logprobs)
+      .def_ro("embedding", &RequestOutput::embedding)
       .def_ro("error", &RequestOutput::error);
 
   nb::class_<EngineStats>(m, "EngineStats")

@@ -10,14 +10,14 @@ from typing import Any, Sequence
 
 from pydantic import ValidationError
 
-from revolta import _core, beam_search
+from revolta import _core, beam_search, pooling
 from revolta.beam_search import BeamSearchOutput, BeamSearchParams, BeamSearchSequence
 from revolta.config import EngineOptions, describe_errors
 from revolta.kv_calibration import calibration_prompts as calibration_prompts_of
 from revolta.engine_setup import engine_config
 from revolta.models.resolve import resolve_model
 from revolta.models.tokenizer import IncrementalDetokenizer, Tokenizer
-from revolta.outputs import CompletionOutput, RequestOutput
+from revolta.outputs import CompletionOutput, EmbeddingOutput, EmbeddingRequestOutput, RequestOutput
 from revolta.generation_defaults import generation_defaults
 from revolta.sampling_params import SamplingParams
 from revolta.stop_strings import StopStrings
@@ -155,6 +155,47 @@ class LLM:
             text = tok.apply_chat_template(conv, add_generation_prompt=True, tools=tools, **(chat_template_kwargs or {}))
             prompts.append({"prompt": text, "prompt_token_ids": tok.encode(text, add_special_tokens=False)})
         return self.generate(prompts, sampling_params)
+
+    def embed(self, prompts: PromptType | Sequence[PromptType], normalize: bool | None = None) -> list[EmbeddingRequestOutput]:
+        """vLLM's LLM.embed: each prompt's final hidden states pooled as the model's config says
+        (revolta/pooling.py: last token or mean), normalised unless normalize=False says otherwise."""
+        cfg = self.pooling_config()
+        encoded = [ids for _, ids in (self._encode(p) for p in self._normalize_prompts(prompts))]
+        ids = self.engine.add_requests(encoded, [pooling.pooling_params(cfg)] * len(encoded),
+                                       [_core.SchedulingTag()] * len(encoded))
+        got: dict[int, list[float]] = {}
+        try:
+            while len(got) < len(ids):
+                for out in self.engine.await_outputs(0.05):
+                    if out.finished:
+                        if out.finish_reason == "error":
+                            raise RuntimeError(out.error)
+                        got[out.request_id] = list(out.embedding)
+        except BaseException:
+            for rid in ids:
+                self.engine.abort(rid)
+            raise
+        keep_norm = cfg.normalize if normalize is None else normalize
+        return [EmbeddingRequestOutput(request_id=str(rid), prompt_token_ids=p,
+                                       outputs=EmbeddingOutput(pooling.finish(got[rid], keep_norm)))
+                for rid, p in zip(ids, encoded)]
+
+    def score(self, text_1: str | list[str], text_2: str | list[str]) -> list[float]:
+        """vLLM's LLM.score for an embedding model: the cosine similarity of each pair (one text_1
+        against every text_2, or pairwise)."""
+        a = [text_1] if isinstance(text_1, str) else list(text_1)
+        b = [text_2] if isinstance(text_2, str) else list(text_2)
+        if len(a) == 1:
+            a = a * len(b)
+        if len(a) != len(b):
+            raise ValueError(f"text_1 has {len(a)} texts and text_2 {len(b)}: give one text_1 or as many as text_2")
+        vectors = [o.outputs.embedding for o in self.embed(a + b)]
+        return [pooling.cosine(x, y) for x, y in zip(vectors[:len(a)], vectors[len(a):])]
+
+    def pooling_config(self) -> pooling.PoolingConfig:
+        if not hasattr(self, "_pooling"):
+            self._pooling = pooling.pooling_config(self.model_path)
+        return self._pooling
 
     def beam_search(self, prompts: PromptType | Sequence[PromptType], params: BeamSearchParams) -> list[BeamSearchOutput]:
         """vLLM's LLM.beam_search: each prompt's beam_width best sequences (revolta/beam_search.py),

@@ -32,3 +32,18 @@ class RequestOutput:
     # With prompt_logprobs: None for the first prompt token, then {token_id: logprob} with the prompt
     # token and its top alternatives (vLLM's shape).
     prompt_logprobs: list[dict[int, float] | None] | None = None
+
+
+@dataclass
+class EmbeddingOutput:
+    embedding: list[float]
+
+
+@dataclass
+class EmbeddingRequestOutput:
+    """vLLM's: one prompt's embedding (outputs.embedding)."""
+
+    request_id: str
+    prompt_token_ids: list[int]
+    outputs: EmbeddingOutput
+    finished: bool = True

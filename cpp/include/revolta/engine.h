@@ -37,6 +37,9 @@ struct SamplingParams {
   // -1: none; N >= 0: the log-probability of each prompt token given the ones before it, + N top
   // alternatives (vLLM's prompt_logprobs; such a request reads nothing from the prefix cache).
   int32_t prompt_logprobs = -1;
+  // "last" | "mean": a pooling request (an embedding): the prompt's final hidden states (after the
+  // final norm) pooled into RequestOutput::embedding; nothing is generated. "": generate.
+  std::string pooling;
   bool return_generation_logits = false;  // raw logits row of every sampled position
   // Constrained decoding (vLLM's guided_decoding): kind json (data: a JSON schema) | json_object |
   // regex | lark (a Lark grammar); empty: none. Needs EngineConfig::guided_decoding_library.
@@ -143,6 +146,7 @@ struct RequestOutput {
   std::string error;                      // set when finish_reason == kError
   // With prompt_logprobs, in the request's first output: prompt tokens 1 .. n-1 (token 0 has none).
   std::vector<TokenOutput> prompt_logprobs;
+  std::vector<float> embedding;  // a pooling request's pooled hidden state (not normalised)
 };
 
 struct EngineStats {

@@ -121,7 +121,8 @@ bool KvCacheManager::kv_loading(Request& r) const {
 
 int32_t KvCacheManager::match_prefix(Request& r) {
   if (!pool_.prefix_caching() || r.num_computed_tokens != 0 || !r.block_table.empty()) return 0;
-  if (r.params.prompt_logprobs >= 0) return 0;  // every prompt position's logits are computed
+  // Every prompt position's logits or hidden state is wanted: computed, not read from the cache.
+  if (r.params.prompt_logprobs >= 0 || r.params.pooling == "mean") return 0;
   const int32_t bs = pool_.block_size();
   const int32_t max_blocks = (r.num_tokens() - 1) / bs;
   uint64_t parent = seed_;

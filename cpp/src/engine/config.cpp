@@ -25,6 +25,9 @@ void SamplingParams::validate() const {
   RV_CHECK_ARG(guided_kind.empty() || guided_kind == "json" || guided_kind == "json_object" || guided_kind == "regex" ||
                    guided_kind == "lark",
                "guided_decoding: kind must be json, json_object, regex or lark, got '", guided_kind, "'");
+  RV_CHECK_ARG(pooling.empty() || pooling == "last" || pooling == "mean", "pooling must be last or mean, got '", pooling, "'");
+  RV_CHECK_ARG(pooling.empty() || (guided_kind.empty() && prompt_logprobs < 0),
+               "pooling: a pooling request takes no guided_decoding or prompt_logprobs");
   RV_CHECK_ARG(reasoning_end_token >= 0 || (!in_reasoning && reasoning_start_token < 0 && reasoning_answer_token < 0),
                "guided_decoding: the reasoning tokens need reasoning_end_token");
   for (const auto& [token, bias] : logit_bias)

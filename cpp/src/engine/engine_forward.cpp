@@ -61,7 +61,34 @@ StepLogits Engine::Impl::forward(const SchedulerOutput& plan, const Tensor* fed_
     result = tp->execute(plan, rank_actions, [&] { return serving->runner->execute(plan, actions, fed_ids); }, fed_ids != nullptr);
   }
   if (!result.prompt.empty()) collect_prompt_logprobs(result);
+  if (!result.pooled.empty()) collect_pooled(result);
   return result;
+}
+
+void Engine::Impl::collect_pooled(const StepLogits& result) {
+  const Tensor host = result.hidden.device() == Device::kCPU ? result.hidden : result.hidden.to(Device::kCPU);
+  const int64_t H = host.size(1);
+  for (const StepLogits::PooledRows& pr : result.pooled) {
+    Request& r = *pr.request;
+    const bool mean = r.params.pooling == "mean";
+    if (pr.first_position == 0 || r.pooled.empty()) r.pooled.assign(size_t(H), 0.0);  // (recomputed after preemption)
+    for (int32_t i = mean ? 0 : pr.count - 1; i < pr.count; ++i) {
+      const float* x = host.ptr<float>() + int64_t(pr.row + i) * H;
+      for (int64_t h = 0; h < H; ++h) r.pooled[size_t(h)] = mean ? r.pooled[size_t(h)] + x[h] : x[h];
+    }
+    if (pr.first_position + pr.count == r.num_prompt_tokens) pooled_done.push_back(r.id);
+  }
+}
+
+void Engine::Impl::finish_pooled() {
+  if (pooled_done.empty()) return;
+  for (Request* r : serving->scheduler->running()) {
+    if (std::find(pooled_done.begin(), pooled_done.end(), r->id) == pooled_done.end()) continue;
+    if (r->params.pooling == "mean")
+      for (double& x : r->pooled) x /= double(r->num_prompt_tokens);
+    finish(*r, FinishReason::kStop);
+  }
+  pooled_done.clear();
 }
 
 void Engine::Impl::collect_prompt_logprobs(const StepLogits& result) {

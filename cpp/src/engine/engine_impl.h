@@ -131,6 +131,11 @@ struct Engine::Impl {
   // prompt_logprobs: the log-probability (and top alternatives) of each prompt token whose
   // predecessor's row this step computed, kept on the request until its first output.
   void collect_prompt_logprobs(const StepLogits& result);
+  // Pooling requests: their rows' hidden states summed (or the last kept) as prompt chunks run;
+  // those whose prompt is done end at the start of the next step, before it is scheduled.
+  void collect_pooled(const StepLogits& result);
+  void finish_pooled();
+  std::vector<uint64_t> pooled_done;
   void fail_step(const std::string& what);
   // A request's grammar matcher (null without guided_kind); the tokenizer is made on first use.
   std::unique_ptr<GrammarMatcher> make_grammar(const SamplingParams& p);

@@ -54,6 +54,7 @@ void Engine::Impl::emit(Request& r, bool finished) {
   o.num_prompt_tokens = r.num_prompt_tokens;
   o.num_cached_tokens = std::max(0, r.num_cached_tokens);
   o.error = r.error;
+  if (finished && !r.params.pooling.empty()) o.embedding.assign(r.pooled.begin(), r.pooled.end());
   // Sent once, with the first output, which comes after the prompt's last chunk.
   if (!r.prompt_logprobs.empty() && r.num_computed_tokens >= r.num_prompt_tokens) o.prompt_logprobs = std::move(r.prompt_logprobs);
   staged.emplace_back(std::move(o), r.callback);

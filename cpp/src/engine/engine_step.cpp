@@ -78,6 +78,7 @@ Engine::Impl::Queued Engine::Impl::run_ahead(const Queued& cur) {
 }
 
 void Engine::Impl::step(bool may_run_ahead) {
+  finish_pooled();
   std::optional<Queued> cur = std::move(ahead);
   ahead.reset();
   if (cur) {

@@ -121,7 +121,9 @@ ModelRunner::Metadata ModelRunner::build(const SchedulerOutput& step, StepLogits
     m.state_slots.push_back(r.state_slot);
     if (r.sample_rows > 1)
       for (int32_t i = t - n; i < t; ++i) m.kept.push_back(i);
-    if (start + n == r.num_tokens()) {  // its last `sample_rows` positions are sampled
+    if (!r.params.pooling.empty()) {  // its hidden states are pooled; nothing is sampled
+      out.pooled.push_back({&r, t - n, start, n});
+    } else if (start + n == r.num_tokens()) {  // its last `sample_rows` positions are sampled
       RV_CHECK(r.sample_rows >= 1 && r.sample_rows <= n, "model runner: request ", r.id, " samples ", r.sample_rows,
                " rows of a step that computes ", n, " of its tokens");
       for (int32_t k = r.sample_rows; k > 0; --k) m.rows.push_back(t - k);
@@ -160,7 +162,7 @@ ModelRunner::DecodeGraph* ModelRunner::graph_for(const SchedulerOutput& step) {
   if (!graphs_enabled() || step.scheduled.empty()) return nullptr;
   const int32_t S = int32_t(step.scheduled.size()), q = step.scheduled[0].num_new_tokens;
   for (const auto& s : step.scheduled)  // every sequence computes its last q tokens and samples them all
-    if (s.num_new_tokens != q || s.request->sample_rows != q || s.request->num_computed_tokens + q != s.request->num_tokens())
+    if (s.num_new_tokens != q || !s.request->params.pooling.empty() || s.request->sample_rows != q || s.request->num_computed_tokens + q != s.request->num_tokens())
       return nullptr;
   int32_t size = 0;
   for (int32_t b : opts_.graph_batch_sizes)
@@ -287,7 +289,7 @@ StepLogits ModelRunner::execute(const SchedulerOutput& step, const std::vector<S
   if (DecodeGraph* g = graph_for(step)) return run_graph(*g, step, fed_ids);
   StepLogits out;
   Metadata m = build(step, out, 0, 1, fed_ids != nullptr);
-  m.hidden = opts_.hidden;
+  m.hidden = out.pooled.empty() ? opts_.hidden : HiddenRows::kEvery;
   ForwardOutput f = run_metadata(m, fed_ids);
   out.logits = f.logits;
   out.hidden = f.hidden;

@@ -36,6 +36,13 @@ struct StepLogits {
   };
   std::vector<PromptRows> prompt;
   Tensor prompt_logits;
+  // Pooling requests: their token rows of this step (first_position: the first row's position;
+  // rows from `row` in `hidden`, which then holds every token row of the step).
+  struct PooledRows {
+    Request* request;
+    int32_t row, first_position, count;
+  };
+  std::vector<PooledRows> pooled;
 };
 
 enum class HiddenRows { kNone, kSampled, kEvery };

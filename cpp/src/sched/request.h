@@ -48,6 +48,7 @@ struct Request {
   int32_t scratch_slot = -1;   // speculative decoding: its state before a verify step, for rollback
   std::shared_ptr<TierReads> tier_reads;  // KV offload: its prefix's entries read from disk ahead of it
   std::vector<TokenOutput> prompt_logprobs;  // collected as prompt chunks run; sent with the first output
+  std::vector<double> pooled;  // a pooling request: the sum of its rows' hidden states (mean) or its last row
 
   Rng rng;
   std::vector<TokenOutput> pending;  // produced since the last output was emitted

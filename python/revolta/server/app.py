@@ -30,6 +30,7 @@ from revolta.server.job import ClientGone
 from revolta.server.metrics import Metrics
 from revolta.server.openai.protocol import CompletionRequest, DetokenizeRequest, ResponsesRequest, TokenizeRequest
 from revolta.server.requests import ChatCompletionRequest
+from revolta.server.openai.pooling import EmbeddingRequest, PoolingServing, RerankRequest, ScoreRequest
 from revolta.server.openai.responses import ResponsesServing
 from revolta.server.openai.serving import OpenAIServing
 from revolta.server.pipeline import Pipeline
@@ -78,7 +79,8 @@ class CheckedRoute(APIRoute):
 
 
 def create_app(engine: AsyncEngine, tokenizer: Tokenizer, served_names: list[str], options: ServerOptions,
-               sampling_defaults: dict | None = None, server_info: dict | None = None):
+               sampling_defaults: dict | None = None, server_info: dict | None = None, model_dir: str | None = None):
+    """model_dir: where the model's pooling config may be (sentence-transformers' modules.json)."""
     app = FastAPI(title="ReVolta", version=revolta.__version__)
     app.router.route_class = CheckedRoute
     metrics = Metrics(engine)
@@ -86,6 +88,7 @@ def create_app(engine: AsyncEngine, tokenizer: Tokenizer, served_names: list[str
     openai = OpenAIServing(pipeline)
     anthropic = AnthropicServing(pipeline)
     responses = ResponsesServing(pipeline)
+    embedding = PoolingServing(pipeline, model_dir)
     app.state.engine, app.state.pipeline = engine, pipeline
     created = int(time.time())
 
@@ -189,6 +192,30 @@ def create_app(engine: AsyncEngine, tokenizer: Tokenizer, served_names: list[str
     @app.post("/v1/messages/count_tokens")
     async def count_tokens(req: CountTokensRequest):
         return await anthropic.count_tokens(req)
+
+    @app.post("/v1/embeddings")
+    async def embeddings(req: EmbeddingRequest, raw: Request):
+        check_alive()
+        return await embedding.embeddings(req, raw)
+
+    @app.post("/pooling")
+    async def pool(req: EmbeddingRequest, raw: Request):
+        """vLLM's: the pooled hidden states (the same vectors as /v1/embeddings)."""
+        check_alive()
+        return await embedding.embeddings(req, raw, vllm_pooling=True)
+
+    @app.post("/score")
+    @app.post("/v1/score")
+    async def score(req: ScoreRequest, raw: Request):
+        check_alive()
+        return await embedding.score(req, raw)
+
+    @app.post("/rerank")
+    @app.post("/v1/rerank")
+    @app.post("/v2/rerank")
+    async def rerank(req: RerankRequest, raw: Request):
+        check_alive()
+        return await embedding.rerank(req, raw)
 
     @app.post("/tokenize")
     async def tokenize(req: TokenizeRequest):

@@ -16,7 +16,8 @@ from pathlib import Path
 
 import httpx
 
-URLS = ("/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/messages")
+URLS = ("/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/messages", "/v1/embeddings", "/v1/score",
+        "/v1/rerank")
 
 
 def read_requests(path: Path) -> list[dict]:

@@ -237,7 +237,7 @@ def build(settings):
         if e.model and e.model not in served:
             served.append(e.model)
         info = {"config": settings.model_dump(mode="json"), "default_sampling": defaults}
-        app = create_app(engine, tokenizer, served, settings.server, defaults, info)
+        app = create_app(engine, tokenizer, served, settings.server, defaults, info, model_dir=str(path))
         if settings.server.watchdog_config:
             from revolta.server.watchdog import Watchdog
 

@@ -204,6 +204,8 @@ class OpenAIServing:
             results = await beam_search.run_async(self.p.engine, [ids for _, ids in prompts], params, eos)
         except RuntimeError as e:
             raise APIError(503, str(e)) from e
+        finally:
+            job.close()  # (its admission slots; the beams' engine requests have all ended)
         choices, completion = [], 0
         for k, ((_, ids), beams) in enumerate(zip(prompts, results)):
             for rank, b in enumerate(beams):

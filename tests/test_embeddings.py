@@ -1,0 +1,89 @@
+"""Embeddings (LLM.embed, vLLM's) against transformers: the base model's last_hidden_state pooled as
+the model's sentence-transformers config says (last token or mean), normalised, within 1e-4; under
+chunked prefill, with a cached prefix, beside generating requests, and on a hybrid model."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from revolta import LLM, SamplingParams
+from conftest import make_hf_model
+
+PROMPTS = [[5, 17, 99, 3, 42, 8, 8, 61], [7, 7, 8, 120, 64, 33, 9], list(range(10, 60))]
+
+
+def write_pooling(path, mode: str, normalize: bool = True) -> None:
+    """sentence-transformers' files: a Pooling module (mode) and, if asked, a Normalize module."""
+    modules = [{"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+               {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"}]
+    if normalize:
+        modules.append({"idx": 2, "name": "2", "path": "2_Normalize", "type": "sentence_transformers.models.Normalize"})
+    (path / "modules.json").write_text(json.dumps(modules))
+    (path / "1_Pooling").mkdir()
+    flags = {k: False for k in ("pooling_mode_cls_token", "pooling_mode_mean_tokens", "pooling_mode_max_tokens",
+                                "pooling_mode_lasttoken")}
+    flags[{"mean": "pooling_mode_mean_tokens", "last": "pooling_mode_lasttoken", "cls": "pooling_mode_cls_token"}[mode]] = True
+    (path / "1_Pooling" / "config.json").write_text(json.dumps({"word_embedding_dimension": 64, **flags}))
+
+
+@torch.no_grad()
+def hf_embedding(hf, ids, mode, normalize=True):
+    h = hf.model(torch.tensor([ids]), use_cache=False).last_hidden_state[0].float()
+    v = h.mean(0) if mode == "mean" else h[-1]
+    return torch.nn.functional.normalize(v, dim=0) if normalize else v
+
+
+def close(ours, ref):
+    assert torch.allclose(torch.tensor(ours), ref, atol=1e-4), (torch.tensor(ours) - ref).abs().max()
+
+
+@pytest.mark.parametrize("kind,mode", [("llama", "last"), ("qwen3", "mean"), ("qwen3_next", "mean"), ("qwen3_next", "last")])
+def test_embeddings_match_transformers(tmp_path, kind, mode):
+    hf = make_hf_model(kind, tmp_path, seed=2)
+    write_pooling(tmp_path, mode, normalize=mode == "last")
+    # Small steps: the prompts arrive in chunks; the long one is embedded twice (a cached prefix).
+    with LLM(str(tmp_path), max_model_len=128, max_num_batched_tokens=16, enable_prefix_caching=True) as llm:
+        outs = llm.embed(PROMPTS + [PROMPTS[2]])
+        for ids, o in zip(PROMPTS + [PROMPTS[2]], outs):
+            assert o.prompt_token_ids == ids
+            close(o.outputs.embedding, hf_embedding(hf, ids, mode, normalize=mode == "last"))
+        raw = llm.embed(PROMPTS[0], normalize=False)[0].outputs.embedding
+        close(raw, hf_embedding(hf, PROMPTS[0], mode, normalize=False))
+
+
+def test_embedding_beside_generation(tmp_path):
+    """Pooling requests share the engine's steps with a generating one: the generated tokens are
+    HF's greedy ones and the embeddings HF's."""
+    from conftest import hf_greedy
+    from revolta import _core, pooling
+
+    hf = make_hf_model("llama", tmp_path, seed=4)
+    with LLM(str(tmp_path), max_model_len=128) as llm:
+        gen = SamplingParams(temperature=0, max_tokens=12).to_core(12)
+        embed = pooling.pooling_params(llm.pooling_config())
+        prompts = [PROMPTS[1], PROMPTS[0], PROMPTS[2], PROMPTS[0]]
+        ids = llm.engine.add_requests(prompts, [gen, embed, embed, embed], [_core.SchedulingTag()] * 4)
+        tokens, vectors, done = [], {}, set()
+        while len(done) < 4:
+            for out in llm.engine.await_outputs(0.05):
+                if out.request_id == ids[0]:
+                    tokens += [t.token for t in out.tokens]
+                elif out.finished:
+                    assert not out.tokens
+                    vectors[out.request_id] = pooling.finish(list(out.embedding), True)
+                if out.finished:
+                    done.add(out.request_id)
+    assert tokens == hf_greedy(hf, PROMPTS[1], 12)
+    for rid, p in zip(ids[1:], prompts[1:]):
+        close(vectors[rid], hf_embedding(hf, p, "last"))
+
+
+def test_unsupported_pooling_is_named(tmp_path):
+    make_hf_model("llama", tmp_path)
+    write_pooling(tmp_path, "cls")
+    with LLM(str(tmp_path), max_model_len=64) as llm:
+        with pytest.raises(ValueError, match="pooling cls_token is not supported"):
+            llm.embed([1, 2, 3])
