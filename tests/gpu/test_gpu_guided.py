@@ -57,3 +57,48 @@ def test_guided_rows_follow_their_grammars_on_the_gpu(llm):
     # Without the grammar the same random model does not produce such text.
     unconstrained = [o.outputs[0].text for o in outs[len(params):]]
     assert not any(re.fullmatch(r"[A-Z][a-z]{2,8}-\d{3}", t) for t in unconstrained)
+
+
+def test_logit_bias_and_the_reasoning_gate_on_the_gpu(llm):
+    """logit_bias reaches the device sampler (greedy and sampled rows), and a grammar gated on an
+    end-of-reasoning token leaves the tokens before it to the model, as on the CPU."""
+    import revolta
+    from revolta.guided import ReasoningGate
+
+    prompt = [5, 17, 99, 3, 42]
+    outs = llm.generate([prompt] * 4, [revolta.SamplingParams(temperature=t, seed=s, max_tokens=4, logit_bias={77: 100.0})
+                                       for t, s in ((0.0, 0), (1.0, 1), (1.0, 2), (0.7, 3))])
+    assert all(o.outputs[0].token_ids == [77] * 4 for o in outs)
+    free = llm.generate(prompt, revolta.SamplingParams(temperature=0, max_tokens=8))[0].outputs[0].token_ids
+    end = free[3]
+    cut = free.index(end) + 1
+    gated = llm.generate(prompt, revolta.SamplingParams(
+        temperature=0, max_tokens=40, guided_decoding={"regex": "[0-9]{3}"},
+        guided_after=ReasoningGate(start=None, end=end, in_reasoning=True)))[0].outputs[0]
+    assert gated.token_ids[:cut] == free[:cut] and re.fullmatch("[0-9]{3}", llm.tokenizer.decode(gated.token_ids[cut:]))
+
+
+def test_embeddings_on_the_gpu_match_the_cpu(tmp_path):
+    """Pooling requests on the GPU (eager steps returning every row's hidden state): the CPU's
+    vectors (within fp16), last token and mean, under chunked prefill."""
+    import json as _json
+
+    import torch
+
+    import revolta
+
+    make_hf_model("qwen3", tmp_path, seed=8, vocab_size=320, max_position_embeddings=512)
+    prompts = [list(range(3, 40)), [9, 8, 7, 6, 5], list(range(100, 230))]
+    vectors = {}
+    for mode in ("last", "mean"):
+        flags = {"pooling_mode_mean_tokens": mode == "mean", "pooling_mode_lasttoken": mode == "last"}
+        (tmp_path / "1_Pooling").mkdir(exist_ok=True)
+        (tmp_path / "1_Pooling" / "config.json").write_text(_json.dumps(flags))
+        (tmp_path / "modules.json").write_text(_json.dumps([{"path": "1_Pooling", "type": "sentence_transformers.models.Pooling"}]))
+        for device in ("cpu", "cuda"):
+            extra = {"gpu_memory_utilization": 0.0, "kv_cache_memory_bytes": 64 << 20} if device == "cuda" else {}
+            with revolta.LLM(str(tmp_path), device=device, max_model_len=256, max_num_batched_tokens=48, **extra) as e:
+                vectors[mode, device] = [torch.tensor(o.outputs.embedding) for o in e.embed(prompts)]
+        for a, b in zip(vectors[mode, "cpu"], vectors[mode, "cuda"]):  # (fp16 on the GPU)
+            assert float(torch.nn.functional.cosine_similarity(a, b, dim=0)) > 0.999, mode
+            assert abs(float(a.norm() / b.norm()) - 1) < 0.01, mode
