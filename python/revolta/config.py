@@ -35,7 +35,11 @@ class _EngineOptionsBase(BaseModel):
 
     model_config = ConfigDict(extra="forbid", protected_namespaces=())
 
-    model: str | None = Field(None, description="HF model directory or GGUF file; none: the demo model")
+    model: str | None = Field(None, description="HF model directory, GGUF file or Hub id (ORG/NAME: from the HF "
+                              "cache, downloaded if missing and the network allows); none: the demo model")
+    revision: str | None = Field(None, description="a Hub id's branch, tag or commit; default: main")
+    download_dir: str | None = Field(None, description="where Hub models are found and downloaded; default: the HF "
+                                     "cache (HF_HUB_CACHE, HF_HOME/hub, ~/.cache/huggingface/hub)")
     served_model_name: str | None = Field(None, description="name clients use; default: the model's directory name")
     tokenizer: str | None = Field(None, description="directory with tokenizer.json; default: the model's")
     cuda_graph_sizes: list[int] = Field(
@@ -189,7 +193,8 @@ class Settings(BaseModel):
 # --help sections of the options outside the engine's table (the table's rows name their own),
 # in order; an option placed nowhere goes under "Other".
 GROUPS = {
-    "Model": ["model", "served_model_name", "tokenizer", "generation_config", "override_generation_config"],
+    "Model": ["model", "revision", "download_dir", "served_model_name", "tokenizer", "generation_config",
+              "override_generation_config"],
     "Device and memory": ["cuda_graph_sizes"],
     "Scheduling and caching": ["speculative_config"],
     "KV offload": ["kv_offloading_disk"],

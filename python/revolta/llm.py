@@ -84,7 +84,7 @@ class LLM:
             e = EngineOptions(model=model, **options)
         except ValidationError as err:
             raise ValueError(describe_errors(err)) from None
-        self.model_path = resolve_model(e.model, e.load_format, e.device)
+        self.model_path = resolve_model(e.model, e.load_format, e.device, e.revision, e.download_dir)
         self.default_sampling = generation_defaults(self.model_path, e.generation_config, e.override_generation_config)
         self.scheduling_policy = e.scheduling_policy
         cfg = engine_config(e, self.model_path)

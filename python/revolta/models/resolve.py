@@ -7,6 +7,7 @@ import hashlib
 import importlib.util
 import json
 import os
+import re
 import shutil
 import struct
 import subprocess
@@ -120,21 +121,23 @@ def demo_model(load_format: str = "auto", device: str | None = "cpu") -> str:
     return path
 
 
-def resolve_model(model: str | os.PathLike | None, load_format: str = "auto", device: str | None = "cpu") -> str:
+def resolve_model(model: str | os.PathLike | None, load_format: str = "auto", device: str | None = "cpu",
+                  revision: str | None = None, download_dir: str | None = None) -> str:
     """Returns a directory with config.json + safetensors (or the GGUF weight map) for the engine.
     A .gguf file, the embedded demo model (no model) included, is read in place (its quantized
     blocks kept, nothing but its metadata in the cache) with load_format 'gguf', and with 'auto' on
     the CPU; with 'safetensors', for cuda, or device None (a caller that wants float32 safetensors),
-    it is imported as float32 once (a read-in-place directory given for cuda too)."""
+    it is imported as float32 once (a read-in-place directory given for cuda too). A Hub id
+    (ORG/NAME) that is no local path is the HF cache's snapshot (hub.py), downloaded if missing."""
     if model is None:
         return demo_model(load_format, device)
     p = Path(model).expanduser()
-    if not p.exists():
-        hint = ""
-        if str(model).count("/") == 1 and not str(model).startswith((".", "/", "~")):
-            hint = (f"; it looks like a Hugging Face Hub id, and ReVolta reads only local files: download it first "
-                    f"(huggingface-cli download {model} --local-dir DIR) and pass that directory")
-        raise FileNotFoundError(f"model path '{model}' does not exist{hint}")
+    if not p.exists() and is_hub_id(str(model)):
+        from revolta.models.hub import hub_snapshot
+
+        p = hub_snapshot(str(model), revision, download_dir)
+    elif not p.exists():
+        raise FileNotFoundError(f"model path '{model}' does not exist")
     if p.is_file():
         if p.suffix != ".gguf":
             raise ValueError(f"model '{model}' is a file but not a .gguf; pass an HF model directory or a GGUF file")
@@ -146,6 +149,11 @@ def resolve_model(model: str | os.PathLike | None, load_format: str = "auto", de
     if load_format_of(str(p), "auto") == "gguf" and not _in_place(load_format, device):
         return _float32_of_in_place(p)
     return str(p)
+
+
+def is_hub_id(model: str) -> bool:
+    """ORG/NAME as the Hugging Face Hub spells repositories (not a relative or absolute path)."""
+    return re.fullmatch(r"[A-Za-z0-9][\w.-]*/[\w.-]+", model) is not None and ".." not in model
 
 
 def _float32_of_in_place(d: Path) -> str:

@@ -210,7 +210,7 @@ def build(settings):
     from revolta.server.async_engine import AsyncEngine
 
     e = settings.engine
-    path = resolve_model(e.model, e.load_format, e.device)
+    path = resolve_model(e.model, e.load_format, e.device, e.revision, e.download_dir)
     cfg = engine_config(e, path)
     tokenizer = Tokenizer(e.tokenizer or path)
     if settings.server.chat_template:
