@@ -146,6 +146,10 @@ def resolve_model(model: str | os.PathLike | None, load_format: str = "auto", de
         return _imported(p, cache_dir() / "models" / f"{p.stem}-{key}", _in_place(load_format, device))
     if not (p / "config.json").is_file():
         raise FileNotFoundError(f"model directory '{model}' has no config.json")
+    from revolta.models.int4_import import import_compressed, wants_import
+
+    if wants_import(json.loads((p / "config.json").read_text())):
+        return import_compressed(p, cache_dir() / "models")
     if load_format_of(str(p), "auto") == "gguf" and not _in_place(load_format, device):
         return _float32_of_in_place(p)
     return str(p)
