@@ -87,3 +87,33 @@ def test_unsupported_pooling_is_named(tmp_path):
     with LLM(str(tmp_path), max_model_len=64) as llm:
         with pytest.raises(ValueError, match="pooling cls_token is not supported"):
             llm.embed([1, 2, 3])
+
+
+def test_embeddings_under_mtp_speculation(tmp_path):
+    """An engine speculating with MTP layers embeds too (the drafter leaves pooling requests alone)
+    while it decodes a speculating request beside them; the vectors are transformers'."""
+    import tiny_mtp
+    from conftest import hf_greedy
+    from revolta import _core, pooling
+
+    hybrid = dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, shared_expert_intermediate_size=48,
+                  linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=16, linear_value_head_dim=16,
+                  head_dim=16, num_hidden_layers=4)
+    hf = make_hf_model("qwen3_next", tmp_path, seed=5, max_position_embeddings=256, **hybrid)
+    tiny_mtp.add_random_mtp(hf, tmp_path, seed=6)
+    with LLM(str(tmp_path), max_model_len=128, speculative_config={"method": "mtp", "num_speculative_tokens": 2}) as llm:
+        gen = SamplingParams(temperature=0, max_tokens=10).to_core(10)
+        embed = pooling.pooling_params(llm.pooling_config())
+        ids = llm.engine.add_requests([PROMPTS[1], PROMPTS[0], PROMPTS[2]], [gen, embed, embed], [_core.SchedulingTag()] * 3)
+        tokens, vectors, done = [], {}, set()
+        while len(done) < 3:
+            for out in llm.engine.await_outputs(0.05):
+                if out.request_id == ids[0]:
+                    tokens += [t.token for t in out.tokens]
+                elif out.finished:
+                    vectors[out.request_id] = pooling.finish(list(out.embedding), True)
+                if out.finished:
+                    done.add(out.request_id)
+    assert tokens == hf_greedy(hf, PROMPTS[1], 10)
+    close(vectors[ids[1]], hf_embedding(hf, PROMPTS[0], "last"))
+    close(vectors[ids[2]], hf_embedding(hf, PROMPTS[2], "last"))

@@ -65,7 +65,7 @@ void MtpDrafter::after_step(const std::vector<Request*>& running, const StepRowM
     d.request = r;
     d.start = s.start;
     d.tokens.assign(r->tokens.begin() + s.start + 1, r->tokens.begin() + s.start + 1 + m);
-    d.wanted = s.start + m == r->num_tokens() - 1 && draft_room(*r, opts_.max_model_len) > 0;
+    d.wanted = s.start + m == r->num_tokens() - 1 && draft_room(*r, opts_.max_model_len) > 0 && r->params.pooling.empty();
     if (d.wanted) drafting.push_back(r);
     for (int32_t i = 0; i < m; ++i) hidden_rows.push_back(s.row + i);
     spans.push_back(std::move(d));
