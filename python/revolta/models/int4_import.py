@@ -93,6 +93,11 @@ def import_compressed(src: Path, cache: Path) -> str:
     config = json.loads((src / "config.json").read_text())
     check_scheme(config, src)
     shards = sorted(src.glob("*.safetensors"))
+    if not any(name.endswith(".weight_packed") for s in shards for name in read_safetensors(s)):
+        groups = ", ".join(f"'{n}' ({g['weights'].get('num_bits')}-bit {g['weights'].get('type')})"
+                           for n, g in config["quantization_config"]["config_groups"].items())
+        raise ValueError(f"{src}: quantization_config declares compressed-tensors weights in group {groups}, but no "
+                         "tensor is pack-quantized (no .weight_packed): the checkpoint and its config disagree")
     stamp = "".join(f"{s.name}:{s.stat().st_size}:{s.stat().st_mtime_ns};" for s in shards)
     out = cache / f"{src.name}-awq-{hashlib.sha256((str(src.resolve()) + stamp).encode()).hexdigest()[:16]}"
     if (out / "config.json").is_file():
