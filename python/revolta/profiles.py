@@ -74,7 +74,12 @@ def load_profile(name_or_path: str) -> dict[str, Any]:
     try:
         build_settings(flat)  # a profile must be valid on its own
     except (ValidationError, ValueError) as e:
-        raise ConfigError(f"profile {p}: {describe_errors(e)}") from e
+        if flat.get("device") != "cuda":
+            raise ConfigError(f"profile {p}: {describe_errors(e)}") from e
+        try:  # a CUDA profile read by a CPU build: the rest is checked here, the device once resolved
+            build_settings({**flat, "device": "cpu"})
+        except (ValidationError, ValueError) as e2:
+            raise ConfigError(f"profile {p}: {describe_errors(e2)}") from e2
     return flat
 
 
@@ -114,8 +119,18 @@ def resolve(cli: dict[str, Any], profile: str | None = None) -> tuple[Settings, 
     return settings, report
 
 
+def profile_line(profile: str, report: dict[str, dict[str, Any]]) -> str:
+    """The startup log's provenance of a launch profile: what it set, and what the command line or
+    environment set over it."""
+    mine = load_profile(profile)
+    kept = [f"{k}={report[k]['value']}" for k in mine if k in report and report[k]["source"].startswith("profile:")]
+    over = [f"{k}={report[k]['value']} ({report[k]['source']})" for k in mine
+            if k in report and not report[k]["source"].startswith("profile:")]
+    return f"profile {profile}: {', '.join(kept) or 'nothing'}" + (f"; set over it: {', '.join(over)}" if over else "")
+
+
 def report_line(report: dict[str, dict[str, Any]]) -> str:
     return json.dumps({"event": "resolved_config", "options": report}, default=str)
 
 
-__all__ = ["ConfigError", "EngineOptions", "ServerOptions", "Settings", "resolve", "load_profile", "available_profiles", "report_line"]
+__all__ = ["ConfigError", "EngineOptions", "ServerOptions", "Settings", "resolve", "load_profile", "available_profiles", "profile_line", "report_line"]

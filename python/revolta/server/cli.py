@@ -90,7 +90,7 @@ def main(argv: list[str] | None = None) -> int:
 def serve(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    from revolta.profiles import ConfigError, report_line, resolve
+    from revolta.profiles import ConfigError, profile_line, report_line, resolve
 
     cli = {k: v for k, v in vars(args).items() if k != "profile" and v is not None}
     try:
@@ -100,6 +100,8 @@ def serve(argv: list[str] | None = None) -> int:
         return 2
     logging.getLogger().setLevel(settings.server.log_level.upper())
     log.debug("%s", report_line(report))  # every option with its source (also in /server_info with --dev-mode)
+    if args.profile:
+        log.info("%s", profile_line(args.profile, report))
     s = settings.server
     try:
         sock = listen_socket(s.host, s.port)  # before the model loads: a busy port fails at once
