@@ -39,6 +39,9 @@ def server():
     yield srv
     log = srv.stop()
     assert "Traceback" not in log, log
+    # The startup time, and the first answer's, are in the log.
+    assert re.search(r"ready \d+\.\d s after start \(model and engine \d+\.\d s\)", log), log
+    assert re.search(r"first answer \d+\.\d s after revolta-server started", log), log
 
 
 def test_the_server_command_is_the_one_the_readme_gives():

@@ -7,9 +7,11 @@ import argparse
 import asyncio
 import contextlib
 import logging
+import os
 import signal
 import socket
 import sys
+import time
 from pathlib import Path
 
 import uvicorn
@@ -87,7 +89,19 @@ def main(argv: list[str] | None = None) -> int:
         signal.signal(signal.SIGTERM, previous)
 
 
+def process_age() -> float:
+    """Seconds since this process started (its imports included), where /proc tells; else 0."""
+    try:
+        with open("/proc/self/stat") as f:
+            start_ticks = int(f.read().rpartition(")")[2].split()[19])
+        with open("/proc/uptime") as f:
+            return max(0.0, float(f.read().split()[0]) - start_ticks / os.sysconf("SC_CLK_TCK"))
+    except (OSError, ValueError, IndexError):
+        return 0.0
+
+
 def serve(argv: list[str] | None = None) -> int:
+    t0 = time.perf_counter() - process_age()
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     from revolta.profiles import ConfigError, profile_line, report_line, resolve
@@ -109,6 +123,7 @@ def serve(argv: list[str] | None = None) -> int:
         print(f"revolta-server: error: cannot listen on --host {s.host} --port {s.port}: {e.strerror or e}", file=sys.stderr)
         return 2
     try:
+        t_build = time.perf_counter()
         app, engine = build(settings)
     except (ValueError, FileNotFoundError, RuntimeError) as e:
         sock.close()
@@ -122,9 +137,11 @@ def serve(argv: list[str] | None = None) -> int:
                                 timeout_keep_alive=s.keep_alive_timeout_s, timeout_graceful_shutdown=_ERROR_GRACE_S)
         server = _Server(config, engine, s.shutdown_timeout_s)
         host = f"[{s.host}]" if ":" in s.host else s.host
-        log.info("ReVolta %s serving %s at http://%s:%d (OpenAI /v1/..., Anthropic /v1/messages%s)", revolta.__version__,
-                 app.state.pipeline.served_names[0], host, sock.getsockname()[1],
-                 ", development endpoints" if s.dev_mode else "")
+        log.info("ReVolta %s serving %s at http://%s:%d (OpenAI /v1/..., Anthropic /v1/messages%s); ready %.1f s after "
+                 "start (model and engine %.1f s)", revolta.__version__, app.state.pipeline.served_names[0], host,
+                 sock.getsockname()[1], ", development endpoints" if s.dev_mode else "", time.perf_counter() - t0,
+                 time.perf_counter() - t_build)
+        app.state.pipeline.jobs.started = t0
         server.run(sockets=[sock])
     finally:
         engine.shutdown()

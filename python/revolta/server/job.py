@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import itertools
+import logging
 import math
 import time
 from collections import deque
@@ -30,6 +31,8 @@ from revolta.server.generation import Delta, Generation, TokenInfo
 from revolta.server.guard import client_key
 from revolta.server.metrics import Metrics
 from revolta.server.parsers.tools import ToolCallDelta, ToolParser
+
+log = logging.getLogger("revolta.server")
 
 
 @dataclass
@@ -140,6 +143,7 @@ class JobContext:
     metrics: Metrics
     admission: Admission
     groups: Iterator[int] = field(default_factory=lambda: itertools.count(1))
+    started: float | None = None  # time.monotonic() when revolta-server started (its first answer is logged)
 
 
 class ClientGone(Exception):
@@ -292,6 +296,9 @@ class Job:
         self.closed = True
         s = self.serving
         s.admission.release(self.slots)
+        if s.started is not None and any(c.done and not c.failure for c in self.choices):
+            log.info("first answer %.1f s after revolta-server started", time.perf_counter() - s.started)
+            s.started = None
         m = s.metrics
         m.prompt_tokens.inc(self.prompt_len)
         for c in self.choices:
