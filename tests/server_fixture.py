@@ -44,3 +44,16 @@ class ServerProcess:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
         return self.proc.stdout.read() if self.proc.stdout else ""
+
+
+def qwen_parsers_client(path, name: str, kv_bytes: int, tool_parser: str):
+    """For a module fixture (`yield from`): an openai client of revolta-server on `path` with the
+    qwen3 reasoning parser and `tool_parser`; the server's log must hold no traceback at the end."""
+    import openai
+
+    srv = ServerProcess("--model", str(path), "--served-model-name", name, "--max-model-len", "1024",
+                        "--kv-cache-memory-bytes", str(kv_bytes), "--reasoning-parser", "qwen3",
+                        "--tool-call-parser", tool_parser)
+    yield openai.OpenAI(base_url=srv.url + "/v1", api_key="x", max_retries=0)
+    log = srv.stop()
+    assert "Traceback" not in log, log

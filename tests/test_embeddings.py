@@ -58,27 +58,36 @@ def test_embedding_beside_generation(tmp_path):
     """Pooling requests share the engine's steps with a generating one: the generated tokens are
     HF's greedy ones and the embeddings HF's."""
     from conftest import hf_greedy
-    from revolta import _core, pooling
 
     hf = make_hf_model("llama", tmp_path, seed=4)
+    embedded = [PROMPTS[0], PROMPTS[2], PROMPTS[0]]
     with LLM(str(tmp_path), max_model_len=128) as llm:
-        gen = SamplingParams(temperature=0, max_tokens=12).to_core(12)
-        embed = pooling.pooling_params(llm.pooling_config())
-        prompts = [PROMPTS[1], PROMPTS[0], PROMPTS[2], PROMPTS[0]]
-        ids = llm.engine.add_requests(prompts, [gen, embed, embed, embed], [_core.SchedulingTag()] * 4)
-        tokens, vectors, done = [], {}, set()
-        while len(done) < 4:
-            for out in llm.engine.await_outputs(0.05):
-                if out.request_id == ids[0]:
-                    tokens += [t.token for t in out.tokens]
-                elif out.finished:
-                    assert not out.tokens
-                    vectors[out.request_id] = pooling.finish(list(out.embedding), True)
-                if out.finished:
-                    done.add(out.request_id)
+        tokens, vectors = generate_beside_embeddings(llm, PROMPTS[1], 12, embedded)
     assert tokens == hf_greedy(hf, PROMPTS[1], 12)
-    for rid, p in zip(ids[1:], prompts[1:]):
-        close(vectors[rid], hf_embedding(hf, p, "last"))
+    for v, p in zip(vectors, embedded):
+        close(v, hf_embedding(hf, p, "last"))
+
+
+def generate_beside_embeddings(llm, prompt, n, embedded):
+    """One greedy request of n tokens and pooling requests, added at once to the engine: (the
+    generated tokens, each pooled vector normalised). A pooling request's output has no tokens."""
+    from revolta import _core, pooling
+
+    gen = SamplingParams(temperature=0, max_tokens=n).to_core(n)
+    embed = pooling.pooling_params(llm.pooling_config())
+    ids = llm.engine.add_requests([prompt, *embedded], [gen] + [embed] * len(embedded),
+                                  [_core.SchedulingTag()] * (1 + len(embedded)))
+    tokens, vectors, done = [], {}, set()
+    while len(done) < len(ids):
+        for out in llm.engine.await_outputs(0.05):
+            if out.request_id == ids[0]:
+                tokens += [t.token for t in out.tokens]
+            elif out.finished:
+                assert not out.tokens
+                vectors[out.request_id] = pooling.finish(list(out.embedding), True)
+            if out.finished:
+                done.add(out.request_id)
+    return tokens, [vectors[rid] for rid in ids[1:]]
 
 
 def test_unsupported_pooling_is_named(tmp_path):
@@ -94,7 +103,6 @@ def test_embeddings_under_mtp_speculation(tmp_path):
     while it decodes a speculating request beside them; the vectors are transformers'."""
     import tiny_mtp
     from conftest import hf_greedy
-    from revolta import _core, pooling
 
     hybrid = dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, shared_expert_intermediate_size=48,
                   linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=16, linear_value_head_dim=16,
@@ -102,18 +110,7 @@ def test_embeddings_under_mtp_speculation(tmp_path):
     hf = make_hf_model("qwen3_next", tmp_path, seed=5, max_position_embeddings=256, **hybrid)
     tiny_mtp.add_random_mtp(hf, tmp_path, seed=6)
     with LLM(str(tmp_path), max_model_len=128, speculative_config={"method": "mtp", "num_speculative_tokens": 2}) as llm:
-        gen = SamplingParams(temperature=0, max_tokens=10).to_core(10)
-        embed = pooling.pooling_params(llm.pooling_config())
-        ids = llm.engine.add_requests([PROMPTS[1], PROMPTS[0], PROMPTS[2]], [gen, embed, embed], [_core.SchedulingTag()] * 3)
-        tokens, vectors, done = [], {}, set()
-        while len(done) < 3:
-            for out in llm.engine.await_outputs(0.05):
-                if out.request_id == ids[0]:
-                    tokens += [t.token for t in out.tokens]
-                elif out.finished:
-                    vectors[out.request_id] = pooling.finish(list(out.embedding), True)
-                if out.finished:
-                    done.add(out.request_id)
+        tokens, vectors = generate_beside_embeddings(llm, PROMPTS[1], 10, [PROMPTS[0], PROMPTS[2]])
     assert tokens == hf_greedy(hf, PROMPTS[1], 10)
-    close(vectors[ids[1]], hf_embedding(hf, PROMPTS[0], "last"))
-    close(vectors[ids[2]], hf_embedding(hf, PROMPTS[2], "last"))
+    close(vectors[0], hf_embedding(hf, PROMPTS[0], "last"))
+    close(vectors[1], hf_embedding(hf, PROMPTS[2], "last"))

@@ -13,11 +13,10 @@ import sys
 from pathlib import Path
 
 import jsonschema
-import openai
 import pytest
 
 from conftest import with_qwen_markers
-from server_fixture import ServerProcess
+from server_fixture import qwen_parsers_client
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
 import qwen4exp_reference as ref  # noqa: E402
@@ -32,12 +31,7 @@ def client(tmp_path_factory):
     path = tmp_path_factory.mktemp("flash-next-server")
     ref.make_checkpoint("hc2-qsa4-ple", path)
     with_qwen_markers(path)
-    srv = ServerProcess("--model", str(path), "--served-model-name", "flash", "--max-model-len", "1024",
-                        "--kv-cache-memory-bytes", str(64 << 20), "--reasoning-parser", "qwen3",
-                        "--tool-call-parser", "qwen3_coder")
-    yield openai.OpenAI(base_url=srv.url + "/v1", api_key="x", max_retries=0)
-    log = srv.stop()
-    assert "Traceback" not in log, log
+    yield from qwen_parsers_client(path, "flash", 64 << 20, "qwen3_coder")
 
 
 def test_forced_tool_call_in_the_qwen3_coder_format(client):

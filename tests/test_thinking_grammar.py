@@ -13,11 +13,10 @@ import sys
 from pathlib import Path
 
 import jsonschema
-import openai
 import pytest
 
 from conftest import QWEN_MARKERS, THINKING_CHATML, make_hf_model, with_qwen_markers
-from server_fixture import ServerProcess
+from server_fixture import qwen_parsers_client
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
 from qwen4exp_reference import write_tokenizer  # noqa: E402
@@ -43,12 +42,7 @@ def client(tmp_path_factory):
     make_hf_model("qwen3", path, vocab_size=VOCAB, eos_token_id=markers["<|im_end|>"], max_position_embeddings=1024)
     write_tokenizer(path, VOCAB)
     with_qwen_markers(path, THINKING_CHATML)
-    srv = ServerProcess("--model", str(path), "--served-model-name", "thinker", "--max-model-len", "1024",
-                        "--kv-cache-memory-bytes", str(32 << 20), "--reasoning-parser", "qwen3",
-                        "--tool-call-parser", "hermes")
-    yield openai.OpenAI(base_url=srv.url + "/v1", api_key="x", max_retries=0)
-    log = srv.stop()
-    assert "Traceback" not in log, log
+    yield from qwen_parsers_client(path, "thinker", 32 << 20, "hermes")
 
 
 def chat(client, stream: bool, seed: int, **kw) -> tuple[str, str, list[tuple[str, str]], str]:

@@ -161,24 +161,11 @@ class LLM:
         (revolta/pooling.py: last token or mean), normalised unless normalize=False says otherwise."""
         cfg = self.pooling_config()
         encoded = [ids for _, ids in (self._encode(p) for p in self._normalize_prompts(prompts))]
-        ids = self.engine.add_requests(encoded, [pooling.pooling_params(cfg)] * len(encoded),
-                                       [_core.SchedulingTag()] * len(encoded))
-        got: dict[int, list[float]] = {}
-        try:
-            while len(got) < len(ids):
-                for out in self.engine.await_outputs(0.05):
-                    if out.finished:
-                        if out.finish_reason == "error":
-                            raise RuntimeError(out.error)
-                        got[out.request_id] = list(out.embedding)
-        except BaseException:
-            for rid in ids:
-                self.engine.abort(rid)
-            raise
+        outs = self._final_outputs(encoded, pooling.pooling_params(cfg))
         keep_norm = cfg.normalize if normalize is None else normalize
-        return [EmbeddingRequestOutput(request_id=str(rid), prompt_token_ids=p,
-                                       outputs=EmbeddingOutput(pooling.finish(got[rid], keep_norm)))
-                for rid, p in zip(ids, encoded)]
+        return [EmbeddingRequestOutput(request_id=str(o.request_id), prompt_token_ids=p,
+                                       outputs=EmbeddingOutput(pooling.finish(list(o.embedding), keep_norm)))
+                for o, p in zip(outs, encoded)]
 
     def score(self, text_1: str | list[str], text_2: str | list[str]) -> list[float]:
         """vLLM's LLM.score for an embedding model: the cosine similarity of each pair (one text_1
@@ -219,14 +206,20 @@ class LLM:
 
     def _expand(self, sequences: list[list[int]], width: int) -> list[list[tuple[int, float]]]:
         """Each sequence's 2 x width best next tokens, in one batch of engine requests."""
-        ids = self.engine.add_requests(sequences, [beam_search.step_params(width)] * len(sequences),
-                                       [_core.SchedulingTag()] * len(sequences))
-        got: dict[int, list[tuple[int, float]]] = {}
+        return [beam_search.top_alternatives(o.tokens) for o in self._final_outputs(sequences, beam_search.step_params(width))]
+
+    def _final_outputs(self, prompts: list[list[int]], params: _core.SamplingParams) -> list[_core.RequestOutput]:
+        """The last output of each of one-output requests (an embedding, one token), in order; a
+        failed request raises RuntimeError, and every request is aborted if this is left early."""
+        ids = self.engine.add_requests(prompts, [params] * len(prompts), [_core.SchedulingTag()] * len(prompts))
+        got: dict[int, _core.RequestOutput] = {}
         try:
             while len(got) < len(ids):
                 for out in self.engine.await_outputs(0.05):
-                    if out.tokens:
-                        got[out.request_id] = beam_search.top_alternatives(out.tokens)
+                    if out.finished:
+                        if out.finish_reason == "error":
+                            raise RuntimeError(out.error)
+                        got[out.request_id] = out
         except BaseException:
             for rid in ids:
                 self.engine.abort(rid)
