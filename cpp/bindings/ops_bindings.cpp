@@ -4,6 +4,8 @@
 #include <nanobind/ndarray.h>
 #include <nanobind/stl/pair.h>
 #include <nanobind/stl/string.h>
+#include <nanobind/stl/tuple.h>
+#include <nanobind/stl/vector.h>
 
 #include <cmath>
 #include <vector>
@@ -11,6 +13,7 @@
 #include "core/error.h"
 #include "ops/cpu/blocks/block_dots.h"
 #include "ops/cpu/cpu_ops.h"
+#include "model/vision_encoder.h"
 #include "quant/int4_groups.h"
 
 namespace nb = nanobind;
@@ -140,4 +143,30 @@ void bind_ops(nb::module_& m) {
         ops::cpu::gated_rms_norm(wrap(x), wrap(gate), gate_column, wrap(weight), eps, o);
       },
       "x"_a, "gate"_a, "weight"_a, "eps"_a, "out"_a, "gate_column"_a = 0);
+  ops.def(
+      "vision_encode",
+      [](const std::string& model_dir, F32Array pixels, const std::vector<std::tuple<int, int, int>>& grids) {
+        const ModelConfig c = ModelConfig::from_file(model_dir + "/config.json");
+        RV_CHECK_ARG(c.vision.depth > 0, model_dir, " has no vision_config");
+        WeightLoader w(model_dir);
+        VisionEncoder enc(w, c.vision, DType::kF32, Device::kCPU);
+        std::vector<VisionItem> items;
+        int64_t at = 0;
+        for (auto [t, h, wd] : grids) {
+          items.push_back({pixels.data() + at * c.vision.patch_dim(), t, h, wd});
+          at += int64_t(t) * h * wd;
+        }
+        RV_CHECK_ARG(at == int64_t(pixels.shape(0)), "the grids cover ", at, " patches; pixels has ", pixels.shape(0));
+        Tensor out;
+        {
+          nb::gil_scoped_release release;
+          out = enc.encode(items);
+        }
+        float* data = new float[size_t(out.numel())];
+        std::copy_n(out.ptr<float>(), out.numel(), data);
+        nb::capsule owner(data, [](void* p) noexcept { delete[] static_cast<float*>(p); });
+        return nb::ndarray<nb::numpy, float, nb::ndim<2>>(data, {size_t(out.size(0)), size_t(out.size(1))}, owner);
+      },
+      "model_dir"_a, "pixels"_a, "grids"_a,
+      "The checkpoint's vision tower over patches [N, patch_dim] of (t, h, w) grids: merged tokens, float32");
 }

@@ -543,7 +543,7 @@ void qkv_rope_attention(const Tensor& qkv, const ops::QkNorm& norm, const Tensor
   // take the two kernels.
   const bool one_kernel = b.decode_only && b.tokens_per_seq == 1 && b.dev_query_start && T > 0 && D <= kGroupLanes * kMaxFusedEpl &&
                           H % KVH == 0 && qkv.dtype() == DType::kF32 && qkv.size(0) == T &&
-                          qkv.size(1) >= (H + 2 * KVH) * D && 2 * (rope.rotary_dim / 2) <= D;
+                          qkv.size(1) >= (H + 2 * KVH) * D && 2 * (rope.rotary_dim / 2) <= D && !rope.axes.defined();
   if (one_kernel && k_cache.dtype() == DType::kF32) {
     run_fused<float>(qkv, norm, positions, rope, slot_mapping, q, k_cache, v_cache, b, scale, out, gate);
   } else if (one_kernel && k_cache.dtype() == DType::kF16) {

@@ -23,6 +23,7 @@ constexpr int kWarps = 4, kMaxD = 256;
 template <typename C>
 __global__ void qkv_rope_cache_kernel(const float* __restrict__ qkv, const float* __restrict__ q_norm,
                                       const float* __restrict__ k_norm, float eps, const int32_t* __restrict__ pos,
+                                      const int32_t* __restrict__ axes, int num_axes,
                                       const float* __restrict__ cos_t, const float* __restrict__ sin_t, int half,
                                       const int32_t* __restrict__ slots, float* __restrict__ q, C* __restrict__ kc,
                                       C* __restrict__ vc, int H, int KVH, int D, int64_t row_width, float inv_k,
@@ -34,15 +35,16 @@ __global__ void qkv_rope_cache_kernel(const float* __restrict__ qkv, const float
   const int64_t slot = slots[t];
   const bool is_q = h < H, is_k = !is_q && h < H + KVH;
   const float* w = is_q ? q_norm : is_k ? k_norm : nullptr;
-  const float* c = cos_t + int64_t(pos[t]) * half;
-  const float* s = sin_t + int64_t(pos[t]) * half;
   float wv[kPer], cv[kPer], sv[kPer];
 #pragma unroll
   for (int i = 0; i < kPer; ++i) {
     const int d = lane + 32 * i;
+    const bool turns = (is_q || is_k) && d < half;
+    // multimodal RoPE: frequency d turns by its axis's position
+    const int64_t at = turns ? int64_t(pos[int64_t(t) * num_axes + (axes ? axes[d] : 0)]) * half + d : 0;
     wv[i] = w && d < D ? w[d] : 1.0f;
-    cv[i] = (is_q || is_k) && d < half ? c[d] : 0.0f;
-    sv[i] = (is_q || is_k) && d < half ? s[d] : 0.0f;
+    cv[i] = turns ? cos_t[at] : 0.0f;
+    sv[i] = turns ? sin_t[at] : 0.0f;
   }
   enter_dependent();
   RV_PROBE_MARK(1);
@@ -93,7 +95,8 @@ void launch(const Tensor& qkv, const ops::QkNorm& norm, const Tensor& positions,
   float* v_rows = quant && quant->v_rows.defined() ? quant->v_rows.ptr<float>() : nullptr;
   const dim3 grid{unsigned(T), unsigned((H + 2 * KVH + kWarps - 1) / kWarps)};
   launch_dependent(qkv_rope_cache_kernel<C>, grid, dim3(32 * kWarps), 0, qkv.ptr<float>(), qn, kn, norm.eps,
-                   positions.ptr<int32_t>(), rope.cos.ptr<float>(), rope.sin.ptr<float>(), rope.rotary_dim / 2,
+                   positions.ptr<int32_t>(), rope.axes.defined() ? rope.axes.ptr<int32_t>() : nullptr,
+                   rope.axes.defined() ? int(positions.size(1)) : 1, rope.cos.ptr<float>(), rope.sin.ptr<float>(), rope.rotary_dim / 2,
                    slot_mapping.ptr<int32_t>(), q.ptr<float>(), k_cache.ptr<C>(), v_cache.ptr<C>(), int(H), int(KVH), int(D),
                    qkv.size(1), quant ? 1.0f / quant->k : 1.0f, quant ? 1.0f / quant->v : 1.0f, k_rows, v_rows);
 }

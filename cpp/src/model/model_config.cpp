@@ -46,6 +46,8 @@ RopeConfig parse_rope(const Json& j, int32_t max_pos) {
     if (!params["mscale_all_dim"].is_null()) r.mscale_all_dim = params["mscale_all_dim"].as_number();
     r.truncate = params.get_bool("truncate", true);
     r.original_max_position_embeddings = params.get_int("original_max_position_embeddings", 0);
+    if (params["mrope_section"].is_array()) r.mrope_section = int_or_list(params["mrope_section"]);
+    r.mrope_interleaved = params.get_bool("mrope_interleaved", true);
   }
   if (j.contains("original_max_position_embeddings"))
     r.original_max_position_embeddings = j["original_max_position_embeddings"].as_int();
@@ -191,6 +193,38 @@ static WeightQuantization parse_quantization(const Json& j, const std::string& s
   return {"awq", int32_t(group)};
 }
 
+static VisionConfig parse_vision(const Json& top, const std::string& src) {
+  const Json& j = top["vision_config"];
+  VisionConfig v;
+  v.depth = require_int(j, "depth", src);
+  v.hidden_size = require_int(j, "hidden_size", src);
+  v.intermediate_size = require_int(j, "intermediate_size", src);
+  v.num_heads = require_int(j, "num_heads", src);
+  v.in_channels = int32_t(j.get_int("in_channels", 3));
+  v.patch_size = int32_t(j.get_int("patch_size", 16));
+  v.temporal_patch_size = int32_t(j.get_int("temporal_patch_size", 2));
+  v.spatial_merge_size = int32_t(j.get_int("spatial_merge_size", 2));
+  v.out_hidden_size = require_int(j, "out_hidden_size", src);
+  v.num_position_embeddings = require_int(j, "num_position_embeddings", src);
+  v.hidden_act = j.get_string("hidden_act", "gelu_pytorch_tanh");
+  const Json& rp = j["rope_parameters"];
+  v.rope_theta = rp.is_object() ? rp.get_number("rope_theta", 10000.0) : j.get_number("rope_theta", 10000.0);
+  if (j["deepstack_visual_indexes"].is_array()) v.deepstack_layers = int_or_list(j["deepstack_visual_indexes"]);
+  v.image_token_id = int32_t(top.get_int("image_token_id", -1));
+  v.video_token_id = int32_t(top.get_int("video_token_id", -1));
+  v.vision_start_token_id = int32_t(top.get_int("vision_start_token_id", -1));
+  v.vision_end_token_id = int32_t(top.get_int("vision_end_token_id", -1));
+  RV_CHECK(v.hidden_act == "gelu_pytorch_tanh" || v.hidden_act == "gelu", src, ": vision_config hidden_act '",
+           v.hidden_act, "' is not supported (gelu_pytorch_tanh, gelu)");
+  RV_CHECK(v.hidden_size % v.num_heads == 0 && (v.hidden_size / v.num_heads) % 4 == 0, src,
+           ": vision_config hidden_size / num_heads must be a multiple of 4");
+  const int64_t side = int64_t(std::llround(std::sqrt(double(v.num_position_embeddings))));
+  RV_CHECK(side * side == v.num_position_embeddings, src, ": vision_config num_position_embeddings (",
+           v.num_position_embeddings, ") is not a square grid");
+  RV_CHECK(v.image_token_id >= 0 && v.video_token_id >= 0, src, ": a vision_config needs image_token_id and video_token_id");
+  return v;
+}
+
 ModelConfig ModelConfig::from_json(const Json& j, const std::string& src) {
   ModelConfig c;
   const auto& archs = j["architectures"];
@@ -201,6 +235,7 @@ ModelConfig ModelConfig::from_json(const Json& j, const std::string& src) {
     ModelConfig text = from_json_fields(j["text_config"], src, c.architecture);
     text.tie_word_embeddings = j.get_bool("tie_word_embeddings", text.tie_word_embeddings);
     if (text.quantization.method.empty()) text.quantization = parse_quantization(j, src);
+    if (j["vision_config"].is_object()) text.vision = parse_vision(j, src);
     return text;
   }
   return from_json_fields(j, src, c.architecture);
@@ -254,6 +289,22 @@ ModelConfig ModelConfig::from_file(const std::string& path) {
     throw std::runtime_error(str_cat(path, ": ", e.what()));
   }
   return from_json(j, path);
+}
+
+std::vector<int32_t> mrope_axes(const RopeConfig& r, int32_t rotary_dim) {
+  if (r.mrope_section.empty()) return {};
+  const int32_t half = rotary_dim / 2;
+  std::vector<int32_t> axes(static_cast<size_t>(half), 0);
+  const auto& sec = r.mrope_section;
+  RV_CHECK(sec.size() == 3, "rope_parameters.mrope_section must have 3 entries (time, height, width)");
+  if (r.mrope_interleaved) {  // t h w t h w ..., each axis for its section's count of slots
+    for (int32_t axis = 1; axis <= 2; ++axis)
+      for (int32_t i = axis; i < std::min(half, 3 * sec[size_t(axis)]); i += 3) axes[size_t(i)] = axis;
+  } else {
+    RV_CHECK(sec[0] + sec[1] + sec[2] == half, "rope_parameters.mrope_section must sum to rotary_dim / 2 (", half, ")");
+    for (int32_t i = 0; i < half; ++i) axes[size_t(i)] = i < sec[0] ? 0 : i < sec[0] + sec[1] ? 1 : 2;
+  }
+  return axes;
 }
 
 ops::RopeTables build_rope_tables(const RopeConfig& r, int32_t head_dim, int32_t max_positions) {

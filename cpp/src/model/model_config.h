@@ -20,6 +20,26 @@ struct RopeConfig {
   std::optional<double> attention_factor, mscale, mscale_all_dim;
   bool truncate = true;
   int64_t original_max_position_embeddings = 0;
+  // Multimodal RoPE (Qwen3-VL, Qwen3.5): the rotary frequencies split over time / height / width
+  // positions, interleaved (t h w t h w ..., the rest t) or as consecutive sections. Empty: 1-D.
+  std::vector<int32_t> mrope_section;
+  bool mrope_interleaved = true;
+};
+
+// The vision tower of a multimodal checkpoint (HF vision_config): patch embedding over (temporal,
+// height, width) patches, ViT blocks with 2-D rotary positions, a merger of spatial_merge_size^2
+// patches into one token of out_hidden_size; deepstack layers also feed their merged states into
+// the first decoder layers (Qwen3-VL). depth 0: no vision tower.
+struct VisionConfig {
+  int32_t depth = 0, hidden_size = 0, intermediate_size = 0, num_heads = 0, in_channels = 3;
+  int32_t patch_size = 16, temporal_patch_size = 2, spatial_merge_size = 2, out_hidden_size = 0;
+  int32_t num_position_embeddings = 0;
+  double rope_theta = 10000.0;
+  std::string hidden_act = "gelu_pytorch_tanh";
+  std::vector<int32_t> deepstack_layers;
+  int32_t image_token_id = -1, video_token_id = -1, vision_start_token_id = -1, vision_end_token_id = -1;
+  int32_t patch_dim() const { return in_channels * temporal_patch_size * patch_size * patch_size; }
+  int32_t merge_unit() const { return spatial_merge_size * spatial_merge_size; }
 };
 
 // The checkpoint's quantization_config (HF): which weights are stored quantized, and how.
@@ -77,6 +97,7 @@ struct ModelConfig {
   std::vector<int32_t> mlp_only_layers;
   bool norm_topk_prob = true;
   FlashNextConfig flash;
+  VisionConfig vision;
   bool is_moe_layer(int32_t layer) const;
   int32_t num_attention_layers() const;
   int32_t num_linear_layers() const;
@@ -90,5 +111,8 @@ struct ModelConfig {
 
 // cos/sin tables for positions [0, max_positions), matching HF's rope_init functions.
 ops::RopeTables build_rope_tables(const RopeConfig& rope, int32_t head_dim, int32_t max_positions);
+// Multimodal RoPE: the axis (0 time, 1 height, 2 width) of each of the rotary_dim / 2 frequencies,
+// as rope.mrope_section says; empty when it has none.
+std::vector<int32_t> mrope_axes(const RopeConfig& rope, int32_t rotary_dim);
 
 }  // namespace revolta

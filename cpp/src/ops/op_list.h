@@ -69,6 +69,13 @@
     void(const Tensor& x, const Tensor& router, int64_t num_experts, bool renormalize, const ops::ResidualNorm& first, \
          Tensor& ids, Tensor& weights, const ops::ExpertTable& experts, Tensor& out, const ops::ResidualNorm* then,  \
          const Tensor* warm))                                                                                        \
+  /* vision encoders */                                                                                               \
+  X(LayerNorm, layer_norm, void(const Tensor& x, const Tensor& weight, const Tensor& bias, float eps, Tensor& out))  \
+  X(Gelu, gelu, void(Tensor& x, bool tanh_approximation))                                                           \
+  X(ScatterRows, scatter_rows, void(Tensor& out, const Tensor& rows, const Tensor& src))                             \
+  X(VarlenAttention, varlen_attention,                                                                               \
+    void(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& seq_starts, int32_t max_seq_len,           \
+         float scale, Tensor& out))                                                                                  \
   /* Flash-Next: hyper-connections, n-gram PLE, QSA */                                                               \
   X(GroupRmsNorm, group_rms_norm, void(const Tensor& x, const Tensor& weight, int64_t group, float eps, Tensor& out)) \
   X(ScaledSilu, scaled_silu, void(const Tensor& x, int64_t columns, float scale, Tensor& out))                       \

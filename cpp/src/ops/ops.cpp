@@ -44,6 +44,15 @@ void check_kv_quant(const char* op, const Tensor& cache, const KvQuant* quant) {
            quant ? " with" : " without", " scales");
 }
 
+// Positions int32 [T], or [T, A] with an axis per rotary frequency (RopeTables::axes).
+void check_rope_positions(const char* op, int64_t T, const Tensor& positions, const RopeTables& tables) {
+  const bool multi = tables.axes.defined();
+  RV_CHECK(positions.dtype() == DType::kI32 && positions.size(0) == T && positions.dim() == (multi ? 2 : 1) &&
+               (!multi || (tables.axes.numel() == tables.rotary_dim / 2 && tables.axes.dtype() == DType::kI32 &&
+                           tables.axes.device() == positions.device())),
+           op, ": positions int32 [", T, multi ? ", axes]" : "]", " (got ", positions.shape_str(), ")");
+}
+
 }  // namespace
 
 const char* op_name(Op op) {
@@ -119,6 +128,7 @@ void linear_scaled(const Tensor& x, const GroupScale& scale, const Tensor& weigh
   table_for(x.device(), Op::kLinearScaled).linear_scaled(x, scale, weight, out);
 }
 void rope(Tensor& x, const Tensor& positions, const RopeTables& tables) {
+  check_rope_positions("rope", x.size(0), positions, tables);
   table_for(x.device(), Op::kRope).rope(x, positions, tables);
 }
 void silu_mul(const Tensor& gate_up, Tensor& out) {
@@ -157,6 +167,7 @@ void argmax(const Tensor& x, Tensor& out) { table_for(x.device(), Op::kArgmax).a
 void qkv_rope_cache(const Tensor& qkv, const QkNorm& norm, const Tensor& positions, const RopeTables& rope,
                     const Tensor& slot_mapping, Tensor& q, Tensor& k_cache, Tensor& v_cache, const KvQuant* quant) {
   check_kv_quant("qkv_rope_cache", k_cache, quant);
+  check_rope_positions("qkv_rope_cache", qkv.size(0), positions, rope);
   table_for(qkv.device(), Op::kQkvRopeCache)
       .qkv_rope_cache(qkv, norm, positions, rope, slot_mapping, q, k_cache, v_cache, quant);
 }
@@ -166,6 +177,7 @@ void qkv_rope_attention(const Tensor& qkv, const QkNorm& norm, const Tensor& pos
                         const KvQuant* quant) {
   check_output_gate("qkv_rope_attention", q, gate);
   check_kv_quant("qkv_rope_attention", k_cache, quant);
+  check_rope_positions("qkv_rope_attention", qkv.size(0), positions, rope);
   table_for(qkv.device(), Op::kQkvRopeAttention)
       .qkv_rope_attention(qkv, norm, positions, rope, slot_mapping, q, k_cache, v_cache, batch, scale, out, gate, quant);
 }
@@ -258,6 +270,33 @@ void sigmoid_mul(Tensor& x, const Tensor& gate, int64_t gate_column) {
 void gdn_gates(const Tensor& fused, int64_t first_column, const Tensor& neg_a, const Tensor& dt_bias, Tensor& beta,
                Tensor& g) {
   table_for(fused.device(), Op::kGdnGates).gdn_gates(fused, first_column, neg_a, dt_bias, beta, g);
+}
+void layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, float eps, Tensor& out) {
+  const int64_t n = weight.numel();
+  RV_CHECK(n > 0 && bias.numel() == n && x.numel() % n == 0 && out.numel() == x.numel() && x.dtype() == DType::kF32 &&
+               weight.dtype() == DType::kF32 && bias.dtype() == DType::kF32,
+           "layer_norm: x f32 [.., ", n, "], weight and bias f32 [", n, "] (got ", x.shape_str(), ", ",
+           weight.shape_str(), ", ", bias.shape_str(), ")");
+  table_for(x.device(), Op::kLayerNorm).layer_norm(x, weight, bias, eps, out);
+}
+void gelu(Tensor& x, bool tanh_approximation) {
+  RV_CHECK(x.dtype() == DType::kF32, "gelu: f32 values (got ", dtype_name(x.dtype()), ")");
+  table_for(x.device(), Op::kGelu).gelu(x, tanh_approximation);
+}
+void scatter_rows(Tensor& out, const Tensor& rows, const Tensor& src) {
+  RV_CHECK(out.dim() == 2 && src.dim() == 2 && src.size(1) == out.size(1) && rows.numel() == src.size(0) &&
+               rows.dtype() == DType::kI32 && rows.device() == out.device() && src.device() == out.device(),
+           "scatter_rows: out [T, C], src [R, C], rows int32 [R] on one device (got ", out.shape_str(), ", ",
+           src.shape_str(), ", ", rows.shape_str(), ")");
+  table_for(out.device(), Op::kScatterRows).scatter_rows(out, rows, src);
+}
+void varlen_attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& seq_starts, int32_t max_seq_len,
+                      float scale, Tensor& out) {
+  RV_CHECK(q.dim() == 3 && k.shape() == q.shape() && v.shape() == q.shape() && out.shape() == q.shape() &&
+               seq_starts.dtype() == DType::kI32 && seq_starts.numel() >= 2 && max_seq_len > 0,
+           "varlen_attention: q, k, v, out [T, heads, head_dim], seq_starts int32 [S + 1] (got ", q.shape_str(), ", ",
+           k.shape_str(), ", ", v.shape_str(), ", ", out.shape_str(), ", ", seq_starts.shape_str(), ")");
+  table_for(q.device(), Op::kVarlenAttention).varlen_attention(q, k, v, seq_starts, max_seq_len, scale, out);
 }
 void scatter_add_rows(Tensor& out, const Tensor& rows, const Tensor& weights, const Tensor& y) {
   table_for(out.device(), Op::kScatterAddRows).scatter_add_rows(out, rows, weights, y);

@@ -53,10 +53,13 @@ struct KvQuant {
 };
 
 // RoPE cos/sin tables, [max_positions, rotary_dim / 2] each, already multiplied by the
-// attention scaling of the rope type (YaRN).
+// attention scaling of the rope type (YaRN). With axes (int32 [rotary_dim / 2] on the op's device),
+// positions are int32 [T, A], one per axis, and frequency i of token t turns by the position of axis
+// axes[i] (multimodal RoPE: time / height / width sections; a vision encoder's height / width).
 struct RopeTables {
   Tensor cos, sin;
   int32_t rotary_dim = 0;
+  Tensor axes;
 };
 
 // PLE's n-gram hashing (Flash-Next): for token t with window ctx[0] = t, ctx[j] = the token j back
@@ -237,7 +240,8 @@ void add_rms_norm(Tensor& residual, const Tensor& x, const Tensor& weight, float
 void linear(const Tensor& x, const Tensor& weight, const Tensor* bias, Tensor& out);
 // out = x' . weight^T, x' = x with its column groups scaled (see GroupScale).
 void linear_scaled(const Tensor& x, const GroupScale& scale, const Tensor& weight, Tensor& out);
-// In place on x [T, heads, head_dim]: rotate-half RoPE on the first rotary_dim features.
+// In place on x [T, heads, head_dim]: rotate-half RoPE on the first rotary_dim features; positions
+// int32 [T], or [T, A] with tables.axes.
 void rope(Tensor& x, const Tensor& positions, const RopeTables& tables);
 // out[T, I] = silu(gate_up[:, :I]) * gate_up[:, I:].
 void silu_mul(const Tensor& gate_up, Tensor& out);
@@ -358,6 +362,19 @@ void qsa_select(const Tensor& q, const Tensor& key_rows, const QsaIndex& index, 
 void qsa_attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, const AttentionBatch& batch,
                    const Tensor& blocks, int32_t ratio, float scale, Tensor& out, const OutputGate* gate = nullptr,
                    const KvQuant* quant = nullptr);
+
+// Vision encoders. Row-wise LayerNorm over the last dimension: out = (x - mean) / sqrt(var + eps) *
+// weight + bias (f32; x and out may alias).
+void layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, float eps, Tensor& out);
+// In place on f32 x: GELU, exact (erf) or its tanh approximation (PyTorch's "gelu_pytorch_tanh").
+void gelu(Tensor& x, bool tanh_approximation);
+// out[rows[r], :] = src[r, :] (f32; rows int32 [R] on out's device, distinct).
+void scatter_rows(Tensor& out, const Tensor& rows, const Tensor& src);
+// Bidirectional attention within packed sequences: q, k, v, out f32 [T, heads, head_dim], sequence s
+// the rows [seq_starts[s], seq_starts[s + 1]) (int32 [S + 1] on the op's device), no longer than
+// max_seq_len; each query row attends to every row of its own sequence.
+void varlen_attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& seq_starts, int32_t max_seq_len,
+                      float scale, Tensor& out);
 
 // out[rows[i], :] += weights[i] * y[i, :] (MoE combine; rows int32, weights f32, on out's device).
 void scatter_add_rows(Tensor& out, const Tensor& rows, const Tensor& weights, const Tensor& y);

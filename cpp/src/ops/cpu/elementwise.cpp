@@ -96,17 +96,23 @@ void rope(Tensor& x, const Tensor& positions, const RopeTables& tables) {
   const int64_t T = x.size(0), heads = x.size(1), D = x.size(2);
   const int64_t half = tables.rotary_dim / 2, max_pos = tables.cos.size(0);
   const int32_t* pos = positions.ptr<int32_t>();
+  const int32_t* axes = tables.axes.defined() ? tables.axes.ptr<int32_t>() : nullptr;
+  const int64_t A = axes ? positions.size(1) : 1;
+  std::vector<float> c(static_cast<size_t>(half)), s(static_cast<size_t>(half));
   float* xp = x.ptr<float>();
   for (int64_t t = 0; t < T; ++t) {
-    RV_CHECK(pos[t] >= 0 && pos[t] < max_pos, "rope: position ", pos[t], " beyond ", max_pos);
-    const float* c = tables.cos.ptr<float>() + int64_t(pos[t]) * half;
-    const float* s = tables.sin.ptr<float>() + int64_t(pos[t]) * half;
+    for (int64_t i = 0; i < half; ++i) {
+      const int32_t p = pos[t * A + (axes ? axes[i] : 0)];
+      RV_CHECK(p >= 0 && p < max_pos, "rope: position ", p, " beyond ", max_pos);
+      c[size_t(i)] = tables.cos.ptr<float>()[int64_t(p) * half + i];
+      s[size_t(i)] = tables.sin.ptr<float>()[int64_t(p) * half + i];
+    }
     for (int64_t h = 0; h < heads; ++h) {
       float* v = xp + (t * heads + h) * D;
       for (int64_t i = 0; i < half; ++i) {
         float x1 = v[i], x2 = v[i + half];
-        v[i] = x1 * c[i] - x2 * s[i];
-        v[i + half] = x2 * c[i] + x1 * s[i];
+        v[i] = x1 * c[size_t(i)] - x2 * s[size_t(i)];
+        v[i + half] = x2 * c[size_t(i)] + x1 * s[size_t(i)];
       }
     }
   }
