@@ -1,6 +1,7 @@
 // revolta._core: the C++ engine for Python. The GIL is released while the engine loads a model
 // and while a caller waits for outputs, so other Python threads (the HTTP server) keep running.
 #include <nanobind/nanobind.h>
+#include <nanobind/ndarray.h>
 #include <nanobind/stl/chrono.h>
 #include <nanobind/stl/function.h>
 #include <nanobind/stl/optional.h>
@@ -145,6 +146,9 @@ NB_MODULE(_core, m) {
       .def_ro("num_blocks_free", &EngineStats::num_blocks_free)
       .def_ro("prefix_cache_queries", &EngineStats::prefix_cache_queries)
       .def_ro("prefix_cache_hits", &EngineStats::prefix_cache_hits)
+      .def_ro("mm_items_encoded", &EngineStats::mm_items_encoded)
+      .def_ro("mm_encoder_cache_hits", &EngineStats::mm_encoder_cache_hits)
+      .def_ro("mm_encoder_cache_bytes", &EngineStats::mm_encoder_cache_bytes)
       .def_ro("num_preemptions", &EngineStats::num_preemptions)
       .def_ro("kv_offload_hit_tokens", &EngineStats::kv_offload_hit_tokens)
       .def_ro("kv_offload_host_hits", &EngineStats::kv_offload_host_hits)
@@ -190,15 +194,32 @@ NB_MODULE(_core, m) {
       .def_ro("cuda_graph_bytes", &ModelInfo::cuda_graph_bytes)
       .def_ro("tensor_parallel_size", &ModelInfo::tensor_parallel_size);
 
+  nb::class_<MediaInput>(m, "MediaInput")
+      .def(
+          "__init__",
+          [](MediaInput* self, const std::string& kind, const std::string& hash, int32_t offset, int32_t grid_t,
+             int32_t grid_h, int32_t grid_w, nb::ndarray<const float, nb::ndim<2>, nb::c_contig, nb::device::cpu> pixels) {
+            new (self) MediaInput();
+            self->kind = kind, self->hash = hash, self->offset = offset;
+            self->grid_t = grid_t, self->grid_h = grid_h, self->grid_w = grid_w;
+            self->pixels.assign(pixels.data(), pixels.data() + pixels.size());
+          },
+          "kind"_a, "hash"_a, "offset"_a, "grid_t"_a, "grid_h"_a, "grid_w"_a, "pixels"_a,
+          "An image or video frame group of a prompt: its placeholder tokens start at offset; pixels float32 "
+          "[patches, patch_dim]")
+      .def_ro("kind", &MediaInput::kind)
+      .def_ro("hash", &MediaInput::hash)
+      .def_ro("offset", &MediaInput::offset);
+
   nb::class_<Engine>(m, "Engine")
       .def(nb::init<const EngineConfig&>(), "config"_a, nb::call_guard<nb::gil_scoped_release>())
       .def(
           "add_request",
-          [](Engine& e, std::vector<int32_t> prompt, const SamplingParams& p, const SchedulingTag& tag) {
-            return e.add_request(std::move(prompt), p, nullptr, tag);
-          },
-          "prompt_token_ids"_a, "params"_a, "tag"_a = SchedulingTag{})
-      .def("add_requests", &Engine::add_requests, "prompts"_a, "params"_a, "tags"_a = std::vector<SchedulingTag>{})
+          [](Engine& e, std::vector<int32_t> prompt, const SamplingParams& p, const SchedulingTag& tag,
+             std::vector<MediaInput> media) { return e.add_request(std::move(prompt), p, nullptr, tag, std::move(media)); },
+          "prompt_token_ids"_a, "params"_a, "tag"_a = SchedulingTag{}, "media"_a = std::vector<MediaInput>{})
+      .def("add_requests", &Engine::add_requests, "prompts"_a, "params"_a, "tags"_a = std::vector<SchedulingTag>{},
+           "media"_a = std::vector<std::vector<MediaInput>>{})
       .def("abort", &Engine::abort, "request_id"_a)
       .def(
           "await_outputs",

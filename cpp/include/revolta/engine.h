@@ -58,6 +58,19 @@ struct SamplingParams {
   void validate() const;
 };
 
+// An image, or one frame group of a video, in a multimodal prompt: prompt positions [offset, offset +
+// grid_t * grid_h * grid_w / spatial_merge_size^2) hold its placeholder token (the model's image or
+// video token), and pixels its patch rows as the model's processor makes them ([grid_t * grid_h *
+// grid_w, channels * temporal_patch_size * patch_size^2]). hash names the content and its processing:
+// equal hashes are encoded once (the encoder cache) and share prefix-cache blocks, others never do.
+struct MediaInput {
+  std::string kind = "image";  // image | video
+  std::string hash;
+  int32_t offset = 0;
+  int32_t grid_t = 1, grid_h = 0, grid_w = 0;
+  std::vector<float> pixels;
+};
+
 // Whose request it is, for the scheduling policy (EngineConfig::scheduling_policy).
 struct SchedulingTag {
   int32_t priority = 0;  // vLLM's: lower is served first (policy "priority")
@@ -158,6 +171,10 @@ struct EngineStats {
   int64_t prefix_cache_queries = 0;       // prompt tokens looked up
   int64_t prefix_cache_hits = 0;          // prompt tokens found
   int64_t num_preemptions = 0;
+  // Multimodal: media items the vision tower encoded, items found in the encoder cache, its bytes.
+  int64_t mm_items_encoded = 0;
+  int64_t mm_encoder_cache_hits = 0;
+  int64_t mm_encoder_cache_bytes = 0;
   std::vector<std::pair<int32_t, int64_t>> waiting_by_priority;  // (priority, requests waiting), ascending
   // KV offload tiers: prompt tokens whose blocks came back from a tier, entries found per tier,
   // bytes moved (device -> host, host -> device, to and from disk), what each tier holds, and disk
@@ -223,14 +240,18 @@ class Engine {
   // Thread-safe; returns immediately. Throws std::invalid_argument for a bad prompt or params.
   // With a callback, this request's outputs go to the callback (on the engine thread) instead
   // of the await_outputs() queue.
+  // media: a multimodal prompt's images and video frame groups (the model must have a vision tower).
   uint64_t add_request(std::vector<int32_t> prompt_token_ids, const SamplingParams& params,
-                       OutputCallback callback = nullptr, const SchedulingTag& tag = {});
+                       OutputCallback callback = nullptr, const SchedulingTag& tag = {},
+                       std::vector<MediaInput> media = {});
   // Several requests at once: the engine sees all of them in the same step (or none, if any is
   // invalid: then std::invalid_argument names the first bad one and nothing is queued). tags:
   // one per prompt, or none (each request a group of its own, priority 0).
+  // media: one list per prompt, or none.
   std::vector<uint64_t> add_requests(const std::vector<std::vector<int32_t>>& prompts,
                                      const std::vector<SamplingParams>& params,
-                                     const std::vector<SchedulingTag>& tags = {});
+                                     const std::vector<SchedulingTag>& tags = {},
+                                     const std::vector<std::vector<MediaInput>>& media = {});
   // Thread-safe; unknown or finished ids are ignored. The request ends with kAbort.
   void abort(uint64_t request_id);
   // Waits up to timeout for outputs; returns all that are queued (possibly none).

@@ -4,6 +4,19 @@
 
 namespace revolta {
 
+namespace {
+
+// Block i's tokens as the cache keys them: the tokens themselves, or with media spans replaced by
+// their content keys (Request::cache_token), written to buf.
+const int32_t* block_keys(const Request& r, int32_t i, int32_t bs, std::vector<int32_t>& buf) {
+  if (!r.media) return r.tokens.data() + size_t(i) * size_t(bs);
+  buf.resize(size_t(bs));
+  for (int32_t k = 0; k < bs; ++k) buf[size_t(k)] = r.cache_token(i * bs + k);
+  return buf.data();
+}
+
+}  // namespace
+
 KvCacheManager::KvCacheManager(int32_t num_blocks, int32_t block_size, bool prefix, int32_t state_slots,
                                int32_t snapshot_slots)
     : pool_(num_blocks, block_size, prefix), num_state_slots_(state_slots) {
@@ -79,8 +92,9 @@ int32_t KvCacheManager::take_snapshot_slot(uint64_t h) {
 
 void KvCacheManager::match_in_tiers(Request& r, uint64_t parent, int32_t max_blocks) {
   const int32_t bs = pool_.block_size();
+  std::vector<int32_t> keys;
   for (int32_t i = int32_t(r.block_table.size()); i < max_blocks; ++i) {
-    const int32_t* toks = r.tokens.data() + size_t(i) * size_t(bs);
+    const int32_t* toks = block_keys(r, i, bs, keys);
     const uint64_t h = BlockPool::hash_block(parent, toks, bs);
     TierEntryPtr e = tiers_->fetch_block(h, parent, toks, bs);
     if (!e) break;
@@ -97,12 +111,13 @@ void KvCacheManager::match_in_tiers(Request& r, uint64_t parent, int32_t max_blo
 void KvCacheManager::prefetch(Request& r) {
   if (!tiers_ || !pool_.prefix_caching()) return;
   const int32_t bs = pool_.block_size();
+  std::vector<int32_t> block;
   const int32_t max_blocks = (r.num_tokens() - 1) / bs;
   std::vector<uint64_t> keys;
   uint64_t parent = seed_;
   bool past_device = false;
   for (int32_t i = 0; i < max_blocks; ++i) {
-    const int32_t* toks = r.tokens.data() + size_t(i) * size_t(bs);
+    const int32_t* toks = block_keys(r, i, bs, block);
     const uint64_t h = BlockPool::hash_block(parent, toks, bs);
     past_device = past_device || pool_.lookup(h, parent, toks) < 0;
     if (past_device) keys.push_back(h);
@@ -124,10 +139,11 @@ int32_t KvCacheManager::match_prefix(Request& r) {
   // Every prompt position's logits or hidden state is wanted: computed, not read from the cache.
   if (r.params.prompt_logprobs >= 0 || r.params.pooling == "mean") return 0;
   const int32_t bs = pool_.block_size();
+  std::vector<int32_t> keys;
   const int32_t max_blocks = (r.num_tokens() - 1) / bs;
   uint64_t parent = seed_;
   for (int32_t i = 0; i < max_blocks; ++i) {
-    const int32_t* toks = r.tokens.data() + size_t(i) * size_t(bs);
+    const int32_t* toks = block_keys(r, i, bs, keys);
     uint64_t h = BlockPool::hash_block(parent, toks, bs);
     int32_t b = pool_.lookup(h, parent, toks);
     if (b < 0) break;
@@ -188,10 +204,11 @@ bool KvCacheManager::allocate_slots(Request& r, int32_t num_new_tokens) {
 void KvCacheManager::cache_full_blocks(Request& r) {
   if (!pool_.prefix_caching()) return;
   const int32_t bs = pool_.block_size();
+  std::vector<int32_t> keys;
   const size_t full = size_t(r.num_computed_tokens / bs);
   for (size_t i = r.block_hashes.size(); i < full; ++i) {
     uint64_t parent = i ? r.block_hashes[i - 1] : seed_;
-    const int32_t* toks = r.tokens.data() + i * size_t(bs);
+    const int32_t* toks = block_keys(r, int32_t(i), bs, keys);
     uint64_t h = BlockPool::hash_block(parent, toks, bs);
     pool_.register_block(r.block_table[i], h, parent, toks);
     if (tiers_ && !tiers_->has(h))  // written through (the block's K and V are computed by now)

@@ -203,8 +203,16 @@ std::unique_ptr<GrammarMatcher> Engine::Impl::make_grammar(const SamplingParams&
   return g;
 }
 
+void Engine::Impl::attach_media(Request& r, std::vector<MediaInput> media) const {
+  if (media.empty()) return;
+  RV_CHECK_ARG(vision != nullptr, "multimodal input: ", model_cfg.architecture, " at ", cfg.model,
+               " takes text only here (no vision tower this engine runs)");
+  r.media = make_media_prompt(std::move(media), r.tokens, model_cfg.vision);
+  r.encoded.resize(r.media->spans.size());
+}
+
 uint64_t Engine::add_request(std::vector<int32_t> prompt, const SamplingParams& params,
-                             OutputCallback callback, const SchedulingTag& tag) {
+                             OutputCallback callback, const SchedulingTag& tag, std::vector<MediaInput> media) {
   validate_prompt(prompt, params, impl_->info);
   auto r = std::make_unique<Request>();
   r->id = impl_->next_id.fetch_add(1);
@@ -212,6 +220,7 @@ uint64_t Engine::add_request(std::vector<int32_t> prompt, const SamplingParams& 
   r->tokens = std::move(prompt);
   r->params = params;
   r->tag = tag;
+  impl_->attach_media(*r, std::move(media));
   r->grammar = impl_->make_grammar(params);
   r->callback = std::move(callback);
   const uint64_t id = r->id;
@@ -229,11 +238,14 @@ uint64_t Engine::add_request(std::vector<int32_t> prompt, const SamplingParams& 
 
 std::vector<uint64_t> Engine::add_requests(const std::vector<std::vector<int32_t>>& prompts,
                                            const std::vector<SamplingParams>& params,
-                                           const std::vector<SchedulingTag>& tags) {
+                                           const std::vector<SchedulingTag>& tags,
+                                           const std::vector<std::vector<MediaInput>>& media) {
   RV_CHECK_ARG(prompts.size() == params.size(), "add_requests: ", prompts.size(), " prompts but ",
                params.size(), " sampling params");
   RV_CHECK_ARG(tags.empty() || tags.size() == prompts.size(), "add_requests: ", prompts.size(), " prompts but ",
                tags.size(), " scheduling tags");
+  RV_CHECK_ARG(media.empty() || media.size() == prompts.size(), "add_requests: ", prompts.size(), " prompts but ",
+               media.size(), " media lists");
   for (size_t i = 0; i < prompts.size(); ++i) validate_prompt(prompts[i], params[i], impl_->info);
   std::vector<std::unique_ptr<Request>> batch;
   std::vector<uint64_t> ids;
@@ -244,6 +256,7 @@ std::vector<uint64_t> Engine::add_requests(const std::vector<std::vector<int32_t
     r->tokens = prompts[i];
     r->params = params[i];
     if (!tags.empty()) r->tag = tags[i];
+    if (!media.empty()) impl_->attach_media(*r, media[i]);
     r->grammar = impl_->make_grammar(params[i]);
     ids.push_back(r->id);
     batch.push_back(std::move(r));

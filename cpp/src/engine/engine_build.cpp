@@ -117,6 +117,18 @@ void Engine::Impl::load_models() {
   };
   if (world > 1) tp = std::make_unique<TensorParallelRanks>(world, dev, load, threads / world, cfg.block_activation_bits);
   model = load(tp ? tp->rank0() : nullptr);
+  if (model_cfg.vision.depth > 0 && !vision) {
+    if (model->takes_media() && cfg.load_format != "gguf") {
+      vision = std::make_unique<VisionEncoder>(WeightLoader(cfg.model, dev, cfg.load_format == "dummy"), model_cfg.vision,
+                                               parse_dtype(weight_dtype), dev);
+      encoder_cache = std::make_unique<EncoderCache>(int64_t(double(cfg.mm_encoder_cache_gb) * double(int64_t(1) << 30)));
+      std::fprintf(stderr, "revolta: vision tower of %d blocks, %lld MiB (images and video)\n", model_cfg.vision.depth,
+                   (long long)(vision->weight_bytes() >> 20));
+    } else {
+      std::fprintf(stderr, "revolta: the checkpoint's vision tower is not loaded (%s takes text only here)\n",
+                   model_cfg.architecture.c_str());
+    }
+  }
 }
 
 int32_t Engine::Impl::build_serving() {
@@ -125,6 +137,10 @@ int32_t Engine::Impl::build_serving() {
   spec.kv_scales = &kv_scales, spec.device = dev, spec.world = world;
   spec.kv_fingerprint = kv_fingerprint(cfg, model_cfg, weight_dtype, dtype_name(cache_plan->kv.dtype), kv_scales);
   serving = std::make_unique<Serving>(spec, *model, tp.get());
+  if (vision)
+    serving->scheduler->set_encoder(encoder_cache.get(), cfg.max_num_encoder_input_tokens > 0
+                                                             ? cfg.max_num_encoder_input_tokens
+                                                             : cfg.max_num_batched_tokens);
   return serving->layers_without_kv_scales;
 }
 

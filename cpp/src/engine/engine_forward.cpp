@@ -42,6 +42,7 @@ void Engine::Impl::settle_kv_saves() {
 }
 
 StepLogits Engine::Impl::forward(const SchedulerOutput& plan, const Tensor* fed_ids) {
+  encode_media(plan);
   if (serving->tiers) {  // blocks brought back before the forward reads them
     const char* was = phase.load();
     enter("kv offload copies", phase_requests.load());

@@ -26,6 +26,8 @@
 #include "engine/serving.h"
 #include "engine/tensor_parallel.h"
 #include "model/model.h"
+#include "model/vision_encoder.h"
+#include "runtime/encoder_cache.h"
 #include "revolta/engine.h"
 #include "runtime/model_runner.h"
 #include "sample/rng.h"
@@ -44,6 +46,14 @@ struct Engine::Impl {
   std::unique_ptr<Serving> serving;  // caches, tiers, scheduler, runner (null: asleep)
   std::unique_ptr<ThreadPool> pool;
   std::unique_ptr<TensorParallelRanks> tp;  // ranks 1.. of tensor_parallel_size > 1 (rank 0 is this thread)
+  // Multimodal models: the vision tower (rank 0's device, not sharded) and its outputs by media hash.
+  std::unique_ptr<VisionEncoder> vision;
+  std::unique_ptr<EncoderCache> encoder_cache;
+  // Encodes the media spans the plan's chunks reach that their requests do not hold yet (from the
+  // cache, else in one encoder pass), and lets go of those their prompts have read.
+  void encode_media(const SchedulerOutput& plan);
+  // A new request's media (none: a text prompt); throws std::invalid_argument naming the item at fault.
+  void attach_media(Request& r, std::vector<MediaInput> media) const;
   Rng seed_source;
 
   mutable std::mutex in_mu;

@@ -18,6 +18,10 @@ void Engine::Impl::publish_stats() {
     live.kv_offload_host_bytes = 0;
     for (const auto& r : parked) ++by_priority[r->tag.priority];
   }
+  if (encoder_cache) {
+    live.mm_encoder_cache_hits = encoder_cache->hits();
+    live.mm_encoder_cache_bytes = encoder_cache->bytes();
+  }
   std::lock_guard<std::mutex> lk(stats_mu);
   stats = live;
   {

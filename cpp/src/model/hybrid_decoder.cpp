@@ -18,7 +18,7 @@ std::unique_ptr<CausalLM> make_qwen3_next(const WeightLoader& w, const ModelConf
   return make_hybrid_decoder(w, c, dt, HybridOptions{/*gated_attention=*/true, /*one_plus_norm=*/true});
 }
 
-std::unique_ptr<CausalLM> make_qwen3_5_moe(const WeightLoader& w, const ModelConfig& c, DType dt) {
+std::unique_ptr<CausalLM> make_qwen3_5(const WeightLoader& w, const ModelConfig& c, DType dt) {
   return make_hybrid_decoder(w, c, dt, HybridOptions{/*gated_attention=*/true, /*one_plus_norm=*/true});
 }
 

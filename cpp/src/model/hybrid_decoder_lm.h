@@ -136,12 +136,11 @@ class HybridDecoderLM : public DecoderBase {
     }
     // A config may name MTP layers that a checkpoint (a converted or a tiny one) does not carry.
     if (c.num_mtp_layers > 0 && w.has("mtp.fc.weight")) load_mtp(w, n_attn);
-    size_t skipped = 0;
-    for (const auto& name : w.names()) skipped += name.find("visual.") != std::string::npos;
-    if (skipped)
-      std::fprintf(stderr, "revolta: skipped %zu vision tensors (text-only model; multimodal input is not supported yet)\n",
-                   skipped);
     rope_ = build_rope_tables(c.rope, c.head_dim, c.max_positions);
+    if (const auto axes = mrope_axes(c.rope, rope_.rotary_dim); !axes.empty()) {
+      mrope_axes_ = Tensor::empty({int64_t(axes.size())}, DType::kI32);
+      std::copy(axes.begin(), axes.end(), mrope_axes_.ptr<int32_t>());
+    }
     bytes_ += head_.nbytes();
     build_expert_tables();
   }
@@ -157,6 +156,10 @@ class HybridDecoderLM : public DecoderBase {
     Tensor x = Tensor::uninitialized({T, H}, DType::kF32, device_);
     const ops::NormInto first_norm{&layers_[0].input_norm, eps, &x};
     embed_tokens(head_, b.token_ids, residual, first_norm);
+    if (b.media_rows.defined()) {  // media placeholders take their encoder outputs
+      ops::scatter_rows(residual, b.media_rows, b.media_embeds);
+      ops::rms_norm(residual, layers_[0].input_norm, eps, x);
+    }
     // Each block's output is added to the residual stream and normalised for the next block
     // (ops::ResidualNorm, which the routing and the expert kernels fuse): x is the normalised input
     // of every block.
@@ -175,6 +178,7 @@ class HybridDecoderLM : public DecoderBase {
   }
 
   int32_t num_mtp_layers() const override { return int32_t(mtp_.layers.size()); }
+  bool takes_media() const override { return mrope_axes_.defined() && !opts_.hyper_connections; }
 
   ForwardOutput mtp_forward(const ForwardBatch& b, const Tensor& hidden, int32_t layer, ModelCaches& caches) override {
     RV_CHECK(layer >= 0 && layer < num_mtp_layers(), cfg_.architecture, ": no multi-token-prediction layer ", layer);
@@ -229,6 +233,7 @@ class HybridDecoderLM : public DecoderBase {
     move(final_norm_);
     move(rope_.cos);
     move(rope_.sin);
+    move(mrope_axes_);
     auto move_layer = [&](Layer& L) {
       for (Tensor* t : {&L.input_norm, &L.post_norm, &L.attn.proj, &L.attn.o, &L.attn.q_norm, &L.attn.k_norm,
                         &L.gdn.proj, &L.gdn.conv, &L.gdn.neg_a, &L.gdn.dt_bias, &L.gdn.norm, &L.gdn.out,
@@ -511,7 +516,15 @@ class HybridDecoderLM : public DecoderBase {
     Tensor q = Tensor::uninitialized({T, NH, D}, DType::kF32, dev), attn = Tensor::uninitialized({T, NH, D}, DType::kF32, dev);
     const ops::QkNorm norm{&L.attn.q_norm, &L.attn.k_norm, eps};
     const ops::OutputGate gate{&fused, QO + 2 * KVO};  // gated attention: the gate's columns follow q, k, v
-    ops::qkv_rope_attention(fused, norm, b.positions, rope_, b.slot_mapping, q, kv.k[size_t(L.cache_index)],
+    ops::RopeTables mrope;  // multimodal positions: each frequency turns by its axis's position
+    const bool multimodal = b.mrope_positions.defined();
+    if (multimodal) {
+      RV_CHECK(mrope_axes_.defined(), cfg_.architecture, ": media positions for a model without mrope_section");
+      mrope = rope_;
+      mrope.axes = mrope_axes_;
+    }
+    ops::qkv_rope_attention(fused, norm, multimodal ? b.mrope_positions : b.positions, multimodal ? mrope : rope_,
+                            b.slot_mapping, q, kv.k[size_t(L.cache_index)],
                             kv.v[size_t(L.cache_index)], b.attention, 1.0f / std::sqrt(float(D)), attn,
                             opts_.gated_attention ? &gate : nullptr, kv.quant_of(size_t(L.cache_index)));
     return project(attn.view({T, QO}), L.attn.o);
@@ -693,6 +706,7 @@ class HybridDecoderLM : public DecoderBase {
   MtpWeights mtp_;
   std::vector<Tensor> kept_;  // per DeltaNet layer: the last forward's kept rows of its projection
   ops::RopeTables rope_;
+  Tensor mrope_axes_;  // RopeTables::axes of its multimodal RoPE (undefined: none)
 };
 
 }  // namespace revolta::hybrid

@@ -28,6 +28,11 @@ struct ForwardBatch {
   // Rows whose recurrent-layer inputs the forward keeps for replay_states (the rows of sequences
   // that verify drafts), int32 on the model's device; empty: none kept.
   Tensor kept_rows;
+  // Multimodal prompts: token rows (int32 [M]) whose input is a media embedding (f32 [M, hidden])
+  // instead of their token's, and when the step holds media positions, every row's multimodal
+  // rotary positions (int32 [T, 3]: time, height, width), which then replace `positions` for RoPE.
+  // All on the model's device; empty: none.
+  Tensor media_rows, media_embeds, mrope_positions;
 };
 
 struct ForwardOutput {
@@ -76,6 +81,8 @@ class CausalLM {
   // The largest decode batch whose forward stays on the device (no host round trip), so that a
   // graph can record it.
   virtual int32_t max_captured_batch() const { return 1 << 30; }
+  // Whether its forward reads ForwardBatch's media rows and multimodal positions.
+  virtual bool takes_media() const { return false; }
   // Whether a verify step (several tokens a sequence, rows kept for replay_states) may be recorded.
   virtual bool captures_verify_steps() const { return true; }
 };

@@ -15,8 +15,10 @@ const std::map<std::string, Factory>& registry() {
       {"Qwen3ForCausalLM", &make_qwen3},
       {"Qwen3MoeForCausalLM", &make_qwen3_moe},
       {"Qwen3NextForCausalLM", &make_qwen3_next},
-      {"Qwen3_5MoeForCausalLM", &make_qwen3_5_moe},
-      {"Qwen3_5MoeForConditionalGeneration", &make_qwen3_5_moe},
+      {"Qwen3_5ForCausalLM", &make_qwen3_5},
+      {"Qwen3_5ForConditionalGeneration", &make_qwen3_5},
+      {"Qwen3_5MoeForCausalLM", &make_qwen3_5},
+      {"Qwen3_5MoeForConditionalGeneration", &make_qwen3_5},
       {"Qwen4ExpForCausalLM", &make_flash_next},
       {"Qwen4ExpForConditionalGeneration", &make_flash_next},
   };

@@ -110,10 +110,11 @@ ModelRunner::Metadata ModelRunner::build(const SchedulerOutput& step, StepLogits
     for (int32_t i = 0; i < n; ++i, ++t) {
       const int32_t p = start + i;
       m.ids.push_back(r.tokens[size_t(p)]);
-      m.positions.push_back(p);
+      m.positions.push_back(r.rope_position(p));
       m.slots.push_back(r.block_table[size_t(p / bs)] * bs + p % bs);
       m.token_seq.push_back(s);
     }
+    if (r.media) media_inputs(r, start, n, t - n, m);
     m.query_start[size_t(s) + 1] = t;
     m.seq_lens[size_t(s)] = start + n;
     m.max_seq_len = std::max(m.max_seq_len, start + n);
@@ -142,6 +143,14 @@ ModelRunner::Metadata ModelRunner::build(const SchedulerOutput& step, StepLogits
     for (int32_t p = start; p < end; ++p) m.rows.push_back(first_row + (p - start));
     out.prompt.push_back({&r, start, end - start});
   }
+  if (!m.media_rows.empty() || std::any_of(step.scheduled.begin(), step.scheduled.end(), [](const ScheduledRequest& x) {
+        return x.request->media && x.request->media->spatial(x.request->num_computed_tokens,
+                                                             x.request->num_computed_tokens + x.num_new_tokens);
+      })) {
+    for (const ScheduledRequest& x : step.scheduled)  // every row's 3 positions (text rows: equal)
+      for (int32_t p = x.request->num_computed_tokens; p < x.request->num_computed_tokens + x.num_new_tokens; ++p)
+        for (int a = 0; a < 3; ++a) m.mrope.push_back(x.request->media ? x.request->media->position(p, a) : p);
+  }
   for (int32_t s = S; s < rows; ++s) {  // padding: pad_tokens tokens per sequence, no cache or state write
     m.state_slots.push_back(-1);
     for (int32_t i = 0; i < pad_tokens; ++i, ++t) {
@@ -158,12 +167,32 @@ ModelRunner::Metadata ModelRunner::build(const SchedulerOutput& step, StepLogits
   return m;
 }
 
+void ModelRunner::media_inputs(const Request& r, int32_t start, int32_t n, int32_t first_row, Metadata& m) const {
+  const auto& spans = r.media->spans;
+  for (size_t i = 0; i < spans.size(); ++i) {
+    const int32_t b = std::max(start, spans[i].input.offset), e = std::min(start + n, spans[i].end());
+    if (b >= e) continue;
+    RV_CHECK(i < r.encoded.size() && r.encoded[i], "model runner: request ", r.id, "'s media item ", i,
+             " is scheduled before it was encoded");
+    const Tensor& enc = *r.encoded[i];
+    const int64_t H = enc.size(1);
+    for (int32_t p = b; p < e; ++p) {
+      m.media_rows.push_back(first_row + (p - start));
+      const float* row = enc.ptr<float>() + int64_t(p - spans[i].input.offset) * H;
+      m.media_embeds.insert(m.media_embeds.end(), row, row + H);
+    }
+  }
+}
+
 ModelRunner::DecodeGraph* ModelRunner::graph_for(const SchedulerOutput& step) {
   if (!graphs_enabled() || step.scheduled.empty()) return nullptr;
   const int32_t S = int32_t(step.scheduled.size()), q = step.scheduled[0].num_new_tokens;
-  for (const auto& s : step.scheduled)  // every sequence computes its last q tokens and samples them all
-    if (s.num_new_tokens != q || !s.request->params.pooling.empty() || s.request->sample_rows != q || s.request->num_computed_tokens + q != s.request->num_tokens())
+  for (const auto& s : step.scheduled) {  // every sequence computes its last q tokens and samples them all
+    const Request& r = *s.request;
+    if (s.num_new_tokens != q || !r.params.pooling.empty() || r.sample_rows != q || r.num_computed_tokens + q != r.num_tokens() ||
+        (r.media && r.media->spatial(r.num_computed_tokens, r.num_tokens())))
       return nullptr;
+  }
   int32_t size = 0;
   for (int32_t b : opts_.graph_batch_sizes)
     if (b >= S && (size == 0 || b < size)) size = b;
@@ -315,6 +344,14 @@ ForwardOutput ModelRunner::run_metadata(const Metadata& m, const Tensor* fed_ids
   ForwardBatch b;
   bind(b, meta, p, m, T, S, cache_.block_size);
   if (opts_.keep_verify_rows && !m.kept.empty()) b.kept_rows = device_ints(m.kept);
+  if (!m.media_rows.empty()) {
+    b.media_rows = device_ints(m.media_rows);
+    const int64_t M = int64_t(m.media_rows.size());
+    Tensor e = Tensor::empty({M, int64_t(m.media_embeds.size()) / M}, DType::kF32);
+    std::copy(m.media_embeds.begin(), m.media_embeds.end(), e.ptr<float>());
+    b.media_embeds = e.to(dev);
+  }
+  if (!m.mrope.empty()) b.mrope_positions = device_ints(m.mrope).view({T, 3});
   ModelCaches caches{&cache_, states_};
   return model_.forward(b, caches);
 }
@@ -353,7 +390,7 @@ ForwardOutput ModelRunner::draft_forward(const std::vector<DraftSpan>& spans, co
     for (int32_t i = 0; i < n; ++i, ++t) {
       const int32_t p = d.start + i;
       m.ids.push_back(d.tokens[size_t(i)]);
-      m.positions.push_back(p);
+      m.positions.push_back(r.rope_position(p));
       m.slots.push_back(r.block_table[size_t(p / bs)] * bs + p % bs);
       m.token_seq.push_back(s);
     }

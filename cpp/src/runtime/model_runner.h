@@ -100,11 +100,17 @@ class ModelRunner {
   struct Metadata {
     std::vector<int32_t> ids, positions, slots, rows, query_start, seq_lens, tables, token_seq, state_slots;
     std::vector<int32_t> kept;  // rows of requests verifying drafts
+    // Multimodal prompts (ForwardBatch::media_rows ...): rows fed media embeddings, the embeddings,
+    // and every row's 3 rotary positions when a row of the step sits in a media span.
+    std::vector<int32_t> media_rows, mrope;
+    std::vector<float> media_embeds;
     int32_t max_blocks = 1, max_seq_len = 0;
     HiddenRows hidden = HiddenRows::kNone;
   };
   Metadata build(const SchedulerOutput& step, StepLogits& out, int32_t pad_to, int32_t max_blocks, bool fed,
                  int32_t pad_tokens = 1);
+  // The media embeddings and rows of request r's tokens [start, start + n) (rows from first_row).
+  void media_inputs(const Request& r, int32_t start, int32_t n, int32_t first_row, Metadata& m) const;
   StepLogits run_graph(DecodeGraph& g, const SchedulerOutput& step, const Tensor* fed_ids);
   // Overwrites the token ids of the packed metadata on the device with fed_ids.
   void feed(Tensor& meta, size_t ids_at, const Tensor& fed_ids);

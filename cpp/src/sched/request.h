@@ -10,6 +10,7 @@
 #include "revolta/engine.h"
 #include "sample/grammar.h"
 #include "sample/rng.h"
+#include "sched/media.h"
 
 namespace revolta {
 
@@ -49,6 +50,10 @@ struct Request {
   std::shared_ptr<TierReads> tier_reads;  // KV offload: its prefix's entries read from disk ahead of it
   std::vector<TokenOutput> prompt_logprobs;  // collected as prompt chunks run; sent with the first output
   std::vector<double> pooled;  // a pooling request: the sum of its rows' hidden states (mean) or its last row
+  // A multimodal prompt: its media spans and rotary positions, and each span's encoder output
+  // (f32 [tokens, hidden] on the host) from when it is encoded until the prompt has read it.
+  std::shared_ptr<const MediaPrompt> media;
+  std::vector<std::shared_ptr<const Tensor>> encoded;
 
   Rng rng;
   std::vector<TokenOutput> pending;  // produced since the last output was emitted
@@ -61,6 +66,10 @@ struct Request {
   int32_t num_draft_tokens = 0;
 
   int32_t num_tokens() const { return int32_t(tokens.size()); }
+  // The rotary position of token i (its time axis under multimodal RoPE).
+  int32_t rope_position(int32_t i) const { return media ? media->position(i, 0) : i; }
+  // Token i as prefix-cache keys see it (media spans keyed by their content).
+  int32_t cache_token(int32_t i) const { return media ? media->cache_token(tokens, i) : tokens[size_t(i)]; }
   int32_t num_output_tokens() const { return num_tokens() - num_prompt_tokens - num_draft_tokens; }
   // Takes the drafts back (a step that cannot schedule them whole, preemption, verification).
   void drop_drafts() {

@@ -140,10 +140,27 @@ bool Scheduler::displace_for(const Request& waiting, SchedulerOutput& out, int32
   return true;
 }
 
+int32_t Scheduler::media_limit(const Request& r, int32_t n, int32_t& left, bool& encodes) const {
+  if (!r.media || n <= 0) return n;
+  const int32_t begin = r.num_computed_tokens, end = begin + n;
+  for (size_t i = 0; i < r.media->spans.size(); ++i) {
+    const MediaSpan& s = r.media->spans[i];
+    if (s.end() <= begin) continue;
+    if (s.input.offset >= end) break;
+    if ((i < r.encoded.size() && r.encoded[i]) || (encoder_cache_ && encoder_cache_->contains(s.input.hash))) continue;
+    if (encodes && s.tokens > left) return std::max(0, s.input.offset - begin);
+    left -= s.tokens;
+    encodes = true;
+  }
+  return n;
+}
+
 SchedulerOutput Scheduler::schedule() {
   SchedulerOutput out;
   int32_t budget = cfg_.max_num_batched_tokens;
   bool preempted = false;
+  int32_t encoder_left = encoder_budget_;
+  bool encodes = false;
 
   for (size_t i = 0; i < running_.size() && budget > 0;) {
     Request* r = running_[i].get();
@@ -152,6 +169,7 @@ SchedulerOutput Scheduler::schedule() {
       r->drop_drafts();
       n = cache_.chunk_limit(*r, std::min(r->num_tokens() - r->num_computed_tokens, budget));
     }
+    n = media_limit(*r, n, encoder_left, encodes);
     if (n <= 0) {
       ++i;
       continue;
@@ -194,6 +212,14 @@ SchedulerOutput Scheduler::schedule() {
       if (r->num_cached_tokens < 0) r->num_cached_tokens = std::min(hit, r->num_prompt_tokens);
     }
     int32_t n = cache_.chunk_limit(*r, std::min(r->num_tokens() - r->num_computed_tokens, budget));
+    int32_t encoder_after = encoder_left;
+    bool encodes_after = encodes;
+    n = media_limit(*r, n, encoder_after, encodes_after);
+    if (n <= 0) {  // its next media span waits for a step with encoder budget left
+      cache_.free(*r);
+      r->num_computed_tokens = 0;
+      break;
+    }
     if (!cache_.allocate_slots(*r, n)) {
       cache_.free(*r);  // give back the prefix blocks it took; they stay cached
       r->num_computed_tokens = 0;
@@ -201,6 +227,7 @@ SchedulerOutput Scheduler::schedule() {
       ++displaced;
       continue;
     }
+    encoder_left = encoder_after, encodes = encodes_after;
     r->status = RequestStatus::kRunning;
     count(*r, 1, -1);
     running_.push_back(std::move(*it));

@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "cache/cache_manager.h"
+#include "runtime/encoder_cache.h"
 #include "sched/request.h"
 
 namespace revolta {
@@ -58,6 +59,12 @@ class Scheduler {
 
   void add(std::unique_ptr<Request> r);
   SchedulerOutput schedule();
+  // Multimodal prompts: a chunk that reaches a media span needs its encoder output, which the
+  // engine makes before the step's forward unless the request holds it or `cache` has it. A step
+  // encodes spans of at most `budget` placeholder tokens together (the first always fits, so a
+  // larger one runs alone): a chunk stops before the first span past the budget, so one request's
+  // many images spread over steps instead of stalling every decode behind them.
+  void set_encoder(const EncoderCache* cache, int32_t budget) { encoder_cache_ = cache, encoder_budget_ = budget; }
   // Removes a request (running or waiting), frees its blocks and returns it; null if unknown.
   std::unique_ptr<Request> remove(uint64_t id);
 
@@ -86,6 +93,8 @@ class Scheduler {
   };
 
   Rank rank(const Request& r) const;
+  // n cut before the first media span the step's encoder budget (`left`) cannot take.
+  int32_t media_limit(const Request& r, int32_t n, int32_t& left, bool& encodes) const;
   Queue::iterator pick_waiting();  // the first ready waiting request by the policy, or end()
   Request* pick_victim() const;    // the running request the policy gives up first
   bool displaces(const Request& waiting, const Request& victim) const;
@@ -106,6 +115,8 @@ class Scheduler {
   std::map<int32_t, int64_t> waiting_per_priority_;
   int64_t admissions_ = 0;
   int64_t preemptions_ = 0;
+  const EncoderCache* encoder_cache_ = nullptr;
+  int32_t encoder_budget_ = 0;
 };
 
 }  // namespace revolta
