@@ -17,6 +17,7 @@ from revolta.kv_calibration import calibration_prompts as calibration_prompts_of
 from revolta.engine_setup import engine_config
 from revolta.models.resolve import resolve_model
 from revolta.models.tokenizer import IncrementalDetokenizer, Tokenizer
+from revolta.multimodal.prompt import MultimodalProcessor
 from revolta.outputs import CompletionOutput, EmbeddingOutput, EmbeddingRequestOutput, RequestOutput
 from revolta.generation_defaults import generation_defaults
 from revolta.sampling_params import SamplingParams
@@ -100,6 +101,8 @@ class LLM:
             cfg.calibration_prompts = calibration_prompts or calibration_prompts_of(self.tokenizer)
         self.engine = _core.Engine(cfg)
         self.model_info = self.engine.model_info
+        encode_text = (lambda text: self.tokenizer.encode(text, add_special_tokens=False)) if self.tokenizer else None
+        self.multimodal = MultimodalProcessor.for_model(self.model_path, encode_text)
         for warning in self.model_info.warnings:
             logging.getLogger("revolta").warning("%s", warning)
         self._ids = itertools.count()
@@ -138,7 +141,7 @@ class LLM:
             params_list = list(sampling_params)
             if len(params_list) != len(prompt_list):
                 raise ValueError(f"got {len(params_list)} sampling_params for {len(prompt_list)} prompts")
-        encoded = [self._encode(p) for p in prompt_list]
+        encoded = [self._encode_media(p) for p in prompt_list]
         return self._run(encoded, params_list, priority)
 
     def chat(
@@ -271,15 +274,31 @@ class LLM:
             raise ValueError("a token-id prompt must be a list of ints")
         return None, ids
 
-    def _run(self, encoded: list[tuple[str | None, list[int]]], params_list: list[SamplingParams],
+    def _encode_media(self, prompt: PromptType) -> tuple[str | None, list[int], list]:
+        """_encode, and for a prompt dict with multi_modal_data (vLLM's: {"image": [...], "video":
+        [...]}) its placeholders expanded and its media as the engine takes them."""
+        text, ids = self._encode(prompt)
+        data = prompt.get("multi_modal_data") if isinstance(prompt, dict) else None
+        if not data:
+            return text, ids, []
+        if self.multimodal is None:
+            raise ValueError(f"multi_modal_data: {self.model_path} has no vision tower")
+        unknown = set(data) - {"image", "video"}
+        if unknown:
+            raise ValueError(f"multi_modal_data: unknown modality {sorted(unknown)} (image, video)")
+        as_list = lambda v: list(v) if isinstance(v, (list, tuple)) else [v]  # noqa: E731
+        ids, media = self.multimodal.expand(ids, as_list(data.get("image", [])), as_list(data.get("video", [])))
+        return text, ids, media
+
+    def _run(self, encoded: list[tuple[str | None, list[int], list]], params_list: list[SamplingParams],
              priority: list[int] | None = None) -> list[RequestOutput]:
         max_len = self.model_info.max_model_len
         results: list[RequestOutput] = []
         live: dict[int, tuple[RequestOutput, _Sequence]] = {}
         added: list[int] = []
         try:
-            prompts, core_params, seqs, tags = [], [], [], []
-            for k, ((text, ids), params) in enumerate(zip(encoded, params_list)):
+            prompts, core_params, seqs, tags, media = [], [], [], [], []
+            for k, ((text, ids, items), params) in enumerate(zip(encoded, params_list)):
                 rid = next(self._ids)
                 ro = RequestOutput(request_id=str(rid), prompt=text, prompt_token_ids=ids)
                 results.append(ro)
@@ -287,13 +306,14 @@ class LLM:
                 tag = _core.SchedulingTag(priority=priority[k] if priority else 0, group=rid + 1)
                 for i in range(params.n):
                     prompts.append(ids)
+                    media.append(items)
                     tags.append(tag)
                     core_params.append(params.to_core(max_tokens_cap=max(1, max_len - len(ids)), seed_offset=i))
                     detok = IncrementalDetokenizer(self.tokenizer, params.skip_special_tokens) if self.tokenizer else None
                     seqs.append((ro, _Sequence(params=params, detok=detok, index=i)))
                     ro.outputs.append(None)  # type: ignore[arg-type]  # filled in below
             # One call: the engine sees the whole batch in the same step.
-            added = self.engine.add_requests(prompts, core_params, tags)
+            added = self.engine.add_requests(prompts, core_params, tags, media if any(media) else [])
             live = dict(zip(added, seqs))
             pending = set(live)
             while pending:

@@ -1,0 +1,264 @@
+"""Images and video through the engine against HF transformers: tiny random Qwen3.5 checkpoints
+with a vision tower (a dense and an MoE decoder), prompts with one image, three images of different
+sizes and a short video. Prompt log-probabilities (each token's and the top 20) within 1e-4 of
+HF's, greedy tokens equal to HF's, under concurrency and chunked prefill that splits media spans;
+the encoder cache, media-keyed prefix caching and the step's encoder budget."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from conftest import save_byte_tokenizer
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+IMAGE, VIDEO, START, END = 290, 291, 292, 293
+SPECIAL = [IMAGE, VIDEO, START, END]
+TOP = 20
+
+
+def tiny_config(moe: bool):
+    text = dict(vocab_size=300, hidden_size=64, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
+                head_dim=16, linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=16,
+                linear_value_head_dim=16, linear_conv_kernel_dim=4, max_position_embeddings=512, bos_token_id=1,
+                eos_token_id=2,
+                layer_types=["linear_attention", "linear_attention", "linear_attention", "full_attention"],
+                rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5,
+                                 "mrope_section": [2, 1, 1], "mrope_interleaved": True})
+    if moe:
+        text.update(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, shared_expert_intermediate_size=32)
+    else:
+        text.update(intermediate_size=96)
+    vision = dict(depth=2, hidden_size=32, intermediate_size=64, num_heads=2, in_channels=3, patch_size=4,
+                  spatial_merge_size=2, temporal_patch_size=2, out_hidden_size=64, num_position_embeddings=16)
+    ids = dict(image_token_id=IMAGE, video_token_id=VIDEO, vision_start_token_id=START, vision_end_token_id=END)
+    if moe:
+        from transformers.models.qwen3_5_moe import configuration_qwen3_5_moe as c
+
+        return c.Qwen3_5MoeConfig(text_config=text, vision_config=vision, **ids), transformers.Qwen3_5MoeForConditionalGeneration
+    return transformers.Qwen3_5Config(text_config=text, vision_config=vision, **ids), transformers.Qwen3_5ForConditionalGeneration
+
+
+def make_model(out_dir, moe: bool):
+    torch.manual_seed(3 if moe else 4)
+    cfg, cls = tiny_config(moe)
+    model = cls(cfg).float().eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name or "dt_bias" in name or "bias" in name or "pos_embed" in name:
+                p.add_(0.1 * torch.randn_like(p))
+    model.save_pretrained(out_dir, safe_serialization=True)
+    save_byte_tokenizer(out_dir, vocab_size=280)
+    (out_dir / "preprocessor_config.json").write_text(json.dumps(
+        {"patch_size": 4, "temporal_patch_size": 2, "merge_size": 2, "min_pixels": 256, "max_pixels": 64 * 64,
+         "image_mean": [0.48, 0.46, 0.41], "image_std": [0.27, 0.26, 0.28]}))
+    return model
+
+
+def picture(seed: int, height: int, width: int):
+    from PIL import Image
+
+    rng = np.random.default_rng(seed)
+    return Image.fromarray(rng.integers(0, 256, (height, width, 3), dtype=np.uint8))
+
+
+def clip(seed: int, frames: int = 4):
+    from revolta.multimodal.prompt import Video
+
+    rng = np.random.default_rng(seed)
+    return Video(rng.integers(0, 256, (frames, 24, 40, 3), dtype=np.uint8), fps=2.0)
+
+
+def prompts():
+    """(token ids with one placeholder per item, multi_modal_data)."""
+    return [
+        ([5, 6, START, IMAGE, END, 7, 8, 9], {"image": [picture(1, 40, 56)]}),
+        ([10, START, IMAGE, END, 11, START, IMAGE, END, 12, 13, START, IMAGE, END, 14],
+         {"image": [picture(2, 32, 32), picture(3, 57, 23), picture(4, 64, 48)]}),
+        ([15, 16, START, VIDEO, END, 17, 18], {"video": [clip(5)]}),
+    ]
+
+
+def hf_inputs(llm, ids, data):
+    """HF's inputs for the prompt the engine runs: its expanded ids and the same pixel rows."""
+    expanded, media = llm.multimodal.expand(ids, data.get("image", []), data.get("video", []))
+    kw = {"input_ids": torch.tensor([expanded]),
+          "mm_token_type_ids": torch.tensor([[1 if t == IMAGE else 2 if t == VIDEO else 0 for t in expanded]])}
+    images = [llm.multimodal.image(i) for i in data.get("image", [])]
+    if images:
+        kw["pixel_values"] = torch.from_numpy(np.concatenate([p.pixel_values for p in images]))
+        kw["image_grid_thw"] = torch.tensor([p.grid_thw for p in images])
+    videos = [llm.multimodal.video(v)[0] for v in data.get("video", [])]
+    if videos:
+        kw["pixel_values_videos"] = torch.from_numpy(np.concatenate([p.pixel_values for p in videos]))
+        kw["video_grid_thw"] = torch.tensor([p.grid_thw for p in videos])
+    return expanded, kw
+
+
+@torch.no_grad()
+def hf_reference(model, kw, steps: int):
+    """HF's log-probabilities over the prompt and its greedy continuation (full forwards)."""
+    ids = kw["input_ids"][0].tolist()
+    logp = torch.log_softmax(model(**kw).logits[0].double(), -1)
+    out = []
+    for _ in range(steps):
+        k = dict(kw, input_ids=torch.tensor([ids]), mm_token_type_ids=torch.tensor([kw["mm_token_type_ids"][0].tolist() + [0] * len(out)]))
+        row = model(**k).logits[0, -1]
+        row[SPECIAL] -= 100.0  # as the engine's logit_bias: no media token is generated
+        nxt = int(row.argmax())
+        out.append(nxt)
+        ids.append(nxt)
+    return logp, out
+
+
+@pytest.fixture(scope="module", params=["dense", "moe"])
+def case(request, tmp_path_factory):
+    import revolta
+
+    d = tmp_path_factory.mktemp(f"qwen3_5_vl_{request.param}")
+    model = make_model(d, request.param == "moe")
+    llm = revolta.LLM(str(d), dtype="float32", max_model_len=256, max_num_seqs=8)
+    refs = []
+    for ids, data in prompts():
+        expanded, kw = hf_inputs(llm, ids, data)
+        refs.append((expanded, *hf_reference(model, kw, 6)))
+    yield d, llm, refs, model
+    llm.shutdown()
+
+
+def check_prompt(out, expanded, logp):
+    """Every prompt position's token and top-20 log-probabilities within 1e-4 of HF's."""
+    got = out.prompt_logprobs
+    assert out.prompt_token_ids == expanded
+    assert got[0] is None and len(got) == len(expanded)
+    worst = 0.0
+    for i in range(1, len(expanded)):
+        row = logp[i - 1]
+        top = set(torch.topk(row, TOP).indices.tolist())
+        for tok, lp in got[i].items():
+            worst = max(worst, abs(lp - float(row[tok])))
+        assert expanded[i] in got[i]
+        assert len(top & set(got[i])) >= TOP - 2  # near-ties at the 20th place may swap
+    assert worst < 1e-4, worst
+
+
+def sampling(**kw):
+    import revolta
+
+    return revolta.SamplingParams(**{"temperature": 0.0, "max_tokens": 6, "ignore_eos": True, "prompt_logprobs": TOP,
+                                     "logit_bias": {t: -100.0 for t in SPECIAL}, **kw})
+
+
+def test_prompt_logprobs_and_greedy_tokens_match_hf(case):
+    _, llm, refs, _ = case
+    for (ids, data), (expanded, logp, greedy) in zip(prompts(), refs):
+        out = llm.generate({"prompt_token_ids": ids, "multi_modal_data": data}, sampling())[0]
+        check_prompt(out, expanded, logp)
+        assert out.outputs[0].token_ids == greedy
+
+
+def test_concurrent_requests_with_chunks_splitting_media(case):
+    """All prompts at once, twice each, plus a text-only one, in 8-token steps: an image's span
+    (at least 4 tokens) and the video's frame groups are computed across chunks."""
+    import revolta
+
+    d, _, refs, _ = case
+    text = [20, 21, 22, 23, 24, 25]
+    with revolta.LLM(str(d), dtype="float32", max_model_len=256, max_num_seqs=8, max_num_batched_tokens=8,
+                     enable_prefix_caching=False) as llm:
+        batch = [{"prompt_token_ids": ids, "multi_modal_data": data} for ids, data in prompts()] * 2
+        outs = llm.generate(batch + [{"prompt_token_ids": text}], sampling())
+        assert llm.engine.stats().mm_items_encoded == 6  # 1 + 3 images, 2 frame groups; repeats from the cache
+    for out, (expanded, logp, greedy) in zip(outs, refs + refs):
+        check_prompt(out, expanded, logp)
+        assert out.outputs[0].token_ids == greedy
+    assert len(outs[-1].outputs[0].token_ids) == 6
+
+
+def test_same_text_other_image_shares_no_blocks(case):
+    """Prefix caching keys media by content: the same text with another image is a miss from the
+    block holding the image on, and answers as HF does; the same image again is a hit past it; the
+    same image after other text is encoded from the encoder cache, not by the vision tower."""
+    import revolta
+
+    d, llm0, _, hf = case
+    ids = [5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, START, IMAGE, END] + list(range(30, 60))
+    a, b = picture(11, 40, 40), picture(12, 40, 40)
+    plain = sampling(prompt_logprobs=None)  # (prompt log-probabilities read no cached block)
+    with revolta.LLM(str(d), dtype="float32", max_model_len=256, block_size=16) as llm:
+        first = llm.generate({"prompt_token_ids": ids, "multi_modal_data": {"image": [a]}}, plain)[0]
+        encoded = llm.engine.stats().mm_items_encoded
+        other = llm.generate({"prompt_token_ids": ids, "multi_modal_data": {"image": [b]}}, plain)[0]
+        # no block from the image's on (a hybrid model's hits stop at a state snapshot: none here)
+        assert other.num_cached_tokens <= 16
+        again = llm.generate({"prompt_token_ids": ids, "multi_modal_data": {"image": [a]}}, plain)[0]
+        assert again.num_cached_tokens == 64  # past the image, up to the last full block's snapshot
+        assert llm.engine.stats().mm_items_encoded == encoded + 1  # b only: a's span came from the blocks
+        # other text before image a: no prefix hit, and the encoder cache has a's tokens
+        moved = llm.generate({"prompt_token_ids": [40] + ids, "multi_modal_data": {"image": [a]}}, plain)[0]
+        stats = llm.engine.stats()
+        assert moved.num_cached_tokens == 0
+        assert stats.mm_items_encoded == encoded + 1 and stats.mm_encoder_cache_hits == 1
+    assert again.outputs[0].token_ids == first.outputs[0].token_ids
+    _, kw = hf_inputs(llm0, [40] + ids, {"image": [a]})
+    assert moved.outputs[0].token_ids == hf_reference(hf, kw, 6)[1]
+    assert other.prompt_token_ids == first.prompt_token_ids
+    for out, image in ((first, a), (other, b)):
+        _, kw = hf_inputs(llm0, ids, {"image": [image]})
+        assert out.outputs[0].token_ids == hf_reference(hf, kw, 6)[1]
+
+
+def test_encoder_budget_spreads_images_over_steps(case):
+    """With a budget of one image's tokens, a prompt with three images is encoded over three steps
+    (each chunk stops before the next image), and answers exactly as in one step."""
+    import revolta
+
+    d, _, refs, _ = case
+    ids, data = prompts()[1]
+    expanded, logp, greedy = refs[1]
+    # the images take 16, 21 and 48 tokens: a budget of 16 takes one a step (a larger one alone)
+    with revolta.LLM(str(d), dtype="float32", max_model_len=256, max_num_encoder_input_tokens=16,
+                     enable_prefix_caching=False) as llm:
+        out = llm.generate({"prompt_token_ids": ids, "multi_modal_data": data}, sampling(max_tokens=1))[0]
+        stats = llm.engine.stats()
+        assert stats.mm_items_encoded == 3
+        assert stats.num_steps >= 3
+    check_prompt(out, expanded, logp)
+    assert out.outputs[0].token_ids == greedy[:1]
+
+
+def test_media_errors_name_the_item(case):
+    from revolta import _core
+
+    _, llm, _, _ = case
+    with pytest.raises(ValueError, match="2 image placeholders for 1 images"):
+        llm.generate({"prompt_token_ids": [START, IMAGE, END, IMAGE], "multi_modal_data": {"image": [picture(1, 32, 32)]}})
+    with pytest.raises(ValueError, match="unknown modality"):
+        llm.generate({"prompt_token_ids": [5], "multi_modal_data": {"audio": [b""]}})
+    bad = _core.MediaInput("image", "h", 1, 1, 4, 4, np.zeros((16, 5), np.float32))
+    sp = _core.SamplingParams()
+    with pytest.raises(ValueError, match="media item 0 .* pixel values for 16 patches"):
+        llm.engine.add_request([START] + [IMAGE] * 4 + [END], sp, media=[bad])
+    wrong_place = _core.MediaInput("image", "h", 0, 1, 4, 4, np.zeros((16, 96), np.float32))
+    with pytest.raises(ValueError, match="not the image placeholder"):
+        llm.engine.add_request([START] + [IMAGE] * 4 + [END], sp, media=[wrong_place])
+    # the engine goes on serving
+    out = llm.generate({"prompt_token_ids": prompts()[0][0], "multi_modal_data": prompts()[0][1]}, sampling(max_tokens=1))
+    assert len(out[0].outputs[0].token_ids) == 1
+
+
+def test_text_only_model_refuses_media(tmp_path):
+    import revolta
+    from conftest import make_hf_model
+
+    make_hf_model("qwen3", tmp_path)
+    with revolta.LLM(str(tmp_path), dtype="float32", max_model_len=64) as llm:
+        with pytest.raises(ValueError, match="no vision tower"):
+            llm.generate({"prompt_token_ids": [5, 6], "multi_modal_data": {"image": [picture(1, 32, 32)]}})
+        bad = revolta._core.MediaInput("image", "h", 0, 1, 4, 4, np.zeros((16, 96), np.float32))
+        with pytest.raises(ValueError, match="takes text only"):
+            llm.engine.add_request([5, 6], revolta._core.SamplingParams(), media=[bad])
