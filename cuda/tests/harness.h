@@ -195,5 +195,6 @@ inline Tensor host_f32(const Tensor& t) {
 void run_kv_quant_cases();
 void run_transfer_cases();
 void run_flash_next_cases();
+void run_vision_cases();
 
 }  // namespace revolta::harness

@@ -1,0 +1,110 @@
+"""A tiny random Qwen3.5 checkpoint with a vision tower (dense or MoE decoder), written by HF
+transformers, with the media and HF reference the multimodal tests share."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import torch
+import transformers
+
+from conftest import save_byte_tokenizer
+
+IMAGE, VIDEO, START, END = 290, 291, 292, 293
+SPECIAL = [IMAGE, VIDEO, START, END]
+TOP = 20
+
+
+def tiny_config(moe: bool):
+    text = dict(vocab_size=300, hidden_size=64, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
+                head_dim=16, linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=16,
+                linear_value_head_dim=16, linear_conv_kernel_dim=4, max_position_embeddings=512, bos_token_id=1,
+                eos_token_id=2,
+                layer_types=["linear_attention", "linear_attention", "linear_attention", "full_attention"],
+                rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5,
+                                 "mrope_section": [2, 1, 1], "mrope_interleaved": True})
+    if moe:
+        text.update(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, shared_expert_intermediate_size=32)
+    else:
+        text.update(intermediate_size=96)
+    vision = dict(depth=2, hidden_size=32, intermediate_size=64, num_heads=2, in_channels=3, patch_size=4,
+                  spatial_merge_size=2, temporal_patch_size=2, out_hidden_size=64, num_position_embeddings=16)
+    ids = dict(image_token_id=IMAGE, video_token_id=VIDEO, vision_start_token_id=START, vision_end_token_id=END)
+    if moe:
+        from transformers.models.qwen3_5_moe import configuration_qwen3_5_moe as c
+
+        return c.Qwen3_5MoeConfig(text_config=text, vision_config=vision, **ids), transformers.Qwen3_5MoeForConditionalGeneration
+    return transformers.Qwen3_5Config(text_config=text, vision_config=vision, **ids), transformers.Qwen3_5ForConditionalGeneration
+
+
+def make_model(out_dir, moe: bool):
+    torch.manual_seed(3 if moe else 4)
+    cfg, cls = tiny_config(moe)
+    model = cls(cfg).float().eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name or "dt_bias" in name or "bias" in name or "pos_embed" in name:
+                p.add_(0.1 * torch.randn_like(p))
+    model.save_pretrained(out_dir, safe_serialization=True)
+    save_byte_tokenizer(out_dir, vocab_size=280)
+    (out_dir / "preprocessor_config.json").write_text(json.dumps(
+        {"patch_size": 4, "temporal_patch_size": 2, "merge_size": 2, "min_pixels": 256, "max_pixels": 64 * 64,
+         "image_mean": [0.48, 0.46, 0.41], "image_std": [0.27, 0.26, 0.28]}))
+    return model
+
+
+def picture(seed: int, height: int, width: int):
+    from PIL import Image
+
+    rng = np.random.default_rng(seed)
+    return Image.fromarray(rng.integers(0, 256, (height, width, 3), dtype=np.uint8))
+
+
+def clip(seed: int, frames: int = 4):
+    from revolta.multimodal.prompt import Video
+
+    rng = np.random.default_rng(seed)
+    return Video(rng.integers(0, 256, (frames, 24, 40, 3), dtype=np.uint8), fps=2.0)
+
+
+def prompts():
+    """(token ids with one placeholder per item, multi_modal_data)."""
+    return [
+        ([5, 6, START, IMAGE, END, 7, 8, 9], {"image": [picture(1, 40, 56)]}),
+        ([10, START, IMAGE, END, 11, START, IMAGE, END, 12, 13, START, IMAGE, END, 14],
+         {"image": [picture(2, 32, 32), picture(3, 57, 23), picture(4, 64, 48)]}),
+        ([15, 16, START, VIDEO, END, 17, 18], {"video": [clip(5)]}),
+    ]
+
+
+def hf_inputs(llm, ids, data):
+    """HF's inputs for the prompt the engine runs: its expanded ids and the same pixel rows."""
+    expanded, media = llm.multimodal.expand(ids, data.get("image", []), data.get("video", []))
+    kw = {"input_ids": torch.tensor([expanded]),
+          "mm_token_type_ids": torch.tensor([[1 if t == IMAGE else 2 if t == VIDEO else 0 for t in expanded]])}
+    images = [llm.multimodal.image(i) for i in data.get("image", [])]
+    if images:
+        kw["pixel_values"] = torch.from_numpy(np.concatenate([p.pixel_values for p in images]))
+        kw["image_grid_thw"] = torch.tensor([p.grid_thw for p in images])
+    videos = [llm.multimodal.video(v)[0] for v in data.get("video", [])]
+    if videos:
+        kw["pixel_values_videos"] = torch.from_numpy(np.concatenate([p.pixel_values for p in videos]))
+        kw["video_grid_thw"] = torch.tensor([p.grid_thw for p in videos])
+    return expanded, kw
+
+
+@torch.no_grad()
+def hf_reference(model, kw, steps: int):
+    """HF's log-probabilities over the prompt and its greedy continuation (full forwards)."""
+    ids = kw["input_ids"][0].tolist()
+    logp = torch.log_softmax(model(**kw).logits[0].double(), -1)
+    out = []
+    for _ in range(steps):
+        k = dict(kw, input_ids=torch.tensor([ids]), mm_token_type_ids=torch.tensor([kw["mm_token_type_ids"][0].tolist() + [0] * len(out)]))
+        row = model(**k).logits[0, -1]
+        row[SPECIAL] -= 100.0  # as the engine's logit_bias: no media token is generated
+        nxt = int(row.argmax())
+        out.append(nxt)
+        ids.append(nxt)
+    return logp, out
