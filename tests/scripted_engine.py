@@ -18,7 +18,7 @@ class ScriptedEngine:
         self.params: list = []  # the engine SamplingParams of each request
         self.aborted: list[int] = []
 
-    def add_request(self, prompt_ids, params, tag=None):
+    def add_request(self, prompt_ids, params, tag=None, media=None):
         self.prompts.append(list(prompt_ids))
         self.params.append(params)
         q: asyncio.Queue = asyncio.Queue()

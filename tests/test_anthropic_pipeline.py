@@ -131,7 +131,7 @@ def test_error_inside_a_stream_is_an_error_event(think_tokenizer):
     svc, engine = serving(think_tokenizer, "hello")
     original = engine.add_request
 
-    def dying(prompt_ids, params, tag=None):
+    def dying(prompt_ids, params, tag=None, media=None):
         rid, q = original(prompt_ids, params, tag)
         while not q.empty():
             q.get_nowait()

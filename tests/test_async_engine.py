@@ -22,7 +22,7 @@ class FakeEngine:
         self.aborted: list[int] = []
         self.next_id = 0
 
-    def add_request(self, prompt, params, tag=None):
+    def add_request(self, prompt, params, tag=None, media=None):
         self.next_id += 1
         return self.next_id
 

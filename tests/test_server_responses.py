@@ -79,7 +79,7 @@ def test_errors(client):
         client.responses.create(model="smol", input=[{"type": "web_search_call", "id": "ws_1", "status": "completed"}])
     with pytest.raises(openai.BadRequestError, match="tools.0.type: 'web_search' tools are not run by this server"):
         client.responses.create(model="smol", input="hi", tools=[{"type": "web_search"}])
-    with pytest.raises(openai.BadRequestError, match="input_image"):
+    with pytest.raises(openai.BadRequestError, match="this model takes text only"):
         client.responses.create(model="smol", input=[{"role": "user", "content": [{"type": "input_image", "image_url": "http://x/y.png"}]}])
 
 

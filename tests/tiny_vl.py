@@ -47,7 +47,7 @@ def make_model(out_dir, moe: bool):
             if "norm" in name or "dt_bias" in name or "bias" in name or "pos_embed" in name:
                 p.add_(0.1 * torch.randn_like(p))
     model.save_pretrained(out_dir, safe_serialization=True)
-    save_byte_tokenizer(out_dir, vocab_size=280)
+    save_vl_tokenizer(out_dir)
     (out_dir / "preprocessor_config.json").write_text(json.dumps(
         {"patch_size": 4, "temporal_patch_size": 2, "merge_size": 2, "min_pixels": 256, "max_pixels": 64 * 64,
          "image_mean": [0.48, 0.46, 0.41], "image_std": [0.27, 0.26, 0.28]}))
@@ -108,3 +108,30 @@ def hf_reference(model, kw, steps: int):
         out.append(nxt)
         ids.append(nxt)
     return logp, out
+
+
+# ChatML whose image / video parts become Qwen3.5's placeholders (as its template writes them).
+TEMPLATE = (
+    "{%- for m in messages %}<|im_start|>{{ m.role }}\n"
+    "{%- if m.content is string %}{{ m.content }}{%- else %}{%- for p in m.content %}"
+    "{%- if p.type == 'image' %}<|vision_start|><|image_pad|><|vision_end|>"
+    "{%- elif p.type == 'video' %}<|vision_start|><|video_pad|><|vision_end|>"
+    "{%- else %}{{ p.text }}{%- endif %}{%- endfor %}{%- endif %}<|im_end|>\n{%- endfor %}"
+    "{%- if add_generation_prompt %}<|im_start|>assistant\n{%- endif %}"
+)
+
+
+def save_vl_tokenizer(out_dir) -> None:
+    """A byte-level tokenizer below id 280 with the vision specials at the model's ids (290-293),
+    ChatML's after them, and TEMPLATE as its chat template."""
+    from tokenizers import AddedToken, Tokenizer
+
+    save_byte_tokenizer(out_dir, vocab_size=280)
+    tok = Tokenizer.from_file(str(out_dir / "tokenizer.json"))
+    fill = [f"<|reserved_{i}|>" for i in range(tok.get_vocab_size(), 290)]
+    names = fill + ["<|image_pad|>", "<|video_pad|>", "<|vision_start|>", "<|vision_end|>", "<|im_start|>", "<|im_end|>"]
+    tok.add_special_tokens([AddedToken(n, special=True) for n in names])
+    assert tok.token_to_id("<|image_pad|>") == IMAGE and tok.token_to_id("<|vision_end|>") == END
+    tok.save(str(out_dir / "tokenizer.json"))
+    (out_dir / "tokenizer_config.json").write_text(json.dumps(
+        {"chat_template": TEMPLATE, "eos_token": "<|im_end|>", "bos_token": None}))

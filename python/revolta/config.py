@@ -142,6 +142,18 @@ class ServerOptions(BaseModel):
     log_level: Literal["debug", "info", "warning", "error"] = Field("info", description="the server log's level")
     dev_mode: bool = Field(False, description="serve the development endpoints /sleep, /wake_up, /is_sleeping, "
                            "/reset_prefix_cache and /server_info")
+    limit_mm_per_prompt: dict[str, int] | None = Field(
+        None, description='the most images and videos one prompt may hold, as JSON: {"image": 16, "video": 1}; more '
+        'get HTTP 400 (none: no limit but max_model_len)')
+    allowed_media_domains: list[str] = Field(
+        default_factory=list, description="hosts (and their subdomains) whose http(s) media URLs the server fetches "
+        "(JSON list or comma-separated); none: media come as data URLs only")
+    allowed_local_media_path: str | None = Field(
+        None, description="a directory whose files requests may name as media (file:// URLs); none: no local files")
+    media_fetch_timeout_s: float = Field(10.0, gt=0, description="give up fetching a media URL after this long")
+    max_media_bytes: int = Field(32 << 20, gt=0, description="the largest media file (encoded) a request may send or name")
+    trust_request_mm_kwargs: bool = Field(False, description="accept a request's mm_processor_kwargs (min_pixels, "
+                                          "max_pixels: the image budget); otherwise they get HTTP 400")
     watchdog_config: dict[str, Any] | None = Field(
         None, description='dump every thread\'s stack and turn /health unhealthy when the engine runs no step for '
         'timeout_s while it has requests, as JSON: {"timeout_s": 300, "check_interval_s": 10, "dump_dir": "/tmp"}')
@@ -171,7 +183,20 @@ class ServerOptions(BaseModel):
 
         return parse_watchdog(v)
 
-    @field_validator("allowed_origins", "allowed_methods", "allowed_headers", mode="before")
+    @field_validator("limit_mm_per_prompt", mode="before")
+    @classmethod
+    def _mm_limits(cls, v: object) -> object:
+        if isinstance(v, str):
+            v = json.loads(v)
+        if isinstance(v, dict):
+            unknown = sorted(set(v) - {"image", "video"})
+            if unknown:
+                raise ValueError(f"unknown modality {', '.join(unknown)} (image, video)")
+            if not all(isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in v.values()):
+                raise ValueError("each limit is a count >= 0")
+        return v
+
+    @field_validator("allowed_origins", "allowed_methods", "allowed_headers", "allowed_media_domains", mode="before")
     @classmethod
     def _list_from_text(cls, v: object) -> object:
         """A flag or environment value: a JSON list or comma-separated names."""
@@ -205,6 +230,8 @@ GROUPS = {
                     "max_connections", "header_timeout_s", "body_timeout_s", "write_timeout_s", "keep_alive_timeout_s",
                     "sse_keepalive_s"],
     "CORS": ["allowed_origins", "allowed_methods", "allowed_headers", "allow_credentials"],
+    "Multimodal": ["limit_mm_per_prompt", "allowed_media_domains", "allowed_local_media_path", "media_fetch_timeout_s",
+                   "max_media_bytes", "trust_request_mm_kwargs"],
 }
 
 

@@ -74,7 +74,9 @@ class MultimodalProcessor:
     # ---- media ----------------------------------------------------------------------------
 
     def image(self, image: Any) -> ProcessedImage:
-        """A PIL image, encoded bytes, or an RGB array (uint8 [H, W, 3])."""
+        """A PIL image, encoded bytes, or an RGB array (uint8 [H, W, 3]); a processed one as it is."""
+        if isinstance(image, ProcessedImage):
+            return image
         if isinstance(image, (bytes, bytearray)):
             image = decode_image(bytes(image))
         elif isinstance(image, np.ndarray):

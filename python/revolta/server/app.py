@@ -21,12 +21,15 @@ from starlette.staticfiles import StaticFiles
 import revolta
 from revolta.config import ServerOptions
 from revolta.models.tokenizer import Tokenizer
+from revolta.multimodal.media_io import MediaPolicy
+from revolta.multimodal.prompt import MultimodalProcessor
 from revolta.server.anthropic.protocol import CountTokensRequest, MessagesRequest
 from revolta.server.anthropic.serving import AnthropicServing
 from revolta.server.async_engine import AsyncEngine
 from revolta.server.errors import APIError, body_location, error_message, error_response, json_error, telling_error
 from revolta.server.guard import RequestGuard
 from revolta.server.job import ClientGone
+from revolta.server.media import RequestMedia
 from revolta.server.metrics import Metrics
 from revolta.server.openai.protocol import CompletionRequest, DetokenizeRequest, ResponsesRequest, TokenizeRequest
 from revolta.server.requests import ChatCompletionRequest
@@ -84,7 +87,11 @@ def create_app(engine: AsyncEngine, tokenizer: Tokenizer, served_names: list[str
     app = FastAPI(title="ReVolta", version=revolta.__version__)
     app.router.route_class = CheckedRoute
     metrics = Metrics(engine)
-    pipeline = Pipeline(engine, tokenizer, served_names, options, metrics, sampling_defaults)
+    policy = MediaPolicy(options.allowed_media_domains, options.allowed_local_media_path, options.media_fetch_timeout_s,
+                         options.max_media_bytes)
+    processor = MultimodalProcessor.for_model(model_dir, lambda t: tokenizer.encode(t, False)) if model_dir else None
+    media = RequestMedia(processor, policy, options.limit_mm_per_prompt, options.trust_request_mm_kwargs)
+    pipeline = Pipeline(engine, tokenizer, served_names, options, metrics, sampling_defaults, media)
     openai = OpenAIServing(pipeline)
     anthropic = AnthropicServing(pipeline)
     responses = ResponsesServing(pipeline)
@@ -171,7 +178,7 @@ def create_app(engine: AsyncEngine, tokenizer: Tokenizer, served_names: list[str
     async def render_chat(req: ChatCompletionRequest):
         """vLLM's render: the conversation as templated and the engine prompt, without generating."""
         pipeline.check_model(req.model)
-        text, ids, _, _ = await pipeline.render_chat(req)
+        text, ids, _, _, _ = await pipeline.render_chat(req)
         return JSONResponse(json_safe([pipeline.conversation(req), [{"prompt": text, "prompt_token_ids": ids}]]))
 
     @app.post("/v1/completions")
@@ -224,7 +231,7 @@ def create_app(engine: AsyncEngine, tokenizer: Tokenizer, served_names: list[str
             if not req.messages:
                 raise APIError(400, "messages is empty", param="messages")
             chat = ChatCompletionRequest(messages=req.messages, add_generation_prompt=req.add_generation_prompt)
-            _, ids, _, _ = await pipeline.render_chat(chat)
+            ids = (await pipeline.render_chat(chat)).ids
         elif req.prompt is not None:
             ids = await pipeline.encode(req.prompt, req.add_special_tokens, "prompt")
         else:

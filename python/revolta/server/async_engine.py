@@ -38,15 +38,15 @@ class AsyncEngine:
         self._thread.start()
 
     def add_request(self, prompt_ids: list[int], params: _core.SamplingParams,
-                    tag: _core.SchedulingTag | None = None) -> tuple[int, asyncio.Queue]:
-        """Raises ValueError for bad input (nothing is queued then)."""
+                    tag: _core.SchedulingTag | None = None, media: list | None = None) -> tuple[int, asyncio.Queue]:
+        """Raises ValueError for bad input (nothing is queued then). media: MediaInputs."""
         if self.dead:
             raise RuntimeError(f"engine is dead: {self.dead}")
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue = asyncio.Queue()
         # Held across add_request so the pump cannot see an output before its queue exists.
         with self._lock:
-            rid = self.engine.add_request(prompt_ids, params, tag or _core.SchedulingTag())
+            rid = self.engine.add_request(prompt_ids, params, tag or _core.SchedulingTag(), media or [])
             self._queues[rid] = (loop, queue)
         return rid, queue
 

@@ -173,12 +173,14 @@ class Job:
     # ---- starting ---------------------------------------------------------------------------
 
     def start(self, prompt_ids: list[int], params: SamplingParams, index0: int, prompt_no: int,
-              router_factory: Callable, tool_factory: Callable) -> list[Choice]:
+              router_factory: Callable, tool_factory: Callable, media: list | None = None) -> list[Choice]:
+        """media: the prompt's MediaInputs (multimodal prompts)."""
         s = self.serving
         new: list[Choice] = []
         try:
             for i in range(params.n):
-                rid, q = s.engine.add_request(prompt_ids, params.to_core(params.max_tokens or 1, seed_offset=i), self.tag)
+                rid, q = s.engine.add_request(prompt_ids, params.to_core(params.max_tokens or 1, seed_offset=i), self.tag,
+                                              media)
                 gen = Generation(s.tok, params.stop, params.include_stop_str_in_output, params.skip_special_tokens, router_factory(),
                                  params.stop_token_ids)
                 new.append(Choice(index=index0 + i, prompt_no=prompt_no, rid=rid, queue=q, gen=gen, tool_parser=tool_factory()))

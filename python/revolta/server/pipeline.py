@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from typing import Awaitable, Callable
+from typing import Awaitable, Callable, NamedTuple
 
 from fastapi import Request
 from fastapi.responses import JSONResponse
@@ -16,15 +16,25 @@ from revolta.config import ServerOptions
 from revolta.guided import GuidedDecodingParams, ReasoningGate, from_request
 from revolta.models.tokenizer import ChatTemplateError, Tokenizer
 from revolta.sampling_params import SamplingParams
+from revolta.multimodal.media_io import MediaPolicy
 from revolta.server.async_engine import AsyncEngine
 from revolta.server.errors import APIError
 from revolta.server.job import Admission, Job, JobContext, admission_limits
+from revolta.server.media import MediaRef, RequestMedia
 from revolta.server.metrics import Metrics
 from revolta.server.requests import ChatCompletionRequest, SamplingFields
 from revolta.server.parsers.reasoning import ReasoningRouter, prompt_opens_reasoning, qwen3_reasoning_tokens
 from revolta.server.parsers.tool_prompt import template_renders_tools, with_tools_section
 from revolta.server.parsers.tool_grammar import calls_or_answer_grammar, tool_call_grammar
 from revolta.server.parsers.tools import make_tool_parser
+
+class RenderedChat(NamedTuple):
+    text: str
+    ids: list[int]
+    tools: list[dict] | None
+    thinking: bool
+    media: list  # the engine's MediaInputs, in prompt order
+
 
 # Template variables the server sets itself; chat_template_kwargs may not override them.
 _RESERVED_TEMPLATE_VARS = frozenset({"messages", "tools", "add_generation_prompt", "bos_token", "eos_token"})
@@ -34,8 +44,9 @@ log = logging.getLogger("revolta.server")
 
 class Pipeline:
     def __init__(self, engine: AsyncEngine, tokenizer: Tokenizer, served_names: list[str], options: ServerOptions,
-                 metrics: Metrics, sampling_defaults: dict | None = None):
+                 metrics: Metrics, sampling_defaults: dict | None = None, media: RequestMedia | None = None):
         self.engine = engine
+        self.media = media or RequestMedia(None, MediaPolicy(), None, False)
         self.defaults = dict(sampling_defaults or {})  # the model's (generation_config), for fields a request leaves out
         self.tok = tokenizer
         self.served_names = served_names
@@ -170,18 +181,24 @@ class Pipeline:
         finally:
             job.close()
 
-    def conversation(self, req: ChatCompletionRequest) -> list[dict]:
-        """The request's messages as the template reads them: text parts joined, tool-call arguments
-        parsed, system text without Claude Code's billing line."""
+    def conversation(self, req: ChatCompletionRequest, refs: list[MediaRef] | None = None) -> list[dict]:
+        """The request's messages as the template reads them: text parts joined (a message with
+        media keeps its parts, each image as {"type": "image"}, its media noted in refs), tool-call
+        arguments parsed, system text without Claude Code's billing line."""
         messages = []
-        for m in req.messages:
+        refs = [] if refs is None else refs
+        for i, m in enumerate(req.messages):
             d = m.model_dump(exclude_none=True)
             d.setdefault("content", "")  # an assistant tool-call turn's content: null (templates read .content)
             system = d["role"] in ("system", "developer")
             if isinstance(d.get("content"), list):
                 parts = d["content"]
                 if any(p.get("type") != "text" for p in parts):
-                    raise APIError(400, "only text content parts are supported", param="messages")
+                    d["content"] = [{"type": "text", "text": p.get("text") or ""} if p.get("type") == "text"
+                                    else self.media.template_part(p, f"messages[{i}].content[{j}]", refs)
+                                    for j, p in enumerate(parts)]
+                    messages.append(d)
+                    continue
                 texts = [p.get("text") or "" for p in parts]
                 d["content"] = "".join(without_billing_header(t) if system else t for t in texts)
             elif system and isinstance(d.get("content"), str):
@@ -196,7 +213,8 @@ class Pipeline:
             messages.append(d)
         return messages
 
-    def render_chat_text(self, req: ChatCompletionRequest) -> tuple[str, list[dict] | None, bool]:
+    def render_chat_text(self, req: ChatCompletionRequest,
+                         refs: list[MediaRef] | None = None) -> tuple[str, list[dict] | None, bool]:
         tool_choice = req.tool_choice
         if not (tool_choice in (None, "none", "auto", "required") or forced_name(tool_choice)):
             raise APIError(400, f"tool_choice {json.dumps(tool_choice)} is not supported; use 'auto', 'none', 'required' "
@@ -208,7 +226,7 @@ class Pipeline:
             raise APIError(400, "tool_choice 'auto' needs a tool-call parser to find the model's calls: start the server "
                                 "with --tool-call-parser (hermes or qwen3_coder); tool_choice 'required' or a named "
                                 "function works without one", param="tool_choice")
-        messages = self.conversation(req)
+        messages = self.conversation(req, refs)
         kwargs = dict(req.chat_template_kwargs or {})
         reserved = sorted(_RESERVED_TEMPLATE_VARS & set(kwargs))
         if reserved:
@@ -222,11 +240,16 @@ class Pipeline:
         thinking = bool(kwargs.get("enable_thinking", True))
         return text, tools if use_tools else None, thinking
 
-    async def render_chat(self, req: ChatCompletionRequest) -> tuple[str, list[int], list[dict] | None, bool]:
-        """The prompt text and ids, the tools in use and whether thinking is on; templating and
-        tokenizing run in a worker thread."""
-        text, tools, thinking = await asyncio.to_thread(self.render_chat_text, req)
-        return text, await self.encode(text, False, "messages"), tools, thinking
+    async def render_chat(self, req: ChatCompletionRequest) -> RenderedChat:
+        """The prompt text and ids, the tools in use, whether thinking is on and the prompt's media;
+        templating, tokenizing and media processing run in worker threads."""
+        refs: list[MediaRef] = []
+        text, tools, thinking = await asyncio.to_thread(self.render_chat_text, req, refs)
+        ids = await self.encode(text, False, "messages")
+        media: list = []
+        if refs or req.mm_processor_kwargs:
+            ids, media = await asyncio.to_thread(self.media.expand, ids, refs, req.mm_processor_kwargs)
+        return RenderedChat(text, ids, tools, thinking, media)
 
     def parsers(self, prompt_ids: list[int], tools: list[dict] | None, thinking: bool,
                 tool_choice=None) -> tuple[Callable, Callable]:

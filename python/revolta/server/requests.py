@@ -87,9 +87,16 @@ class SamplingFields(RequestModel):
         return v
 
 
+class MediaURL(RequestModel):
+    url: str
+    detail: str | None = None
+
+
 class ContentPart(RequestModel):
     type: str
     text: str | None = None
+    image_url: MediaURL | str | None = None  # {"type": "image_url", "image_url": {"url": ...}}
+    video_url: MediaURL | str | None = None
 
 
 class FunctionCall(RequestModel):
@@ -139,5 +146,7 @@ class ChatCompletionRequest(SamplingFields):
     parallel_tool_calls: bool | None = True  # null: the default (OpenAI's API means so)
     chat_template_kwargs: dict[str, Any] | None = None
     add_generation_prompt: bool = True
+    # vLLM's: the processor's options for this request's media (with --trust-request-mm-kwargs)
+    mm_processor_kwargs: dict[str, Any] | None = None
 
     _parallel_default = field_validator("parallel_tool_calls", mode="after")(default_when_null)

@@ -32,7 +32,7 @@ class TextBlock(RequestModel):
 
 
 class MediaBlock(RequestModel):
-    """Images and documents: accepted by the schema, refused by the handler (text-only models)."""
+    """Images (served by models with a vision tower) and documents (refused by the handler)."""
 
     type: Literal["image", "document"]
     source: dict[str, Any] | None = None

@@ -29,8 +29,30 @@ def _text_of(content: Any) -> str:
         if block.get("type") == "text":
             parts.append(block.get("text", ""))
         elif block.get("type") in ("image", "document"):
-            raise APIError(400, f"content blocks of type '{block['type']}' are not supported", param="messages")
+            raise APIError(400, f"content blocks of type '{block['type']}' are not supported here", param="messages")
     return "".join(parts)
+
+
+def _content_of(blocks: list[dict[str, Any]]) -> str | list[dict[str, Any]]:
+    """A user turn's blocks as chat content: the text, or with image blocks a list of parts (a
+    base64 source as a data URL)."""
+    if not any(b.get("type") == "image" for b in blocks):
+        return _text_of(blocks)
+    parts: list[dict[str, Any]] = []
+    for block in blocks:
+        if block.get("type") != "image":
+            parts.append({"type": "text", "text": _text_of([block])})
+            continue
+        src = block.get("source") or {}
+        if src.get("type") == "base64" and isinstance(src.get("data"), str):
+            url = f"data:{src.get('media_type') or 'image/png'};base64,{src['data']}"
+        elif src.get("type") == "url" and isinstance(src.get("url"), str):
+            url = src["url"]
+        else:
+            raise APIError(400, "an image block's source is {type: base64, media_type, data} or {type: url, url}",
+                           param="messages")
+        parts.append({"type": "image_url", "image_url": {"url": url}})
+    return parts
 
 
 def parse_partial_json(text: str) -> dict:
@@ -67,7 +89,7 @@ class AnthropicServing:
                     if block.get("type") == "tool_result":
                         messages.append({"role": "tool", "tool_call_id": block.get("tool_use_id"),
                                          "content": _text_of(block.get("content", ""))})
-                text = _text_of([b for b in blocks if b.get("type") != "tool_result"])
+                text = _content_of([b for b in blocks if b.get("type") != "tool_result"])
                 if text or not any(b.get("type") == "tool_result" for b in blocks):
                     messages.append({"role": "user", "content": text})
             else:
@@ -95,7 +117,7 @@ class AnthropicServing:
 
     async def count_tokens(self, req: CountTokensRequest) -> JSONResponse:
         self.p.check_model(req.model)
-        _, prompt_ids, _, _ = await self.p.render_chat(self.to_chat(req))
+        prompt_ids = (await self.p.render_chat(self.to_chat(req))).ids  # media expanded: their tokens count
         if len(prompt_ids) >= self.p.max_model_len:  # as /v1/messages would answer it
             raise self.p.context_error(len(prompt_ids))
         return JSONResponse({"input_tokens": len(prompt_ids)})
@@ -107,7 +129,7 @@ class AnthropicServing:
     async def _messages(self, req: MessagesRequest, job: Job, model: str):
         p = self.p
         creq = self.to_chat(req)
-        _, prompt_ids, tools, thinking = await p.render_chat(creq)
+        _, prompt_ids, tools, thinking, media = await p.render_chat(creq)
         forced = req.tool_choice.type if req.tool_choice and req.tool_choice.type in ("any", "tool") else None
         if forced and not tools:
             raise APIError(400, f"tool_choice '{forced}' needs tools", param="tool_choice")
@@ -121,7 +143,7 @@ class AnthropicServing:
                                         req.tool_choice.name if forced == "tool" else None, not single)
             params.guided_decoding = GuidedDecodingParams(grammar=grammar, field_name="tool_choice")
         p.grammar_after_reasoning(params, prompt_ids, thinking)
-        (c,) = job.start(prompt_ids, params, 0, 0, *p.parsers(prompt_ids, tools, thinking, creq.tool_choice))
+        (c,) = job.start(prompt_ids, params, 0, 0, *p.parsers(prompt_ids, tools, thinking, creq.tool_choice), media=media)
         first = Delta()
         msg_id = "msg_" + uuid.uuid4().hex[:24]
 

@@ -31,6 +31,24 @@ def _text(content: Any) -> str:
     return "".join(out)
 
 
+def _content(content: Any) -> str | list[dict[str, Any]]:
+    """A message's content as chat content: its text, or with input_image parts a list of parts."""
+    if isinstance(content, str) or not any(p.get("type") == "input_image" for p in content or []):
+        return _text(content)
+    parts: list[dict[str, Any]] = []
+    for part in content:
+        if part.get("type") == "input_image":
+            url = part.get("image_url")
+            url = url.get("url") if isinstance(url, dict) else url
+            if not url:
+                raise APIError(400, "input_image: give image_url (a URL or a data URL); file_id is not supported "
+                                    "(this server stores no files)", param="input")
+            parts.append({"type": "image_url", "image_url": {"url": url}})
+        else:
+            parts.append({"type": "text", "text": _text([part])})
+    return parts
+
+
 def _new_id(prefix: str) -> str:
     return f"{prefix}_{uuid.uuid4().hex[:24]}"
 
@@ -53,7 +71,7 @@ class ResponsesServing:
             kind = item.get("type", "message")
             if kind == "message":
                 role = "system" if item["role"] == "developer" else item["role"]
-                msg = {"role": role, "content": _text(item["content"])}
+                msg = {"role": role, "content": _content(item["content"])}
                 if role == "assistant" and pending_reasoning:
                     msg["reasoning_content"], pending_reasoning = pending_reasoning, ""
                 messages.append(msg)
@@ -101,13 +119,13 @@ class ResponsesServing:
     async def _create(self, req: ResponsesRequest, job: Job, model: str):
         p = self.p
         creq = self.to_chat(req)
-        _, prompt_ids, tools, thinking = await p.render_chat(creq)
+        _, prompt_ids, tools, thinking, media = await p.render_chat(creq)
         fields = SamplingFields(temperature=req.temperature, top_p=req.top_p, response_format=response_format(req.text))
         params = p.sampling(fields, len(prompt_ids), req.max_output_tokens, None)
         p.force_tool_calls(creq.tool_choice, req.parallel_tool_calls, tools, params)
         p.calls_or_answer(creq.tool_choice, req.parallel_tool_calls, tools, params)
         p.grammar_after_reasoning(params, prompt_ids, thinking)
-        (c,) = job.start(prompt_ids, params, 0, 0, *p.parsers(prompt_ids, tools, thinking, creq.tool_choice))
+        (c,) = job.start(prompt_ids, params, 0, 0, *p.parsers(prompt_ids, tools, thinking, creq.tool_choice), media=media)
         head = {"id": _new_id("resp"), "object": "response", "created_at": int(time.time()), "model": model,
                 "parallel_tool_calls": req.parallel_tool_calls, "tool_choice": req.tool_choice or "auto",
                 "tools": [t.model_dump(exclude_none=True) for t in req.tools or []], "instructions": req.instructions, "max_output_tokens": req.max_output_tokens,

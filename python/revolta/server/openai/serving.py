@@ -60,7 +60,7 @@ class OpenAIServing:
     async def _chat(self, req: ChatCompletionRequest, job: Job, model: str):
         if req.best_of is not None and req.best_of > req.n:
             raise APIError(400, "best_of greater than n is a /v1/completions option", param="best_of")
-        text, prompt_ids, tools, thinking = await self.p.render_chat(req)
+        text, prompt_ids, tools, thinking, media = await self.p.render_chat(req)
         max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
         top = req.top_logprobs if req.logprobs else None
         if req.top_logprobs and not req.logprobs:
@@ -69,7 +69,7 @@ class OpenAIServing:
         self.p.force_tool_calls(req.tool_choice, req.parallel_tool_calls, tools, params)
         self.p.calls_or_answer(req.tool_choice, req.parallel_tool_calls, tools, params)
         self.p.grammar_after_reasoning(params, prompt_ids, thinking)
-        choices = job.start(prompt_ids, params, 0, 0, *self.p.parsers(prompt_ids, tools, thinking, req.tool_choice))
+        choices = job.start(prompt_ids, params, 0, 0, *self.p.parsers(prompt_ids, tools, thinking, req.tool_choice), media=media)
         rid = "chatcmpl-" + uuid.uuid4().hex
         created = int(time.time())
         single_call = not req.parallel_tool_calls
