@@ -162,3 +162,22 @@ def test_text_only_model_refuses_media(tmp_path):
         bad = revolta._core.MediaInput("image", "h", 0, 1, 4, 4, np.zeros((16, 96), np.float32))
         with pytest.raises(ValueError, match="takes text only"):
             llm.engine.add_request([5, 6], revolta._core.SamplingParams(), media=[bad])
+
+
+def test_vision_tower_matches_hf_on_a_large_frame(case):
+    """The tower alone on frames past one attention tile (400 and 4 x 96 patches), against HF's."""
+    from revolta import _core
+
+    from revolta.multimodal.image import patchify
+
+    d, llm, _, hf = case
+    rng = np.random.default_rng(7)  # normalised frames past the budget of preprocessing
+    images = [patchify(rng.standard_normal((1, 3, h, w), dtype=np.float32), llm.multimodal.processing)
+              for h, w in ((80, 80), (96, 16))]
+    rows = np.concatenate([p.pixel_values for p in images])
+    grids = [p.grid_thw for p in images]
+    got = _core.ops.vision_encode(str(d), rows, grids)
+    with torch.no_grad():
+        ref = torch.cat(hf.model.get_image_features(torch.from_numpy(rows), torch.tensor(grids), return_dict=True).pooler_output)
+    assert got.shape == tuple(ref.shape) and grids[0] == (1, 20, 20)
+    assert np.abs(got - ref.numpy()).max() < 1e-4

@@ -1,6 +1,6 @@
 // The vision encoder's own ops on the CPU: LayerNorm, GELU, row scatter and bidirectional attention
-// over packed sequences (one per image or video frame). Attention work items are (query row, head);
-// each keeps its scores for one sequence, whose length the image budget bounds.
+// over packed sequences (one per image or video frame), the last as two GEMMs per head and tile of
+// queries, so a frame of thousands of patches runs at the CPU GEMM's speed.
 #include <algorithm>
 #include <cmath>
 #include <vector>
@@ -61,34 +61,47 @@ void varlen_attention(const Tensor& q, const Tensor& k, const Tensor& v, const T
   const int64_t T = q.size(0), H = q.size(1), D = q.size(2), S = seq_starts.numel() - 1;
   const int32_t* st = seq_starts.ptr<int32_t>();
   RV_CHECK(st[0] == 0 && st[S] == T, "varlen_attention: sequences cover rows [", st[0], ", ", st[S], "), not [0, ", T, ")");
-  std::vector<int64_t> seq_of(static_cast<size_t>(T));
-  for (int64_t s = 0; s < S; ++s) {
-    RV_CHECK(st[s + 1] >= st[s], "varlen_attention: seq_starts decrease at ", s);
-    for (int64_t t = st[s]; t < st[s + 1]; ++t) seq_of[size_t(t)] = s;
-  }
+  constexpr int64_t kTile = 256;  // query rows a pass: the score tile is kTile x n floats
+  // Per (sequence, head): packed K [n, D] and V^T [D, n]; per query tile S = Q K^T and O = P V
+  // through the CPU GEMM (cpu::linear), which spreads each product over the threads.
   const float* qp = q.ptr<float>();
   const float* kp = k.ptr<float>();
   const float* vp = v.ptr<float>();
   float* op = out.ptr<float>();
-  parallel_range(T * H, 4, [&](int64_t b, int64_t e) {
-    std::vector<float> scores;
-    for (int64_t item = b; item < e; ++item) {
-      const int64_t t = item / H, h = item % H, s = seq_of[size_t(t)], j0 = st[s], j1 = st[s + 1];
-      const float* qr = qp + (t * H + h) * D;
-      scores.resize(size_t(j1 - j0));
-      float mx = -INFINITY;
-      for (int64_t j = j0; j < j1; ++j) {
-        const float sc = dot_f32(qr, kp + (j * H + h) * D, D) * scale;
-        scores[size_t(j - j0)] = sc;
-        mx = std::max(mx, sc);
+  for (int64_t s = 0; s < S; ++s) {
+    const int64_t j0 = st[s], n = st[s + 1] - st[s];
+    RV_CHECK(n >= 0, "varlen_attention: seq_starts decrease at ", s);
+    if (n == 0) continue;
+    Tensor kh = Tensor::uninitialized({n, D}, DType::kF32), vt = Tensor::uninitialized({D, n}, DType::kF32);
+    Tensor qt = Tensor::uninitialized({std::min(kTile, n), D}, DType::kF32);
+    Tensor scores = Tensor::uninitialized({std::min(kTile, n), n}, DType::kF32);
+    Tensor o = Tensor::uninitialized({std::min(kTile, n), D}, DType::kF32);
+    for (int64_t h = 0; h < H; ++h) {
+      for (int64_t j = 0; j < n; ++j) {
+        std::copy_n(kp + ((j0 + j) * H + h) * D, D, kh.ptr<float>() + j * D);
+        for (int64_t d = 0; d < D; ++d) vt.ptr<float>()[d * n + j] = vp[((j0 + j) * H + h) * D + d];
       }
-      float sum = 0.0f;
-      for (float& sc : scores) sum += (sc = std::exp(sc - mx));
-      float* o = op + (t * H + h) * D;
-      std::fill(o, o + D, 0.0f);
-      for (int64_t j = j0; j < j1; ++j) axpy_f32(scores[size_t(j - j0)] / sum, vp + (j * H + h) * D, o, D);
+      for (int64_t r0 = 0; r0 < n; r0 += kTile) {
+        const int64_t m = std::min(kTile, n - r0);
+        Tensor qm = qt.slice_rows(0, m), sm = scores.slice_rows(0, m), om = o.slice_rows(0, m);
+        for (int64_t r = 0; r < m; ++r) std::copy_n(qp + ((j0 + r0 + r) * H + h) * D, D, qm.ptr<float>() + r * D);
+        cpu::linear(qm, kh, nullptr, sm);
+        parallel_range(m, 8, [&](int64_t b, int64_t e) {
+          for (int64_t r = b; r < e; ++r) {
+            float* row = sm.ptr<float>() + r * n;
+            float mx = -INFINITY;
+            for (int64_t j = 0; j < n; ++j) mx = std::max(mx, row[j] *= scale);
+            float sum = 0.0f;
+            for (int64_t j = 0; j < n; ++j) sum += (row[j] = std::exp(row[j] - mx));
+            const float inv = 1.0f / sum;
+            for (int64_t j = 0; j < n; ++j) row[j] *= inv;
+          }
+        });
+        cpu::linear(sm, vt, nullptr, om);
+        for (int64_t r = 0; r < m; ++r) std::copy_n(om.ptr<float>() + r * D, D, op + ((j0 + r0 + r) * H + h) * D);
+      }
     }
-  });
+  }
 }
 
 }  // namespace revolta::ops::cpu
