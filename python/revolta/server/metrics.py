@@ -25,6 +25,9 @@ class Metrics:
         self.prefix_queries = Gauge(p + "prefix_cache_queries", "prompt tokens looked up in the prefix cache", registry=r)
         self.prefix_hits = Gauge(p + "prefix_cache_hits", "prompt tokens found in the prefix cache", registry=r)
         self.preemptions = Gauge(p + "num_preemptions", "requests preempted so far", registry=r)
+        self.mm_encoded = Gauge(p + "mm_items_encoded", "images and video frame groups the vision tower encoded", registry=r)
+        self.mm_cache_hits = Gauge(p + "mm_encoder_cache_hits", "media found in the encoder cache", registry=r)
+        self.mm_cache_bytes = Gauge(p + "mm_encoder_cache_bytes", "bytes the encoder cache holds", registry=r)
         # KV offload tiers (host memory, disk).
         self.offload_hit_tokens = Gauge(p + "kv_offload_hit_tokens", "prompt tokens brought back from an offload tier",
                                         registry=r)
@@ -69,6 +72,9 @@ class Metrics:
         self.prefix_hits.set(s.prefix_cache_hits)
         self.prefix_hit_rate.set(s.prefix_cache_hits / s.prefix_cache_queries if s.prefix_cache_queries else 0.0)
         self.preemptions.set(s.num_preemptions)
+        self.mm_encoded.set(getattr(s, "mm_items_encoded", 0))
+        self.mm_cache_hits.set(getattr(s, "mm_encoder_cache_hits", 0))
+        self.mm_cache_bytes.set(getattr(s, "mm_encoder_cache_bytes", 0))
         self.offload_hit_tokens.set(s.kv_offload_hit_tokens)
         self.offload_hits.labels(tier="host").set(s.kv_offload_host_hits)
         self.offload_hits.labels(tier="disk").set(s.kv_offload_disk_hits)

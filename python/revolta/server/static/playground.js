@@ -1,5 +1,6 @@
-// The playground: a chat over /v1/chat/completions (streamed), with sampling controls, a stop
-// button and a tokens/s readout. No build step: plain browser JavaScript.
+// The playground: a chat over /v1/chat/completions (streamed), with sampling controls, an image
+// attachment (sent as a data URL), a stop button and a tokens/s readout. No build step: plain
+// browser JavaScript.
 const $ = (id) => document.getElementById(id);
 const history = [];
 let controller = null;
@@ -11,10 +12,16 @@ function headers() {
   return h;
 }
 
-function add(role, text) {
+function add(role, text, image) {
   const div = document.createElement("div");
   div.className = `msg ${role}`;
   div.textContent = text;
+  if (image) {
+    const img = document.createElement("img");
+    img.src = image;
+    img.alt = "attached image";
+    div.prepend(img);
+  }
   $("log").appendChild(div);
   $("log").scrollTop = $("log").scrollHeight;
   return div;
@@ -42,9 +49,22 @@ function busy(on) {
   $("stop").disabled = !on;
 }
 
-async function send(text) {
-  history.push({ role: "user", content: text });
-  add("user", text);
+// The attached image as a data URL (null: none).
+function readImage() {
+  const file = $("image").files[0];
+  if (!file) return Promise.resolve(null);
+  return new Promise((resolve, reject) => {
+    const reader = new FileReader();
+    reader.onload = () => resolve(reader.result);
+    reader.onerror = () => reject(reader.error);
+    reader.readAsDataURL(file);
+  });
+}
+
+async function send(text, image) {
+  const content = image ? [{ type: "image_url", image_url: { url: image } }, { type: "text", text }] : text;
+  history.push({ role: "user", content });
+  add("user", text, image);
   const out = add("assistant", "");
   out.dataset.state = "streaming";
   const system = $("system").value.trim();
@@ -117,12 +137,14 @@ async function send(text) {
   }
 }
 
-$("ask").addEventListener("submit", (e) => {
+$("ask").addEventListener("submit", async (e) => {
   e.preventDefault();
   const text = $("prompt").value.trim();
   if (!text || controller) return;
   $("prompt").value = "";
-  send(text);
+  const image = await readImage();
+  $("image").value = "";
+  send(text, image);
 });
 $("prompt").addEventListener("keydown", (e) => {
   if (e.key === "Enter" && !e.shiftKey) {
