@@ -80,3 +80,24 @@ def test_offline_python_block():
         exec(compile(block, "README.md", "exec"), namespace)  # noqa: S102
     namespace["llm"].shutdown()
     assert len(out.getvalue().strip().splitlines()) >= 2, out.getvalue()
+
+
+def test_images_section_block(tmp_path):
+    """The Images section's server command on a tiny checkpoint with a vision tower, and its SDK
+    snippet against that server."""
+    pytest.importorskip("torch")
+    from tiny_vl import make_model
+
+    make_model(tmp_path, moe=False)
+    text = section("Images and video")
+    command = re.search(r"^ {4}revolta-server (.*)$", text, re.M).group(1).replace("path/to/qwen3_5_checkpoint", str(tmp_path))
+    srv = ServerProcess(*shlex.split(command), "--max-model-len", "512", "--kv-cache-memory-bytes", str(8 << 20))
+    try:
+        (block,) = python_blocks(text)
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out):
+            exec(compile(block.replace(DEFAULT_URL, srv.url), "README.md", "exec"), {})  # noqa: S102
+        assert re.search(r" \d+$", out.getvalue().strip()), out.getvalue()  # the answer, then the prompt's tokens
+    finally:
+        log = srv.stop()
+    assert "Traceback" not in log, log
