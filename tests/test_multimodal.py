@@ -12,15 +12,15 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-from tiny_vl import END, IMAGE, SPECIAL, START, TOP, hf_inputs, hf_reference, make_model, picture, prompts  # noqa: E402
+from tiny_vl import END, IMAGE, KINDS, SPECIAL, START, TOP, hf_inputs, hf_reference, make_model, picture, prompts  # noqa: E402
 
 
-@pytest.fixture(scope="module", params=["dense", "moe"])
+@pytest.fixture(scope="module", params=list(KINDS))
 def case(request, tmp_path_factory):
     import revolta
 
     d = tmp_path_factory.mktemp(f"qwen3_5_vl_{request.param}")
-    model = make_model(d, request.param == "moe")
+    model = make_model(d, request.param)
     llm = revolta.LLM(str(d), dtype="float32", max_model_len=256, max_num_seqs=8)
     refs = []
     for ids, data in prompts():
@@ -178,6 +178,9 @@ def test_vision_tower_matches_hf_on_a_large_frame(case):
     grids = [p.grid_thw for p in images]
     got = _core.ops.vision_encode(str(d), rows, grids)
     with torch.no_grad():
-        ref = torch.cat(hf.model.get_image_features(torch.from_numpy(rows), torch.tensor(grids), return_dict=True).pooler_output)
-    assert got.shape == tuple(ref.shape) and grids[0] == (1, 20, 20)
-    assert np.abs(got - ref.numpy()).max() < 1e-4
+        out = hf.model.get_image_features(torch.from_numpy(rows), torch.tensor(grids), return_dict=True)
+    # the merger's tokens, then each deepstack layer's (Qwen3-VL), side by side
+    parts = [torch.cat(out.pooler_output)] + [torch.cat(f) for f in getattr(out, "deepstack_features", None) or []]
+    ref = torch.cat(parts, dim=1).numpy()
+    assert got.shape == ref.shape and grids[0] == (1, 20, 20)
+    assert np.abs(got - ref).max() < 1e-4

@@ -21,7 +21,7 @@ from tiny_vl import make_model, picture  # noqa: E402
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     d = tmp_path_factory.mktemp("vl_playground")
-    make_model(d, moe=False)
+    make_model(d)
     srv = ServerProcess("--model", str(d), "--served-model-name", "vl", "--max-model-len", "256", "--dtype", "float32",
                         "--kv-cache-memory-bytes", str(8 << 20))
     yield srv

@@ -88,7 +88,7 @@ def test_images_section_block(tmp_path):
     pytest.importorskip("torch")
     from tiny_vl import make_model
 
-    make_model(tmp_path, moe=False)
+    make_model(tmp_path)
     text = section("Images and video")
     command = re.search(r"^ {4}revolta-server (.*)$", text, re.M).group(1).replace("path/to/qwen3_5_checkpoint", str(tmp_path))
     srv = ServerProcess(*shlex.split(command), "--max-model-len", "512", "--kv-cache-memory-bytes", str(8 << 20))

@@ -35,7 +35,7 @@ def data_url(data: bytes) -> str:
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
     d = tmp_path_factory.mktemp("vl_server")
-    make_model(d, moe=False)
+    make_model(d)
     media = tmp_path_factory.mktemp("media")
     (media / "cat.png").write_bytes(png(picture(21, 40, 48)))
     # a local web server: one allowed host name (localhost), one not (127.0.0.1)

@@ -1,5 +1,5 @@
-"""A tiny random Qwen3.5 checkpoint with a vision tower (dense or MoE decoder), written by HF
-transformers, with the media and HF reference the multimodal tests share."""
+"""Tiny random checkpoints with a vision tower, written by HF transformers (Qwen3.5 with a dense or MoE
+decoder, Qwen3-VL with deepstack), with the media and HF reference the multimodal tests share."""
 
 from __future__ import annotations
 
@@ -16,7 +16,20 @@ SPECIAL = [IMAGE, VIDEO, START, END]
 TOP = 20
 
 
-def tiny_config(moe: bool):
+KINDS = ("dense", "moe", "qwen3_vl")  # Qwen3.5 (hybrid decoder, dense MLPs or experts); Qwen3-VL (deepstack)
+
+
+def tiny_config(kind: str):
+    ids = dict(image_token_id=IMAGE, video_token_id=VIDEO, vision_start_token_id=START, vision_end_token_id=END)
+    vision = dict(depth=2, hidden_size=32, intermediate_size=64, num_heads=2, in_channels=3, patch_size=4,
+                  spatial_merge_size=2, temporal_patch_size=2, out_hidden_size=64, num_position_embeddings=16)
+    if kind == "qwen3_vl":  # a Qwen3 decoder; the tower's blocks 0 and 1 feed decoder layers 0 and 1
+        text = dict(vocab_size=300, hidden_size=64, intermediate_size=96, num_hidden_layers=3, num_attention_heads=4,
+                    num_key_value_heads=2, head_dim=16, max_position_embeddings=512, bos_token_id=1, eos_token_id=2,
+                    rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [4, 2, 2],
+                                     "mrope_interleaved": True})
+        vision.update(deepstack_visual_indexes=[0, 1])
+        return transformers.Qwen3VLConfig(text_config=text, vision_config=vision, **ids), transformers.Qwen3VLForConditionalGeneration
     text = dict(vocab_size=300, hidden_size=64, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
                 head_dim=16, linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=16,
                 linear_value_head_dim=16, linear_conv_kernel_dim=4, max_position_embeddings=512, bos_token_id=1,
@@ -24,23 +37,18 @@ def tiny_config(moe: bool):
                 layer_types=["linear_attention", "linear_attention", "linear_attention", "full_attention"],
                 rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5,
                                  "mrope_section": [2, 1, 1], "mrope_interleaved": True})
-    if moe:
+    if kind == "moe":
         text.update(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, shared_expert_intermediate_size=32)
-    else:
-        text.update(intermediate_size=96)
-    vision = dict(depth=2, hidden_size=32, intermediate_size=64, num_heads=2, in_channels=3, patch_size=4,
-                  spatial_merge_size=2, temporal_patch_size=2, out_hidden_size=64, num_position_embeddings=16)
-    ids = dict(image_token_id=IMAGE, video_token_id=VIDEO, vision_start_token_id=START, vision_end_token_id=END)
-    if moe:
         from transformers.models.qwen3_5_moe import configuration_qwen3_5_moe as c
 
         return c.Qwen3_5MoeConfig(text_config=text, vision_config=vision, **ids), transformers.Qwen3_5MoeForConditionalGeneration
+    text.update(intermediate_size=96)
     return transformers.Qwen3_5Config(text_config=text, vision_config=vision, **ids), transformers.Qwen3_5ForConditionalGeneration
 
 
-def make_model(out_dir, moe: bool):
-    torch.manual_seed(3 if moe else 4)
-    cfg, cls = tiny_config(moe)
+def make_model(out_dir, kind: str = "dense"):
+    torch.manual_seed(KINDS.index(kind) + 3)
+    cfg, cls = tiny_config(kind)
     model = cls(cfg).float().eval()
     with torch.no_grad():
         for name, p in model.named_parameters():

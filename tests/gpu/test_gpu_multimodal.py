@@ -12,19 +12,19 @@ import numpy as np
 import pytest
 
 from conftest import first_divergence_on_near_tie
-from tiny_vl import SPECIAL, make_model, prompts
+from tiny_vl import KINDS, SPECIAL, make_model, prompts
 
 pytestmark = pytest.mark.gpu
 
 NEAR_TIE = 0.03
 
 
-@pytest.fixture(scope="module", params=["dense", "moe"])
+@pytest.fixture(scope="module", params=list(KINDS))
 def pair(request, tmp_path_factory):
     import revolta
 
     d = tmp_path_factory.mktemp(f"vl_{request.param}")
-    make_model(d, request.param == "moe")
+    make_model(d, request.param)
     common = dict(max_model_len=256, max_num_seqs=8, max_num_batched_tokens=32)
     cpu = revolta.LLM(str(d), dtype="float32", **common)
     gpu = revolta.LLM(str(d), device="cuda", gpu_memory_utilization=0.0,

@@ -78,6 +78,48 @@ void embed_tokens(const EmbeddingAndHead& head, const Tensor& ids, Tensor& out, 
   ops::rms_norm(out, *norm.weight, norm.eps, *norm.normed);
 }
 
+void place_media(const ForwardBatch& b, Tensor& residual, const ops::NormInto& norm) {
+  if (!b.media_rows.defined()) return;
+  const int64_t H = residual.size(1), M = b.media_rows.numel();
+  if (b.media_embeds.size(1) == H) {
+    ops::scatter_rows(residual, b.media_rows, b.media_embeds);
+  } else {
+    Tensor main = Tensor::uninitialized({M, H}, DType::kF32, residual.device());
+    ops::copy_columns(b.media_embeds, 0, main);
+    ops::scatter_rows(residual, b.media_rows, main);
+  }
+  ops::rms_norm(residual, *norm.weight, norm.eps, *norm.normed);
+}
+
+bool add_deepstack(const ForwardBatch& b, int64_t layer, Tensor& residual, const ops::NormInto& norm) {
+  if (!b.media_rows.defined()) return false;
+  const int64_t H = residual.size(1), M = b.media_rows.numel();
+  if (b.media_embeds.size(1) < (layer + 2) * H) return false;
+  Tensor features = Tensor::uninitialized({M, H}, DType::kF32, residual.device());
+  ops::copy_columns(b.media_embeds, (layer + 1) * H, features);
+  Tensor ones = Tensor::empty({M}, DType::kF32);
+  std::fill_n(ones.ptr<float>(), M, 1.0f);
+  ops::scatter_add_rows(residual, b.media_rows, ones.to(residual.device()), features);
+  ops::rms_norm(residual, *norm.weight, norm.eps, *norm.normed);
+  return true;
+}
+
+Tensor mrope_axes_tensor(const ModelConfig& c, int32_t rotary_dim) {
+  const std::vector<int32_t> axes = mrope_axes(c.rope, rotary_dim);
+  if (axes.empty()) return {};
+  Tensor t = Tensor::empty({int64_t(axes.size())}, DType::kI32);
+  std::copy(axes.begin(), axes.end(), t.ptr<int32_t>());
+  return t;
+}
+
+RopeInputs rope_inputs(const ForwardBatch& b, const ops::RopeTables& rope, const Tensor& axes, const std::string& arch) {
+  if (!b.mrope_positions.defined()) return {b.positions, rope};
+  RV_CHECK(axes.defined(), arch, ": media positions for a model without mrope_section");
+  ops::RopeTables t = rope;
+  t.axes = axes;
+  return {b.mrope_positions, t};
+}
+
 ForwardOutput CausalLM::mtp_forward(const ForwardBatch&, const Tensor&, int32_t, ModelCaches&) {
   RV_CHECK(false, config().architecture, " has no multi-token-prediction layers");
   return {};

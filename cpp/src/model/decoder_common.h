@@ -69,4 +69,21 @@ ForwardOutput final_outputs(const Tensor& x, const ForwardBatch& batch, const Em
 // where the head is whole; a sharded one sums the ranks' lookups first).
 void embed_tokens(const EmbeddingAndHead& head, const Tensor& ids, Tensor& out, const ops::NormInto& norm);
 
+// Multimodal prompts (ForwardBatch::media_rows): the media rows' embeddings (the first H columns of
+// media_embeds) replace their tokens' in residual [T, H], and norm.normed is made again.
+void place_media(const ForwardBatch& b, Tensor& residual, const ops::NormInto& norm);
+// Deepstack (Qwen3-VL): after decoder layer `layer` the media rows' residual takes that layer's
+// vision features (media_embeds columns [(1 + layer) H, (2 + layer) H), while there are any), and
+// norm.normed is made again. Returns whether it added any.
+bool add_deepstack(const ForwardBatch& b, int64_t layer, Tensor& residual, const ops::NormInto& norm);
+
+// Multimodal RoPE: the config's per-frequency axes (int32 on the host; undefined: none), and the
+// tables and positions a batch ropes with (its media positions when it has them).
+Tensor mrope_axes_tensor(const ModelConfig& c, int32_t rotary_dim);
+struct RopeInputs {
+  const Tensor& positions;
+  ops::RopeTables tables;
+};
+RopeInputs rope_inputs(const ForwardBatch& b, const ops::RopeTables& rope, const Tensor& axes, const std::string& arch);
+
 }  // namespace revolta

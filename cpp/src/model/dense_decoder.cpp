@@ -29,10 +29,12 @@ class DenseDecoderLM final : public DecoderBase {
     const Share inter = share_of(I, cfg_.intermediate_size, tp_);
     const Slice q_rows = heads.rows(D), kv_rows = kv.rows(D), o_cols = heads.cols(D);
     const Slice i_rows = inter.rows(1), i_cols = inter.cols(1);
-    head_ = load_embedding_and_head(w, "model.", c, dt);
-    final_norm_ = w.get("model.norm.weight", {H}, DType::kF32);
+    // (a multimodal checkpoint holds the decoder under model.language_model.)
+    const std::string prefix = w.has("model.language_model.embed_tokens.weight") ? "model.language_model." : "model.";
+    head_ = load_embedding_and_head(w, prefix, c, dt);
+    final_norm_ = w.get(prefix + "norm.weight", {H}, DType::kF32);
     for (int32_t l = 0; l < c.num_layers; ++l) {
-      const std::string p = "model.layers." + std::to_string(l) + ".";
+      const std::string p = prefix + "layers." + std::to_string(l) + ".";
       DenseLayer L;
       L.input_norm = w.get(p + "input_layernorm.weight", {H}, DType::kF32);
       L.post_attn_norm = w.get(p + "post_attention_layernorm.weight", {H}, DType::kF32);
@@ -59,9 +61,13 @@ class DenseDecoderLM final : public DecoderBase {
     rope_ = build_rope_tables(c.rope, int32_t(D), c.max_positions);
     rope_.cos = rope_.cos.to(device_);
     rope_.sin = rope_.sin.to(device_);
+    mrope_axes_ = mrope_axes_tensor(c, rope_.rotary_dim);
+    if (mrope_axes_.defined()) mrope_axes_ = mrope_axes_.to(device_);
     for (const auto& L : layers_) bytes_ += int64_t(L.qkv.nbytes() + L.o.nbytes() + L.gate_up.nbytes() + L.down.nbytes());
     bytes_ += head_.nbytes();
   }
+
+  bool takes_media() const override { return mrope_axes_.defined(); }
 
   ForwardOutput forward(const ForwardBatch& b, ModelCaches& caches) override {
     KvCache& cache = *caches.kv;
@@ -80,12 +86,14 @@ class DenseDecoderLM final : public DecoderBase {
 
     const ops::NormInto first_norm{&layers_[0].input_norm, eps, &x};
     embed_tokens(head_, b.token_ids, residual, first_norm);
+    place_media(b, residual, first_norm);  // media placeholders take their encoder outputs
+    const RopeInputs r = rope_inputs(b, rope_, mrope_axes_, cfg_.architecture);
     for (size_t l = 0; l < layers_.size(); ++l) {
       const DenseLayer& L = layers_[l];
       ops::linear(x, L.qkv, L.qkv_bias.defined() ? &L.qkv_bias : nullptr, qkv);
       ops::QkNorm norm;
       if (opts_.qk_norm) norm = {&L.q_norm, &L.k_norm, eps};
-      ops::qkv_rope_attention(qkv, norm, b.positions, rope_, b.slot_mapping, q, cache.k[l], cache.v[l], b.attention,
+      ops::qkv_rope_attention(qkv, norm, r.positions, r.tables, b.slot_mapping, q, cache.k[l], cache.v[l], b.attention,
                               scale, attn, nullptr, cache.quant_of(l));
       ops::linear(attn.view({T, QO}), L.o, L.o_bias.defined() ? &L.o_bias : nullptr, proj);
       if (tp_) tp_->all_reduce_sum(proj);  // the ranks' heads' shares of the output projection
@@ -95,6 +103,7 @@ class DenseDecoderLM final : public DecoderBase {
       if (tp_) tp_->all_reduce_sum(proj);
       const Tensor& next_norm = l + 1 < layers_.size() ? layers_[l + 1].input_norm : final_norm_;
       ops::add_rms_norm(residual, proj, next_norm, eps, x);
+      add_deepstack(b, int64_t(l), residual, ops::NormInto{&next_norm, eps, &x});
     }
     return final_outputs(x, b, head_);
   }
@@ -106,6 +115,7 @@ class DenseDecoderLM final : public DecoderBase {
   Tensor final_norm_;
   std::vector<DenseLayer> layers_;
   ops::RopeTables rope_;
+  Tensor mrope_axes_;  // multimodal RoPE's axes (undefined: none)
 };
 
 }  // namespace

@@ -137,10 +137,7 @@ class HybridDecoderLM : public DecoderBase {
     // A config may name MTP layers that a checkpoint (a converted or a tiny one) does not carry.
     if (c.num_mtp_layers > 0 && w.has("mtp.fc.weight")) load_mtp(w, n_attn);
     rope_ = build_rope_tables(c.rope, c.head_dim, c.max_positions);
-    if (const auto axes = mrope_axes(c.rope, rope_.rotary_dim); !axes.empty()) {
-      mrope_axes_ = Tensor::empty({int64_t(axes.size())}, DType::kI32);
-      std::copy(axes.begin(), axes.end(), mrope_axes_.ptr<int32_t>());
-    }
+    mrope_axes_ = mrope_axes_tensor(c, rope_.rotary_dim);
     bytes_ += head_.nbytes();
     build_expert_tables();
   }
@@ -156,10 +153,7 @@ class HybridDecoderLM : public DecoderBase {
     Tensor x = Tensor::uninitialized({T, H}, DType::kF32, device_);
     const ops::NormInto first_norm{&layers_[0].input_norm, eps, &x};
     embed_tokens(head_, b.token_ids, residual, first_norm);
-    if (b.media_rows.defined()) {  // media placeholders take their encoder outputs
-      ops::scatter_rows(residual, b.media_rows, b.media_embeds);
-      ops::rms_norm(residual, layers_[0].input_norm, eps, x);
-    }
+    place_media(b, residual, first_norm);  // media placeholders take their encoder outputs
     // Each block's output is added to the residual stream and normalised for the next block
     // (ops::ResidualNorm, which the routing and the expert kernels fuse): x is the normalised input
     // of every block.
@@ -173,6 +167,7 @@ class HybridDecoderLM : public DecoderBase {
       // what the step reads after this block: the next block's input projection, or the LM head
       const Tensor& ahead = last ? head_.lm_head : layers_[l + 1].linear ? layers_[l + 1].gdn.proj : layers_[l + 1].attn.proj;
       feed_forward(L.ffn, y, post, ops::ResidualNorm{&residual, &next, eps, &x}, ahead);
+      add_deepstack(b, int64_t(l), residual, ops::NormInto{&next, eps, &x});
     }
     return final_outputs(x, b, head_);
   }
@@ -516,15 +511,8 @@ class HybridDecoderLM : public DecoderBase {
     Tensor q = Tensor::uninitialized({T, NH, D}, DType::kF32, dev), attn = Tensor::uninitialized({T, NH, D}, DType::kF32, dev);
     const ops::QkNorm norm{&L.attn.q_norm, &L.attn.k_norm, eps};
     const ops::OutputGate gate{&fused, QO + 2 * KVO};  // gated attention: the gate's columns follow q, k, v
-    ops::RopeTables mrope;  // multimodal positions: each frequency turns by its axis's position
-    const bool multimodal = b.mrope_positions.defined();
-    if (multimodal) {
-      RV_CHECK(mrope_axes_.defined(), cfg_.architecture, ": media positions for a model without mrope_section");
-      mrope = rope_;
-      mrope.axes = mrope_axes_;
-    }
-    ops::qkv_rope_attention(fused, norm, multimodal ? b.mrope_positions : b.positions, multimodal ? mrope : rope_,
-                            b.slot_mapping, q, kv.k[size_t(L.cache_index)],
+    const RopeInputs r = rope_inputs(b, rope_, mrope_axes_, cfg_.architecture);
+    ops::qkv_rope_attention(fused, norm, r.positions, r.tables, b.slot_mapping, q, kv.k[size_t(L.cache_index)],
                             kv.v[size_t(L.cache_index)], b.attention, 1.0f / std::sqrt(float(D)), attn,
                             opts_.gated_attention ? &gate : nullptr, kv.quant_of(size_t(L.cache_index)));
     return project(attn.view({T, QO}), L.attn.o);

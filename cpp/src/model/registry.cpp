@@ -13,6 +13,7 @@ const std::map<std::string, Factory>& registry() {
   static const std::map<std::string, Factory> r = {
       {"LlamaForCausalLM", &make_llama},
       {"Qwen3ForCausalLM", &make_qwen3},
+      {"Qwen3VLForConditionalGeneration", &make_qwen3},
       {"Qwen3MoeForCausalLM", &make_qwen3_moe},
       {"Qwen3NextForCausalLM", &make_qwen3_next},
       {"Qwen3_5ForCausalLM", &make_qwen3_5},

@@ -11,7 +11,7 @@ namespace revolta {
 VisionEncoder::VisionEncoder(const WeightLoader& w, const VisionConfig& c, DType dt, Device device)
     : cfg_(c), dtype_(dt), device_(device) {
   prefix_ = w.has("model.visual.patch_embed.proj.weight") ? "model.visual." : "visual.";
-  const int64_t H = c.hidden_size, I = c.intermediate_size, P = c.patch_dim(), M = H * c.merge_unit();
+  const int64_t H = c.hidden_size, I = c.intermediate_size, P = c.patch_dim();
   {
     const std::string name = prefix_ + "patch_embed.proj.weight";
     Tensor conv = w.get(name, {H, c.in_channels, c.temporal_patch_size, c.patch_size, c.patch_size}, dt, device);
@@ -31,11 +31,28 @@ VisionEncoder::VisionEncoder(const WeightLoader& w, const VisionConfig& c, DType
     blk.fc2 = linear(w, p + "mlp.linear_fc2", H, I);
     blocks_.push_back(std::move(blk));
   }
-  merger_norm_ = norm(w, prefix_ + "merger.norm", H);
-  merger_fc1_ = linear(w, prefix_ + "merger.linear_fc1", M, M);
-  merger_fc2_ = linear(w, prefix_ + "merger.linear_fc2", c.out_hidden_size, M);
-  RV_CHECK(c.deepstack_layers.empty(), prefix_, ": deepstack vision features (Qwen3-VL) are not supported yet");
+  merger_ = merger(w, prefix_ + "merger", false);
+  for (size_t k = 0; k < c.deepstack_layers.size(); ++k) {
+    RV_CHECK(c.deepstack_layers[k] >= 0 && c.deepstack_layers[k] < c.depth, prefix_, ": deepstack layer ",
+             c.deepstack_layers[k], " is not a block of the tower's ", c.depth);
+    deepstack_.push_back(merger(w, prefix_ + "deepstack_merger_list." + std::to_string(k), true));
+  }
   grow_rope(64);
+}
+
+VisionEncoder::Merger VisionEncoder::merger(const WeightLoader& w, const std::string& name, bool postshuffle) {
+  const int64_t H = cfg_.hidden_size, M = H * cfg_.merge_unit();
+  return {norm(w, name + ".norm", postshuffle ? M : H), linear(w, name + ".linear_fc1", M, M),
+          linear(w, name + ".linear_fc2", cfg_.out_hidden_size, M)};
+}
+
+Tensor VisionEncoder::merge(const Merger& m, const Tensor& x) {
+  const int64_t M = int64_t(cfg_.hidden_size) * cfg_.merge_unit(), rows = x.numel() / M;
+  Tensor normed = Tensor::uninitialized(x.shape(), DType::kF32, device_);
+  ops::layer_norm(x, m.norm.weight, m.norm.bias, 1e-6f, normed);  // per patch, or per merged row (postshuffle)
+  Tensor merged = apply(m.fc1, normed.view({rows, M}));
+  ops::gelu(merged, false);
+  return apply(m.fc2, merged);
 }
 
 VisionEncoder::Linear VisionEncoder::linear(const WeightLoader& w, const std::string& name, int64_t out, int64_t in) {
@@ -152,7 +169,9 @@ Tensor VisionEncoder::encode(const std::vector<VisionItem>& items) {
   auto heads_shaped = [&] { return Tensor::uninitialized({N, heads, D}, DType::kF32, device_); };
   Tensor q = heads_shaped(), k = heads_shaped(), v = heads_shaped(), attn = heads_shaped();
   const bool tanh = cfg_.hidden_act == "gelu_pytorch_tanh";
-  for (const Block& b : blocks_) {
+  std::vector<Tensor> features(deepstack_.size());
+  for (size_t l = 0; l < blocks_.size(); ++l) {
+    const Block& b = blocks_[l];
     ops::layer_norm(x, b.norm1.weight, b.norm1.bias, 1e-6f, y);
     Tensor qkv = apply(b.qkv, y);
     Tensor q2 = q.view({N, H}), k2 = k.view({N, H}), v2 = v.view({N, H});
@@ -167,11 +186,19 @@ Tensor VisionEncoder::encode(const std::vector<VisionItem>& items) {
     Tensor hidden = apply(b.fc1, y);
     ops::gelu(hidden, tanh);
     ops::accumulate(x, apply(b.fc2, hidden));
+    for (size_t k = 0; k < deepstack_.size(); ++k)
+      if (cfg_.deepstack_layers[k] == int32_t(l)) features[k] = merge(deepstack_[k], x);
   }
-  ops::layer_norm(x, merger_norm_.weight, merger_norm_.bias, 1e-6f, y);
-  Tensor merged = apply(merger_fc1_, y.view({N / unit, H * unit}));
-  ops::gelu(merged, false);
-  return apply(merger_fc2_, merged).to(Device::kCPU);
+  Tensor main = merge(merger_, x);
+  if (deepstack_.empty()) return main.to(Device::kCPU);
+  // [main | deepstack 0 | deepstack 1 ...] per token row
+  const int64_t O = cfg_.out_hidden_size, rows = N / unit, parts = 1 + int64_t(features.size());
+  Tensor out = Tensor::empty({rows, O * parts}, DType::kF32);
+  for (int64_t k = 0; k < parts; ++k) {
+    const Tensor part = (k == 0 ? main : features[size_t(k - 1)]).to(Device::kCPU);
+    for (int64_t r = 0; r < rows; ++r) std::copy_n(part.ptr<float>() + r * O, O, out.ptr<float>() + (r * parts + k) * O);
+  }
+  return out;
 }
 
 }  // namespace revolta

@@ -6,6 +6,8 @@
 //   frequencies, width on the second), bidirectional within one frame, and a GELU MLP,
 //   the merger: spatial_merge_size^2 neighbouring patches (consecutive rows: the preprocessor
 //   emits patches in merge-block order) concatenated and projected to the decoder's width.
+// Qwen3-VL's deepstack layers also pass their patch rows through mergers of their own (normalised
+// after the shuffle), whose outputs the decoder adds to its first layers' media rows.
 // A frame of a video is encoded exactly as an image of its grid would be, so a video is a list of
 // one-frame items. The tower is not sharded: under tensor parallelism rank 0 runs it.
 #pragma once
@@ -30,8 +32,8 @@ class VisionEncoder {
  public:
   // Reads the tower under "model.visual." (or "visual.") onto `device`.
   VisionEncoder(const WeightLoader& w, const VisionConfig& c, DType dt, Device device);
-  // The items' tokens, one after another: f32 [sum of patches / merge_unit, out_hidden_size] on
-  // the host.
+  // The items' tokens, one after another: f32 [sum of patches / merge_unit, out_hidden_size * (1 +
+  // deepstack layers)] on the host: the merger's output, then each deepstack layer's features.
   Tensor encode(const std::vector<VisionItem>& items);
   int64_t weight_bytes() const { return bytes_; }
   const VisionConfig& config() const { return cfg_; }
@@ -61,8 +63,15 @@ class VisionEncoder {
   Linear patch_;
   std::vector<float> pos_table_;  // [num_position_embeddings, hidden] on the host
   std::vector<Block> blocks_;
-  Norm merger_norm_;
-  Linear merger_fc1_, merger_fc2_;
+  struct Merger {
+    Norm norm;  // over one patch (hidden) or, after the shuffle, the merged row (deepstack)
+    Linear fc1, fc2;
+  };
+  Merger merger(const WeightLoader& w, const std::string& name, bool postshuffle);
+  // The merger over patch rows x [N, hidden]: f32 [N / merge_unit, out_hidden_size].
+  Tensor merge(const Merger& m, const Tensor& x);
+  Merger merger_;
+  std::vector<Merger> deepstack_;  // by deepstack layer (Qwen3-VL), in config order
   ops::RopeTables rope_;
   int64_t bytes_ = 0;
 };
