@@ -16,19 +16,24 @@ SPECIAL = [IMAGE, VIDEO, START, END]
 TOP = 20
 
 
-KINDS = ("dense", "moe", "qwen3_vl")  # Qwen3.5 (hybrid decoder, dense MLPs or experts); Qwen3-VL (deepstack)
+# Qwen3.5 (hybrid decoder, dense MLPs or experts); Qwen3-VL (deepstack; a dense or an MoE decoder)
+KINDS = ("dense", "moe", "qwen3_vl", "qwen3_vl_moe")
 
 
 def tiny_config(kind: str):
     ids = dict(image_token_id=IMAGE, video_token_id=VIDEO, vision_start_token_id=START, vision_end_token_id=END)
     vision = dict(depth=2, hidden_size=32, intermediate_size=64, num_heads=2, in_channels=3, patch_size=4,
                   spatial_merge_size=2, temporal_patch_size=2, out_hidden_size=64, num_position_embeddings=16)
-    if kind == "qwen3_vl":  # a Qwen3 decoder; the tower's blocks 0 and 1 feed decoder layers 0 and 1
+    if kind.startswith("qwen3_vl"):  # a Qwen3 decoder; the tower's blocks 0 and 1 feed decoder layers 0 and 1
         text = dict(vocab_size=300, hidden_size=64, intermediate_size=96, num_hidden_layers=3, num_attention_heads=4,
                     num_key_value_heads=2, head_dim=16, max_position_embeddings=512, bos_token_id=1, eos_token_id=2,
                     rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [4, 2, 2],
                                      "mrope_interleaved": True})
         vision.update(deepstack_visual_indexes=[0, 1])
+        if kind == "qwen3_vl_moe":
+            text.update(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32)
+            return (transformers.Qwen3VLMoeConfig(text_config=text, vision_config=vision, **ids),
+                    transformers.Qwen3VLMoeForConditionalGeneration)
         return transformers.Qwen3VLConfig(text_config=text, vision_config=vision, **ids), transformers.Qwen3VLForConditionalGeneration
     text = dict(vocab_size=300, hidden_size=64, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
                 head_dim=16, linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=16,

@@ -15,6 +15,7 @@ const std::map<std::string, Factory>& registry() {
       {"Qwen3ForCausalLM", &make_qwen3},
       {"Qwen3VLForConditionalGeneration", &make_qwen3},
       {"Qwen3MoeForCausalLM", &make_qwen3_moe},
+      {"Qwen3VLMoeForConditionalGeneration", &make_qwen3_moe},
       {"Qwen3NextForCausalLM", &make_qwen3_next},
       {"Qwen3_5ForCausalLM", &make_qwen3_5},
       {"Qwen3_5ForConditionalGeneration", &make_qwen3_5},
