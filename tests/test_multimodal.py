@@ -184,3 +184,36 @@ def test_vision_tower_matches_hf_on_a_large_frame(case):
     ref = torch.cat(parts, dim=1).numpy()
     assert got.shape == ref.shape and grids[0] == (1, 20, 20)
     assert np.abs(got - ref).max() < 1e-4
+
+
+def room_for_one(hf, max_len: int, seqs: int, block: int = 16) -> int:
+    """KV-cache bytes that hold one longest request (and every request's recurrent state), not all."""
+    from types import SimpleNamespace
+
+    from conftest import state_bytes_per_slot
+
+    c = hf.config.text_config
+    types = getattr(c, "layer_types", None) or ["full_attention"] * c.num_hidden_layers
+    per_token = sum(t == "full_attention" for t in types) * 2 * c.num_key_value_heads * c.head_dim * 4
+    return (-(-max_len // block) + 1) * block * per_token + 2 * seqs * state_bytes_per_slot(SimpleNamespace(config=c))
+
+
+def test_tensor_parallel_ranks_and_preemption(case):
+    """Two CPU ranks (each its share of the heads, media rows read by both) and a KV cache so small
+    that prompts with images are preempted and recomputed: the same greedy tokens as HF's."""
+    import revolta
+
+    d, _, refs, hf = case
+    batch = [{"prompt_token_ids": ids, "multi_modal_data": data} for ids, data in prompts()] * 2
+    plain = sampling(prompt_logprobs=None)
+    with revolta.LLM(str(d), dtype="float32", max_model_len=256, tensor_parallel_size=2) as llm:
+        for out, (_, _, greedy) in zip(llm.generate(batch, plain), refs + refs):
+            assert out.outputs[0].token_ids == greedy
+    max_len, seqs = max(len(r[0]) for r in refs) + 33, 4
+    with revolta.LLM(str(d), dtype="float32", max_model_len=max_len, max_num_seqs=seqs, block_size=16,
+                     kv_cache_memory_bytes=room_for_one(hf, max_len, seqs)) as llm:
+        outs = llm.generate(batch, sampling(prompt_logprobs=None, max_tokens=32))  # decodes that outgrow the pool
+        preempted = llm.engine.stats().num_preemptions
+    for out, (_, _, greedy) in zip(outs, refs + refs):
+        assert out.outputs[0].token_ids[:len(greedy)] == greedy
+    assert preempted > 0
