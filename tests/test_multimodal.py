@@ -217,3 +217,24 @@ def test_tensor_parallel_ranks_and_preemption(case):
     for out, (_, _, greedy) in zip(outs, refs + refs):
         assert out.outputs[0].token_ids[:len(greedy)] == greedy
     assert preempted > 0
+
+
+def test_video_file_is_sampled_and_answers_as_its_frames(case):
+    """A video file's bytes: decoded with PyAV, 4 frames sampled from 12 at 10 frames a second
+    (2 a second, at least 4), two frame groups with their timestamps; the same answer as the sampled
+    frames given with their times."""
+    from revolta.multimodal.video import Video, decode_video
+    from tiny_vl import VIDEO, mp4
+
+    _, llm, _, _ = case
+    data = mp4(3)
+    v = decode_video(data)
+    assert len(v.frames) == 4 and v.times == pytest.approx([0.0, 0.4, 0.7, 1.1])
+    ids = [15, START, VIDEO, END, 16]
+    a = llm.generate({"prompt_token_ids": ids, "multi_modal_data": {"video": [data]}}, sampling(prompt_logprobs=None))[0]
+    b = llm.generate({"prompt_token_ids": ids, "multi_modal_data": {"video": [Video(v.frames, times=v.times)]}},
+                     sampling(prompt_logprobs=None))[0]
+    assert a.prompt_token_ids == b.prompt_token_ids and a.prompt_token_ids.count(START) == 2
+    assert a.outputs[0].token_ids == b.outputs[0].token_ids
+    with pytest.raises(ValueError, match="could not be decoded"):
+        llm.generate({"prompt_token_ids": ids, "multi_modal_data": {"video": [data[: len(data) // 3]]}})

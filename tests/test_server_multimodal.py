@@ -1,7 +1,7 @@
 """Images through the real server, with the official SDKs as clients: OpenAI chat `image_url`
 (a data URL; an http URL only from an allowed host; a local file only under the allowed path),
-Responses `input_image`, Anthropic `image` blocks (base64 and URL) and count_tokens counting the
-image's tokens; --limit-mm-per-prompt, mm_processor_kwargs without --trust-request-mm-kwargs, and
+Responses `input_image`, Anthropic `image` blocks (base64 and URL), count_tokens counting the
+image's tokens, and `video_url` (an MP4 file, sampled); --limit-mm-per-prompt, mm_processor_kwargs without --trust-request-mm-kwargs, and
 corrupt, truncated or oversized images each a 400 naming the content part, the server serving on.
 The answers are the offline engine's greedy tokens for the same image."""
 
@@ -121,6 +121,28 @@ def test_anthropic_and_responses_images(served, offline):
     r = o.responses.create(model="vl", max_output_tokens=6, input=[{"role": "user", "content": [
         {"type": "input_image", "image_url": data_url(raw)}, {"type": "input_text", "text": "What is it?"}]}])
     assert r.usage.input_tokens == prompt_len
+
+
+def test_video_url_answers_as_offline(served, offline):
+    """A video file as a data URL: sampled, its frame groups expanded with their timestamps."""
+    from tiny_vl import mp4
+
+    _, srv, _, _ = served
+    data = mp4(4)
+    tok = offline.get_tokenizer()
+    text = tok.apply_chat_template([{"role": "user", "content": [{"type": "video"}, {"type": "text", "text": "What happens?"}]}],
+                                   add_generation_prompt=True)
+    import revolta
+
+    sp = revolta.SamplingParams(temperature=0, max_tokens=6, ignore_eos=True, logit_bias={t: -100 for t in SPECIAL})
+    want = offline.generate({"prompt_token_ids": tok.encode(text, add_special_tokens=False),
+                             "multi_modal_data": {"video": [data]}}, sp)[0]
+    r = chat(srv, [{"type": "video_url", "video_url": {"url": "data:video/mp4;base64," + base64.b64encode(data).decode()}},
+                   {"type": "text", "text": "What happens?"}])
+    assert r.usage.prompt_tokens == len(want.prompt_token_ids)
+    assert (r.choices[0].message.content or "") == want.outputs[0].text
+    bad(srv, [{"type": "video_url", "video_url": {"url": "data:video/mp4;base64," + base64.b64encode(data[:300]).decode()}}],
+        r"messages\[0\].content\[0\]: the video could not be decoded")
 
 
 def bad(srv, content, match, **kw):

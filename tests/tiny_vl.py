@@ -75,7 +75,7 @@ def picture(seed: int, height: int, width: int):
 
 
 def clip(seed: int, frames: int = 4):
-    from revolta.multimodal.prompt import Video
+    from revolta.multimodal.video import Video
 
     rng = np.random.default_rng(seed)
     return Video(rng.integers(0, 256, (frames, 24, 40, 3), dtype=np.uint8), fps=2.0)
@@ -148,3 +148,23 @@ def save_vl_tokenizer(out_dir) -> None:
     tok.save(str(out_dir / "tokenizer.json"))
     (out_dir / "tokenizer_config.json").write_text(json.dumps(
         {"chat_template": TEMPLATE, "eos_token": "<|im_end|>", "bos_token": None}))
+
+
+def mp4(seed: int, frames: int = 12, rate: int = 10, height: int = 24, width: int = 40) -> bytes:
+    """An encoded video (MPEG-4 part 2 in MP4, through PyAV) of random frames."""
+    import io
+
+    import av
+
+    rng = np.random.default_rng(seed)
+    buf = io.BytesIO()
+    with av.open(buf, mode="w", format="mp4") as c:
+        s = c.add_stream("mpeg4", rate=rate)
+        s.width, s.height, s.pix_fmt = width, height, "yuv420p"
+        for _ in range(frames):
+            frame = av.VideoFrame.from_ndarray(rng.integers(0, 256, (height, width, 3), dtype=np.uint8), format="rgb24")
+            for p in s.encode(frame):
+                c.mux(p)
+        for p in s.encode():
+            c.mux(p)
+    return buf.getvalue()

@@ -20,6 +20,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from revolta.multimodal.image import ImageProcessing, ProcessedImage, decode_image, patchify, process_image, smart_resize
+from revolta.multimodal.video import Video, decode_video
 
 
 @dataclass
@@ -28,14 +29,6 @@ class VisionTokens:
     video: int
     start: int
     end: int
-
-
-@dataclass
-class Video:
-    """Frames (uint8 [T, H, W, 3], already sampled) and the rate they were sampled at."""
-
-    frames: np.ndarray
-    fps: float = 2.0
 
 
 def media_hash(rows: np.ndarray, grid: tuple[int, int, int]) -> str:
@@ -85,12 +78,15 @@ class MultimodalProcessor:
             image = Image.fromarray(np.ascontiguousarray(image, dtype=np.uint8))
         return process_image(image, self.processing)
 
-    def video(self, video: Video | np.ndarray) -> tuple[ProcessedImage, list[float]]:
-        """Sampled frames resized as one (the first frame's size decides), normalised and cut into
-        temporal patches; with each frame group's timestamp (the mean of its frames' times)."""
+    def video(self, video: Video | np.ndarray | bytes) -> tuple[ProcessedImage, list[float]]:
+        """Sampled frames (or an encoded video file, sampled here) resized as one (the first frame's
+        size decides), normalised and cut into temporal patches; with each frame group's timestamp
+        (the mean of its frames' times)."""
         from PIL import Image
 
-        if isinstance(video, np.ndarray):
+        if isinstance(video, (bytes, bytearray)):
+            video = decode_video(bytes(video))
+        elif isinstance(video, np.ndarray):
             video = Video(video)
         frames = np.asarray(video.frames)
         if frames.ndim != 4 or frames.shape[-1] != 3 or len(frames) == 0:
@@ -105,7 +101,7 @@ class MultimodalProcessor:
             out.append(((np.asarray(img, dtype=np.float32) / 255.0 - mean) / std).transpose(2, 0, 1))
         processed = patchify(np.stack(out), cfg)
         tp = cfg.temporal_patch_size
-        times = [i / video.fps for i in range(len(frames))]
+        times = [video.time_of(i) for i in range(len(frames))]
         times += [times[-1]] * (-len(times) % tp)
         stamps = [(times[i] + times[i + tp - 1]) / 2 for i in range(0, len(times), tp)]
         return processed, stamps

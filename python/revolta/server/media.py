@@ -12,7 +12,8 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
-from revolta.multimodal.media_io import MediaPolicy, load_image
+from revolta.multimodal.media_io import MediaPolicy, load_image, read_url
+from revolta.multimodal.video import decode_video
 from revolta.multimodal.prompt import MultimodalProcessor
 from revolta.server.errors import APIError
 
@@ -53,8 +54,6 @@ class RequestMedia:
         url = part_url(part, part["type"])
         if url is None:
             raise APIError(400, f"{where}: a {part['type']} part needs {part['type']}.url", param=where)
-        if kind == "video":
-            raise APIError(400, f"{where}: video input by URL is not supported yet (send frames as images)", param=where)
         refs.append(MediaRef(kind, url, where))
         limit = self.limits.get(kind)
         count = sum(r.kind == kind for r in refs)
@@ -86,13 +85,16 @@ class RequestMedia:
         """(Runs in a worker thread.) The prompt's placeholders expanded and its media as the engine
         takes them."""
         processor = self.processing_for(mm_kwargs)
-        images = []
+        images, videos = [], []
         for r in refs:
             try:
-                images.append(processor.image(load_image(r.url, self.policy)))
+                if r.kind == "image":
+                    images.append(processor.image(load_image(r.url, self.policy)))
+                else:  # decoded and sampled here; its frame groups are cut when the prompt is expanded
+                    videos.append(decode_video(read_url(r.url, self.policy)))
             except ValueError as e:
                 raise APIError(400, f"{r.where}: {e}", param=r.where) from None
         try:
-            return processor.expand(ids, images, [])
+            return processor.expand(ids, images, videos)
         except ValueError as e:
-            raise APIError(400, f"the chat template did not place every image: {e}", param="messages") from None
+            raise APIError(400, f"the chat template did not place every image and video: {e}", param="messages") from None

@@ -1,0 +1,66 @@
+"""Video files as the Qwen-VL processors sample them: decoded with PyAV (the `av` package from PyPI,
+installed with `revolta[video]`), frames taken at `fps` per second of video (between min_frames and
+max_frames, evenly spread, Qwen3-VL's rule), each with its time in the video."""
+
+from __future__ import annotations
+
+import io
+from dataclasses import dataclass, field
+
+import numpy as np
+
+MAX_DECODED_FRAMES = 36000  # a longer video is refused (20 minutes at 30 frames a second)
+
+
+class VideoError(ValueError):
+    """What is wrong with a video (PyAV's own errors are ValueErrors too: they are rewrapped)."""
+
+
+@dataclass
+class Video:
+    """Sampled frames (uint8 [T, H, W, 3]) and when each was taken: `times` in seconds, or frame i at
+    i / fps when there are none."""
+
+    frames: np.ndarray
+    fps: float = 2.0
+    times: list[float] = field(default_factory=list)
+
+    def time_of(self, i: int) -> float:
+        return self.times[i] if self.times else i / self.fps
+
+
+def sample_indices(total: int, video_fps: float, fps: float, min_frames: int, max_frames: int) -> np.ndarray:
+    """Which of `total` frames to keep: total / video_fps * fps of them (at least min_frames, at most
+    max_frames and total), evenly spread from the first to the last."""
+    n = int(total / video_fps * fps)
+    n = min(max(n, min_frames), max_frames, total)
+    return np.linspace(0, total - 1, n).round().astype(int)
+
+
+def decode_video(data: bytes, fps: float = 2.0, min_frames: int = 4, max_frames: int = 768) -> Video:
+    """The sampled frames of an encoded video; ValueError saying what is wrong."""
+    try:
+        import av
+    except ImportError:
+        raise VideoError("video input needs PyAV (pip install 'revolta[video]')") from None
+    try:
+        with av.open(io.BytesIO(data)) as container:
+            if not container.streams.video:
+                raise VideoError("the file holds no video stream")
+            stream = container.streams.video[0]
+            rate = float(stream.average_rate or stream.guessed_rate or 0) or 24.0
+            decoded, times = [], []
+            for frame in container.decode(stream):
+                if len(decoded) >= MAX_DECODED_FRAMES:
+                    raise VideoError(f"the video has more than {MAX_DECODED_FRAMES} frames")
+                decoded.append(frame)
+                times.append(float(frame.time) if frame.time is not None else len(times) / rate)
+            if not decoded:
+                raise VideoError("the video has no frames")
+            keep = sample_indices(len(decoded), rate, fps, min_frames, max_frames)
+            frames = np.stack([decoded[i].to_ndarray(format="rgb24") for i in keep])
+    except VideoError:
+        raise
+    except Exception as e:  # noqa: BLE001 - PyAV's errors for corrupt or unsupported data are many
+        raise VideoError(f"the video could not be decoded ({e})") from None
+    return Video(frames, fps=fps, times=[times[i] for i in keep])
