@@ -238,3 +238,19 @@ def test_video_file_is_sampled_and_answers_as_its_frames(case):
     assert a.outputs[0].token_ids == b.outputs[0].token_ids
     with pytest.raises(ValueError, match="could not be decoded"):
         llm.generate({"prompt_token_ids": ids, "multi_modal_data": {"video": [data[: len(data) // 3]]}})
+
+
+def test_ngram_speculation_over_media_prompts(case):
+    """n-gram drafts verified on media prompts (decode positions past the media shifted by their
+    delta; hybrid states rolled back after rejected drafts): HF's greedy tokens."""
+    import revolta
+
+    d, llm0, _, hf = case
+    batch = [{"prompt_token_ids": ids, "multi_modal_data": data} for ids, data in prompts()]
+    with revolta.LLM(str(d), dtype="float32", max_model_len=256,
+                     speculative_config={"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1}) as llm:
+        outs = llm.generate(batch, sampling(prompt_logprobs=None, max_tokens=30))  # long enough to repeat itself
+        drafted = llm.engine.stats().spec_num_draft_tokens
+    for out, (ids, data) in zip(outs, prompts()):
+        assert out.outputs[0].token_ids == hf_reference(hf, hf_inputs(llm0, ids, data)[1], 30)[1]
+    assert drafted > 0
