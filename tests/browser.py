@@ -24,6 +24,20 @@ def chromium_binary() -> str | None:
     return next((p for p in map(shutil.which, ("chromium", "chromium-browser", "google-chrome")) if p), None)
 
 
+def headless():
+    """For a module fixture (`yield from`): a Browser on the system's Chromium, closed after; the
+    test fails, naming what to install, when there is none."""
+    import pytest
+
+    binary = chromium_binary()
+    if binary is None:
+        pytest.fail("the playground tests drive Chromium: install it (Debian: apt-get install chromium) or set "
+                    "REVOLTA_CHROMIUM to a Chrome/Chromium binary")
+    b = Browser(binary)
+    yield b
+    b.close()
+
+
 class Browser:
     def __init__(self, binary: str):
         self.profile = tempfile.mkdtemp(prefix="revolta-chromium-")

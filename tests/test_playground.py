@@ -13,7 +13,7 @@ import time
 import httpx
 import pytest
 
-from browser import Browser, chromium_binary
+from browser import Browser, headless
 from conftest import readme_question
 from server_fixture import ServerProcess
 
@@ -30,13 +30,7 @@ def server(demo_model_dir):
 
 @pytest.fixture(scope="module")
 def browser():
-    binary = chromium_binary()
-    if binary is None:
-        pytest.fail("the playground test drives Chromium: install it (Debian: apt-get install chromium) or set "
-                    "REVOLTA_CHROMIUM to a Chrome/Chromium binary")
-    b = Browser(binary)
-    yield b
-    b.close()
+    yield from headless()
 
 
 def last_reply(b: Browser, field: str):

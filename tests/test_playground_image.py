@@ -11,7 +11,7 @@ import re
 import httpx
 import pytest
 
-from browser import Browser, chromium_binary
+from browser import headless
 from server_fixture import ServerProcess
 
 pytest.importorskip("torch")
@@ -30,13 +30,7 @@ def server(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def browser():
-    binary = chromium_binary()
-    if binary is None:
-        pytest.fail("the playground test drives Chromium: install it (Debian: apt-get install chromium) or set "
-                    "REVOLTA_CHROMIUM to a Chrome/Chromium binary")
-    b = Browser(binary)
-    yield b
-    b.close()
+    yield from headless()
 
 
 def encoded(metrics: str) -> float:
