@@ -122,17 +122,20 @@ def serve(argv: list[str] | None = None) -> int:
     except OSError as e:
         print(f"revolta-server: error: cannot listen on --host {s.host} --port {s.port}: {e.strerror or e}", file=sys.stderr)
         return 2
-    try:
-        t_build = time.perf_counter()
-        app, engine = build(settings)
-    except (ValueError, FileNotFoundError, RuntimeError) as e:
-        sock.close()
-        print(f"revolta-server: error: {e}", file=sys.stderr)
-        return 2
     import revolta
     from revolta.server.connection import guarded_protocol
 
+    # From the engine's start to the server's own signal handlers, a signal (KeyboardInterrupt) must
+    # still shut the engine down: its threads left running into interpreter exit abort the process.
+    engine = None
     try:
+        try:
+            t_build = time.perf_counter()
+            app, engine = build(settings)
+        except (ValueError, FileNotFoundError, RuntimeError) as e:
+            sock.close()
+            print(f"revolta-server: error: {e}", file=sys.stderr)
+            return 2
         config = uvicorn.Config(app, log_level=s.log_level, http=guarded_protocol(s),
                                 timeout_keep_alive=s.keep_alive_timeout_s, timeout_graceful_shutdown=_ERROR_GRACE_S)
         server = _Server(config, engine, s.shutdown_timeout_s)
@@ -144,7 +147,8 @@ def serve(argv: list[str] | None = None) -> int:
         app.state.pipeline.jobs.started = t0
         server.run(sockets=[sock])
     finally:
-        engine.shutdown()
+        if engine is not None:
+            engine.shutdown()
     if engine.dead:
         log.error("revolta-server stopped: the engine failed: %s", engine.dead)
         return 1
