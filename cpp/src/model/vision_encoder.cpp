@@ -18,8 +18,8 @@ VisionEncoder::VisionEncoder(const WeightLoader& w, const VisionConfig& c, DType
     patch_.weight = conv.view({H, P});
     patch_.bias = w.get(prefix_ + "patch_embed.proj.bias", {H}, DType::kF32, device);
   }
-  Tensor table = w.get(prefix_ + "pos_embed.weight", {c.num_position_embeddings, H}, DType::kF32, Device::kCPU);
-  pos_table_.assign(table.ptr<float>(), table.ptr<float>() + table.numel());
+  pos_table_ = w.get(prefix_ + "pos_embed.weight", {c.num_position_embeddings, H}, DType::kF32, device);
+  bytes_ += int64_t(pos_table_.nbytes());
   for (int32_t b = 0; b < c.depth; ++b) {
     const std::string p = prefix_ + "blocks." + std::to_string(b) + ".";
     Block blk;
@@ -97,7 +97,8 @@ void VisionEncoder::positions(const std::vector<VisionItem>& items, Tensor& tabl
   const int64_t side = int64_t(std::llround(std::sqrt(double(cfg_.num_position_embeddings))));
   int64_t N = 0;
   for (const auto& it : items) N += it.patches();
-  table_rows = Tensor::empty({N, H}, DType::kF32);
+  // Each patch's row is four taps of the table; the host picks them, the device mixes the rows.
+  Tensor tap_rows = Tensor::empty({4, N}, DType::kI32), tap_weights = Tensor::empty({4, N}, DType::kF32);
   rotary = Tensor::empty({N, 2}, DType::kI32);
   // align_corners bilinear taps along one axis of `size` cells onto the table's `side` cells
   auto taps = [&](int64_t index, int64_t size, int64_t (&at)[2], float (&wt)[2]) {
@@ -120,15 +121,22 @@ void VisionEncoder::positions(const std::vector<VisionItem>& items, Tensor& tabl
         float hw[2], ww[2];
         taps(r, h, hr, hw);
         taps(c, w, wc, ww);
-        float* out = table_rows.ptr<float>() + row * H;
-        std::fill(out, out + H, 0.0f);
         for (int a = 0; a < 2; ++a)
           for (int b = 0; b < 2; ++b) {
-            const float weight = hw[a] * ww[b];
-            const float* src = pos_table_.data() + (hr[a] * side + wc[b]) * H;
-            for (int64_t d = 0; d < H; ++d) out[d] += weight * src[d];
+            tap_rows.ptr<int32_t>()[(2 * a + b) * N + row] = int32_t(hr[a] * side + wc[b]);
+            tap_weights.ptr<float>()[(2 * a + b) * N + row] = hw[a] * ww[b];
           }
       }
+  }
+  tap_rows = tap_rows.to(device_), tap_weights = tap_weights.to(device_);
+  Tensor identity = Tensor::empty({N}, DType::kI32);
+  for (int64_t i = 0; i < N; ++i) identity.ptr<int32_t>()[i] = int32_t(i);
+  identity = identity.to(device_);
+  table_rows = Tensor::empty({N, H}, DType::kF32, device_);
+  Tensor tap = Tensor::uninitialized({N, H}, DType::kF32, device_);
+  for (int64_t k = 0; k < 4; ++k) {
+    ops::gather_rows(pos_table_, tap_rows.slice_rows(k, k + 1).view({N}), tap);
+    ops::scatter_add_rows(table_rows, identity, tap_weights.slice_rows(k, k + 1).view({N}), tap);
   }
 }
 
@@ -160,7 +168,7 @@ Tensor VisionEncoder::encode(const std::vector<VisionItem>& items) {
   positions(items, table_rows, rotary);
   Tensor seq_starts = Tensor::empty({int64_t(starts.size())}, DType::kI32);
   std::copy(starts.begin(), starts.end(), seq_starts.ptr<int32_t>());
-  pixels = pixels.to(device_), table_rows = table_rows.to(device_), rotary = rotary.to(device_);
+  pixels = pixels.to(device_), rotary = rotary.to(device_);
   seq_starts = seq_starts.to(device_);
 
   Tensor x = apply(patch_, pixels);

@@ -61,7 +61,7 @@ class VisionEncoder {
   Device device_;
   std::string prefix_;
   Linear patch_;
-  std::vector<float> pos_table_;  // [num_position_embeddings, hidden] on the host
+  Tensor pos_table_;  // [num_position_embeddings, hidden] f32
   std::vector<Block> blocks_;
   struct Merger {
     Norm norm;  // over one patch (hidden) or, after the shuffle, the merged row (deepstack)
