@@ -98,6 +98,19 @@ void test_qkv_rope_mrope(int64_t T, int64_t H, int64_t KVH, int64_t D) {
   report("qkv_rope_cache mrope T" + std::to_string(T) + " H" + std::to_string(H) + " D" + std::to_string(D), err, 1e-5f);
 }
 
+// Timing only (--perf): the tower's GEMMs at one 1024 x 1024 image, Qwen3.5's shapes; their results
+// are checked by the GPU tower test against the CPU.
+void perf_tower_linears() {
+  const int64_t M = 4096;
+  for (auto [N, K] : {std::pair<int64_t, int64_t>{3456, 1152}, {1152, 1152}, {4304, 1152}, {1152, 4304}}) {
+    const Tensor x = cuda::to_device(random_tensor({M, K})), w = cuda::to_device(random_tensor({N, K}, DType::kF16, 0.05f));
+    const Tensor b = cuda::to_device(random_tensor({N}));
+    Tensor out = Tensor::empty({M, N}, DType::kF32, Device::kCUDA);
+    perf("tower linear " + std::to_string(M) + "x" + std::to_string(N) + "x" + std::to_string(K),
+         double(N * K * 2 + M * K * 4 + M * N * 4), [&] { ops::linear(x, w, &b, out); }, 2.0 * double(M * N * K));
+  }
+}
+
 }  // namespace
 
 void run_vision_cases() {
@@ -110,6 +123,7 @@ void run_vision_cases() {
   test_varlen_attention({257, 1000}, 4, 80);
   test_varlen_attention({4096}, 16, 72);            // a 1024 x 1024 image
   test_varlen_attention({100, 33}, 2, 128);
+  if (g_perf) perf_tower_linears();
   test_rope_axes(300, 16, 72, [] {                   // the tower's 2-D rotary: height, then width
     std::vector<int32_t> a(36);
     for (int i = 0; i < 36; ++i) a[size_t(i)] = i < 18 ? 0 : 1;
