@@ -64,6 +64,9 @@ def make_model(out_dir, kind: str = "dense"):
     (out_dir / "preprocessor_config.json").write_text(json.dumps(
         {"patch_size": 4, "temporal_patch_size": 2, "merge_size": 2, "min_pixels": 256, "max_pixels": 64 * 64,
          "image_mean": [0.48, 0.46, 0.41], "image_std": [0.27, 0.26, 0.28]}))
+    (out_dir / "video_preprocessor_config.json").write_text(json.dumps(
+        {"patch_size": 4, "temporal_patch_size": 2, "merge_size": 2, "size": {"shortest_edge": 1024, "longest_edge": 4 * 64 * 64},
+         "image_mean": [0.48, 0.46, 0.41], "image_std": [0.27, 0.26, 0.28], "fps": 2, "min_frames": 4, "max_frames": 64}))
     return model
 
 

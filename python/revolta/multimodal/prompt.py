@@ -19,8 +19,8 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from revolta.multimodal.image import ImageProcessing, ProcessedImage, decode_image, patchify, process_image, smart_resize
-from revolta.multimodal.video import Video, decode_video
+from revolta.multimodal.image import ImageProcessing, ProcessedImage, decode_image, patchify, process_image
+from revolta.multimodal.video import Video, VideoProcessing, decode_video, video_size
 
 
 @dataclass
@@ -40,10 +40,13 @@ def media_hash(rows: np.ndarray, grid: tuple[int, int, int]) -> str:
 
 
 class MultimodalProcessor:
-    def __init__(self, tokens: VisionTokens, processing: ImageProcessing, encode_text: Callable[[str], list[int]] | None):
+    def __init__(self, tokens: VisionTokens, processing: ImageProcessing, encode_text: Callable[[str], list[int]] | None,
+                 video: VideoProcessing | None = None):
         self.tokens = tokens
         self.processing = processing
         self.encode_text = encode_text
+        self.video_processing = video or VideoProcessing(processing.patch_size, processing.temporal_patch_size,
+                                                         processing.merge_size)
 
     @classmethod
     def for_model(cls, model_dir: str | Path, encode_text: Callable[[str], list[int]] | None = None) -> "MultimodalProcessor | None":
@@ -62,7 +65,9 @@ class MultimodalProcessor:
             processing.merge_size = vision.get("spatial_merge_size", processing.merge_size)
         tokens = VisionTokens(cfg["image_token_id"], cfg["video_token_id"], cfg.get("vision_start_token_id", -1),
                               cfg.get("vision_end_token_id", -1))
-        return cls(tokens, processing, encode_text)
+        video = VideoProcessing.from_model(model_dir, processing.patch_size, processing.temporal_patch_size,
+                                           processing.merge_size)
+        return cls(tokens, processing, encode_text, video)
 
     # ---- media ----------------------------------------------------------------------------
 
@@ -78,21 +83,26 @@ class MultimodalProcessor:
             image = Image.fromarray(np.ascontiguousarray(image, dtype=np.uint8))
         return process_image(image, self.processing)
 
+    def sample_video(self, data: bytes) -> Video:
+        """An encoded video file's frames, sampled at the video processor's fps."""
+        cfg = self.video_processing
+        return decode_video(data, cfg.fps, cfg.min_frames, cfg.max_frames)
+
     def video(self, video: Video | np.ndarray | bytes) -> tuple[ProcessedImage, list[float]]:
-        """Sampled frames (or an encoded video file, sampled here) resized as one (the first frame's
-        size decides), normalised and cut into temporal patches; with each frame group's timestamp
-        (the mean of its frames' times)."""
+        """Sampled frames (or an encoded video file, sampled here) resized to one size (the first
+        frame's decides, within the budget of all frames), normalised and cut into temporal patches;
+        with each frame group's timestamp (the mean of its frames' times)."""
         from PIL import Image
 
         if isinstance(video, (bytes, bytearray)):
-            video = decode_video(bytes(video))
+            video = self.sample_video(bytes(video))
         elif isinstance(video, np.ndarray):
             video = Video(video)
         frames = np.asarray(video.frames)
         if frames.ndim != 4 or frames.shape[-1] != 3 or len(frames) == 0:
             raise ValueError(f"a video is uint8 frames [T, H, W, 3]; got shape {frames.shape}")
-        cfg = self.processing
-        height, width = smart_resize(frames.shape[1], frames.shape[2], cfg.factor, cfg.min_pixels, cfg.max_pixels)
+        cfg = self.video_processing
+        height, width = video_size(len(frames), frames.shape[1], frames.shape[2], cfg)
         mean = np.asarray(cfg.image_mean, dtype=np.float32)
         std = np.asarray(cfg.image_std, dtype=np.float32)
         out = []

@@ -1,15 +1,81 @@
-"""Video files as the Qwen-VL processors sample them: decoded with PyAV (the `av` package from PyPI,
-installed with `revolta[video]`), frames taken at `fps` per second of video (between min_frames and
-max_frames, evenly spread, Qwen3-VL's rule), each with its time in the video."""
+"""Video files as the Qwen3-VL video processor takes them: decoded with PyAV (the `av` package from
+PyPI, installed with `revolta[video]`), frames taken at `fps` per second of video (between min_frames
+and max_frames, evenly spread), each with its time in the video; every frame resized to one size whose
+pixel budget covers all the frames together (video_preprocessor_config.json's `size`)."""
 
 from __future__ import annotations
 
 import io
+import json
+import math
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 
 MAX_DECODED_FRAMES = 36000  # a longer video is refused (20 minutes at 30 frames a second)
+
+
+@dataclass
+class VideoProcessing:
+    """The video processor's options, Qwen3-VL's defaults. min_pixels / max_pixels bound the pixels of
+    all sampled frames together (HF's `size.shortest_edge` / `size.longest_edge` for video)."""
+
+    patch_size: int = 16
+    temporal_patch_size: int = 2
+    merge_size: int = 2
+    min_pixels: int = 128 * 32 * 32
+    max_pixels: int = 768 * 32 * 32
+    fps: float = 2.0
+    min_frames: int = 4
+    max_frames: int = 768
+    image_mean: list[float] = field(default_factory=lambda: [0.5, 0.5, 0.5])
+    image_std: list[float] = field(default_factory=lambda: [0.5, 0.5, 0.5])
+
+    @property
+    def factor(self) -> int:
+        return self.patch_size * self.merge_size
+
+    @classmethod
+    def from_model(cls, model_dir: str | Path, patch_size: int, temporal_patch_size: int, merge_size: int) -> "VideoProcessing":
+        """From the checkpoint's video_preprocessor_config.json; the tower's patch sizes otherwise."""
+        out = cls(patch_size=patch_size, temporal_patch_size=temporal_patch_size, merge_size=merge_size)
+        path = Path(model_dir) / "video_preprocessor_config.json"
+        if not path.is_file():
+            return out
+        c = json.loads(path.read_text())
+        for name in ("patch_size", "temporal_patch_size", "merge_size", "fps", "min_frames", "max_frames",
+                     "image_mean", "image_std"):
+            if c.get(name) is not None:
+                setattr(out, name, c[name])
+        size = c.get("size") or {}
+        out.min_pixels = int(c.get("min_pixels") or size.get("shortest_edge") or out.min_pixels)
+        out.max_pixels = int(c.get("max_pixels") or size.get("longest_edge") or out.max_pixels)
+        return out
+
+
+def video_size(frames: int, height: int, width: int, cfg: VideoProcessing) -> tuple[int, int]:
+    """The frames' common size: multiples of the factor nearest the aspect ratio, with frames x height x
+    width within the budget (a frame smaller than one factor first scaled up to it). A video of fewer
+    frames than a temporal patch counts as one patch of them (it is padded so)."""
+    factor, tp = cfg.factor, cfg.temporal_patch_size
+    frames = max(frames, tp)
+    if height < factor or width < factor:
+        scale = max(factor / height, factor / width)
+        height, width = int(height * scale), int(width * scale)
+    if max(height, width) / min(height, width) > 200:
+        raise VideoError(f"the video's aspect ratio {max(height, width) / min(height, width):.0f} is over 200")
+    h, w = round(height / factor) * factor, round(width / factor) * factor
+    t = round(frames / tp) * tp
+    if t * h * w > cfg.max_pixels:
+        beta = math.sqrt(frames * height * width / cfg.max_pixels)
+        h = max(factor, math.floor(height / beta / factor) * factor)
+        w = max(factor, math.floor(width / beta / factor) * factor)
+    elif t * h * w < cfg.min_pixels:
+        beta = math.sqrt(cfg.min_pixels / (frames * height * width))
+        h = math.ceil(height * beta / factor) * factor
+        w = math.ceil(width * beta / factor) * factor
+    return h, w
 
 
 class VideoError(ValueError):

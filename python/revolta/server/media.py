@@ -13,7 +13,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from revolta.multimodal.media_io import MediaPolicy, load_image, read_url
-from revolta.multimodal.video import decode_video
 from revolta.multimodal.prompt import MultimodalProcessor
 from revolta.server.errors import APIError
 
@@ -36,6 +35,11 @@ def part_url(part: dict[str, Any], key: str) -> str | None:
     return v if isinstance(v, str) and v else None
 
 
+def no_media_allowed(limits: dict[str, int] | None) -> bool:
+    """Whether --limit-mm-per-prompt allows no image and no video (a modality it leaves out is allowed)."""
+    return bool(limits) and not any(limits.get(kind, 1) for kind in ("image", "video"))
+
+
 class RequestMedia:
     def __init__(self, processor: MultimodalProcessor | None, policy: MediaPolicy, limits: dict[str, int] | None,
                  trust_kwargs: bool):
@@ -50,7 +54,7 @@ class RequestMedia:
         if kind is None:
             raise APIError(400, f"{where}: content parts of type '{part.get('type')}' are not supported", param=where)
         if self.processor is None:
-            raise APIError(400, f"{where}: this model takes text only (it has no vision tower)", param=where)
+            raise APIError(400, f"{where}: this model takes text only here (no vision tower loaded)", param=where)
         url = part_url(part, part["type"])
         if url is None:
             raise APIError(400, f"{where}: a {part['type']} part needs {part['type']}.url", param=where)
@@ -79,7 +83,8 @@ class RequestMedia:
         processing = dataclasses.replace(self.processor.processing, **mm_kwargs)
         if processing.min_pixels > processing.max_pixels:
             raise APIError(400, "mm_processor_kwargs: min_pixels is above max_pixels", param="mm_processor_kwargs")
-        return MultimodalProcessor(self.processor.tokens, processing, self.processor.encode_text)
+        return MultimodalProcessor(self.processor.tokens, processing, self.processor.encode_text,
+                                   self.processor.video_processing)
 
     def expand(self, ids: list[int], refs: list[MediaRef], mm_kwargs: dict[str, Any] | None) -> tuple[list[int], list]:
         """(Runs in a worker thread.) The prompt's placeholders expanded and its media as the engine
@@ -91,7 +96,7 @@ class RequestMedia:
                 if r.kind == "image":
                     images.append(processor.image(load_image(r.url, self.policy)))
                 else:  # decoded and sampled here; its frame groups are cut when the prompt is expanded
-                    videos.append(decode_video(read_url(r.url, self.policy)))
+                    videos.append(processor.sample_video(read_url(r.url, self.policy)))
             except ValueError as e:
                 raise APIError(400, f"{r.where}: {e}", param=r.where) from None
         try:
