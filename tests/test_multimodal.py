@@ -151,6 +151,26 @@ def test_media_errors_name_the_item(case):
     assert len(out[0].outputs[0].token_ids) == 1
 
 
+def test_language_model_only_skips_the_tower(case):
+    """language_model_only: no vision tower is loaded, a text prompt answers as with the tower, media
+    are refused; the server's --limit-mm-per-prompt of zero for both modalities selects it."""
+    import revolta
+    from revolta.server.media import no_media_allowed
+
+    d, full, _, _ = case
+    text = {"prompt_token_ids": [5, 6, 7, 8, 9, 10]}
+    want = full.generate(text, sampling(prompt_logprobs=None))[0].outputs[0].token_ids
+    assert full.model_info.takes_media
+    with revolta.LLM(str(d), dtype="float32", max_model_len=256, language_model_only=True) as llm:
+        assert not llm.model_info.takes_media and llm.multimodal is None
+        assert llm.generate(text, sampling(prompt_logprobs=None))[0].outputs[0].token_ids == want
+        with pytest.raises(ValueError, match="no vision tower loaded"):
+            llm.generate({"prompt_token_ids": prompts()[0][0], "multi_modal_data": prompts()[0][1]})
+    assert no_media_allowed({"image": 0, "video": 0})
+    assert not no_media_allowed(None) and not no_media_allowed({"image": 0, "video": 1})
+    assert not no_media_allowed({"image": 0})  # a modality left out is allowed
+
+
 def test_text_only_model_refuses_media(tmp_path):
     import revolta
     from conftest import make_hf_model

@@ -192,6 +192,7 @@ NB_MODULE(_core, m) {
       .def_ro("warnings", &ModelInfo::warnings)
       .def_ro("cuda_graph_batch_sizes", &ModelInfo::cuda_graph_batch_sizes)
       .def_ro("cuda_graph_bytes", &ModelInfo::cuda_graph_bytes)
+      .def_ro("takes_media", &ModelInfo::takes_media)
       .def_ro("tensor_parallel_size", &ModelInfo::tensor_parallel_size);
 
   nb::class_<MediaInput>(m, "MediaInput")

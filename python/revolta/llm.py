@@ -102,7 +102,7 @@ class LLM:
         self.engine = _core.Engine(cfg)
         self.model_info = self.engine.model_info
         encode_text = (lambda text: self.tokenizer.encode(text, add_special_tokens=False)) if self.tokenizer else None
-        self.multimodal = MultimodalProcessor.for_model(self.model_path, encode_text)
+        self.multimodal = MultimodalProcessor.for_model(self.model_path, encode_text) if self.model_info.takes_media else None
         for warning in self.model_info.warnings:
             logging.getLogger("revolta").warning("%s", warning)
         self._ids = itertools.count()
@@ -282,7 +282,7 @@ class LLM:
         if not data:
             return text, ids, []
         if self.multimodal is None:
-            raise ValueError(f"multi_modal_data: {self.model_path} has no vision tower")
+            raise ValueError(f"multi_modal_data: {self.model_path} runs text only here (no vision tower loaded)")
         unknown = set(data) - {"image", "video"}
         if unknown:
             raise ValueError(f"multi_modal_data: unknown modality {sorted(unknown)} (image, video)")

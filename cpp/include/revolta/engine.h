@@ -224,6 +224,7 @@ struct ModelInfo {
   std::vector<std::string> warnings;  // what the configuration left short of what was asked
   std::vector<int32_t> cuda_graph_batch_sizes;  // decode graphs recorded at startup
   int64_t cuda_graph_bytes = 0;                 // the device memory they share
+  bool takes_media = false;  // a vision tower is loaded: requests may carry images and video
 };
 
 using OutputCallback = std::function<void(const RequestOutput&)>;

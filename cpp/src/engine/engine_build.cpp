@@ -105,6 +105,7 @@ Engine::Impl::Impl(const EngineConfig& c) : cfg(c), seed_source(c.seed) {
   info.kv_cache_tokens = plan.num_blocks * cfg.block_size;
   info.cuda_graph_batch_sizes = serving->runner->recorded_batch_sizes();
   info.cuda_graph_bytes = serving->runner->graph_memory_bytes();
+  info.takes_media = vision != nullptr;
   live.num_blocks_total = plan.num_blocks;
   live.num_blocks_free = plan.num_blocks;
   publish_stats();
@@ -118,7 +119,9 @@ void Engine::Impl::load_models() {
   if (world > 1) tp = std::make_unique<TensorParallelRanks>(world, dev, load, threads / world, cfg.block_activation_bits);
   model = load(tp ? tp->rank0() : nullptr);
   if (model_cfg.vision.depth > 0 && !vision) {
-    if (model->takes_media() && cfg.load_format != "gguf") {
+    if (cfg.language_model_only) {
+      std::fprintf(stderr, "revolta: the checkpoint's vision tower is not loaded (language_model_only)\n");
+    } else if (model->takes_media() && cfg.load_format != "gguf") {
       vision = std::make_unique<VisionEncoder>(WeightLoader(cfg.model, dev, cfg.load_format == "dummy"), model_cfg.vision,
                                                parse_dtype(weight_dtype), dev);
       encoder_cache = std::make_unique<EncoderCache>(int64_t(double(cfg.mm_encoder_cache_gb) * double(int64_t(1) << 30)));

@@ -89,7 +89,8 @@ def create_app(engine: AsyncEngine, tokenizer: Tokenizer, served_names: list[str
     metrics = Metrics(engine)
     policy = MediaPolicy(options.allowed_media_domains, options.allowed_local_media_path, options.media_fetch_timeout_s,
                          options.max_media_bytes)
-    processor = MultimodalProcessor.for_model(model_dir, lambda t: tokenizer.encode(t, False)) if model_dir else None
+    takes_media = getattr(getattr(engine, "model_info", None), "takes_media", False)  # a vision tower is loaded
+    processor = MultimodalProcessor.for_model(model_dir, lambda t: tokenizer.encode(t, False)) if model_dir and takes_media else None
     media = RequestMedia(processor, policy, options.limit_mm_per_prompt, options.trust_request_mm_kwargs)
     pipeline = Pipeline(engine, tokenizer, served_names, options, metrics, sampling_defaults, media)
     openai = OpenAIServing(pipeline)
@@ -282,7 +283,8 @@ def add_dev_routes(app: FastAPI, engine: AsyncEngine, server_info: dict) -> None
     async def info():
         m, s = core.model_info, core.stats()
         model = {k: getattr(m, k) for k in ("architecture", "device", "max_model_len", "weight_dtype", "weight_bytes",
-                                            "kv_cache_dtype", "kv_cache_bytes", "kv_cache_tokens", "tensor_parallel_size")}
+                                            "kv_cache_dtype", "kv_cache_bytes", "kv_cache_tokens", "tensor_parallel_size",
+                                            "takes_media")}
         stats = {k: getattr(s, k) for k in ("num_running", "num_waiting", "num_steps", "num_blocks_used",
                                             "num_blocks_total", "prefix_cache_hits", "prefix_cache_queries")}
         return {"version": revolta.__version__, "model": model, "engine": {"activity": core.activity(),

@@ -231,10 +231,13 @@ def build(settings):
     from revolta.models.tokenizer import Tokenizer
     from revolta.server.app import create_app
     from revolta.server.async_engine import AsyncEngine
+    from revolta.server.media import no_media_allowed
 
     e = settings.engine
     path = resolve_model(e.model, e.load_format, e.device, e.revision, e.download_dir)
     cfg = engine_config(e, path)
+    if no_media_allowed(settings.server.limit_mm_per_prompt):
+        cfg.language_model_only = True  # the vision tower is not loaded (vLLM's rule)
     tokenizer = Tokenizer(e.tokenizer or path)
     if settings.server.chat_template:
         tokenizer.use_chat_template(settings.server.chat_template)
