@@ -8,12 +8,14 @@
 #include <nanobind/stl/vector.h>
 
 #include <cmath>
+#include <numeric>
 #include <vector>
 
 #include "core/error.h"
 #include "ops/cpu/blocks/block_dots.h"
 #include "ops/cpu/cpu_ops.h"
 #include "model/vision_encoder.h"
+#include "spec/dflash_model.h"
 #include "quant/int4_groups.h"
 
 namespace nb = nanobind;
@@ -30,6 +32,55 @@ Tensor wrap(const F32Array& a) {
   std::vector<int64_t> shape;
   for (size_t i = 0; i < a.ndim(); ++i) shape.push_back(int64_t(a.shape(i)));
   return Tensor::wrap(const_cast<float*>(a.data()), shape, DType::kF32, nullptr);
+}
+
+nb::ndarray<nb::numpy, float, nb::ndim<2>> to_numpy(const Tensor& t) {
+  float* data = new float[size_t(t.numel())];
+  std::copy_n(t.ptr<float>(), t.numel(), data);
+  nb::capsule owner(data, [](void* p) noexcept { delete[] static_cast<float*>(p); });
+  return nb::ndarray<nb::numpy, float, nb::ndim<2>>(data, {size_t(t.size(0)), size_t(t.size(1))}, owner);
+}
+
+// One DFlash draft forward for one request on a fresh cache: C context rows at positions [0, C),
+// the block at [C, C + B), every block row seeing all of them (the engine's attention layout).
+nb::dict dflash_draft(const std::string& dir, F32Array context, F32Array noise, F32Array lm_head, int32_t anchor,
+                      float temperature, const std::vector<float>& uniforms) {
+  const DFlashConfig c = DFlashConfig::from_dir(dir);
+  const int32_t C = int32_t(context.shape(0)), B = int32_t(noise.shape(0)), bs = 16;
+  const int32_t blocks = (C + B + bs - 1) / bs;
+  DFlashDraft draft(WeightLoader(dir), c, C + B + 1, DType::kF32, Device::kCPU);
+  KvCache kv({draft.num_layers(), c.layers.num_kv_heads, c.layers.head_dim, DType::kF32}, blocks, bs);
+  const auto ints = [](int32_t n, int32_t first) {
+    Tensor t = Tensor::empty({n}, DType::kI32);
+    for (int32_t i = 0; i < n; ++i) t.ptr<int32_t>()[i] = first + i;
+    return t;
+  };
+  DFlashInputs in;
+  in.context = wrap(context), in.noise = wrap(noise);
+  in.context_positions = in.context_slots = ints(C, 0);
+  in.block_positions = in.block_slots = ints(B, C);
+  in.first_row = Tensor::empty({B}, DType::kI32);
+  std::vector<int32_t> query_start(size_t(B) + 1), lens(size_t(B), C + B), tables;
+  std::iota(query_start.begin(), query_start.end(), 0);
+  for (int32_t r = 0; r < B; ++r)
+    for (int32_t b = 0; b < blocks; ++b) tables.push_back(b);
+  in.attention = {query_start.data(), lens.data(), tables.data(), B, blocks, bs};
+  in.attention.max_seq_len = C + B;
+  nb::dict out;
+  Tensor hidden, logits;
+  DFlashPath path;
+  {
+    nb::gil_scoped_release release;
+    hidden = draft.forward(in, kv, 0);
+    logits = draft.logits(hidden, wrap(lm_head));
+    if (c.dflash2()) path = draft.select(hidden.slice_rows(1, B), logits.slice_rows(1, B), anchor, temperature, uniforms);
+  }
+  out["hidden"] = to_numpy(hidden);
+  out["logits"] = to_numpy(logits);
+  out["tokens"] = path.tokens;
+  out["candidates"] = path.candidates;
+  out["q"] = path.q;
+  return out;
 }
 
 }  // namespace
@@ -162,11 +213,13 @@ void bind_ops(nb::module_& m) {
           nb::gil_scoped_release release;
           out = enc.encode(items);
         }
-        float* data = new float[size_t(out.numel())];
-        std::copy_n(out.ptr<float>(), out.numel(), data);
-        nb::capsule owner(data, [](void* p) noexcept { delete[] static_cast<float*>(p); });
-        return nb::ndarray<nb::numpy, float, nb::ndim<2>>(data, {size_t(out.size(0)), size_t(out.size(1))}, owner);
+        return to_numpy(out);
       },
       "model_dir"_a, "pixels"_a, "grids"_a,
       "The checkpoint's vision tower over patches [N, patch_dim] of (t, h, w) grids: merged tokens, float32");
+  ops.def("dflash_draft", &dflash_draft, "draft_dir"_a, "context"_a, "noise"_a, "lm_head"_a, "anchor"_a = 0,
+          "temperature"_a = 0.0f, "uniforms"_a = std::vector<float>{},
+          "A DFlash / DFlash2 draft over target features context [C, taps * hidden] and block embeddings noise "
+          "[B, hidden] (anchor first): {hidden [B, hidden], logits [B, vocab], and DFlash2's selector path over the "
+          "mask rows: tokens, candidates, q}");
 }

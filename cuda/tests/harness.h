@@ -196,5 +196,6 @@ void run_kv_quant_cases();
 void run_transfer_cases();
 void run_flash_next_cases();
 void run_vision_cases();
+void run_spec_cases();  // spec_cases.cpp: speculative drafts' ops
 
 }  // namespace revolta::harness

@@ -864,19 +864,22 @@ int main(int argc, char** argv) {
   bool flash_next_only = false;  // --flash-next: only Flash-Next's cases (its kernels' quick check)
   bool sampling_only = false;    // --sampling: only the sampling cases
   bool vision_only = false;      // --vision: only the vision tower's and multimodal RoPE's cases
+  bool spec_only = false;        // --spec: only speculative drafts' ops
   for (int i = 1; i < argc; ++i) {
     g_perf |= std::strcmp(argv[i], "--perf") == 0;
     if (std::strncmp(argv[i], "--perf=", 7) == 0) g_perf = true, g_perf_only = argv[i] + 7;
     flash_next_only |= std::strcmp(argv[i], "--flash-next") == 0;
     sampling_only |= std::strcmp(argv[i], "--sampling") == 0;
     vision_only |= std::strcmp(argv[i], "--vision") == 0;
+    spec_only |= std::strcmp(argv[i], "--spec") == 0;
   }
   try {
     std::printf("device: %s\n", cuda::device_name().c_str());
-    if (flash_next_only || sampling_only || vision_only) {
+    if (flash_next_only || sampling_only || vision_only || spec_only) {
       if (flash_next_only) run_flash_next_cases();
       if (sampling_only) run_sampling_cases();
       if (vision_only) run_vision_cases();
+      if (spec_only) run_spec_cases();
       std::printf("%d passed, %d failed\n", g_passed, g_failed);
       return g_failed == 0 ? 0 : 1;
     }
@@ -1100,6 +1103,7 @@ int main(int argc, char** argv) {
     run_transfer_cases();
     run_flash_next_cases();
     run_vision_cases();
+    run_spec_cases();
   } catch (const std::exception& e) {
     std::printf("FAIL exception: %s\n", e.what());
     ++g_failed;

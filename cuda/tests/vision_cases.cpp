@@ -17,7 +17,7 @@ void test_layer_norm(int64_t rows, int64_t n) {
   Tensor out = Tensor::empty({rows, n}, DType::kF32), dout = Tensor::empty({rows, n}, DType::kF32, Device::kCUDA);
   ops::cpu::layer_norm(x, w, b, 1e-6f, out);
   ops::layer_norm(cuda::to_device(x), cuda::to_device(w), cuda::to_device(b), 1e-6f, dout);
-  report("layer_norm " + std::to_string(rows) + "x" + std::to_string(n), max_abs_diff(cuda::to_host(dout), out), 2e-2f);  // fp16 tensor cores
+  report("layer_norm " + std::to_string(rows) + "x" + std::to_string(n), max_abs_diff(cuda::to_host(dout), out), 2e-5f);
 }
 
 void test_gelu(int64_t n, bool tanh) {
@@ -49,7 +49,7 @@ void test_varlen_attention(const std::vector<int32_t>& lengths, int64_t heads, i
   const Tensor dq = cuda::to_device(q), dk = cuda::to_device(k), dv = cuda::to_device(v), dst = cuda::to_device(st);
   ops::varlen_attention(dq, dk, dv, dst, longest, scale, dout);
   report("varlen_attention" + tag + " H" + std::to_string(heads) + " D" + std::to_string(D),
-         max_abs_diff(cuda::to_host(dout), out), 2e-2f);  // fp16 tensor cores
+         max_abs_diff(cuda::to_host(dout), out), 5e-3f);  // fp16 tensor cores
   if (g_perf)
     perf("varlen_attention" + tag, double(q.nbytes()) * 4, [&] { ops::varlen_attention(dq, dk, dv, dst, longest, scale, dout); },
          4.0 * double(heads) * double(D) * [&] {

@@ -76,6 +76,10 @@
   X(VarlenAttention, varlen_attention,                                                                               \
     void(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& seq_starts, int32_t max_seq_len,           \
          float scale, Tensor& out))                                                                                  \
+  /* DFlash2 drafts */                                                                                                \
+  X(DynamicConv, dynamic_conv,                                                                                       \
+    void(const Tensor& x, const Tensor& dynamic, int64_t column, int64_t groups, const Tensor& base,                 \
+         const Tensor& first_row, Tensor& out))                                                                      \
   /* Flash-Next: hyper-connections, n-gram PLE, QSA */                                                               \
   X(GroupRmsNorm, group_rms_norm, void(const Tensor& x, const Tensor& weight, int64_t group, float eps, Tensor& out)) \
   X(ScaledSilu, scaled_silu, void(const Tensor& x, int64_t columns, float scale, Tensor& out))                       \

@@ -298,6 +298,19 @@ void varlen_attention(const Tensor& q, const Tensor& k, const Tensor& v, const T
            k.shape_str(), ", ", v.shape_str(), ", ", out.shape_str(), ", ", seq_starts.shape_str(), ")");
   table_for(q.device(), Op::kVarlenAttention).varlen_attention(q, k, v, seq_starts, max_seq_len, scale, out);
 }
+void dynamic_conv(const Tensor& x, const Tensor& dynamic, int64_t column, int64_t groups, const Tensor& base,
+                  const Tensor& first_row, Tensor& out) {
+  const int64_t R = x.dim() == 2 ? x.size(0) : -1, C = x.dim() == 2 ? x.size(1) : 0;
+  const int64_t K = base.dim() == 2 ? base.size(0) : 0;
+  RV_CHECK(R >= 0 && out.shape() == x.shape() && base.dim() == 2 && base.size(1) == C && K > 0 && groups > 0 &&
+               C % groups == 0 && dynamic.dim() == 2 && dynamic.size(0) == R && column >= 0 &&
+               dynamic.size(1) >= column + K * groups && first_row.dtype() == DType::kI32 && first_row.numel() == R &&
+               x.data() != out.data(),
+           "dynamic_conv: x, out [R, C] (distinct), base [K, C], dynamic [R, >= column + K * groups], first_row int32 [R] "
+           "(got ", x.shape_str(), ", ", base.shape_str(), ", ", dynamic.shape_str(), ", ", first_row.shape_str(),
+           ", groups ", groups, ", column ", column, ")");
+  table_for(x.device(), Op::kDynamicConv).dynamic_conv(x, dynamic, column, groups, base, first_row, out);
+}
 void scatter_add_rows(Tensor& out, const Tensor& rows, const Tensor& weights, const Tensor& y) {
   table_for(out.device(), Op::kScatterAddRows).scatter_add_rows(out, rows, weights, y);
 }

@@ -376,6 +376,13 @@ void scatter_rows(Tensor& out, const Tensor& rows, const Tensor& src);
 void varlen_attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& seq_starts, int32_t max_seq_len,
                       float scale, Tensor& out);
 
+// DFlash2's grouped dynamic causal conv along each draft block: x, out f32 [R, C] (distinct), C
+// channels in G = groups groups of C / G; taps o < K = base.size(0):
+//   out[r, c] = sum_o (base[o, c] + dynamic[r, column + o * G + c / (C / G)]) * x[r - o, c],
+// where a tap before its block's first row (first_row int32 [R]) reads zero. dynamic f32 [R, >= column + K * G].
+void dynamic_conv(const Tensor& x, const Tensor& dynamic, int64_t column, int64_t groups, const Tensor& base,
+                  const Tensor& first_row, Tensor& out);
+
 // out[rows[i], :] += weights[i] * y[i, :] (MoE combine; rows int32, weights f32, on out's device).
 void scatter_add_rows(Tensor& out, const Tensor& rows, const Tensor& weights, const Tensor& y);
 // out[t, :] += sigmoid(gate[t]) * y[t, :] (the shared expert's gate; gate [T, 1]).
