@@ -72,21 +72,36 @@ def build_parser() -> argparse.ArgumentParser:
     return ap
 
 
+class StopRequest:
+    """Ctrl-C or SIGTERM before the server's own handlers run, noted and acted on at the next
+    checkpoint (`check`): a KeyboardInterrupt raised at whatever bytecode the signal lands on can
+    fall inside an import or a library's native callback, which turns it into another error (a
+    traceback) or leaves it escaping past the handler (the process then dies of SIGINT)."""
+
+    def __init__(self):
+        self.signum: int | None = None
+
+    def __call__(self, signum, frame) -> None:
+        self.signum = self.signum or signum
+
+    def check(self) -> None:
+        if self.signum is not None:
+            raise KeyboardInterrupt
+
+
 def main(argv: list[str] | None = None) -> int:
     """Ctrl-C or SIGTERM before the server runs (while the model loads) ends it with one line; once it
     runs, the server's own handlers drain requests first."""
-
-    def interrupted(signum, frame):
-        raise KeyboardInterrupt
-
-    previous = signal.signal(signal.SIGTERM, interrupted)
+    stop = StopRequest()
+    previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
-        return serve(argv)
+        return serve(argv, stop)
     except KeyboardInterrupt:
         print("revolta-server: interrupted before it was serving", file=sys.stderr)
         return 130
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 def process_age() -> float:
@@ -100,7 +115,7 @@ def process_age() -> float:
         return 0.0
 
 
-def serve(argv: list[str] | None = None) -> int:
+def serve(argv: list[str] | None = None, stop: StopRequest | None = None) -> int:
     t0 = time.perf_counter() - process_age()
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -125,20 +140,24 @@ def serve(argv: list[str] | None = None) -> int:
     import revolta
     from revolta.server.connection import guarded_protocol
 
+    stop = stop or StopRequest()
+    stop.check()
+
     # From the engine's start to the server's own signal handlers, a signal (KeyboardInterrupt) must
     # still shut the engine down: its threads left running into interpreter exit abort the process.
     engine = None
     try:
         try:
             t_build = time.perf_counter()
-            app, engine = build(settings)
+            app, engine = build(settings, stop)
         except (ValueError, FileNotFoundError, RuntimeError) as e:
             sock.close()
             print(f"revolta-server: error: {e}", file=sys.stderr)
             return 2
         config = uvicorn.Config(app, log_level=s.log_level, http=guarded_protocol(s),
                                 timeout_keep_alive=s.keep_alive_timeout_s, timeout_graceful_shutdown=_ERROR_GRACE_S)
-        server = _Server(config, engine, s.shutdown_timeout_s)
+        stop.check()
+        server = _Server(config, engine, s.shutdown_timeout_s, stop)
         host = f"[{s.host}]" if ":" in s.host else s.host
         log.info("ReVolta %s serving %s at http://%s:%d (OpenAI /v1/..., Anthropic /v1/messages%s); ready %.1f s after "
                  "start (model and engine %.1f s)", revolta.__version__, app.state.pipeline.served_names[0], host,
@@ -180,10 +199,11 @@ class _Server(uvicorn.Server):
     stopping drains in-flight requests for up to shutdown_timeout_s before the rest are ended
     with an error; a dead engine stops the server, which then exits non-zero."""
 
-    def __init__(self, config: uvicorn.Config, engine, shutdown_timeout_s: float):
+    def __init__(self, config: uvicorn.Config, engine, shutdown_timeout_s: float, stop: StopRequest | None = None):
         super().__init__(config)
         self.engine = engine
         self.shutdown_timeout_s = shutdown_timeout_s
+        self.stop = stop
 
     @contextlib.contextmanager
     def capture_signals(self):
@@ -193,6 +213,8 @@ class _Server(uvicorn.Server):
             self.should_exit = True
 
         previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
+        if self.stop is not None and self.stop.signum is not None:  # came after the last checkpoint
+            self.should_exit = True
         try:
             yield
         finally:
@@ -222,8 +244,9 @@ class _Server(uvicorn.Server):
         await super().shutdown(sockets)
 
 
-def build(settings):
-    """Loads the engine and tokenizer and returns (app, async engine)."""
+def build(settings, stop: StopRequest | None = None):
+    """Loads the engine and tokenizer and returns (app, async engine); `stop` is checked before the
+    model loads and after."""
     from revolta import _core
     from revolta.engine_setup import engine_config
     from revolta.kv_calibration import calibration_prompts
@@ -243,6 +266,8 @@ def build(settings):
         tokenizer.use_chat_template(settings.server.chat_template)
     if e.calculate_kv_scales:
         cfg.calibration_prompts = calibration_prompts(tokenizer)
+    if stop:
+        stop.check()
     from revolta.generation_defaults import describe, generation_defaults
 
     defaults = generation_defaults(path, e.generation_config, e.override_generation_config)
