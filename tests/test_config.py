@@ -88,6 +88,22 @@ def test_default_model_and_sigterm(demo_model_dir):
     assert report["dtype"]["source"] == "profile:cpu-demo"
 
 
+def signal_after(marker: str, sig: int, delay: float = 0.0) -> tuple[int, str]:
+    """The demo server started, sent `sig` `delay` s after it logs a line holding `marker`; its exit
+    status and output."""
+    p = subprocess.Popen([sys.executable, "-m", "revolta.server.cli", "--profile", "cpu-demo", "--port", "0"],
+                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    seen = []
+    for line in p.stdout:
+        seen.append(line)
+        if marker in line:
+            time.sleep(delay)
+            p.send_signal(sig)
+            break
+    out = "".join(seen) + p.communicate(timeout=60)[0]
+    return p.returncode, out
+
+
 def test_cli_help_version_and_early_signals():
     r = run_cli("--help")
     assert r.returncode == 0
@@ -104,26 +120,9 @@ def test_cli_help_version_and_early_signals():
     # traceback (one landing inside an import's native code once came out as a pydantic
     # SchemaError, or as a death by SIGINT): sent as soon as the options are resolved, and later.
     for sig, delay in [(signal.SIGTERM, 0.0), (signal.SIGINT, 0.05), (signal.SIGTERM, 0.15)]:
-        p = subprocess.Popen([sys.executable, "-m", "revolta.server.cli", "--profile", "cpu-demo", "--port", "0"],
-                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        seen = []
-        for line in p.stdout:
-            seen.append(line)
-            if "profile cpu-demo" in line:
-                time.sleep(delay)
-                p.send_signal(sig)
-                break
-        out = "".join(seen) + p.communicate(timeout=60)[0]
-        assert p.returncode == 130 and "interrupted before it was serving" in out and "Traceback" not in out, out
+        code, out = signal_after("profile cpu-demo", sig, delay)
+        assert code == 130 and "interrupted before it was serving" in out and "Traceback" not in out, out
     # Once the engine runs but before the server does, the signal must still stop the engine's thread
     # (left running into interpreter exit, it aborted the process).
-    p = subprocess.Popen([sys.executable, "-m", "revolta.server.cli", "--profile", "cpu-demo", "--port", "0"],
-                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    seen = []
-    for line in p.stdout:
-        seen.append(line)
-        if "admission:" in line:
-            p.send_signal(signal.SIGTERM)
-            break
-    out = "".join(seen) + p.communicate(timeout=60)[0]
-    assert p.returncode in (0, 130) and "Traceback" not in out and "terminate called" not in out, out
+    code, out = signal_after("admission:", signal.SIGTERM)
+    assert code in (0, 130) and "Traceback" not in out and "terminate called" not in out, out

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib
 import json
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -51,17 +52,13 @@ def test_size_rule_refuses_extreme_aspect_and_pads_one_frame():
     assert video_size(1, 360, 480, cfg) == HF.smart_resize(2, 360, 480, 2, 32, cfg.min_pixels, cfg.max_pixels)
 
 
-class _Meta:
-    def __init__(self, total, fps):
-        self.total_num_frames, self.fps = total, fps
-
-
 @pytest.mark.parametrize("total,video_fps,fps", [(300, 30.0, 2.0), (12, 10.0, 2.0), (3, 24.0, 2.0), (100000, 25.0, 2.0),
                                                  (900, 29.97, 1.0), (50, 25.0, 4.0)])
 def test_frame_sampling_matches_hf(total, video_fps, fps):
     cfg = VideoProcessing()
-    stub = type("Stub", (), {"fps": cfg.fps, "min_frames": cfg.min_frames, "max_frames": cfg.max_frames})()
-    expected = HFVideo.sample_frames(stub, _Meta(total, video_fps), fps=fps)
+    # HF's sampler as a plain function: it reads only these three options off its processor
+    options = SimpleNamespace(fps=cfg.fps, min_frames=cfg.min_frames, max_frames=cfg.max_frames)
+    expected = HFVideo.sample_frames(options, SimpleNamespace(total_num_frames=total, fps=video_fps), fps=fps)
     ours = sample_indices(total, video_fps, fps, cfg.min_frames, cfg.max_frames)
     np.testing.assert_array_equal(ours, expected)
 

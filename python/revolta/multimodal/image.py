@@ -36,18 +36,22 @@ class ImageProcessing:
     @classmethod
     def from_model(cls, model_dir: str | Path) -> "ImageProcessing":
         """From the checkpoint's preprocessor_config.json (its `size` or min / max_pixels)."""
-        path = Path(model_dir) / "preprocessor_config.json"
+        out = cls()
+        out.read(Path(model_dir) / "preprocessor_config.json")
+        return out
+
+    def read(self, path: Path) -> None:
+        """Overrides from a processor config file, where there is one: every option it names, the
+        pixel budget as min / max_pixels or `size`'s shortest / longest_edge."""
         if not path.is_file():
-            return cls()
+            return
         c = json.loads(path.read_text())
         size = c.get("size") or {}
-        out = cls()
-        for name in ("patch_size", "temporal_patch_size", "merge_size", "image_mean", "image_std"):
-            if c.get(name) is not None:
-                setattr(out, name, c[name])
-        out.min_pixels = int(c.get("min_pixels") or size.get("shortest_edge") or out.min_pixels)
-        out.max_pixels = int(c.get("max_pixels") or size.get("longest_edge") or out.max_pixels)
-        return out
+        for name in self.__dataclass_fields__:
+            if name not in ("min_pixels", "max_pixels") and c.get(name) is not None:
+                setattr(self, name, c[name])
+        self.min_pixels = int(c.get("min_pixels") or size.get("shortest_edge") or self.min_pixels)
+        self.max_pixels = int(c.get("max_pixels") or size.get("longest_edge") or self.max_pixels)
 
 
 @dataclass

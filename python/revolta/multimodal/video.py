@@ -6,51 +6,34 @@ pixel budget covers all the frames together (video_preprocessor_config.json's `s
 from __future__ import annotations
 
 import io
-import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
+from revolta.multimodal.image import ImageProcessing
+
 MAX_DECODED_FRAMES = 36000  # a longer video is refused (20 minutes at 30 frames a second)
 
 
 @dataclass
-class VideoProcessing:
-    """The video processor's options, Qwen3-VL's defaults. min_pixels / max_pixels bound the pixels of
-    all sampled frames together (HF's `size.shortest_edge` / `size.longest_edge` for video)."""
+class VideoProcessing(ImageProcessing):
+    """The video processor's options, Qwen3-VL's defaults: the image options with a pixel budget that
+    bounds all sampled frames together (HF's `size.shortest_edge` / `size.longest_edge` for video),
+    and the frame sampling."""
 
-    patch_size: int = 16
-    temporal_patch_size: int = 2
-    merge_size: int = 2
     min_pixels: int = 128 * 32 * 32
     max_pixels: int = 768 * 32 * 32
     fps: float = 2.0
     min_frames: int = 4
     max_frames: int = 768
-    image_mean: list[float] = field(default_factory=lambda: [0.5, 0.5, 0.5])
-    image_std: list[float] = field(default_factory=lambda: [0.5, 0.5, 0.5])
-
-    @property
-    def factor(self) -> int:
-        return self.patch_size * self.merge_size
 
     @classmethod
     def from_model(cls, model_dir: str | Path, patch_size: int, temporal_patch_size: int, merge_size: int) -> "VideoProcessing":
         """From the checkpoint's video_preprocessor_config.json; the tower's patch sizes otherwise."""
         out = cls(patch_size=patch_size, temporal_patch_size=temporal_patch_size, merge_size=merge_size)
-        path = Path(model_dir) / "video_preprocessor_config.json"
-        if not path.is_file():
-            return out
-        c = json.loads(path.read_text())
-        for name in ("patch_size", "temporal_patch_size", "merge_size", "fps", "min_frames", "max_frames",
-                     "image_mean", "image_std"):
-            if c.get(name) is not None:
-                setattr(out, name, c[name])
-        size = c.get("size") or {}
-        out.min_pixels = int(c.get("min_pixels") or size.get("shortest_edge") or out.min_pixels)
-        out.max_pixels = int(c.get("max_pixels") or size.get("longest_edge") or out.max_pixels)
+        out.read(Path(model_dir) / "video_preprocessor_config.json")
         return out
 
 
